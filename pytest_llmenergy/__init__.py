@@ -1,0 +1,44 @@
+"""pytest-llmenergy: measure the energy and time of LLM inference, case by case.
+
+Usable without pytest::
+
+    from pytest_llmenergy import open_meter
+    meter = open_meter("auto")
+    with meter.measure() as m:
+        work()
+    m.seconds, m.joules, m.by_domain
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError, LLMEnergyError, MeterError, MeterUnavailable
+from .meters import (
+    Domain,
+    Measurement,
+    Meter,
+    MeterOptions,
+    Method,
+    Phase,
+    PowerSample,
+    backend_names,
+    open_meter,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "Domain",
+    "LLMEnergyError",
+    "Measurement",
+    "Meter",
+    "MeterError",
+    "MeterOptions",
+    "MeterUnavailable",
+    "Method",
+    "Phase",
+    "PowerSample",
+    "__version__",
+    "backend_names",
+    "open_meter",
+]

@@ -1,0 +1,24 @@
+"""Exceptions whose message tells the user how to fix the problem."""
+
+from __future__ import annotations
+
+
+class LLMEnergyError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(LLMEnergyError):
+    """An option or argument has a value that cannot be used."""
+
+
+class MeterUnavailable(LLMEnergyError):
+    """A backend cannot measure on this machine; the message says why and what to do."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(f"energy backend {backend!r} is unavailable: {reason}")
+        self.backend = backend
+        self.reason = reason
+
+
+class MeterError(LLMEnergyError):
+    """A meter failed while measuring (a device vanished, a reader died)."""

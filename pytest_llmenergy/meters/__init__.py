@@ -1,0 +1,83 @@
+"""Energy meters: one module per source, all behind :class:`~.base.Meter`.
+
+Vendor libraries (pynvml, pyJoules) are imported when a meter is opened, never when
+this package is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Domain, Measurement, Meter, Method, Phase, PowerSample, Window
+from .options import MeterOptions
+
+MeterFactory = Callable[[MeterOptions], Meter]
+
+# name -> "module:function"; imported only when that backend is opened.
+BUILTIN_BACKENDS: dict[str, str] = {
+    "auto": "pytest_llmenergy.meters.auto:create",
+    "nvml": "pytest_llmenergy.meters.nvml:create",
+    "rapl": "pytest_llmenergy.meters.rapl:create",
+    "pyjoules": "pytest_llmenergy.meters.pyjoules:create",
+    "powermetrics": "pytest_llmenergy.meters.powermetrics:create",
+    "estimate": "pytest_llmenergy.meters.estimate:create",
+}
+
+
+def backend_names(extra: Mapping[str, MeterFactory] | None = None) -> list[str]:
+    return [*BUILTIN_BACKENDS, *(extra or {})]
+
+
+def resolve_factory(name: str, extra: Mapping[str, MeterFactory] | None = None) -> MeterFactory:
+    if extra and name in extra:
+        return extra[name]
+    target = BUILTIN_BACKENDS.get(name)
+    if target is None:
+        choices = ", ".join(backend_names(extra))
+        raise ConfigError(f"unknown energy backend {name!r}; choose one of: {choices}")
+    module, func = target.split(":")
+    factory: MeterFactory = getattr(importlib.import_module(module), func)
+    return factory
+
+
+def open_meter(
+    name: str = "auto",
+    options: MeterOptions | None = None,
+    *,
+    extra: Mapping[str, MeterFactory] | None = None,
+    **option_kwargs: Any,
+) -> Meter:
+    """Open the named backend; raises :class:`MeterUnavailable` saying why it can't.
+
+    ``open_meter("nvml", gpus=(0, 1))`` is short for passing a :class:`MeterOptions`.
+    """
+    if options is None:
+        if "gpus" in option_kwargs and option_kwargs["gpus"] is not None:
+            option_kwargs["gpus"] = tuple(option_kwargs["gpus"])
+        try:
+            options = MeterOptions(**option_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from exc
+    elif option_kwargs:
+        raise TypeError("pass either options= or keyword options, not both")
+    return resolve_factory(name, extra)(options)
+
+
+__all__ = [
+    "BUILTIN_BACKENDS",
+    "Domain",
+    "Measurement",
+    "Meter",
+    "MeterFactory",
+    "MeterOptions",
+    "Method",
+    "Phase",
+    "PowerSample",
+    "Window",
+    "backend_names",
+    "open_meter",
+    "resolve_factory",
+]

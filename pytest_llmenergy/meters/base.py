@@ -1,0 +1,314 @@
+"""The one small interface every energy source implements.
+
+A meter takes *readings* at the edges of a window (and at marks inside it); the
+energy between two readings is its own business: counter meters subtract, sampling
+meters integrate the power samples taken in between.  Windows therefore nest
+freely and can be split into phases at marks (prefill | decode).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import TracebackType
+from typing import Any
+
+
+class Method(str, Enum):
+    """How a domain's joules came about; reports mark anything not measured."""
+
+    COUNTER = "counter"  # a hardware energy counter read at the edges
+    SAMPLED = "sampled"  # power samples integrated over time
+    ESTIMATED = "estimated"  # a model (TDP x utilization), not a sensor
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One place energy is measured, e.g. ``gpu:0`` or ``cpu:package-0``.
+
+    ``counted`` is False for domains contained in another one (RAPL core is part of
+    package), so that totals count every joule once.
+    """
+
+    name: str
+    method: Method
+    counted: bool = True
+
+
+@dataclass(frozen=True)
+class PowerSample:
+    """Power per domain at time ``t`` (meter clock: ``time.perf_counter``).
+
+    ``span_s`` is 0 for an instantaneous reading and the averaging interval for a
+    reading that is the mean power over ``(t - span_s, t]`` (powermetrics).
+    """
+
+    t: float
+    power_w: Mapping[str, float]
+    span_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a meter saw at one instant; ``state`` is private to the meter."""
+
+    t: float
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class EnergySpan:
+    """Energy of a stretch of time, gross and net of the idle baseline."""
+
+    seconds: float
+    by_domain: Mapping[str, float]
+    domains: Mapping[str, Domain]
+    idle_power_w: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def joules(self) -> float:
+        """Gross total: every counted domain once."""
+        return sum(j for name, j in self.by_domain.items() if self.domains[name].counted)
+
+    @property
+    def net_by_domain(self) -> dict[str, float]:
+        """Gross minus idle power x duration (not clipped at 0, so noise stays unbiased)."""
+        return {
+            name: j - self.idle_power_w.get(name, 0.0) * self.seconds
+            for name, j in self.by_domain.items()
+        }
+
+    @property
+    def net_joules(self) -> float:
+        net = self.net_by_domain
+        return sum(j for name, j in net.items() if self.domains[name].counted)
+
+    @property
+    def methods(self) -> dict[str, Method]:
+        return {name: d.method for name, d in self.domains.items()}
+
+    @property
+    def estimated(self) -> bool:
+        """True when any counted joule is an estimate rather than a measurement."""
+        return any(d.method is Method.ESTIMATED for d in self.domains.values() if d.counted)
+
+    @property
+    def power_w(self) -> float:
+        return self.joules / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Phase(EnergySpan):
+    """The part of a window between two marks."""
+
+    name: str = ""
+    offset_s: float = 0.0  # start of the phase, seconds after the window opened
+
+
+@dataclass(frozen=True)
+class Measurement(EnergySpan):
+    """The result of one closed window."""
+
+    phases: Mapping[str, Phase] = field(default_factory=dict)
+    samples: tuple[PowerSample, ...] = ()
+    t_start: float = 0.0  # meter clock (time.perf_counter) at open
+    t_end: float = 0.0
+    backend: str = ""
+
+
+class Meter(ABC):
+    """A source of energy readings.
+
+    Subclasses implement ``domains``, ``_read`` and ``_energy_j``; sampling meters
+    also ``_start``/``_stop`` (called when the first window opens and the last one
+    closes) and ``_samples``.
+    """
+
+    backend: str = "?"
+
+    def __init__(self) -> None:
+        self.idle_power_w: dict[str, float] = {}
+        self._active = 0
+        self._active_lock = threading.Lock()
+
+    # -- what subclasses provide -------------------------------------------------
+    @property
+    @abstractmethod
+    def domains(self) -> Mapping[str, Domain]:
+        """Every domain this meter reports, in a stable order."""
+
+    @abstractmethod
+    def _read(self) -> Reading:
+        """Take a reading now (counter values, or a forced power sample)."""
+
+    @abstractmethod
+    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        """Joules per domain between two readings of this meter."""
+
+    def _start(self) -> None:
+        """First window opened: start background sampling if the meter needs it."""
+
+    def _stop(self) -> None:
+        """Last window closed: stop background sampling."""
+
+    def _samples(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        """Power samples taken within [t0, t1]; counter meters have none."""
+        return ()
+
+    def describe(self) -> str:
+        """One line for the report header: what measures which domain, and how."""
+        doms = ", ".join(f"{d.name} ({d.method})" for d in self.domains.values())
+        return f"{self.backend}: {doms}"
+
+    def close(self) -> None:
+        """Release the library or device handles."""
+
+    # -- public API --------------------------------------------------------------
+    def measure(self, phase: str = "main") -> Window:
+        """A window to use as ``with meter.measure() as m: ...``.
+
+        ``phase`` names the stretch up to the first ``m.mark(...)``.
+        """
+        return Window(self, phase)
+
+    def measure_idle(self, seconds: float) -> dict[str, float]:
+        """Measure idle power per domain and keep it as this meter's baseline."""
+        with self.measure() as window:
+            time.sleep(seconds)
+        m = window.measurement
+        self.idle_power_w = {name: j / m.seconds for name, j in m.by_domain.items()}
+        return dict(self.idle_power_w)
+
+    def _acquire(self) -> None:
+        with self._active_lock:
+            self._active += 1
+            if self._active == 1:
+                self._start()
+
+    def _release(self) -> None:
+        with self._active_lock:
+            self._active -= 1
+            if self._active == 0:
+                self._stop()
+
+    def __enter__(self) -> Meter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Window:
+    """One measurement window; after the ``with`` block it carries the result."""
+
+    def __init__(self, meter: Meter, phase: str) -> None:
+        self._meter = meter
+        self._marks: list[tuple[str, Reading]] = []
+        self._first_phase = phase
+        self._result: Measurement | None = None
+
+    def __enter__(self) -> Window:
+        if self._marks:
+            raise RuntimeError("a measurement window can be entered only once")
+        self._meter._acquire()
+        try:
+            self._marks.append((self._first_phase, self._meter._read()))
+        except BaseException:
+            self._meter._release()
+            raise
+        return self
+
+    def mark(self, phase: str) -> None:
+        """End the current phase here and start one called ``phase``."""
+        if not self._marks or self._result is not None:
+            raise RuntimeError("mark() works only inside the with block")
+        if any(name == phase for name, _ in self._marks):
+            raise ValueError(f"phase {phase!r} was already marked in this window")
+        self._marks.append((phase, self._meter._read()))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        meter = self._meter
+        try:
+            end = meter._read()
+            self._result = _build(meter, self._marks, end)
+        finally:
+            meter._release()
+
+    @property
+    def measurement(self) -> Measurement:
+        if self._result is None:
+            raise RuntimeError("the window is still open: read the result after the with block")
+        return self._result
+
+    # Shortcuts, so that ``m.seconds`` works on what ``with ... as m`` bound.
+    @property
+    def seconds(self) -> float:
+        return self.measurement.seconds
+
+    @property
+    def joules(self) -> float:
+        return self.measurement.joules
+
+    @property
+    def by_domain(self) -> Mapping[str, float]:
+        return self.measurement.by_domain
+
+    @property
+    def net_joules(self) -> float:
+        return self.measurement.net_joules
+
+    @property
+    def methods(self) -> dict[str, Method]:
+        return self.measurement.methods
+
+    @property
+    def phases(self) -> Mapping[str, Phase]:
+        return self.measurement.phases
+
+    @property
+    def samples(self) -> tuple[PowerSample, ...]:
+        return self.measurement.samples
+
+
+def _build(meter: Meter, marks: list[tuple[str, Reading]], end: Reading) -> Measurement:
+    domains = dict(meter.domains)
+    idle = dict(meter.idle_power_w)
+    start = marks[0][1]
+    edges = [*marks, ("", end)]
+    phases: dict[str, Phase] = {}
+    for (name, a), (_, b) in zip(edges, edges[1:]):
+        phases[name] = Phase(
+            seconds=b.t - a.t,
+            by_domain=meter._energy_j(a, b),
+            domains=domains,
+            idle_power_w=idle,
+            name=name,
+            offset_s=a.t - start.t,
+        )
+    if len(phases) == 1:
+        by_domain = dict(next(iter(phases.values())).by_domain)
+    else:
+        by_domain = {name: sum(p.by_domain[name] for p in phases.values()) for name in domains}
+    return Measurement(
+        seconds=end.t - start.t,
+        by_domain=by_domain,
+        domains=domains,
+        idle_power_w=idle,
+        phases=phases,
+        samples=meter._samples(start.t, end.t),
+        t_start=start.t,
+        t_end=end.t,
+        backend=meter.backend,
+    )

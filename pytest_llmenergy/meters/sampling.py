@@ -1,0 +1,178 @@
+"""Background sampling and the integration of power samples into joules.
+
+Two kinds of sample exist: instantaneous readings (NVML's instant power), which are
+integrated with the trapezoid rule and linearly interpolated at the window's edges,
+and interval averages (powermetrics: mean power over the last ``span_s``), which are
+piecewise constant and are cut exactly at the edges.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from ..errors import MeterError
+from .base import PowerSample
+
+Clock = Callable[[], float]
+
+
+class PeriodicThread:
+    """Calls ``fn`` every ``interval_s`` in a daemon thread until stopped.
+
+    An exception in ``fn`` stops the thread and is re-raised by ``check()``, so a
+    reader that dies is reported at the window's close instead of going unnoticed.
+    """
+
+    def __init__(self, fn: Callable[[], None], interval_s: float, name: str) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval must be positive, got {interval_s}")
+        self._fn = fn
+        self._interval_s = interval_s
+        self._name = name
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        self._stop_event.clear()
+        self._error = None
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise MeterError(f"{self._name} failed: {self._error}") from self._error
+
+    def _run(self) -> None:
+        # Ticks are scheduled on a fixed grid so that slow calls do not drift the rate.
+        next_t = time.perf_counter()
+        while not self._stop_event.is_set():
+            try:
+                self._fn()
+            except BaseException as exc:  # reported through check()
+                self._error = exc
+                return
+            next_t += self._interval_s
+            delay = next_t - time.perf_counter()
+            if delay < 0:  # fell behind: skip missed ticks rather than burst
+                next_t = time.perf_counter()
+                delay = 0.0
+            self._stop_event.wait(delay)
+
+
+class PowerSampler:
+    """Keeps a time-ordered buffer of power samples while any window is open."""
+
+    def __init__(
+        self,
+        read_power_w: Callable[[], Mapping[str, float]],
+        interval_s: float,
+        name: str,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        self._read_power_w = read_power_w
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._samples: list[PowerSample] = []
+        self._times: list[float] = []
+        self._thread = PeriodicThread(self.sample_now_discard, interval_s, name)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
+        with self._lock:
+            self._samples.clear()
+            self._times.clear()
+
+    def sample_now(self) -> float:
+        """Take a sample immediately (used at window edges) and return its time."""
+        power = self._read_power_w()
+        t = self._clock()
+        self._append(PowerSample(t=t, power_w=dict(power)))
+        return t
+
+    def sample_now_discard(self) -> None:
+        self.sample_now()
+
+    def _append(self, sample: PowerSample) -> None:
+        with self._lock:
+            # Edge samples and thread samples can race by a few microseconds.
+            i = bisect.bisect_right(self._times, sample.t)
+            self._times.insert(i, sample.t)
+            self._samples.insert(i, sample)
+
+    def between(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        self._thread.check()
+        with self._lock:
+            lo = bisect.bisect_left(self._times, t0)
+            hi = bisect.bisect_right(self._times, t1)
+            return tuple(self._samples[lo:hi])
+
+    def bracket(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        """Samples in [t0, t1] plus the nearest one on each side, for interpolation."""
+        self._thread.check()
+        with self._lock:
+            lo = max(bisect.bisect_left(self._times, t0) - 1, 0)
+            hi = bisect.bisect_right(self._times, t1) + 1
+            return tuple(self._samples[lo:hi])
+
+
+def integrate_instant(
+    samples: Sequence[PowerSample], t0: float, t1: float, domains: Sequence[str]
+) -> dict[str, float]:
+    """Trapezoid integral of instantaneous samples over [t0, t1], in joules.
+
+    Power at the edges is interpolated linearly between the neighbouring samples;
+    beyond the first or last sample it is held constant.
+    """
+    out = {d: 0.0 for d in domains}
+    if t1 <= t0 or not samples:
+        return out
+    times = [s.t for s in samples]
+    for d in domains:
+        values = [s.power_w[d] for s in samples]
+        points = [(t0, _interp(times, values, t0))]
+        points += [(t, v) for t, v in zip(times, values) if t0 < t < t1]
+        points.append((t1, _interp(times, values, t1)))
+        out[d] = sum((tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in zip(points, points[1:]))
+    return out
+
+
+def integrate_intervals(
+    samples: Sequence[PowerSample], t0: float, t1: float, domains: Sequence[str]
+) -> dict[str, float]:
+    """Integral over [t0, t1] of interval-average samples (power constant over each span).
+
+    Time that no sample covers contributes nothing; callers make sure the window is
+    covered (powermetrics waits for the sample that covers the window's end).
+    """
+    out = {d: 0.0 for d in domains}
+    for s in samples:
+        overlap = min(s.t, t1) - max(s.t - s.span_s, t0)
+        if overlap > 0:
+            for d in domains:
+                out[d] += s.power_w[d] * overlap
+    return out
+
+
+def _interp(times: Sequence[float], values: Sequence[float], t: float) -> float:
+    i = bisect.bisect_left(times, t)
+    if i <= 0:
+        return values[0]
+    if i >= len(times):
+        return values[-1]
+    ta, tb = times[i - 1], times[i]
+    if tb == ta:
+        return values[i]
+    return values[i - 1] + (values[i] - values[i - 1]) * (t - ta) / (tb - ta)

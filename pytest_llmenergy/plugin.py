@@ -1,0 +1,1 @@
+"""pytest entry point (work in progress)."""

@@ -1,0 +1,1 @@
+"""Faithful stand-ins for hardware this machine does not have."""
