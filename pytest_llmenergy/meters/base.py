@@ -8,10 +8,11 @@ freely and can be split into phases at marks (prefill | decode).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
@@ -132,6 +133,8 @@ class Meter(ABC):
     """
 
     backend: str = "?"
+    # Lines for the report header: where each domain's figures come from, and caveats.
+    notes: Sequence[str] = ()
 
     def __init__(self) -> None:
         self.idle_power_w: dict[str, float] = {}
@@ -288,7 +291,7 @@ def _build(meter: Meter, marks: list[tuple[str, Reading]], end: Reading) -> Meas
     start = marks[0][1]
     edges = [*marks, ("", end)]
     phases: dict[str, Phase] = {}
-    for (name, a), (_, b) in zip(edges, edges[1:]):
+    for (name, a), (_, b) in itertools.pairwise(edges):
         phases[name] = Phase(
             seconds=b.t - a.t,
             by_domain=meter._energy_j(a, b),

@@ -9,6 +9,7 @@ piecewise constant and are cut exactly at the edges.
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -145,7 +146,7 @@ def integrate_instant(
         points = [(t0, _interp(times, values, t0))]
         points += [(t, v) for t, v in zip(times, values) if t0 < t < t1]
         points.append((t1, _interp(times, values, t1)))
-        out[d] = sum((tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in zip(points, points[1:]))
+        out[d] = sum((tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in itertools.pairwise(points))
     return out
 
 

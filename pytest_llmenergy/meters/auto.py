@@ -1,0 +1,119 @@
+"""``auto``: the best meters this machine has, combined.
+
+GPUs come from NVML; the CPU side from the first of RAPL, pyJoules, powermetrics and
+the estimate that works.  Every backend not used is listed with the reason, so the
+report header says what measured what.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import MeterUnavailable
+from .base import Domain, Meter, PowerSample, Reading
+from .options import MeterOptions
+
+CPU_ORDER = ("rapl", "pyjoules", "powermetrics", "estimate")
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Why a backend is or isn't part of the auto meter."""
+
+    backend: str
+    used: bool
+    reason: str
+
+    def line(self) -> str:
+        state = "used" if self.used else "not used"
+        return f"{self.backend}: {state} ({self.reason})"
+
+
+class CompositeMeter(Meter):
+    """Several meters read together; each domain belongs to exactly one of them."""
+
+    def __init__(self, meters: list[Meter], statuses: list[BackendStatus]) -> None:
+        super().__init__()
+        self.meters = meters
+        self.statuses = statuses
+        self.backend = "auto(" + "+".join(m.backend for m in meters) + ")"
+        self._domains: dict[str, Domain] = {}
+        for meter in meters:
+            for name, dom in meter.domains.items():
+                if name in self._domains:
+                    raise ValueError(f"domain {name} is measured by two meters")
+                self._domains[name] = dom
+        notes = [s.line() for s in statuses]
+        for meter in meters:
+            notes.extend(meter.notes)
+        self.notes = tuple(notes)
+
+    @property
+    def domains(self) -> Mapping[str, Domain]:
+        return self._domains
+
+    def _read(self) -> Reading:
+        states = tuple(m._read() for m in self.meters)
+        return Reading(t=time.perf_counter(), state=states)
+
+    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for meter, ra, rb in zip(self.meters, a.state, b.state):
+            out.update(meter._energy_j(ra, rb))
+        return out
+
+    def _start(self) -> None:
+        for meter in self.meters:
+            meter._acquire()
+
+    def _stop(self) -> None:
+        for meter in reversed(self.meters):
+            meter._release()
+
+    def _samples(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        merged = [s for m in self.meters for s in m._samples(t0, t1)]
+        return tuple(sorted(merged, key=lambda s: s.t))
+
+    def describe(self) -> str:
+        return "; ".join(m.describe() for m in self.meters)
+
+    def close(self) -> None:
+        for meter in self.meters:
+            meter.close()
+
+
+def create(options: MeterOptions) -> CompositeMeter:
+    from . import resolve_factory
+
+    meters: list[Meter] = []
+    statuses: list[BackendStatus] = []
+    try:
+        gpu = resolve_factory("nvml")(options)
+    except MeterUnavailable as exc:
+        statuses.append(BackendStatus("nvml", False, exc.reason))
+    else:
+        meters.append(gpu)
+        statuses.append(BackendStatus("nvml", True, "GPUs: " + ", ".join(gpu.domains)))
+    cpu: Meter | None = None
+    for name in CPU_ORDER:
+        if cpu is not None:
+            statuses.append(BackendStatus(name, False, f"CPU already measured by {cpu.backend}"))
+            continue
+        try:
+            candidate = resolve_factory(name)(options)
+        except MeterUnavailable as exc:
+            statuses.append(BackendStatus(name, False, exc.reason))
+            continue
+        overlap = set(candidate.domains) & {d for m in meters for d in m.domains}
+        if overlap:  # e.g. pyJoules also reads the GPUs NVML already measures
+            candidate.close()
+            statuses.append(BackendStatus(name, False, f"overlaps {sorted(overlap)}"))
+            continue
+        cpu = candidate
+        meters.append(cpu)
+        statuses.append(BackendStatus(name, True, "CPU: " + ", ".join(cpu.domains)))
+    if not meters:  # the estimate works everywhere psutil does
+        raise MeterUnavailable("auto", "; ".join(s.line() for s in statuses))
+    return CompositeMeter(meters, statuses)
