@@ -68,11 +68,10 @@ def test_guard_reads_four_times_per_wrap_period(tmp_path: Path) -> None:
 def test_energy_over_many_wraps_matches_the_trace(tmp_path: Path) -> None:
     fake = two_socket_tree(tmp_path)
     meter = open_meter("rapl", powercap_root=str(tmp_path))
-    with fake:
-        with meter.measure(phase="first") as m:
-            time.sleep(0.35)
-            m.mark("second")
-            time.sleep(0.35)
+    with fake, meter.measure(phase="first") as m:
+        time.sleep(0.35)
+        m.mark("second")
+        time.sleep(0.35)
     res = m.measurement
     zones = {z.path.name: z for z in fake.zones}
     names = {
