@@ -1,0 +1,155 @@
+"""The plugin as users run it: options, ini twins, bad input, fixtures, hooks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.powercap import FakePowercap, FakeZone
+from tests.fakes.trace import PowerTrace
+
+TRACE_CONFTEST = """
+from tests.fakes.scripted import TraceMeter
+from tests.fakes.trace import PowerTrace
+def pytest_llmenergy_meters(config):
+    return {"trace": lambda options: TraceMeter({"gpu:0": PowerTrace([(3600, 200.0)])})}
+"""
+
+
+def assert_one_line_usage_error(result: pytest.RunResult, *needles: str) -> None:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = [line for line in result.stderr.lines if line.strip()]
+    assert len(err) == 1, result.stderr.str()
+    assert err[0].startswith("ERROR: ")
+    for needle in needles:
+        assert needle in err[0]
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_unknown_backend_stops_the_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--energy-backend=bogus")
+    assert_one_line_usage_error(result, "--energy-backend=bogus", "unknown backend", "estimate")
+    result.stdout.no_fnmatch_line("*1 passed*")
+
+
+def test_nvml_without_a_driver_stops_the_session_at_start(pytester: pytest.Pytester) -> None:
+    """The real nvidia-ml-py on a machine with no NVIDIA driver, in a fresh process."""
+    pytester.makepyfile("def test_x(energy_meter): pass")
+    result = pytester.runpytest_subprocess("--energy-backend=nvml")
+    assert_one_line_usage_error(result, "--energy-backend=nvml")
+    assert "collected" not in result.stdout.str()  # stopped before collecting anything
+
+
+def test_rapl_without_powercap_stops_the_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LLMENERGY_POWERCAP_ROOT", str(tmp_path / "none"))
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--energy-backend=rapl")
+    assert_one_line_usage_error(result, "--energy-backend=rapl", "no RAPL zones")
+
+
+@pytest.mark.parametrize(
+    ("arg", "needle"),
+    [
+        ("--energy-gpus=zero", "comma-separated GPU indices"),
+        ("--energy-gpus=-1", "comma-separated GPU indices"),
+        ("--energy-sample-interval=-1", "positive number of seconds"),
+        ("--energy-sample-interval=fast", "positive number of seconds"),
+        ("--energy-idle=soon", "seconds >= 0"),
+        ("--energy-cpu-tdp=0", "positive number of watts"),
+    ],
+)
+def test_bad_option_values_are_one_line_errors(
+    pytester: pytest.Pytester, arg: str, needle: str
+) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(arg)
+    assert_one_line_usage_error(result, arg, needle)
+
+
+def test_ini_twin_is_read_and_the_command_line_wins(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nllmenergy_backend = bogus-from-ini\n")
+    pytester.makepyfile("def test_x(): pass")
+    assert_one_line_usage_error(pytester.runpytest(), "--energy-backend=bogus-from-ini")
+    pytester.makeini("[pytest]\nllmenergy_cpu_tdp = -5\n")
+    assert_one_line_usage_error(pytester.runpytest(), "llmenergy_cpu_tdp = -5 (ini)")
+    pytester.makeini("[pytest]\nllmenergy_backend = bogus-from-ini\n")
+    result = pytester.runpytest("--energy-backend=estimate")
+    result.assert_outcomes(passed=1)
+
+
+def test_every_option_has_an_ini_twin_in_help(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    out = result.stdout.str()
+    for flag, ini in [
+        ("--energy-backend", "llmenergy_backend"),
+        ("--energy-gpus", "llmenergy_gpus"),
+        ("--energy-sample-interval", "llmenergy_sample_interval"),
+        ("--energy-idle", "llmenergy_idle"),
+        ("--energy-cpu-tdp", "llmenergy_cpu_tdp"),
+    ]:
+        assert flag in out and ini in out
+
+
+def test_energy_meter_fixture_measures_a_user_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    root = tmp_path / "powercap"
+    pkg = FakeZone("package-0", PowerTrace([(3600, 65.0)]))
+    dram = FakeZone("dram", PowerTrace([(3600, 4.0)]))
+    fake = FakePowercap(root, {0: (pkg, [dram])})
+    monkeypatch.setenv("LLMENERGY_POWERCAP_ROOT", str(root))
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_measure(energy_meter):
+            with energy_meter.measure() as m:
+                time.sleep(0.2)
+            assert set(m.by_domain) == {"cpu:package-0", "cpu:dram-0"}
+            assert abs(m.joules - 69.0 * m.seconds) < 1.0, m.joules
+            assert m.methods["cpu:package-0"] == "counter"
+        """
+    )
+    with fake:
+        result = pytester.runpytest("--energy-backend=rapl", "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["llmenergy: backend rapl -> rapl: cpu:package-0 (counter)*"])
+
+
+def test_hook_registers_a_meter_and_idle_gives_net_energy(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(TRACE_CONFTEST)
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_net(energy_meter):
+            assert energy_meter.idle_power_w == {"gpu:0": 200.0} or \\
+                abs(energy_meter.idle_power_w["gpu:0"] - 200.0) < 1e-6
+            with energy_meter.measure() as m:
+                time.sleep(0.05)
+            assert abs(m.joules - 200.0 * m.seconds) < 1e-6
+            assert abs(m.net_joules) < 1e-6  # all of it was idle power
+        """
+    )
+    result = pytester.runpytest("--energy-backend=trace", "--energy-idle=0.1")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["llmenergy: idle power over 0.1 s: gpu:0 200.00 W"])
+
+
+def test_hook_cannot_replace_a_builtin_backend(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        "def pytest_llmenergy_meters(config):\n    return {'nvml': lambda options: None}\n"
+    )
+    pytester.makepyfile("def test_x(): pass")
+    assert_one_line_usage_error(pytester.runpytest(), "'nvml'", "built in")
+
+
+def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-p", "no:llmenergy", "--energy-backend=bogus")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # the option no longer exists
+    assert "unrecognized arguments" in result.stderr.str()
