@@ -116,3 +116,23 @@ def test_window_result_survives_an_exception_in_the_block() -> None:
         raise KeyError("boom")
     assert window.joules == pytest.approx(10.0 * window.seconds)
     assert meter._active == 0
+
+
+def test_a_failed_start_leaves_the_meter_usable() -> None:
+    class FlakyStart(TraceMeter):
+        fail = True
+        starts = 0
+
+        def _start(self) -> None:
+            self.starts += 1
+            if self.fail:
+                raise OSError("sampler could not start")
+
+    meter = FlakyStart({"gpu:0": PowerTrace([(10, 10.0)])})
+    with pytest.raises(OSError), meter.measure():
+        pass
+    assert meter._active == 0
+    meter.fail = False
+    with meter.measure() as m:
+        pass
+    assert meter.starts == 2 and m.joules >= 0

@@ -193,7 +193,11 @@ class Meter(ABC):
         with self._active_lock:
             self._active += 1
             if self._active == 1:
-                self._start()
+                try:
+                    self._start()
+                except BaseException:
+                    self._active -= 1  # the next window must try to start again
+                    raise
 
     def _release(self) -> None:
         with self._active_lock:
