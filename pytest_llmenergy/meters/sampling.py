@@ -98,8 +98,9 @@ class PowerSampler:
 
     def sample_now(self) -> float:
         """Take a sample immediately (used at window edges) and return its time."""
+        before = self._clock()
         power = self._read_power_w()
-        t = self._clock()
+        t = (before + self._clock()) / 2  # a driver call can take a millisecond
         self._append(PowerSample(t=t, power_w=dict(power)))
         return t
 

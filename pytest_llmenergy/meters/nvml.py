@@ -1,0 +1,435 @@
+"""NVIDIA GPUs through NVML (the ``nvidia-ml-py`` package, module ``pynvml``).
+
+Volta and newer GPUs keep a total-energy counter in millijoules: reading it at the
+window's edges costs two calls and no thread.  Older GPUs (or boards whose counter is
+unsupported) are sampled for power in a background thread, only while a window is
+open.  The GPUs measured are the ones CUDA sees, numbered as CUDA numbers them, so
+``gpu:i`` is what torch calls ``cuda:i``.
+
+``pynvml`` is imported when a meter is opened, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from time import perf_counter
+from types import ModuleType
+from typing import Any
+
+from ..errors import ConfigError, MeterError, MeterUnavailable
+from .base import Domain, Meter, Method, PowerSample, Reading
+from .options import MeterOptions
+from .sampling import PowerSampler, integrate_instant
+
+BACKEND = "nvml"
+DEFAULT_INTERVAL_S = 0.1
+INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'pytest-llmenergy[nvml]'"
+FALLBACK_HINT = "use --energy-backend=auto or estimate"
+SAMPLER_THREAD_NAME = "llmenergy-nvml-sampler"
+
+# Fallbacks for the pynvml constants we use, in case an old nvidia-ml-py lacks one.
+_ARCH_VOLTA = 5
+_ARCH_AMPERE = 7
+_ARCH_UNKNOWN = 0xFFFFFFFF
+_FI_DEV_POWER_INSTANT = 186
+_ARCH_NAMES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada",
+    9: "Hopper",
+    10: "Blackwell",
+}
+# nvmlValueType_t -> the member of the nvmlValue_t union that holds the value.
+_VALUE_MEMBERS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+# Hints for nvmlInit failures, by NVML error name: what the user can do about it.
+_INIT_HINTS = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "no NVIDIA driver on this machine",
+    "NVML_ERROR_DRIVER_NOT_LOADED": "the NVIDIA kernel driver is not loaded (try nvidia-smi)",
+    "NVML_ERROR_NO_PERMISSION": "no permission to open the GPU devices (/dev/nvidia*)",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
+        "the NVML library and the kernel driver differ in version (reboot after a driver update)"
+    ),
+}
+
+_INT_ENTRY = re.compile(r"([+-]?)(\d+)")
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    """One measured GPU: ``domain`` is ``gpu:<CUDA ordinal>``, ``index`` its NVML index."""
+
+    domain: str
+    index: int
+    uuid: str
+    name: str
+    method: Method
+    note: str
+
+
+def create(options: MeterOptions) -> NvmlMeter:
+    """Registry entry point: open NVML on the GPUs CUDA sees (or ``options.gpus`` of them)."""
+    return NvmlMeter(options)
+
+
+def _text(value: str | bytes) -> str:
+    """Old nvidia-ml-py releases return ``bytes``, newer ones ``str``; we want ``str``."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _import_pynvml() -> ModuleType:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise MeterUnavailable(BACKEND, INSTALL_HINT) from exc
+    return pynvml
+
+
+def _init_failure(nvml: ModuleType, exc: BaseException) -> MeterUnavailable:
+    """nvmlInit failed: say NVML's own words, then what it means here and what to do."""
+    code = getattr(exc, "value", None)
+    hint = "NVML could not start"
+    for name, text in _INIT_HINTS.items():
+        if code is not None and getattr(nvml, name, None) == code:
+            hint = text
+            break
+    return MeterUnavailable(BACKEND, f"{_one_line(exc)}: {hint}; {FALLBACK_HINT}")
+
+
+class _Visible:
+    """Resolves ``CUDA_VISIBLE_DEVICES`` to NVML indices the way the CUDA runtime does.
+
+    Entries are integer indices (read like ``strtoul``: ``1gpu`` is 1), ``GPU-<uuid>``
+    (a unique prefix is enough) or MIG devices; parsing stops at the first entry that
+    names no device (``-1``, an index out of range, an unknown UUID), and a device
+    listed twice makes CUDA see no device at all.
+    """
+
+    def __init__(self, nvml: ModuleType, count: int) -> None:
+        self._nvml = nvml
+        self._count = count
+        self._uuids: list[str] | None = None
+        self.mig_entries: dict[int, list[str]] = {}  # NVML index -> MIG entries naming it
+
+    def uuids(self) -> list[str]:
+        """All GPUs' UUIDs, fetched only when an entry names a UUID."""
+        if self._uuids is None:
+            nvml = self._nvml
+            self._uuids = [
+                _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)))
+                for i in range(self._count)
+            ]
+        return self._uuids
+
+    def by_uuid(self, text: str) -> int | None:
+        matches = [i for i, uuid in enumerate(self.uuids()) if uuid.startswith(text)]
+        exact = [i for i in matches if self.uuids()[i] == text]
+        if exact:
+            return exact[0]
+        return matches[0] if len(matches) == 1 else None
+
+    def by_mig(self, entry: str) -> int | None:
+        """The parent GPU of a MIG device: NVML measures energy per physical GPU."""
+        if entry.startswith("MIG-GPU-"):  # old form: MIG-GPU-<gpu uuid>/<gi>/<ci>
+            return self.by_uuid(entry[len("MIG-") :].split("/", 1)[0])
+        nvml = self._nvml
+        try:
+            mig = nvml.nvmlDeviceGetHandleByUUID(entry.encode())
+            parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+            parent_uuid = _text(nvml.nvmlDeviceGetUUID(parent))
+        except nvml.NVMLError:
+            return None
+        return self.by_uuid(parent_uuid)
+
+    def resolve(self, spec: str | None) -> list[int]:
+        """NVML index of each CUDA ordinal (a GPU repeats when several of its MIGs are listed)."""
+        if spec is None:
+            return list(range(self._count))
+        ordinals: list[int] = []
+        entries: list[str] = []
+        for raw in spec.split(","):
+            entry = raw.strip()
+            index: int | None
+            if entry.startswith("MIG-"):
+                index = self.by_mig(entry)
+            elif entry.startswith("GPU-"):
+                index = self.by_uuid(entry)
+            else:
+                match = _INT_ENTRY.match(entry)
+                index = int(match.group(2)) if match and match.group(1) != "-" else None
+                if index is not None and index >= self._count:
+                    index = None
+            if index is None:
+                break
+            is_mig = entry.startswith("MIG-")
+            if entry in entries or (not is_mig and index in ordinals):
+                return []  # CUDA: a repeated device hides every device
+            if is_mig:
+                self.mig_entries.setdefault(index, []).append(entry)
+            entries.append(entry)
+            ordinals.append(index)
+        return ordinals
+
+
+class NvmlMeter(Meter):
+    """Energy of NVIDIA GPUs: the mJ counter where there is one, sampled power elsewhere."""
+
+    backend = BACKEND
+
+    def __init__(self, options: MeterOptions | None = None) -> None:
+        super().__init__()
+        options = options or MeterOptions()
+        nvml = _import_pynvml()
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise _init_failure(nvml, exc) from exc
+        self._nvml = nvml
+        self._nvml_error: type[BaseException] = nvml.NVMLError
+        self._closed = False
+        self._sampler: PowerSampler | None = None
+        try:
+            self._open(options)
+        except nvml.NVMLError as exc:
+            self._shutdown()
+            reason = f"NVML failed while listing GPUs: {_one_line(exc)}"
+            raise MeterUnavailable(BACKEND, reason) from exc
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # -- opening -------------------------------------------------------------------
+    def _open(self, options: MeterOptions) -> None:
+        nvml = self._nvml
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = int(nvml.nvmlDeviceGetCount())
+        visible = _Visible(nvml, count)
+        ordinals = visible.resolve(spec)
+        if not ordinals:
+            if spec is not None:
+                raise MeterUnavailable(
+                    BACKEND, f"CUDA_VISIBLE_DEVICES={spec!r} hides all GPUs; {FALLBACK_HINT}"
+                )
+            raise MeterUnavailable(BACKEND, f"NVML found no NVIDIA GPU; {FALLBACK_HINT}")
+
+        selected = list(range(len(ordinals)))
+        if options.gpus is not None:
+            bad = [i for i in options.gpus if i >= len(ordinals)]
+            if bad:
+                where = "" if spec is None else f" with CUDA_VISIBLE_DEVICES={spec!r}"
+                raise ConfigError(
+                    f"--energy-gpus names GPU {bad[0]}, but {len(ordinals)} GPU(s) are "
+                    f"visible{where} (valid: 0..{len(ordinals) - 1})"
+                )
+            selected = sorted(set(options.gpus))
+
+        # One domain per physical GPU, named after its first selected CUDA ordinal.
+        first_ordinal: dict[int, int] = {}
+        for ordinal in selected:
+            first_ordinal.setdefault(ordinals[ordinal], ordinal)
+        self._cuda_ordinals: tuple[int, ...] = tuple(selected)
+
+        interval_s = options.interval_s(DEFAULT_INTERVAL_S)
+        self.notes: list[str] = []
+        devices: list[NvmlGpu] = []
+        counter_handles: list[Any] = []
+        counter_names: list[str] = []
+        readers: list[tuple[str, Callable[[], float]]] = []
+        for index, ordinal in sorted(first_ordinal.items(), key=lambda kv: kv[1]):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            domain = f"gpu:{ordinal}"
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            why_sampled = self._counter_problem(handle)
+            if why_sampled is None:
+                method = Method.COUNTER
+                note = f"{domain} {name}: counter (NVML total energy, mJ)"
+                counter_handles.append(handle)
+                counter_names.append(domain)
+            else:
+                method = Method.SAMPLED
+                read, source = self._power_reader(handle, domain, name)
+                note = f"{domain} {name}: sampled ({why_sampled}; {source} every {interval_s:g} s)"
+                readers.append((domain, read))
+            if index in visible.mig_entries:
+                note += (
+                    f"; CUDA sees MIG device(s) {', '.join(visible.mig_entries[index])} of it, "
+                    "but the energy is the whole GPU's, other MIG instances' work included"
+                )
+            devices.append(NvmlGpu(domain, index, uuid, name, method, note))
+            self.notes.append(note)
+
+        names = {d.name for d in devices}
+        if len(names) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            self.notes.append(
+                "CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may number these different GPUs "
+                "fastest first, so gpu:i may not be cuda:i"
+            )
+
+        self.devices: tuple[NvmlGpu, ...] = tuple(devices)
+        self._domains = {d.domain: Domain(d.domain, d.method) for d in devices}
+        self._names = tuple(self._domains)
+        self._counter_handles = tuple(counter_handles)
+        self._counter_names = tuple(counter_names)
+        self._sampled_names = tuple(name for name, _ in readers)
+        self._energy_mj = nvml.nvmlDeviceGetTotalEnergyConsumption
+        if readers:
+            read_all = tuple(readers)
+
+            def read_power_w() -> dict[str, float]:
+                return {name: read() for name, read in read_all}
+
+            self._sampler = PowerSampler(read_power_w, interval_s, SAMPLER_THREAD_NAME)
+
+    def _counter_problem(self, handle: Any) -> str | None:
+        """Why this GPU cannot use the energy counter, or None when it can."""
+        nvml = self._nvml
+        try:
+            arch = int(nvml.nvmlDeviceGetArchitecture(handle))
+        except nvml.NVMLError:
+            arch = _ARCH_UNKNOWN  # an old driver: let the counter itself tell
+        volta = getattr(nvml, "NVML_DEVICE_ARCH_VOLTA", _ARCH_VOLTA)
+        if arch < volta:
+            return f"{_ARCH_NAMES.get(arch, arch)}, energy counter unsupported before Volta"
+        try:
+            nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except nvml.NVMLError as exc:
+            return f"energy counter unavailable: {_one_line(exc)}"
+        return None
+
+    def _power_reader(self, handle: Any, domain: str, name: str) -> tuple[Callable[[], float], str]:
+        """The best power source of a GPU, chosen once: the instant field, else power usage."""
+        nvml = self._nvml
+        field_id = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", _FI_DEV_POWER_INSTANT)
+        success = getattr(nvml, "NVML_SUCCESS", 0)
+        try:
+            probe = nvml.nvmlDeviceGetFieldValues(handle, [field_id])[0]
+            instant = probe.nvmlReturn == success
+        except nvml.NVMLError:
+            instant = False
+        if instant:
+            member = _VALUE_MEMBERS.get(int(probe.valueType), "uiVal")
+            get_fields = nvml.nvmlDeviceGetFieldValues
+            error = nvml.NVMLError
+            ids = [field_id]
+
+            def read_instant_w() -> float:
+                value = get_fields(handle, ids)[0]
+                if value.nvmlReturn != success:
+                    raise error(value.nvmlReturn)
+                return float(getattr(value.value, member)) / 1000.0
+
+            return read_instant_w, "instant power field"
+
+        get_usage = nvml.nvmlDeviceGetPowerUsage
+        try:
+            get_usage(handle)
+        except nvml.NVMLError as exc:
+            raise MeterUnavailable(
+                BACKEND,
+                f"{domain} {name} reports neither an energy counter nor power "
+                f"({_one_line(exc)}); {FALLBACK_HINT}",
+            ) from exc
+        source = "nvmlDeviceGetPowerUsage"
+        try:
+            arch = int(nvml.nvmlDeviceGetArchitecture(handle))
+        except nvml.NVMLError:
+            arch = _ARCH_UNKNOWN
+        if getattr(nvml, "NVML_DEVICE_ARCH_AMPERE", _ARCH_AMPERE) <= arch != _ARCH_UNKNOWN:
+            source += ", a 1 s average on Ampere and newer, so edges blur"
+
+        def read_usage_w() -> float:
+            return get_usage(handle) / 1000.0
+
+        return read_usage_w, source
+
+    # -- the Meter interface ---------------------------------------------------------
+    @property
+    def domains(self) -> Mapping[str, Domain]:
+        return self._domains
+
+    def _read(self) -> Reading:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self._sync_cuda(torch)
+        try:
+            sampler = self._sampler
+            t = sampler.sample_now() if sampler is not None else perf_counter()
+            state = tuple(map(self._energy_mj, self._counter_handles))
+        except self._nvml_error as exc:
+            raise MeterError(f"NVML reading failed: {_one_line(exc)}") from exc
+        return Reading(t, state)
+
+    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        out = {
+            name: (mj_b - mj_a) / 1000.0
+            for name, mj_a, mj_b in zip(self._counter_names, a.state, b.state)
+        }
+        if self._sampler is not None:
+            samples = self._sampler.bracket(a.t, b.t)
+            out.update(integrate_instant(samples, a.t, b.t, self._sampled_names))
+            if self._counter_names:
+                out = {name: out[name] for name in self._names}
+        return out
+
+    def _start(self) -> None:
+        if self._sampler is not None:
+            self._sampler.start()
+
+    def _stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    def _samples(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        return self._sampler.between(t0, t1) if self._sampler is not None else ()
+
+    def _sync_cuda(self, torch: Any) -> None:
+        """Let queued kernels finish, so their energy lands inside the window they ran in.
+
+        Only when the program already uses CUDA through torch: we never import torch.
+        """
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return
+        try:
+            for ordinal in self._cuda_ordinals:
+                cuda.synchronize(ordinal)
+        except (RuntimeError, ValueError, AssertionError):
+            cuda.synchronize()  # torch numbers devices differently: at least the current one
+
+    def describe(self) -> str:
+        return f"{self.backend}: " + "; ".join(self.notes)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        """nvmlShutdown exactly once per nvmlInit (NVML counts them)."""
+        self._closed = True
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
