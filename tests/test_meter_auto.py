@@ -9,8 +9,13 @@ import pytest
 
 from pytest_llmenergy import Method, open_meter
 from pytest_llmenergy.meters.auto import CompositeMeter
-from tests.fakes.fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, fake_uuid, install_fake_pynvml,
+from tests.fakes.fake_pynvml import (
+    NVML_DEVICE_ARCH_AMPERE,
+    FakeGPU,
+    fake_uuid,
+    install_fake_pynvml,
     install_fake_pynvml_without_library,
+)
 from tests.fakes.powercap import FakePowercap, FakeZone
 from tests.fakes.trace import PowerTrace
 
