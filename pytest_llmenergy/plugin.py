@@ -6,7 +6,7 @@ Registered through the ``pytest11`` entry point as ``llmenergy``; disable it wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,9 +270,3 @@ def energy_meter(pytestconfig: pytest.Config) -> Iterator[Meter]:
     if meter is None:  # only if sessionstart did not run, e.g. under an unusual runner
         raise LLMEnergyError("the energy meter was not opened at session start")
     yield meter
-
-
-def energy_options(config: pytest.Config) -> Mapping[str, Any]:
-    """The parsed options, for other parts of the package and for conftest files."""
-    opts = config.stash[SESSION_KEY].options
-    return {"backend": opts.backend, "meter": opts.meter, "idle_s": opts.idle_s}
