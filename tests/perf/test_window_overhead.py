@@ -54,7 +54,6 @@ def test_nvml_window_overhead(benchmark: Any, monkeypatch: pytest.MonkeyPatch) -
 
 
 # -- estimate --------------------------------------------------------------------------
-# (test_estimate_window_overhead goes here)
 
 
 def test_estimate_window_overhead(benchmark: Any) -> None:
