@@ -18,7 +18,6 @@ Domains:
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import getpass
 import os
@@ -38,7 +37,7 @@ import psutil
 from ..errors import MeterError, MeterUnavailable
 from .base import Domain, Meter, Method, PowerSample, Reading
 from .options import MeterOptions
-from .sampling import integrate_intervals
+from .sampling import SampleBuffer, integrate_intervals
 
 backend = "powermetrics"
 
@@ -340,8 +339,7 @@ class PowermetricsMeter(Meter):
         self.command = list(command) if command is not None else default_command()
         self.start_timeout_s = start_timeout_s
         self._cond = threading.Condition()
-        self._samples_buf: list[PowerSample] = []
-        self._times: list[float] = []
+        self._buffer = SampleBuffer()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._stop_event = threading.Event()
@@ -393,9 +391,8 @@ class PowermetricsMeter(Meter):
     # -- subprocess lifecycle --------------------------------------------------------
     def _start(self) -> None:
         self._stop_event.clear()
+        self._buffer.clear()
         with self._cond:
-            self._samples_buf.clear()
-            self._times.clear()
             self._failure = None
             self._exited = False
             self._stderr_tail = b""
@@ -417,10 +414,12 @@ class PowermetricsMeter(Meter):
         # Wait for the first sample: a window opened before it would start uncovered.
         with self._cond:
             self._cond.wait_for(
-                lambda: bool(self._samples_buf) or self._exited or self._failure is not None,
+                lambda: (
+                    self._buffer.last_t() is not None or self._exited or self._failure is not None
+                ),
                 timeout=self.start_timeout_s,
             )
-            got_sample = bool(self._samples_buf)
+            got_sample = self._buffer.last_t() is not None
             failure = self._failure
         if got_sample and failure is None:
             return
@@ -456,9 +455,7 @@ class PowermetricsMeter(Meter):
                 # If even that fails, nothing more a non-root process can do; SIGPIPE will.
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=3.0)
-        with self._cond:
-            self._samples_buf.clear()
-            self._times.clear()
+        self._buffer.clear()
 
     def close(self) -> None:
         if self._proc is not None:
@@ -531,11 +528,9 @@ class PowermetricsMeter(Meter):
         for sample in reversed(parsed):
             new.append(PowerSample(t=end_t, power_w=sample.power_w(pids), span_s=sample.elapsed_s))
             end_t -= sample.elapsed_s
+        for s in reversed(new):
+            self._buffer.add(s)
         with self._cond:
-            for s in reversed(new):
-                i = bisect.bisect_right(self._times, s.t)
-                self._times.insert(i, s.t)
-                self._samples_buf.insert(i, s)
             self._cond.notify_all()
 
     # -- readings --------------------------------------------------------------------
@@ -552,7 +547,7 @@ class PowermetricsMeter(Meter):
         timeout_s = END_WAIT_INTERVALS * self.interval_s + 1.0
         deadline = t + timeout_s
         with self._cond:
-            while not (self._times and self._times[-1] >= t):
+            while (last_t := self._buffer.last_t()) is None or last_t < t:
                 if self._failure is not None:
                     raise MeterError(self._failure)
                 if self._exited:
@@ -566,18 +561,12 @@ class PowermetricsMeter(Meter):
                     )
                 self._cond.wait(remaining)
 
-    def _covering(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
-        """Samples whose interval (t - span_s, t] overlaps (t0, t1)."""
-        with self._cond:
-            lo = bisect.bisect_right(self._times, t0)
-            return tuple(s for s in self._samples_buf[lo:] if s.t - s.span_s < t1)
-
     def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
         self._wait_for_sample_after(b.t)
-        return integrate_intervals(self._covering(a.t, b.t), a.t, b.t, list(DOMAINS))
+        return integrate_intervals(self._buffer.covering(a.t, b.t), a.t, b.t, list(DOMAINS))
 
     def _samples(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
-        return self._covering(t0, t1)
+        return self._buffer.covering(t0, t1)
 
 
 def create(options: MeterOptions) -> PowermetricsMeter:

@@ -70,8 +70,53 @@ class PeriodicThread:
             self._stop_event.wait(delay)
 
 
+class SampleBuffer:
+    """Power samples in time order; one thread adds while others read windows out of it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._times: list[float] = []
+        self._samples: list[PowerSample] = []
+
+    def add(self, sample: PowerSample) -> None:
+        with self._lock:
+            # Samples from different threads can arrive a few microseconds out of order.
+            i = bisect.bisect_right(self._times, sample.t)
+            self._times.insert(i, sample.t)
+            self._samples.insert(i, sample)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._times.clear()
+            self._samples.clear()
+
+    def last_t(self) -> float | None:
+        with self._lock:
+            return self._times[-1] if self._times else None
+
+    def between(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        """Samples taken within [t0, t1]."""
+        with self._lock:
+            lo = bisect.bisect_left(self._times, t0)
+            hi = bisect.bisect_right(self._times, t1)
+            return tuple(self._samples[lo:hi])
+
+    def bracket(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        """Samples in [t0, t1] plus the nearest one on each side, for interpolation."""
+        with self._lock:
+            lo = max(bisect.bisect_left(self._times, t0) - 1, 0)
+            hi = bisect.bisect_right(self._times, t1) + 1
+            return tuple(self._samples[lo:hi])
+
+    def covering(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        """Interval samples whose span (t - span_s, t] overlaps (t0, t1)."""
+        with self._lock:
+            lo = bisect.bisect_right(self._times, t0)
+            return tuple(s for s in self._samples[lo:] if s.t - s.span_s < t1)
+
+
 class PowerSampler:
-    """Keeps a time-ordered buffer of power samples while any window is open."""
+    """Samples instantaneous power in a thread while any window is open."""
 
     def __init__(
         self,
@@ -82,9 +127,7 @@ class PowerSampler:
     ) -> None:
         self._read_power_w = read_power_w
         self._clock = clock
-        self._lock = threading.Lock()
-        self._samples: list[PowerSample] = []
-        self._times: list[float] = []
+        self._buffer = SampleBuffer()
         self._thread = PeriodicThread(self.sample_now_discard, interval_s, name)
 
     def start(self) -> None:
@@ -92,42 +135,27 @@ class PowerSampler:
 
     def stop(self) -> None:
         self._thread.stop()
-        with self._lock:
-            self._samples.clear()
-            self._times.clear()
+        self._buffer.clear()
 
     def sample_now(self) -> float:
         """Take a sample immediately (used at window edges) and return its time."""
         before = self._clock()
         power = self._read_power_w()
         t = (before + self._clock()) / 2  # a driver call can take a millisecond
-        self._append(PowerSample(t=t, power_w=dict(power)))
+        self._buffer.add(PowerSample(t=t, power_w=dict(power)))
         return t
 
     def sample_now_discard(self) -> None:
         self.sample_now()
 
-    def _append(self, sample: PowerSample) -> None:
-        with self._lock:
-            # Edge samples and thread samples can race by a few microseconds.
-            i = bisect.bisect_right(self._times, sample.t)
-            self._times.insert(i, sample.t)
-            self._samples.insert(i, sample)
-
     def between(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
         self._thread.check()
-        with self._lock:
-            lo = bisect.bisect_left(self._times, t0)
-            hi = bisect.bisect_right(self._times, t1)
-            return tuple(self._samples[lo:hi])
+        return self._buffer.between(t0, t1)
 
     def bracket(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
         """Samples in [t0, t1] plus the nearest one on each side, for interpolation."""
         self._thread.check()
-        with self._lock:
-            lo = max(bisect.bisect_left(self._times, t0) - 1, 0)
-            hi = bisect.bisect_right(self._times, t1) + 1
-            return tuple(self._samples[lo:hi])
+        return self._buffer.bracket(t0, t1)
 
 
 def integrate_instant(
