@@ -1,36 +1,38 @@
-"""The energy benchmark suite.  Today it holds the meter check; the LLM model x token-size
-cases arrive with the benchmark-suite issue."""
+"""The energy benchmark suite: every model x token-size case is a parametrized test.
+
+The cases come from the plugin (``llm_input_case`` / ``llm_output_case`` are
+parametrized over ``--llm-grid``, ``--llm-model``, ``--llm-input-tokens`` and
+``--llm-output-tokens``); models are loaded once each by ``llm_pool``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from pytest_llmenergy import Measurement
-
-RESULTS_KEY = pytest.StashKey[list[tuple[str, Measurement]]]()
+from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.results import CaseResult
+from pytest_llmenergy.llm.grid import LLMCase
+from pytest_llmenergy.llm.loader import ModelPool
 
 
 @pytest.fixture
-def record_energy(request: pytest.FixtureRequest):
-    """Keep a measurement for the end-of-session summary."""
-    results = request.config.stash.setdefault(RESULTS_KEY, [])
+def run_case(
+    llm_pool: ModelPool, energy_benchmark: EnergyBenchmark
+) -> Callable[[LLMCase], CaseResult]:
+    """Generate exactly the case's output tokens from a prompt of exactly its input tokens,
+    repeated under the stopping rule (the model loads outside the measurement)."""
 
-    def record(label: str, measurement: Measurement) -> None:
-        results.append((f"{request.node.name}:{label}", measurement))
-
-    return record
-
-
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    results = config.stash.get(RESULTS_KEY, [])
-    if not results:
-        return
-    terminalreporter.section("llmenergy: measured windows")
-    for label, m in results:
-        domains = ", ".join(
-            f"{name} {j:.3f} J ({m.domains[name].method})" for name, j in m.by_domain.items()
+    def run(case: LLMCase) -> CaseResult:
+        model = llm_pool.get(case.model)
+        prompt = model.prompt_ids(case.input_tokens)
+        return energy_benchmark(
+            model.generate,
+            prompt,
+            case.output_tokens,
+            input_tokens=case.input_tokens,
+            output_tokens=case.output_tokens,
         )
-        mark = " [estimated]" if m.estimated else ""
-        terminalreporter.write_line(
-            f"{label}: {m.seconds:.3f} s, {m.joules:.3f} J, {m.power_w:.2f} W{mark} | {domains}"
-        )
+
+    return run

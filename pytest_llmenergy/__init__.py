@@ -21,6 +21,7 @@ from .meters import (
     Phase,
     PowerSample,
     backend_names,
+    mark_phase,
     open_meter,
 )
 
@@ -40,5 +41,6 @@ __all__ = [
     "PowerSample",
     "__version__",
     "backend_names",
+    "mark_phase",
     "open_meter",
 ]

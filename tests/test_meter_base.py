@@ -136,3 +136,30 @@ def test_a_failed_start_leaves_the_meter_usable() -> None:
     with meter.measure() as m:
         pass
     assert meter.starts == 2 and m.joules >= 0
+
+
+def test_mark_phase_splits_the_innermost_open_window() -> None:
+    from pytest_llmenergy import mark_phase
+
+    meter = TraceMeter({"gpu:0": PowerTrace([(3600, 10.0)])})
+    assert mark_phase("decode") is False  # no window: nothing to mark
+    with meter.measure() as outer:
+        with meter.measure() as inner:
+            time.sleep(0.01)
+            assert mark_phase("decode", ending="prefill") is True
+            time.sleep(0.01)
+        assert mark_phase("tail") is True  # the inner window closed: outer is innermost now
+    assert list(inner.phases) == ["prefill", "decode"]
+    assert list(outer.phases) == ["main", "tail"]
+    assert inner.phases["prefill"].seconds + inner.phases["decode"].seconds == pytest.approx(
+        inner.seconds
+    )
+    assert mark_phase("late") is False
+
+
+def test_mark_ending_cannot_reuse_a_name() -> None:
+    meter = TraceMeter({"gpu:0": PowerTrace([(3600, 10.0)])})
+    with meter.measure() as m:
+        m.mark("b")
+        with pytest.raises(ValueError, match="already marked"):
+            m.mark("c", ending="main")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Domain, Measurement, Meter, Method, Phase, PowerSample, Window
+from .base import Domain, Measurement, Meter, Method, Phase, PowerSample, Window, mark_phase
 from .options import MeterOptions
 
 MeterFactory = Callable[[MeterOptions], Meter]
@@ -78,6 +78,7 @@ __all__ = [
     "PowerSample",
     "Window",
     "backend_names",
+    "mark_phase",
     "open_meter",
     "resolve_factory",
 ]

@@ -8,6 +8,7 @@ freely and can be split into phases at marks (prefill | decode).
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 import time
@@ -220,6 +221,7 @@ class Window:
         self._marks: list[tuple[str, Reading]] = []
         self._first_phase = phase
         self._result: Measurement | None = None
+        self._token: contextvars.Token[Window | None] | None = None
 
     def __enter__(self) -> Window:
         if self._marks:
@@ -230,13 +232,24 @@ class Window:
         except BaseException:
             self._meter._release()
             raise
+        self._token = _innermost.set(self)
         return self
 
-    def mark(self, phase: str) -> None:
-        """End the current phase here and start one called ``phase``."""
+    def mark(self, phase: str, *, ending: str | None = None) -> None:
+        """End the current phase here and start one called ``phase``.
+
+        ``ending`` renames the phase that ends here, for code that knows what it was
+        (``mark("decode", ending="prefill")``) while the window's opener did not.
+        """
         if not self._marks or self._result is not None:
             raise RuntimeError("mark() works only inside the with block")
-        if any(name == phase for name, _ in self._marks):
+        names = [name for name, _ in self._marks]
+        if ending is not None and ending != names[-1]:
+            if ending in names:
+                raise ValueError(f"phase {ending!r} was already marked in this window")
+            self._marks[-1] = (ending, self._marks[-1][1])
+            names[-1] = ending
+        if phase in names:
             raise ValueError(f"phase {phase!r} was already marked in this window")
         self._marks.append((phase, self._meter._read()))
 
@@ -247,6 +260,9 @@ class Window:
         tb: TracebackType | None,
     ) -> None:
         meter = self._meter
+        if self._token is not None:
+            _innermost.reset(self._token)
+            self._token = None
         try:
             end = meter._read()
             self._result = _build(meter, self._marks, end)
@@ -287,6 +303,25 @@ class Window:
     @property
     def samples(self) -> tuple[PowerSample, ...]:
         return self.measurement.samples
+
+
+_innermost: contextvars.ContextVar[Window | None] = contextvars.ContextVar(
+    "llmenergy_innermost_window", default=None
+)
+
+
+def mark_phase(phase: str, *, ending: str | None = None) -> bool:
+    """Mark the innermost open window of this thread/context, if there is one.
+
+    Lets code that cannot see the window (a model's generate loop) split it at the
+    moment it knows about, e.g. the first output token.  Returns whether a window
+    was marked; outside any window it does nothing.
+    """
+    window = _innermost.get()
+    if window is None:
+        return False
+    window.mark(phase, ending=ending)
+    return True
 
 
 def _build(meter: Meter, marks: list[tuple[str, Reading]], end: Reading) -> Measurement:

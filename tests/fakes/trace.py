@@ -55,3 +55,50 @@ class PowerTrace:
 
     def max_power(self) -> float:
         return max(w for _, w in self.steps)
+
+
+class SwitchTrace:
+    """Power that changes when the code under test says so (``set``), e.g. at the first
+    output token; the energy of any interval is still known exactly."""
+
+    def __init__(self, watts: float, origin: float | None = None) -> None:
+        self._times = [time.perf_counter() if origin is None else origin]
+        self._watts = [watts]
+
+    @property
+    def origin(self) -> float:
+        return self._times[0]
+
+    def set(self, watts: float, t: float | None = None) -> float:
+        t = time.perf_counter() if t is None else t
+        if t < self._times[-1]:
+            raise ValueError("a switch cannot go back in time")
+        self._times.append(t)
+        self._watts.append(watts)
+        return t
+
+    def power_at(self, t: float) -> float:
+        watts = self._watts[0]
+        for start, w in zip(self._times, self._watts):
+            if t < start:
+                break
+            watts = w
+        return watts
+
+    def energy_until(self, t: float) -> float:
+        joules = 0.0
+        ends = [*self._times[1:], float("inf")]
+        for start, end, w in zip(self._times, ends, self._watts):
+            if t <= start:
+                break
+            joules += w * (min(t, end) - start)
+        return joules
+
+    def energy_between(self, t0: float, t1: float) -> float:
+        return self.energy_until(t1) - self.energy_until(t0)
+
+    def mean_power(self, t0: float, t1: float) -> float:
+        return self.energy_between(t0, t1) / (t1 - t0) if t1 > t0 else self.power_at(t1)
+
+    def max_power(self) -> float:
+        return max(self._watts)

@@ -1,0 +1,219 @@
+"""The ``energy_benchmark`` fixture's object: run a target under the repetition rule.
+
+Like pytest-benchmark's ``benchmark``, but for slow targets measured in joules: the
+target runs exactly ``warmup + trials`` times, never more, and every trial is kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from ..errors import LLMEnergyError
+from ..llm.resources import ResourceProbe
+from ..meters.base import Meter
+from .results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
+from .rule import ControllerOptions, decide, progress_line
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's OOM (CUDA, MPS or CPU allocator) or Python's MemoryError; torch not imported
+    means it cannot be torch's."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return oom is not None and isinstance(exc, oom)
+
+
+def _free_memory() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class EnergyBenchmark:
+    """Call it once per test: ``energy_benchmark(fn, *args, input_tokens=, output_tokens=)``."""
+
+    def __init__(
+        self,
+        meter: Meter,
+        options: ControllerOptions,
+        *,
+        nodeid: str,
+        name: str,
+        labels: Mapping[str, str],
+        on_result: Callable[[CaseResult], None],
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.meter = meter
+        self.options = options
+        self.nodeid = nodeid
+        self.name = name
+        self.labels = dict(labels)
+        self._on_result = on_result
+        self._progress = progress
+        self.result: CaseResult | None = None
+        self.calls = 0  # how often the target ran, warm-up included
+
+    def __call__(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        input_tokens: int,
+        output_tokens: int,
+        **kwargs: Any,
+    ) -> CaseResult:
+        """Warm up, then repeat ``fn(*args, **kwargs)`` until the stopping rule says so."""
+        return self._run(
+            fn,
+            lambda: (args, kwargs),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            warmup=self.options.warmup,
+            rounds=None,
+        )
+
+    def pedantic(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        setup: Callable[[], tuple[Sequence[Any], Mapping[str, Any]] | None] | None = None,
+        rounds: int = 1,
+        warmup_rounds: int = 0,
+    ) -> CaseResult:
+        """Exactly ``rounds`` measured calls after ``warmup_rounds``, no stopping rule.
+
+        ``setup`` runs before every call, outside the measurement; if it returns
+        ``(args, kwargs)`` those are used for that call (then ``args``/``kwargs`` must be
+        empty), as in pytest-benchmark's pedantic mode.
+        """
+        if rounds < 1 or warmup_rounds < 0:
+            raise ValueError("pedantic needs rounds >= 1 and warmup_rounds >= 0")
+        if setup is not None and (args or kwargs):
+            raise TypeError("pedantic: pass args/kwargs or a setup that returns them, not both")
+        fixed = (tuple(args), dict(kwargs or {}))
+
+        def call_args() -> tuple[Sequence[Any], Mapping[str, Any]]:
+            if setup is None:
+                return fixed
+            made = setup()
+            return (tuple(made[0]), dict(made[1])) if made is not None else fixed
+
+        return self._run(
+            fn,
+            call_args,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            warmup=warmup_rounds,
+            rounds=rounds,
+        )
+
+    # -- the loop ------------------------------------------------------------------
+    def _run(
+        self,
+        fn: Callable[..., Any],
+        call_args: Callable[[], tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        warmup: int,
+        rounds: int | None,
+    ) -> CaseResult:
+        if self.result is not None or self.calls:
+            raise LLMEnergyError("energy_benchmark can be used only once per test")
+        if input_tokens < 0 or output_tokens < 0:
+            raise ValueError("input_tokens and output_tokens must be >= 0")
+        trials: list[Trial] = []
+        status = ROUNDS
+        try:
+            for _ in range(warmup):
+                args, kwargs = call_args()
+                self._check_tokens(self._call(fn, args, kwargs), input_tokens, output_tokens)
+            with ResourceProbe() as probe:
+                while True:
+                    args, kwargs = call_args()
+                    with self.meter.measure() as window:
+                        out = self._call(fn, args, kwargs)
+                    n_in, n_out = self._check_tokens(out, input_tokens, output_tokens)
+                    trials.append(
+                        Trial.from_measurement(len(trials) + 1, window.measurement, n_in, n_out)
+                    )
+                    if rounds is not None:
+                        if len(trials) >= rounds:
+                            break
+                        continue
+                    decision = decide(
+                        self.options, [t.seconds for t in trials], [t.joules for t in trials]
+                    )
+                    if self._progress is not None:
+                        self._progress(progress_line(self.options, decision))
+                    if decision.stop:
+                        status = CONVERGED if decision.converged else LIMIT
+                        break
+        except BaseException as exc:
+            if not is_out_of_memory(exc):
+                raise
+            del exc
+            _free_memory()
+            reason = f"OOM at {input_tokens} input tokens ({output_tokens} output tokens)"
+            self._finish(input_tokens, output_tokens, OOM, trials, reason=reason)
+            pytest.skip(reason)
+        return self._finish(input_tokens, output_tokens, status, trials, resources=probe.usage)
+
+    def _call(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        self.calls += 1
+        return fn(*args, **kwargs)
+
+    @staticmethod
+    def _check_tokens(out: Any, input_tokens: int, output_tokens: int) -> tuple[int, int]:
+        """Use the counts the target reports (a ``Generation``), and insist they match."""
+        n_in = getattr(out, "input_tokens", None)
+        n_out = getattr(out, "output_tokens", None)
+        if not (isinstance(n_in, int) and isinstance(n_out, int)):
+            return input_tokens, output_tokens
+        if (n_in, n_out) != (input_tokens, output_tokens):
+            raise LLMEnergyError(
+                f"the target processed {n_in} input and produced {n_out} output tokens, "
+                f"but the case declares input_tokens={input_tokens}, "
+                f"output_tokens={output_tokens}"
+            )
+        return n_in, n_out
+
+    def _finish(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        status: str,
+        trials: list[Trial],
+        *,
+        reason: str = "",
+        resources: Any = None,
+    ) -> CaseResult:
+        domains = self.meter.domains
+        self.result = CaseResult(
+            nodeid=self.nodeid,
+            name=self.name,
+            labels=self.labels,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            status=status,
+            options=self.options,
+            trials=tuple(trials),
+            methods={name: str(d.method) for name, d in domains.items()},
+            counted={name: d.counted for name, d in domains.items()},
+            backend=self.meter.backend,
+            reason=reason,
+            resources=resources,
+        )
+        self._on_result(self.result)
+        return self.result

@@ -1,0 +1,129 @@
+"""Which model x token-size cases the benchmark suite runs.
+
+Two sweeps, as in the research: input tokens varied at a fixed output length, and
+output tokens varied at a fixed input length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+TINY_MODEL_NAMES = ("tiny-llama", "tiny-mistral", "tiny-falcon")
+# The research's models (7B each; Falcon was not run on the M1 Pro).
+PAPER_MODELS = ("meta-llama/Llama-2-7b-hf", "mistralai/Mistral-7B-v0.1", "tiiuae/falcon-7b")
+
+INPUT_SWEEP, OUTPUT_SWEEP = "input", "output"
+
+
+def powers_of_two(low: int, high: int) -> tuple[int, ...]:
+    out, n = [], low
+    while n <= high:
+        out.append(n)
+        n *= 2
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    models: tuple[str, ...]
+    input_tokens: tuple[int, ...]  # the input sweep's sizes
+    output_tokens: tuple[int, ...]  # the output sweep's sizes
+    fixed_output_tokens: int = 32  # output length during the input sweep
+    fixed_input_tokens: int = 32  # input length during the output sweep
+
+    def cases(self, sweep: str) -> list[LLMCase]:
+        if sweep == INPUT_SWEEP:
+            return [
+                LLMCase(sweep, m, n, self.fixed_output_tokens)
+                for m in self.models
+                for n in self.input_tokens
+            ]
+        if sweep == OUTPUT_SWEEP:
+            return [
+                LLMCase(sweep, m, self.fixed_input_tokens, n)
+                for m in self.models
+                for n in self.output_tokens
+            ]
+        raise ValueError(f"unknown sweep {sweep!r}")
+
+    def describe(self) -> str:
+        def span(sizes: Sequence[int]) -> str:
+            return f"{sizes[0]}..{sizes[-1]}" if len(sizes) > 2 else ",".join(map(str, sizes))
+
+        return (
+            f"grid {self.name}: input {span(self.input_tokens)} (output "
+            f"{self.fixed_output_tokens}), output {span(self.output_tokens)} (input "
+            f"{self.fixed_input_tokens}); models {', '.join(self.models)}"
+        )
+
+
+GRIDS: dict[str, Grid] = {
+    # The research's token sizes on the built-in models: runs on 2 CPU cores in minutes.
+    "default": Grid("default", TINY_MODEL_NAMES, powers_of_two(8, 2048), powers_of_two(8, 4096)),
+    # The research's full grid: its three 7B models (from the hub or a local mirror).
+    "paper": Grid("paper", PAPER_MODELS, powers_of_two(8, 2048), powers_of_two(8, 4096)),
+    # A smoke test of the whole path.
+    "quick": Grid("quick", TINY_MODEL_NAMES, (8, 64, 512), (8, 64, 512)),
+}
+
+
+@dataclass(frozen=True)
+class LLMCase:
+    """One parametrized case; its ``id`` is what pytest shows: ``tiny-llama-in512-out32``."""
+
+    sweep: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+
+    @property
+    def id(self) -> str:
+        short = self.model.rstrip("/").rsplit("/", 1)[-1]
+        return f"{short}-in{self.input_tokens}-out{self.output_tokens}"
+
+    def labels(self) -> dict[str, str]:
+        return {"sweep": self.sweep, "model": self.model}
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def parse_token_list(text: str) -> tuple[int, ...]:
+    """``8,16,32`` or ``8..2048`` (powers of two between) or a mix."""
+    sizes: list[int] = []
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        if ".." in part:
+            low, high = (int(x) for x in part.split("..", 1))
+            if low < 1 or high < low:
+                raise ValueError(part)
+            sizes.extend(powers_of_two(low, high))
+        else:
+            sizes.append(int(part))
+    if not sizes or any(n < 1 for n in sizes):
+        raise ValueError(text)
+    return tuple(sorted(set(sizes)))
+
+
+def make_grid(
+    name: str,
+    models: Sequence[str] | None = None,
+    input_tokens: Sequence[int] | None = None,
+    output_tokens: Sequence[int] | None = None,
+) -> Grid:
+    if name not in GRIDS:
+        raise ConfigError(f"unknown grid {name!r}; choose one of: {', '.join(GRIDS)}")
+    base = GRIDS[name]
+    return Grid(
+        name=name if not (models or input_tokens or output_tokens) else f"{name}, overridden",
+        models=tuple(models) if models else base.models,
+        input_tokens=tuple(input_tokens) if input_tokens else base.input_tokens,
+        output_tokens=tuple(output_tokens) if output_tokens else base.output_tokens,
+        fixed_output_tokens=base.fixed_output_tokens,
+        fixed_input_tokens=base.fixed_input_tokens,
+    )

@@ -1,0 +1,140 @@
+"""The run's state: options, meter, case order, per-test repetition settings, results.
+
+Created in ``pytest_configure`` and kept in ``config.stash``; the plugin's hooks and
+fixtures only talk to this object.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .controller.order import shuffle_in_place
+from .controller.results import CaseResult
+from .controller.rule import ControllerOptions, with_overrides
+from .errors import ConfigError, LLMEnergyError, MeterUnavailable
+from .meters import BUILTIN_BACKENDS, Meter, MeterFactory, backend_names, open_meter
+from .options import PluginOptions
+
+MARKER = "llmenergy"
+BENCHMARK_FIXTURE = "energy_benchmark"
+
+
+def uses_energy_benchmark(item: pytest.Item) -> bool:
+    return BENCHMARK_FIXTURE in getattr(item, "fixturenames", ())
+
+
+def case_labels(item: pytest.Item) -> dict[str, str]:
+    """Labels for reports from the test's parameters; an ``LLMCase`` gives model and sweep."""
+    labels: dict[str, str] = {}
+    callspec = getattr(item, "callspec", None)
+    for name, value in callspec.params.items() if callspec else ():
+        as_labels = getattr(value, "labels", None)
+        if callable(as_labels):
+            labels.update(as_labels())
+        else:
+            labels[name] = str(value)
+    return labels
+
+
+class EnergySession:
+    """Owns the run's measuring state: the options, the meter, the idle baseline, results."""
+
+    def __init__(self, config: pytest.Config, options: PluginOptions) -> None:
+        self.config = config
+        self.options = options
+        self.meter: Meter | None = None
+        self.extra_backends: dict[str, MeterFactory] = {}
+        self.results: list[CaseResult] = []
+        self.shuffled = False
+        self._controllers: dict[str, ControllerOptions] = {}
+
+    # -- the meter -----------------------------------------------------------------
+    def collect_backends(self) -> None:
+        for mapping in self.config.hook.pytest_llmenergy_meters(config=self.config):
+            for name, factory in (mapping or {}).items():
+                if name in BUILTIN_BACKENDS:
+                    raise pytest.UsageError(
+                        f"a plugin tried to register energy backend {name!r}, which is built "
+                        "in; choose another name"
+                    )
+                self.extra_backends[name] = factory
+
+    def open(self) -> None:
+        """Open the meter (and measure idle power); any problem is a usage error."""
+        self.collect_backends()
+        name = self.options.backend
+        if name not in backend_names(self.extra_backends):
+            choices = ", ".join(backend_names(self.extra_backends))
+            raise pytest.UsageError(
+                f"--energy-backend={name}: unknown backend; choose one of: {choices}"
+            )
+        try:
+            self.meter = open_meter(name, self.options.meter, extra=self.extra_backends)
+        except MeterUnavailable as exc:
+            raise pytest.UsageError(f"--energy-backend={name}: {exc.reason}") from None
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--energy-backend={name}: {exc}") from None
+        if self.options.idle_s > 0:
+            try:
+                self.meter.measure_idle(self.options.idle_s)
+            except LLMEnergyError as exc:
+                raise pytest.UsageError(
+                    f"--energy-idle: measuring idle power failed: {exc}"
+                ) from None
+
+    def close(self) -> None:
+        if self.meter is not None:
+            self.meter.close()
+            self.meter = None
+
+    # -- the cases -----------------------------------------------------------------
+    def prepare(self, items: list[pytest.Item]) -> None:
+        """Check every test's marker now (not mid-run), then put the cases in order."""
+        for item in items:
+            marker = item.get_closest_marker(MARKER)
+            if marker is None:
+                continue
+            if marker.args:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: @pytest.mark.{MARKER} takes keyword arguments only"
+                )
+            try:
+                self._controllers[item.nodeid] = with_overrides(
+                    self.options.controller, marker.kwargs
+                )
+            except ConfigError as exc:
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}: {exc}") from None
+        mode = self.options.shuffle
+        cases = [item for item in items if uses_energy_benchmark(item)]
+        if mode == "on" or (mode == "auto" and cases):
+            self.shuffled = True
+            shuffle_in_place(
+                items,
+                self.options.seed,
+                selected=uses_energy_benchmark,
+                group=lambda item: case_labels(item).get("model"),
+            )
+
+    def controller_for(self, item: pytest.Item) -> ControllerOptions:
+        return self._controllers.get(item.nodeid, self.options.controller)
+
+    def record(self, result: CaseResult) -> None:
+        self.results.append(result)
+
+    # -- what the header says ------------------------------------------------------
+    def header_lines(self) -> list[str]:
+        if self.meter is None:
+            return []
+        lines = [f"llmenergy: backend {self.options.backend} -> {self.meter.describe()}"]
+        lines += [f"llmenergy:   {note}" for note in self.meter.notes]
+        if self.meter.idle_power_w:
+            idle = ", ".join(f"{d} {w:.2f} W" for d, w in self.meter.idle_power_w.items())
+            lines.append(f"llmenergy: idle power over {self.options.idle_s:g} s: {idle}")
+        lines.append(f"llmenergy: repetition: {self.options.controller.describe()}")
+        if self.options.shuffle != "off":
+            lines.append(
+                f"llmenergy: random case order, seed {self.options.seed} "
+                f"(repeat with --energy-seed={self.options.seed}; --energy-shuffle=off to keep "
+                "the file order)"
+            )
+        return lines

@@ -1,0 +1,170 @@
+"""The stopping rule: it stops when and only when every target holds, or at the limit."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pytest_llmenergy.controller.order import shuffle_in_place, shuffled_in_groups
+from pytest_llmenergy.controller.rule import (
+    ControllerOptions,
+    decide,
+    progress_line,
+    with_overrides,
+)
+from pytest_llmenergy.controller.targets import CITarget, parse_ci_target, parse_ci_targets
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.stats import summarize
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("time:0.5s", CITarget("time", 0.5)),
+        ("time:500ms", CITarget("time", 0.5)),
+        ("time:2%", CITarget("time", 0.02, relative=True)),
+        ("energy:1J", CITarget("energy", 1.0)),
+        ("energy:0.5kJ", CITarget("energy", 500.0)),
+        ("ENERGY : 2.5 %", CITarget("energy", 0.025, relative=True)),
+    ],
+)
+def test_targets_parse(text: str, expected: CITarget) -> None:
+    got = parse_ci_target(text)
+    assert (got.metric, got.relative) == (expected.metric, expected.relative)
+    assert got.value == pytest.approx(expected.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("speed:1s", "time or energy"),
+        ("time:1J", "time takes s or ms"),
+        ("energy:2s", "energy takes J or kJ"),
+        ("time:0s", "positive"),
+        ("time:150%", "percentage"),
+        ("time", "expected one of the forms"),
+    ],
+)
+def test_bad_targets_say_what_is_wrong(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_ci_target(text)
+
+
+def test_several_targets_in_one_text_or_a_list() -> None:
+    assert [str(t) for t in parse_ci_targets("time:0.5s, energy:2%")] == ["time:0.5s", "energy:2%"]
+    assert len(parse_ci_targets(["time:1s", "energy:1J energy:3%"])) == 3
+    with pytest.raises(ConfigError, match="no CI target"):
+        parse_ci_targets(" , ")
+
+
+def test_relative_and_absolute_targets_against_a_summary() -> None:
+    s = summarize([10.0, 10.2, 9.8, 10.1])
+    assert s.half_width == pytest.approx(0.2718, abs=1e-3)  # 3.1824 * 0.17078 / 2
+    assert CITarget("time", 0.3).holds(s) and not CITarget("time", 0.25).holds(s)
+    assert CITarget("time", 0.03, relative=True).holds(s)
+    assert not CITarget("time", 0.02, relative=True).holds(s)
+    assert not CITarget("time", 100.0).holds(summarize([1.0]))  # one trial: no interval
+
+
+def rule_stop_point(options: ControllerOptions, seconds: list[float], joules: list[float]) -> int:
+    """Feed trials one by one; the number of trials at which the rule stopped."""
+    for n in range(1, len(seconds) + 1):
+        d = decide(options, seconds[:n], joules[:n])
+        if d.stop:
+            return n
+    raise AssertionError("the rule never stopped")
+
+
+@pytest.mark.parametrize("sd", [0.01, 0.1, 0.3, 0.6, 1.5])
+@pytest.mark.parametrize("seed", range(5))
+def test_stops_exactly_when_the_target_first_holds(sd: float, seed: int) -> None:
+    """Against normal runtimes of known spread: the rule's stop point is the first n >= 3 whose
+    t-interval half-width is <= 0.5 s, computed independently here, else 25."""
+    rng = random.Random(seed * 100 + int(sd * 1000))
+    seconds = [rng.gauss(5.0, sd) for _ in range(25)]
+    joules = [100.0 * s for s in seconds]
+    options = ControllerOptions()
+    stop = rule_stop_point(options, seconds, joules)
+
+    def half_width(n: int) -> float:
+        return summarize(seconds[:n], 0.95).half_width
+
+    first_ok = next((n for n in range(3, 26) if half_width(n) <= 0.5), None)
+    assert stop == (first_ok or 25)
+    final = decide(options, seconds[:stop], joules[:stop])
+    assert final.converged == (first_ok is not None)
+    if sd <= 0.1:
+        assert stop == 3  # tight from the start: the minimum, no more
+    if sd >= 1.5:
+        assert not final.converged and stop == 25  # needs ~36 trials: stops at the limit
+
+
+def test_all_targets_must_hold() -> None:
+    seconds = [1.0, 1.01, 0.99, 1.0]
+    joules = [10.0, 14.0, 6.0, 10.0]  # time is tight, energy is not
+    both = ControllerOptions(targets=parse_ci_targets("time:0.5s,energy:1J"), max_trials=4)
+    d = decide(both, seconds[:3], joules[:3])
+    assert not d.stop and [str(t) for t in d.unmet] == ["energy:1J"]
+    d = decide(both, seconds, joules)
+    assert d.stop and not d.converged  # the limit, not convergence
+    time_only = ControllerOptions(targets=parse_ci_targets("time:0.5s"), max_trials=4)
+    assert decide(time_only, seconds[:3], joules[:3]).converged
+
+
+def test_min_trials_is_respected_even_when_the_target_holds_earlier() -> None:
+    options = ControllerOptions(min_trials=5)
+    for n in range(2, 5):
+        assert not decide(options, [1.0] * n, [1.0] * n).stop
+    assert decide(options, [1.0] * 5, [1.0] * 5).converged
+
+
+def test_one_trial_can_never_converge() -> None:
+    options = ControllerOptions(min_trials=1, max_trials=3)
+    assert not decide(options, [1.0], [1.0]).stop
+    assert decide(options, [1.0, 1.0], [1.0, 1.0]).converged
+
+
+def test_bad_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="max_trials"):
+        ControllerOptions(min_trials=5, max_trials=3)
+    with pytest.raises(ConfigError, match="confidence"):
+        ControllerOptions(confidence=1.5)
+    with pytest.raises(ConfigError, match="warmup"):
+        ControllerOptions(warmup=-1)
+
+
+def test_marker_overrides_and_unknown_kwargs() -> None:
+    base = ControllerOptions()
+    got = with_overrides(base, {"max_trials": 2, "ci_target": "energy:5%", "warmup": 0})
+    assert (got.min_trials, got.max_trials, got.warmup) == (2, 2, 0)
+    assert [str(t) for t in got.targets] == ["energy:5%"]
+    with pytest.raises(ConfigError, match=r"unknown argument max_trial; allowed: min_trials, "):
+        with_overrides(base, {"max_trial": 3})
+    with pytest.raises(ConfigError, match="confidence"):
+        with_overrides(base, {"confidence": "high"})
+
+
+def test_progress_line_shows_half_width_against_target() -> None:
+    options = ControllerOptions()
+    line = progress_line(options, decide(options, [1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
+    assert line.startswith("trial 3: time 1.1 s ±0.248 (<= 0.5 s)")
+    assert "no CI yet" in progress_line(options, decide(options, [1.0], [5.0]))
+
+
+def test_shuffle_is_reproducible_and_keeps_groups_together() -> None:
+    items = [(m, n) for m in "abc" for n in range(6)]
+    one = shuffled_in_groups(items, 42, group=lambda x: x[0])
+    assert one == shuffled_in_groups(items, 42, group=lambda x: x[0])
+    assert sorted(one) == items and one != items
+    models = [m for m, _ in one]
+    assert [models[i] for i in range(0, 18, 6)] == list(dict.fromkeys(models))  # contiguous
+    orders = {tuple(shuffled_in_groups(items, s, group=lambda x: x[0])) for s in range(20)}
+    assert len(orders) > 15
+
+
+def test_shuffle_in_place_moves_only_selected_items() -> None:
+    items = ["keep0", "b1", "keep1", "b2", "b3", "keep2", "b4"]
+    shuffle_in_place(items, 3, selected=lambda x: x.startswith("b"))
+    assert [items[i] for i in (0, 2, 5)] == ["keep0", "keep1", "keep2"]
+    assert sorted(x for x in items if x.startswith("b")) == ["b1", "b2", "b3", "b4"]
