@@ -12,6 +12,7 @@ from .controller.order import shuffle_in_place
 from .controller.results import CaseResult
 from .controller.rule import ControllerOptions, with_overrides
 from .errors import ConfigError, LLMEnergyError, MeterUnavailable
+from .llm.grid import LLMCase
 from .meters import BUILTIN_BACKENDS, Meter, MeterFactory, backend_names, open_meter
 from .options import PluginOptions
 
@@ -21,6 +22,11 @@ BENCHMARK_FIXTURE = "energy_benchmark"
 
 def uses_energy_benchmark(item: pytest.Item) -> bool:
     return BENCHMARK_FIXTURE in getattr(item, "fixturenames", ())
+
+
+def is_llm_case(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(isinstance(v, LLMCase) for v in callspec.params.values())
 
 
 def case_labels(item: pytest.Item) -> dict[str, str]:
@@ -104,6 +110,8 @@ class EnergySession:
                 )
             except ConfigError as exc:
                 raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}: {exc}") from None
+        if not self.config.option.collectonly:
+            self._check_models(items)
         mode = self.options.shuffle
         cases = [item for item in items if uses_energy_benchmark(item)]
         if mode == "on" or (mode == "auto" and cases):
@@ -114,6 +122,25 @@ class EnergySession:
                 selected=uses_energy_benchmark,
                 group=lambda item: case_labels(item).get("model"),
             )
+
+    def _check_models(self, items: list[pytest.Item]) -> None:
+        """A model that cannot load stops the session now, not once per case."""
+        models = sorted({case_labels(i).get("model", "") for i in items if is_llm_case(i)})
+        if not models:
+            return
+        from .llm.loader import check_model
+
+        llm = self.options.llm
+        for model in models:
+            try:
+                check_model(
+                    model,
+                    dtype=llm.dtype,
+                    device=llm.device,
+                    trust_remote_code=llm.trust_remote_code,
+                )
+            except ConfigError as exc:
+                raise pytest.UsageError(f"--llm-model={model}: {exc}") from None
 
     def controller_for(self, item: pytest.Item) -> ControllerOptions:
         return self._controllers.get(item.nodeid, self.options.controller)

@@ -39,7 +39,7 @@ def test_targets_parse(text: str, expected: CITarget) -> None:
     ("text", "needle"),
     [
         ("speed:1s", "time or energy"),
-        ("time:1J", "time takes s or ms"),
+        ("time:1J", "time takes s, ms, us or ns"),
         ("energy:2s", "energy takes J or kJ"),
         ("time:0s", "positive"),
         ("time:150%", "percentage"),

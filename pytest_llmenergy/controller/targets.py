@@ -15,7 +15,10 @@ from ..errors import ConfigError
 from ..stats import Summary
 
 METRICS = ("time", "energy")
-_UNITS = {"time": {"s": 1.0, "ms": 1e-3, "": 1.0}, "energy": {"j": 1.0, "kj": 1e3, "": 1.0}}
+_UNITS = {
+    "time": {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "": 1.0},
+    "energy": {"j": 1.0, "kj": 1e3, "": 1.0},
+}
 _PATTERN = re.compile(r"^\s*(\w+)\s*:\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(%|[a-z]*)\s*$", re.I)
 EXAMPLES = "time:0.5s, time:2%, energy:1J, energy:2%"
 
@@ -57,7 +60,7 @@ def parse_ci_target(text: str) -> CITarget:
             raise ConfigError(f"bad CI target {text!r}: a percentage must be in (0, 100)")
         return CITarget(metric, number / 100.0, relative=True)
     if unit not in _UNITS[metric]:
-        units = "s or ms" if metric == "time" else "J or kJ"
+        units = "s, ms, us or ns" if metric == "time" else "J or kJ"
         raise ConfigError(f"bad CI target {text!r}: {metric} takes {units} or %")
     if not number > 0:
         raise ConfigError(f"bad CI target {text!r}: the half-width must be positive")

@@ -1,0 +1,466 @@
+"""Loading a model by name, and generating exactly the number of tokens a case asks for.
+
+Energy per token only means something if the token counts are exact, so prompts are
+cut to the exact length and generation ignores EOS.  The prefill | decode split is
+marked on the innermost open measurement window at the first output token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..meters.base import mark_phase
+from .tiny import SAMPLE_TEXT, TINY_MODELS, ensure_tiny_model, is_tiny
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES_HELP = "auto, cpu, cuda, cuda:N, mps"
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+# Without a limit in the config the model's real context is unknown; this one is safe
+# for nearly every causal LM of the last years.
+_FALLBACK_MAX_POSITIONS = 2048
+_TINY_HINT = "a built-in tiny model: " + ", ".join(TINY_MODELS)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one ``generate`` call did: counts read back from the tensors, not requested."""
+
+    input_tokens: int
+    output_tokens: int
+    first_token_at: float | None  # time.perf_counter() when the first new token appeared
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A model with its tokenizer, ready to run cases of (input tokens, output tokens)."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    device: Any  # torch.device of the input embeddings: where input ids must go
+    dtype: Any  # torch.dtype of the weights
+    max_positions: int
+    _text_ids: list[int] | None = field(default=None, init=False, repr=False)
+    _start: list[int] | None = field(default=None, init=False, repr=False)
+
+    def prompt_ids(self, n: int) -> Any:
+        """A prompt of exactly ``n`` tokens of natural text, shape (1, n), on ``device``.
+
+        Natural text rather than random ids, so attention patterns and (for MoE models)
+        routing look like real use; the BOS token comes first if the tokenizer adds one.
+        """
+        import torch
+
+        if n < 1:
+            raise ValueError(f"a prompt needs at least 1 token, got {n}")
+        if self._text_ids is None or self._start is None:
+            self._text_ids = self._build_text_ids()
+            self._start = self._start_ids()
+        ids = list(self._start)
+        while len(ids) < n:
+            ids.extend(self._text_ids)
+        return torch.tensor([ids[:n]], dtype=torch.long, device=self.device)
+
+    def generate(self, input_ids: Any, output_tokens: int) -> Generation:
+        """Greedily generate exactly ``output_tokens`` new tokens after ``input_ids``.
+
+        EOS cannot end it early (it is masked at every step) and every call starts from
+        a new, empty KV cache, so repeated cases cost the same.  The first output token
+        marks the ``decode`` phase of the innermost open measurement window (a window
+        that sees several calls is split at the first one only).  On MPS transformers
+        streams tokens one step late, so there the mark comes one decode step late.
+        """
+        import torch
+
+        if input_ids.dim() != 2:
+            raise ValueError(
+                f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}"
+            )
+        if output_tokens < 1:
+            raise ValueError(f"output_tokens must be at least 1, got {output_tokens}")
+        n_in = int(input_ids.shape[1])
+        if n_in + output_tokens > self.max_positions:
+            raise ValueError(
+                f"{n_in} input + {output_tokens} output tokens exceed the {self.max_positions} "
+                f"positions of model {self.name!r}"
+            )
+        input_ids = input_ids.to(self.device)
+        streamer = _streamer_class()(self._synchronize)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=self._generation_config(output_tokens),
+                past_key_values=self._new_cache(),
+                streamer=streamer,
+            )
+        self._synchronize()
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        return Generation(
+            input_tokens=n_in,
+            output_tokens=int(sequences.shape[1]) - n_in,
+            first_token_at=streamer.first_token_at,
+        )
+
+    # -- helpers -----------------------------------------------------------------
+    def _build_text_ids(self) -> list[int]:
+        ids = self.tokenizer(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"the tokenizer of {self.name!r} turns the sample text into nothing")
+        return list(ids)
+
+    def _start_ids(self) -> list[int]:
+        """The BOS token if this tokenizer puts one in front of text, else nothing."""
+        bos = self.tokenizer.bos_token_id
+        if bos is None:
+            return []
+        probe = self.tokenizer("x", add_special_tokens=True)["input_ids"]
+        return [bos] if probe and probe[0] == bos else []
+
+    def _generation_config(self, output_tokens: int) -> Any:
+        """Greedy settings with every other knob at its neutral value.
+
+        transformers fills unset fields from the checkpoint's ``generation_config.json``,
+        so a checkpoint's sampling or repetition-penalty defaults would leak in; setting
+        them all keeps every model on the same plain greedy loop.  ``min_new_tokens ==
+        max_new_tokens`` masks EOS at every step; pad must be set or transformers falls
+        back to EOS with a warning.
+        """
+        from transformers import GenerationConfig
+
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            eos = self.model.generation_config.eos_token_id
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = eos[0] if isinstance(eos, list) else eos
+        defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+        params: dict[str, Any] = dict(defaults()) if defaults is not None else {}
+        params.pop("max_length", None)  # max_new_tokens decides
+        params.pop("min_length", None)
+        params.update(
+            max_new_tokens=output_tokens,
+            min_new_tokens=output_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            bos_token_id=self.tokenizer.bos_token_id,
+            use_cache=True,
+            return_dict_in_generate=False,
+        )
+        return GenerationConfig(**params)
+
+    def _new_cache(self) -> Any:
+        """An empty cache object owned by this call alone."""
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # transformers before 4.56 takes no config
+            return DynamicCache()
+
+    def _synchronize(self) -> None:
+        """Wait for queued GPU work so that time and energy land in the right phase."""
+        import torch
+
+        if self.device.type == "cuda" or _on_cuda(self.model):
+            for i in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(i)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+
+@functools.cache
+def _streamer_class() -> type:
+    """A ``BaseStreamer`` that marks the phase at the first new token.
+
+    Made on first use so that importing this module does not import transformers.
+    """
+    from transformers.generation.streamers import BaseStreamer
+
+    class FirstTokenStreamer(BaseStreamer):
+        """``put`` receives the prompt first, then each new token."""
+
+        def __init__(self, synchronize: Callable[[], None]) -> None:
+            self._synchronize = synchronize
+            self._puts = 0
+            self.first_token_at: float | None = None
+
+        def put(self, value: Any) -> None:
+            self._puts += 1
+            if self._puts == 2:  # the first put after the prompt
+                self._synchronize()
+                self.first_token_at = time.perf_counter()
+                # ValueError: an earlier generate() in this window already split it.
+                with contextlib.suppress(ValueError):
+                    mark_phase("decode", ending="prefill")
+
+        def end(self) -> None:
+            pass
+
+    return FirstTokenStreamer
+
+
+def _on_cuda(model: Any) -> bool:
+    device_map = getattr(model, "hf_device_map", None) or {}
+    return any(str(d).startswith("cuda") or isinstance(d, int) for d in device_map.values())
+
+
+def check_model(
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    cache_dir: Path | None = None,
+) -> None:
+    """Fail now, with load_model's one-line ConfigError, if the model cannot be loaded:
+    the device and dtype are checked and the model's config is read (no weights)."""
+    _check_choice("dtype", dtype, DTYPES)
+    if not _DEVICE_RE.match(device):
+        raise ConfigError(f"unknown device {device!r}; allowed values: {DEVICES_HELP}")
+    _resolve_device(device)
+    source = _resolve_source(name_or_path, cache_dir)
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+        raise _cannot_load(name_or_path, exc) from exc
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Load a built-in tiny model, a local checkpoint directory or a Hugging Face id.
+
+    ``device="auto"`` spreads the model over the GPUs with accelerate when CUDA is
+    available, else uses the CPU.  ``dtype="auto"`` keeps a half-precision checkpoint
+    in half precision on a GPU (bfloat16 becomes float16 where the GPU lacks bfloat16)
+    and uses float32 on the CPU, where half-precision kernels are slow or missing.
+    ``cache_dir`` is where built-in tiny models are kept (see ``ensure_tiny_model``).
+    """
+    _check_choice("dtype", dtype, DTYPES)
+    if not _DEVICE_RE.match(device):
+        raise ConfigError(f"unknown device {device!r}; allowed values: {DEVICES_HELP}")
+
+    import torch
+
+    target = _resolve_device(device)
+    source = _resolve_source(name_or_path, cache_dir)
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        torch_dtype = _resolve_dtype(dtype, target, config)
+        kwargs: dict[str, Any] = {
+            "trust_remote_code": trust_remote_code,
+            _dtype_kwarg(): torch_dtype,
+        }
+        if target == "auto":
+            kwargs["device_map"] = "auto"
+        elif target != "cpu":
+            kwargs["device_map"] = {"": target}
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
+    except _out_of_memory_error(torch):
+        raise  # a real model too big for the device: not a configuration problem
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+        raise _cannot_load(name_or_path, exc) from exc
+    model.eval()
+    embeddings = model.get_input_embeddings()
+    weight = next(embeddings.parameters(), None) if embeddings is not None else None
+    first = weight if weight is not None else next(model.parameters())
+    return LoadedModel(
+        name=name_or_path,
+        model=model,
+        tokenizer=tokenizer,
+        device=first.device,
+        dtype=first.dtype,
+        max_positions=_max_positions(model.config, tokenizer),
+    )
+
+
+class ModelPool:
+    """Keeps at most one model loaded, so a sweep over big models never holds two."""
+
+    def __init__(
+        self,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        trust_remote_code: bool = False,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.dtype = dtype
+        self.device = device
+        self.trust_remote_code = trust_remote_code
+        self.cache_dir = cache_dir
+        self._current: LoadedModel | None = None
+
+    @property
+    def current(self) -> LoadedModel | None:
+        return self._current
+
+    def get(self, name: str) -> LoadedModel:
+        """The model ``name``, loading it (after dropping any other one) on first use."""
+        if self._current is not None and self._current.name == name:
+            return self._current
+        self.close()
+        self._current = load_model(
+            name,
+            dtype=self.dtype,
+            device=self.device,
+            trust_remote_code=self.trust_remote_code,
+            cache_dir=self.cache_dir,
+        )
+        return self._current
+
+    def close(self) -> None:
+        """Drop the loaded model and give its memory back before anything new loads."""
+        if self._current is None:
+            return
+        self._current = None
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> ModelPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- resolution helpers ------------------------------------------------------------
+def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown {what} {value!r}; allowed values: {', '.join(allowed)}")
+
+
+def _resolve_device(device: str) -> str:
+    """``auto`` stays ``auto`` with CUDA (device_map) and becomes ``cpu`` without."""
+    import torch
+
+    if device == "auto":
+        return "auto" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {device!r} requested but CUDA is not available to torch; "
+                f"use --device=cpu or install a CUDA build of torch"
+            )
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {device!r} requested but torch sees {torch.cuda.device_count()} GPU(s)"
+            )
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device 'mps' requested but MPS is not available; use cpu")
+    return device
+
+
+def _resolve_source(name_or_path: str, cache_dir: Path | None) -> str:
+    """A directory or hub id that ``from_pretrained`` can read."""
+    if is_tiny(name_or_path):
+        try:
+            return str(ensure_tiny_model(name_or_path, cache_dir))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot build the built-in model {name_or_path!r}: {_short_reason(exc)}; "
+                f"point LLMENERGY_CACHE at a writable directory"
+            ) from exc
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return str(path)
+    if _looks_like_path(name_or_path):
+        raise ConfigError(
+            f"cannot load model {name_or_path!r}: no such directory; use a local checkpoint "
+            f"directory, a Hugging Face id, or {_TINY_HINT}"
+        )
+    return name_or_path
+
+
+def _looks_like_path(name: str) -> bool:
+    """Hub ids are ``org/name``; anything else with a separator is meant as a path."""
+    return (
+        name.startswith(("/", ".", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def _resolve_dtype(dtype: str, target: str, config: Any) -> Any:
+    import torch
+
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if target == "cpu":
+        return torch.float32
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(saved, str):
+        saved = getattr(torch, saved, None)
+    if saved not in (torch.float16, torch.bfloat16):
+        return torch.float32
+    if saved is torch.bfloat16 and target != "mps" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return saved
+
+
+def _out_of_memory_error(torch: Any) -> type[BaseException]:
+    """``torch.OutOfMemoryError`` (torch 2.5+), else its older name under ``torch.cuda``."""
+    return getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
+def _dtype_kwarg() -> str:
+    """``from_pretrained`` renamed ``torch_dtype`` to ``dtype`` in transformers 4.56."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def _max_positions(config: Any, tokenizer: Any) -> int:
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(text_config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < 10_000_000:  # huge values mean "not set"
+        return limit
+    return _FALLBACK_MAX_POSITIONS
+
+
+def _cannot_load(name_or_path: str, exc: BaseException) -> ConfigError:
+    return ConfigError(
+        f"cannot load model {name_or_path!r}: {_short_reason(exc)}; use a local checkpoint "
+        f"directory, a Hugging Face id that is downloadable or already in the HF cache, "
+        f"or {_TINY_HINT}"
+    )
+
+
+def _short_reason(exc: BaseException) -> str:
+    """The first line of an exception, short enough for a one-line message."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    text = text or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,276 @@
+"""The benchmark suite as users run it (pytester): grids, ids, order, markers, -v, OOM.
+
+The suite's own files from ``benchmarks/`` are copied into each run, with a conftest
+that registers a scripted meter, so these runs exercise exactly what ships.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_plugin import assert_one_line_usage_error
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+TRACE_METER = """
+from tests.fakes.scripted import TraceMeter
+from tests.fakes.trace import PowerTrace
+def pytest_llmenergy_meters(config):
+    return {"trace": lambda options: TraceMeter({"gpu:0": PowerTrace([(3600, 200.0)])})}
+"""
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One tiny-model cache for this module's runs, never the user's home cache."""
+    path = tmp_path_factory.mktemp("llm-cache")
+    old = os.environ.get("LLMENERGY_CACHE")
+    os.environ["LLMENERGY_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("LLMENERGY_CACHE", None)
+    else:
+        os.environ["LLMENERGY_CACHE"] = old
+
+
+@pytest.fixture
+def suite(
+    pytester: pytest.Pytester, model_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
+    """The suite's files; runs that load models use ``runpytest_subprocess`` (a fresh
+    process, as users run it: torch cannot be unloaded and reloaded in-process)."""
+    monkeypatch.setenv("PYTHONPATH", str(BENCHMARKS.parent), prepend=os.pathsep)
+    conftest = (BENCHMARKS / "conftest.py").read_text()
+    pytester.makeconftest(conftest + "\n" + TRACE_METER)
+    for name in ("test_input_tokens.py", "test_output_tokens.py"):
+        pytester.makepyfile(**{name[:-3]: (BENCHMARKS / name).read_text()})
+    return pytester
+
+
+def collected_ids(result: pytest.RunResult) -> list[str]:
+    return [line for line in result.stdout.lines if "::" in line and "[" in line]
+
+
+def test_default_grid_ids_and_counts(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--collect-only", "-q", "--energy-shuffle=off")
+    ids = collected_ids(result)
+    assert len(ids) == 3 * 9 + 3 * 10  # models x (8..2048 inputs, 8..4096 outputs)
+    assert "test_input_tokens.py::test_input_tokens[tiny-llama-in512-out32]" in ids
+    assert "test_output_tokens.py::test_output_tokens[tiny-falcon-in32-out4096]" in ids
+    assert ids[0].endswith("[tiny-llama-in8-out32]")  # file order when not shuffled
+    result.stdout.fnmatch_lines(["llmenergy: grid default: input 8..2048 (output 32)*"])
+
+
+def test_paper_grid_and_overrides(suite: pytest.Pytester) -> None:
+    ids = collected_ids(suite.runpytest("--collect-only", "-q", "--llm-grid=paper"))
+    assert len(ids) == 57 and any(i.endswith("[Llama-2-7b-hf-in2048-out32]") for i in ids)
+    result = suite.runpytest(
+        "--collect-only",
+        "-q",
+        "--llm-model=tiny-mistral",
+        "--llm-input-tokens=8,100",
+        "--llm-output-tokens=16..64",
+    )
+    assert sorted(i.split("[")[1] for i in collected_ids(result)) == sorted(
+        [
+            "tiny-mistral-in8-out32]",
+            "tiny-mistral-in100-out32]",
+            "tiny-mistral-in32-out16]",
+            "tiny-mistral-in32-out32]",
+            "tiny-mistral-in32-out64]",
+        ]
+    )
+
+
+def test_case_order_is_random_reproducible_and_grouped_by_model(suite: pytest.Pytester) -> None:
+    def order(*args: str) -> list[str]:
+        return collected_ids(suite.runpytest("--collect-only", "-q", *args))
+
+    a, b = order("--energy-seed=1"), order("--energy-seed=1")
+    c = order("--energy-seed=2")
+    assert a == b and a != c and sorted(a) == sorted(c)
+    assert a != order("--energy-shuffle=off")
+    models = [re.search(r"\[(tiny-\w+)-", i).group(1) for i in a]  # type: ignore[union-attr]
+    changes = sum(1 for x, y in itertools.pairwise(models) if x != y)
+    assert changes == 2  # each model's cases in one block: loaded once
+    header = suite.runpytest("--collect-only", "-q", "--energy-seed=77", "-v")
+    header.stdout.fnmatch_lines(["llmenergy: random case order, seed 77 (repeat with*"])
+
+
+def test_small_grid_runs_and_prints_a_summary_per_case(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(
+        "--energy-backend=trace",
+        "--llm-model=tiny-llama",
+        "--llm-input-tokens=8,64",
+        "--llm-output-tokens=4",
+    )
+    result.assert_outcomes(passed=3)
+    out = result.stdout.str()
+    assert "llmenergy: cases" in out
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"^(test_\w+\[[^\]]+\]): .*$", out, re.M)}
+    assert set(lines) == {
+        "test_input_tokens[tiny-llama-in8-out32]",
+        "test_input_tokens[tiny-llama-in64-out32]",
+        "test_output_tokens[tiny-llama-in32-out4]",
+    }
+    for line in lines.values():
+        trials = int(re.search(r": (\d+) trials \(converged\) \| ", line).group(1))  # type: ignore[union-attr]
+        assert 3 <= trials <= 25, line
+        assert "prefill" in line and "decode" in line and "peak RSS" in line
+        watts = float(re.search(r"\| ([0-9.]+) W \|", line).group(1))  # type: ignore[union-attr]
+        assert watts == pytest.approx(200.0, rel=1e-3)  # the scripted meter's power
+
+
+def test_verbose_shows_trials_converging(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(
+        "--energy-backend=trace",
+        "--llm-model=tiny-falcon",
+        "--llm-input-tokens=8",
+        "--llm-output-tokens=8",
+        "-k",
+        "input",
+        "-v",
+        "--energy-ci-target=time:1ns",
+        "--energy-max-trials=4",
+    )
+    result.assert_outcomes(passed=1)
+    case = r"test_input_tokens\[tiny-falcon-in8-out32\]"
+    result.stdout.re_match_lines(
+        [
+            rf"\s+{case}: trial 1: time \S+ s \(no CI yet\)$",
+            rf"\s+{case}: trial 4: time \S+ s ±\S+ \(> 1e-09 s\)$",
+            rf"{case}: 4 trials \(limit\)",
+        ]
+    )
+
+
+def test_marker_overrides_and_rejects_unknown_kwargs(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(TRACE_METER)
+    pytester.makepyfile(
+        """
+        import time, pytest
+
+        @pytest.mark.llmenergy(max_trials=2, ci_target="energy:1e-9J", warmup=0)
+        def test_marked(energy_benchmark):
+            calls = []
+            r = energy_benchmark(lambda: calls.append(time.sleep(0.001)), input_tokens=1,
+                                 output_tokens=1)
+            assert len(r.trials) == 2 and r.status == "limit" and len(calls) == 2
+
+        def test_default(energy_benchmark):
+            r = energy_benchmark(time.sleep, 0.001, input_tokens=1, output_tokens=1)
+            assert len(r.trials) == 3 and r.converged
+        """
+    )
+    pytester.runpytest("--energy-backend=trace").assert_outcomes(passed=2)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.llmenergy(max_trial=2)
+        def test_typo(energy_benchmark):
+            pass
+        """
+    )
+    result = pytester.runpytest("--energy-backend=trace")
+    assert_one_line_usage_error(
+        result, "test_typo", "unknown argument max_trial", "allowed: min_trials, max_trials"
+    )
+
+
+def test_out_of_memory_case_is_skipped_and_the_sweep_goes_on(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(TRACE_METER)
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        class Model:
+            def generate(self, n_in, n_out):
+                if n_in >= 1024:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB")
+                return None
+
+        @pytest.mark.parametrize("n_in", [512, 1024, 2048])
+        def test_sweep(energy_benchmark, n_in):
+            energy_benchmark(Model().generate, n_in, 32, input_tokens=n_in, output_tokens=32)
+        """
+    )
+    result = pytester.runpytest("--energy-backend=trace", "-rs", "--energy-shuffle=off")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.re_match_lines(
+        [
+            r"test_sweep\[512\]: 3 trials \(converged\)",
+            r"test_sweep\[1024\]: OOM at 1024 input tokens \(32 output tokens\) \(skipped\)$",
+            r"SKIPPED .* OOM at 1024 input tokens \(32 output tokens\)$",
+            r"SKIPPED .* OOM at 2048 input tokens \(32 output tokens\)$",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("arg", "needle"),
+    [
+        ("--energy-ci-target=speed:1s", "the metric must be time or energy"),
+        ("--energy-max-trials=0", "an integer >= 1"),
+        ("--energy-warmup=-1", "an integer >= 0"),
+        ("--energy-confidence=1.5", "a level in (0, 1)"),
+        ("--energy-seed=x", "an integer >= 0"),
+        ("--energy-shuffle=maybe", "on, off or auto"),
+        ("--llm-grid=huge", "default, paper or quick"),
+        ("--llm-input-tokens=0", "token counts >= 1"),
+        ("--llm-dtype=int3", "auto, float32, float16 or bfloat16"),
+    ],
+)
+def test_bad_suite_options_are_one_line_errors(
+    pytester: pytest.Pytester, arg: str, needle: str
+) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    assert_one_line_usage_error(pytester.runpytest(arg), arg.split("=")[0], needle)
+
+
+def test_min_above_max_trials_is_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--energy-min-trials=5", "--energy-max-trials=3")
+    assert_one_line_usage_error(result, "max_trials must be an integer >= min_trials (5)")
+
+
+def test_repetition_options_from_the_ini_file(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(TRACE_METER)
+    pytester.makeini(
+        "[pytest]\nllmenergy_max_trials = 2\nllmenergy_min_trials = 2\n"
+        "llmenergy_ci_target = time:1ns, energy:1%\nllmenergy_warmup = 0\n"
+    )
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_x(energy_benchmark):
+            r = energy_benchmark(time.sleep, 0.001, input_tokens=1, output_tokens=1)
+            assert len(r.trials) == 2 and r.status == "limit"
+            assert [str(t) for t in r.options.targets] == ["time:1e-09s", "energy:1%"]
+        """
+    )
+    result = pytester.runpytest("--energy-backend=trace", "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["llmenergy: repetition: 2-2 trials after 0 warm-up*"])
+
+
+def test_a_model_that_cannot_load_stops_the_session_at_start(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no 25 s of retries against an absent network
+    result = suite.runpytest_subprocess("--llm-model=no-such-org/no-such-model")
+    assert_one_line_usage_error(
+        result, "--llm-model=no-such-org/no-such-model: cannot load model", "tiny-llama"
+    )
+    result.stdout.no_fnmatch_line("*test_input_tokens*")
+    result = suite.runpytest_subprocess("--llm-model=./not/here")
+    assert_one_line_usage_error(result, "--llm-model=./not/here", "no such directory")
+    result = suite.runpytest_subprocess("--llm-model=tiny-llama", "--llm-device=cuda")
+    assert_one_line_usage_error(result, "--llm-model=tiny-llama", "cuda")
