@@ -1,6 +1,7 @@
 """pytest-llmenergy: measure the energy and time of LLM inference, case by case.
 
-Usable without pytest::
+In pytest: the ``energy_meter`` and ``energy_benchmark`` fixtures.  Usable without
+pytest::
 
     from pytest_llmenergy import open_meter
     meter = open_meter("auto")
@@ -11,6 +12,8 @@ Usable without pytest::
 
 from __future__ import annotations
 
+from .controller import CaseResult, ControllerOptions, Trial
+from .controller.benchmark import EnergyBenchmark
 from .errors import ConfigError, LLMEnergyError, MeterError, MeterUnavailable
 from .meters import (
     Domain,
@@ -28,8 +31,11 @@ from .meters import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CaseResult",
     "ConfigError",
+    "ControllerOptions",
     "Domain",
+    "EnergyBenchmark",
     "LLMEnergyError",
     "Measurement",
     "Meter",
@@ -39,6 +45,7 @@ __all__ = [
     "Method",
     "Phase",
     "PowerSample",
+    "Trial",
     "__version__",
     "backend_names",
     "mark_phase",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 _EPS = 1e-15
 _TINY = 1e-300
@@ -66,8 +67,10 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@lru_cache(maxsize=1024)
 def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p."""
+    """The t with P(T <= t) = p (cached: the controller asks for the same few after
+    every trial)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p}")
     if p == 0.5:

@@ -258,7 +258,15 @@ def build_tiny_model(name: str, out_dir: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_config(config)
     _fill_weights(model, _SEED)
     model.generation_config.pad_token_id = vocab[_PAD]
-    model.save_pretrained(out_dir, safe_serialization=True)
+    # A progress bar for one small shard is noise in a pytest header; put it back after.
+    bars = transformers.utils.logging
+    was_enabled = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()
+    try:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        if was_enabled:
+            bars.enable_progress_bar()
     tokenizer.save_pretrained(out_dir)
 
 

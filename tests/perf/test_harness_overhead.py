@@ -1,0 +1,95 @@
+"""What the harness adds to a trial, against a bare ``model.generate`` loop on the same case.
+
+Target: at most 3 % more wall time.  Both loops run side by side in one test,
+interleaved round by round so that drift on a shared machine hits both alike:
+``k`` bare ``model.generate`` calls, then ``k`` trials of ``energy_benchmark``
+(meter windows, first-token mark, token checks, trial records, the stopping rule
+after every trial, the resource probe).  Run with ``pytest tests/perf --benchmark-only``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmenergy import open_meter
+from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.llm.loader import load_model
+
+TRIALS_PER_ROUND = 5
+ROUNDS = 12
+OVERHEAD_BUDGET = 0.03
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("llm-cache")
+
+
+@pytest.mark.parametrize(
+    ("model_name", "n_in", "n_out"), [("tiny-llama", 32, 32), ("tiny-llama", 512, 128)]
+)
+def test_harness_overhead_per_trial(
+    benchmark: Any, cache_dir: Path, model_name: str, n_in: int, n_out: int
+) -> None:
+    model = load_model(model_name, cache_dir=cache_dir)
+    ids = model.prompt_ids(n_in)
+    hf = model.model
+    pad = model.tokenizer.pad_token_id
+    meter = open_meter("estimate")
+    options = ControllerOptions(min_trials=TRIALS_PER_ROUND, max_trials=TRIALS_PER_ROUND, warmup=0)
+    bare_s: list[float] = []
+    harness_s: list[float] = []
+
+    def bare_loop() -> None:
+        import torch
+
+        t0 = time.perf_counter()
+        for _ in range(TRIALS_PER_ROUND):
+            with torch.inference_mode():
+                out = hf.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=n_out,
+                    min_new_tokens=n_out,
+                    do_sample=False,
+                    pad_token_id=pad,
+                )
+            assert out.shape[1] == n_in + n_out
+        bare_s.append((time.perf_counter() - t0) / TRIALS_PER_ROUND)
+
+    def harness_loop() -> None:
+        t0 = time.perf_counter()
+        bench = EnergyBenchmark(
+            meter, options, nodeid="perf", name="perf", labels={}, on_result=lambda r: None
+        )
+        result = bench(model.generate, ids, n_out, input_tokens=n_in, output_tokens=n_out)
+        harness_s.append((time.perf_counter() - t0) / TRIALS_PER_ROUND)
+        assert len(result.trials) == TRIALS_PER_ROUND and result.has_phases
+
+    def one_round() -> None:
+        bare_loop()
+        harness_loop()
+
+    one_round()  # warm-up of both paths, not counted
+    bare_s.clear()
+    harness_s.clear()
+    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
+    bare, harness = statistics.median(bare_s), statistics.median(harness_s)
+    overhead = harness / bare - 1.0
+    benchmark.extra_info.update(
+        bare_trial_ms=round(bare * 1e3, 3),
+        harness_trial_ms=round(harness * 1e3, 3),
+        overhead_pct=round(100 * overhead, 2),
+    )
+    print(
+        f"\n{model_name} in{n_in} out{n_out}: bare generate {bare * 1e3:.2f} ms, harness trial "
+        f"{harness * 1e3:.2f} ms per trial (median of {ROUNDS} rounds): {overhead:+.2%}"
+    )
+    meter.close()
+    assert overhead <= OVERHEAD_BUDGET
