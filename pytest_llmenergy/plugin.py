@@ -17,7 +17,7 @@ from .llm.grid import INPUT_SWEEP, OUTPUT_SWEEP, Grid
 from .meters import Meter
 from .options import add_options, read_options
 from .report import case_summary_lines
-from .session import MARKER, EnergySession, case_labels
+from .session import MARKER, EnergySession, case_labels, is_llm_case
 
 if TYPE_CHECKING:
     from .llm.loader import ModelPool
@@ -72,9 +72,10 @@ def pytest_collection_modifyitems(
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-    if not any(name in getattr(i, "fixturenames", ()) for i in items for name in CASE_FIXTURES):
+    energy = config.stash.get(SESSION_KEY, None)
+    if energy is None:
         return []
-    return [f"llmenergy: {config.stash[SESSION_KEY].options.llm.grid.describe()}"]
+    return energy.collection_lines(sum(1 for item in items if is_llm_case(item)))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

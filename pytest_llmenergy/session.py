@@ -158,10 +158,17 @@ class EnergySession:
             idle = ", ".join(f"{d} {w:.2f} W" for d, w in self.meter.idle_power_w.items())
             lines.append(f"llmenergy: idle power over {self.options.idle_s:g} s: {idle}")
         lines.append(f"llmenergy: repetition: {self.options.controller.describe()}")
-        if self.options.shuffle != "off":
+        return lines
+
+    def collection_lines(self, n_llm_cases: int) -> list[str]:
+        """After collection, when it is known what will run and in which order."""
+        lines = []
+        if n_llm_cases:
+            lines.append(f"llmenergy: {self.options.llm.grid.describe()}")
+        if self.shuffled:
+            seed = self.options.seed
             lines.append(
-                f"llmenergy: random case order, seed {self.options.seed} "
-                f"(repeat with --energy-seed={self.options.seed}; --energy-shuffle=off to keep "
-                "the file order)"
+                f"llmenergy: cases in random order, seed {seed} (repeat with "
+                f"--energy-seed={seed}; --energy-shuffle=off keeps the file order)"
             )
         return lines

@@ -187,8 +187,11 @@ def test_prefill_decode_split_on_a_sampled_meter(monkeypatch: pytest.MonkeyPatch
         result = bench(fake_generate, trace, 0.2, 0.4, input_tokens=8, output_tokens=17)
     for trial in result.trials:
         pre, dec = trial.phases["prefill"], trial.phases["decode"]
-        assert pre.joules == pytest.approx(50.0 * pre.seconds, rel=0.05)
-        assert dec.joules == pytest.approx(10.0 * dec.seconds, rel=0.05)
+        # Trapezoids over 5 ms samples smear the 40 W step by about one sample (1 %);
+        # 10 % leaves room for a loaded machine delaying the sampler, and still fails a
+        # split that is off by more than ~10 samples.
+        assert pre.joules == pytest.approx(50.0 * pre.seconds, rel=0.10)
+        assert dec.joules == pytest.approx(10.0 * dec.seconds, rel=0.10)
 
 
 def test_out_of_memory_is_recorded_and_skipped() -> None:

@@ -13,8 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401  # see below
 
 from tests.test_plugin import assert_one_line_usage_error
+
+# torch is imported above, before any in-process (pytester.runpytest) run: those runs
+# unload the modules they import, and torch, a C extension, cannot be imported twice.
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -100,7 +104,9 @@ def test_case_order_is_random_reproducible_and_grouped_by_model(suite: pytest.Py
     changes = sum(1 for x, y in itertools.pairwise(models) if x != y)
     assert changes == 2  # each model's cases in one block: loaded once
     header = suite.runpytest("--collect-only", "-q", "--energy-seed=77", "-v")
-    header.stdout.fnmatch_lines(["llmenergy: random case order, seed 77 (repeat with*"])
+    header.stdout.fnmatch_lines(["llmenergy: cases in random order, seed 77 (repeat with*"])
+    plain = suite.runpytest("--collect-only", "-q", "--energy-shuffle=off")
+    plain.stdout.no_fnmatch_line("*random order*")
 
 
 def test_small_grid_runs_and_prints_a_summary_per_case(suite: pytest.Pytester) -> None:
