@@ -32,8 +32,8 @@ NAMES = ("tiny-llama", "tiny-mistral", "tiny-falcon")
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("llm-cache")
+def cache(tiny_cache: Path) -> Path:
+    return tiny_cache
 
 
 @pytest.fixture(scope="module")

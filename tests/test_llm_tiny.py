@@ -24,8 +24,8 @@ NAMES = ("tiny-llama", "tiny-mistral", "tiny-falcon")
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("llm-cache")
+def cache(tiny_cache: Path) -> Path:
+    return tiny_cache
 
 
 def test_builtin_names() -> None:

@@ -31,9 +31,9 @@ def pytest_llmenergy_meters(config):
 
 
 @pytest.fixture(scope="module")
-def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One tiny-model cache for this module's runs, never the user's home cache."""
-    path = tmp_path_factory.mktemp("llm-cache")
+def model_cache(tiny_cache: Path) -> Iterator[Path]:
+    """The runs (subprocesses too) find the test run's tiny-model cache through the env."""
+    path = tiny_cache
     old = os.environ.get("LLMENERGY_CACHE")
     os.environ["LLMENERGY_CACHE"] = str(path)
     yield path

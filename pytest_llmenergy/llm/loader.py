@@ -217,6 +217,14 @@ def _on_cuda(model: Any) -> bool:
     return any(str(d).startswith("cuda") or isinstance(d, int) for d in device_map.values())
 
 
+def _checked_target(dtype: str, device: str) -> str:
+    """Check both choices; the device to load onto (``auto`` only with CUDA)."""
+    _check_choice("dtype", dtype, DTYPES)
+    if not _DEVICE_RE.match(device):
+        raise ConfigError(f"unknown device {device!r}; allowed values: {DEVICES_HELP}")
+    return _resolve_device(device)
+
+
 def check_model(
     name_or_path: str,
     *,
@@ -227,10 +235,7 @@ def check_model(
 ) -> None:
     """Fail now, with load_model's one-line ConfigError, if the model cannot be loaded:
     the device and dtype are checked and the model's config is read (no weights)."""
-    _check_choice("dtype", dtype, DTYPES)
-    if not _DEVICE_RE.match(device):
-        raise ConfigError(f"unknown device {device!r}; allowed values: {DEVICES_HELP}")
-    _resolve_device(device)
+    _checked_target(dtype, device)
     source = _resolve_source(name_or_path, cache_dir)
     try:
         from transformers import AutoConfig
@@ -256,13 +261,9 @@ def load_model(
     and uses float32 on the CPU, where half-precision kernels are slow or missing.
     ``cache_dir`` is where built-in tiny models are kept (see ``ensure_tiny_model``).
     """
-    _check_choice("dtype", dtype, DTYPES)
-    if not _DEVICE_RE.match(device):
-        raise ConfigError(f"unknown device {device!r}; allowed values: {DEVICES_HELP}")
-
     import torch
 
-    target = _resolve_device(device)
+    target = _checked_target(dtype, device)
     source = _resolve_source(name_or_path, cache_dir)
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
