@@ -19,6 +19,7 @@ from .controller.rule import ControllerOptions
 from .controller.targets import parse_ci_targets
 from .errors import ConfigError
 from .llm.grid import Grid, make_grid, parse_token_list
+from .llm.loader import DTYPES
 from .meters import MeterOptions
 
 
@@ -121,8 +122,6 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
     return parse
 
-
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 OPTIONS: tuple[Option, ...] = (
     # -- measuring ---------------------------------------------------------------------

@@ -68,12 +68,7 @@ def with_overrides(base: ControllerOptions, overrides: Mapping[str, Any]) -> Con
         changes["targets"] = parse_ci_targets(overrides["ci_target"])
     if "max_trials" in changes and "min_trials" not in changes:
         changes["min_trials"] = min(base.min_trials, changes["max_trials"])
-    try:
-        return replace(base, **changes)
-    except ConfigError:
-        raise
-    except TypeError as exc:
-        raise ConfigError(str(exc)) from None
+    return replace(base, **changes)  # __post_init__ checks every value
 
 
 @dataclass(frozen=True)
