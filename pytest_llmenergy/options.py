@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
+from . import report
+from .compare import GATE_EXAMPLES, Gate, parse_gates
 from .controller.rule import ControllerOptions
 from .controller.targets import parse_ci_targets
 from .errors import ConfigError
 from .llm.grid import Grid, make_grid, parse_token_list
 from .llm.loader import DTYPES
 from .meters import MeterOptions
+from .storage.store import DEFAULT_STORAGE, check_run_name
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,87 @@ OPTIONS: tuple[Option, ...] = (
         _int_at_least(0),
         "an integer >= 0",
     ),
+    # -- showing -----------------------------------------------------------------------
+    Option(
+        "--energy-columns",
+        "llmenergy_columns",
+        "columns of the energy tables, comma-separated, from: " + ", ".join(report.COLUMNS),
+        "LIST",
+        report.parse_columns,
+        "column names such as tokens_in,tokens_out,joules,j_per_token",
+    ),
+    Option(
+        "--energy-group-by",
+        "llmenergy_group_by",
+        "one energy table per: sweep, model, test, backend, param:NAME, or none "
+        "(comma-separated; default: sweep,model)",
+        "KEYS",
+        report.parse_group_by,
+        "group keys such as sweep,model or none",
+    ),
+    Option(
+        "--energy-sort",
+        "llmenergy_sort",
+        "row order of the energy tables: tokens (default), name, or a column; -COLUMN "
+        "sorts descending",
+        "COLUMN",
+        report.parse_sort,
+        "tokens, name or a column name",
+    ),
+    # -- keeping -----------------------------------------------------------------------
+    Option(
+        "--energy-save",
+        "llmenergy_save",
+        "save this run in the storage folder as NNNN_NAME.json",
+        "NAME",
+        check_run_name,
+        "a name of letters, digits, '.', '_' and '-'",
+    ),
+    Option(
+        "--energy-autosave",
+        "llmenergy_autosave",
+        "save this run in the storage folder, named after the commit and the time",
+        "on|off",
+        _switch,
+        "on or off",
+        const="on",
+    ),
+    Option(
+        "--energy-json",
+        "llmenergy_json",
+        "also write this run to PATH (which must not exist yet)",
+        "PATH",
+        str.strip,
+        "a file path",
+    ),
+    Option(
+        "--energy-storage",
+        "llmenergy_storage",
+        f"storage folder of saved runs, one subfolder per hardware (default: {DEFAULT_STORAGE})",
+        "DIR",
+        str.strip,
+        "a folder path",
+    ),
+    Option(
+        "--energy-compare",
+        "llmenergy_compare",
+        "compare each case with a saved run: its number, name or path (default: the "
+        "latest run saved on this hardware)",
+        "RUN",
+        str.strip,
+        "a saved run's number, name or path",
+        const="latest",
+    ),
+    Option(
+        "--energy-compare-fail",
+        "llmenergy_compare_fail",
+        f"fail the session when a case regresses beyond a gate and significantly: "
+        f"{GATE_EXAMPLES} (repeatable; implies --energy-compare)".replace("%", "%%"),
+        "EXPR",
+        parse_gates,
+        f"gates such as {GATE_EXAMPLES}",
+        multiple=True,
+    ),
     # -- running models ----------------------------------------------------------------
     Option(
         "--llm-model",
@@ -354,6 +438,29 @@ class LLMSettings:
 
 
 @dataclass(frozen=True)
+class ReportSettings:
+    columns: tuple[str, ...] | None = None  # None: the default columns, empty ones dropped
+    group_by: tuple[str, ...] = report.DEFAULT_GROUP_BY
+    sort: str = report.DEFAULT_SORT
+
+
+@dataclass(frozen=True)
+class KeepSettings:
+    """Where the run is saved, and what it is compared with."""
+
+    save: str | None = None
+    autosave: bool = False
+    json_path: str | None = None
+    storage: str = DEFAULT_STORAGE
+    compare: str | None = None  # a run spec, or "latest"
+    gates: tuple[Gate, ...] = ()
+
+    @property
+    def saving(self) -> bool:
+        return bool(self.save or self.autosave)
+
+
+@dataclass(frozen=True)
 class PluginOptions:
     """Everything the options say, parsed and checked once."""
 
@@ -365,6 +472,8 @@ class PluginOptions:
     seed: int = 0
     seed_given: bool = False
     llm: LLMSettings = field(default_factory=lambda: LLMSettings(make_grid("default")))
+    report: ReportSettings = field(default_factory=ReportSettings)
+    keep: KeepSettings = field(default_factory=KeepSettings)
 
 
 def read_options(config: pytest.Config) -> PluginOptions:
@@ -418,4 +527,25 @@ def read_options(config: pytest.Config) -> PluginOptions:
             device=get("--llm-device", "auto") or "auto",
             trust_remote_code=get("--llm-trust-remote-code", False),
         ),
+        report=ReportSettings(
+            columns=get("--energy-columns"),
+            group_by=get("--energy-group-by", report.DEFAULT_GROUP_BY),
+            sort=get("--energy-sort", report.DEFAULT_SORT),
+        ),
+        keep=_keep_settings(get),
+    )
+
+
+def _keep_settings(get: Callable[..., Any]) -> KeepSettings:
+    gates = get("--energy-compare-fail", ())
+    compare = get("--energy-compare") or None
+    if gates and compare is None:
+        compare = "latest"
+    return KeepSettings(
+        save=get("--energy-save"),
+        autosave=get("--energy-autosave", False),
+        json_path=get("--energy-json") or None,
+        storage=get("--energy-storage") or DEFAULT_STORAGE,
+        compare=compare,
+        gates=gates,
     )

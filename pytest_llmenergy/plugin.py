@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from .compare import comparison_table, verdict_line
 from .controller.benchmark import EnergyBenchmark
 from .errors import LLMEnergyError
 from .llm.grid import INPUT_SWEEP, OUTPUT_SWEEP, Grid
 from .meters import Meter
 from .options import add_options, read_options
-from .report import case_summary_lines
+from .report import case_tables, render
 from .session import MARKER, EnergySession, case_labels, is_llm_case
 
 if TYPE_CHECKING:
@@ -78,13 +79,49 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     return energy.collection_lines(sum(1 for item in items if is_llm_case(item)))
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    energy = session.config.stash.get(SESSION_KEY, None)
+    if energy is None:
+        return
+    gate_failed = energy.finish(exitstatus)
+    save_failed = energy.recorder is not None and bool(energy.recorder.errors)
+    if (gate_failed or save_failed) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     energy = terminalreporter.config.stash.get(SESSION_KEY, None)
-    if energy is None or not energy.results:
+    if energy is None:
         return
-    terminalreporter.section("llmenergy: cases")
-    for line in case_summary_lines(energy.results):
-        terminalreporter.write_line(line)
+    write = terminalreporter.write_line
+    if energy.results:
+        settings = energy.options.report
+        terminalreporter.section("llmenergy: energy per token")
+        tables = case_tables(
+            energy.results,
+            columns=settings.columns,
+            group_by=settings.group_by,
+            sort=settings.sort,
+        )
+        for line in render(tables, "table").splitlines():
+            write(line)
+    for path in energy.saved_paths:
+        write(f"llmenergy: saved {len(energy.results)} case(s) to {path}")
+    if energy.recorder is not None:
+        for error in energy.recorder.errors:
+            write(f"llmenergy: {error}", red=True)
+    if energy.baseline_note:
+        write(f"llmenergy: {energy.baseline_note}", yellow=True)
+    comparison = energy.comparison
+    if comparison is not None:
+        terminalreporter.section(f"llmenergy: compared with {comparison.baseline_label}")
+        baseline = energy.baseline
+        if baseline is not None and baseline.hardware != energy.hardware:
+            write(f"llmenergy: the baseline ran on other hardware: {baseline.hardware}")
+        for line in render([comparison_table(comparison)], "table").splitlines():
+            write(line)
+        failed = comparison.failed
+        write(f"llmenergy: {verdict_line(comparison)}", red=failed, green=not failed, bold=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

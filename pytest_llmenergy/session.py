@@ -6,8 +6,12 @@ fixtures only talk to this object.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from .compare import Comparison, compare_cases
 from .controller.order import shuffle_in_place
 from .controller.results import CaseResult
 from .controller.rule import ControllerOptions, with_overrides
@@ -15,6 +19,9 @@ from .errors import ConfigError, LLMEnergyError, MeterUnavailable
 from .llm.grid import LLMCase
 from .meters import BUILTIN_BACKENDS, Meter, MeterFactory, backend_names, open_meter
 from .options import PluginOptions
+from .storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
+from .storage.runfile import Run, RunFileError, load
+from .storage.store import Storage
 
 MARKER = "llmenergy"
 BENCHMARK_FIXTURE = "energy_benchmark"
@@ -53,6 +60,12 @@ class EnergySession:
         self.results: list[CaseResult] = []
         self.shuffled = False
         self._controllers: dict[str, ControllerOptions] = {}
+        # keeping: where this run goes, and what it is compared with
+        self.hardware = ""
+        self.recorder: RunRecorder | None = None
+        self.baseline: Run | None = None
+        self.baseline_note = ""
+        self.comparison: Comparison | None = None
 
     # -- the meter -----------------------------------------------------------------
     def collect_backends(self) -> None:
@@ -87,6 +100,109 @@ class EnergySession:
                 raise pytest.UsageError(
                     f"--energy-idle: measuring idle power failed: {exc}"
                 ) from None
+        self._open_keeping()
+
+    # -- saving and comparing ------------------------------------------------------
+    def _open_keeping(self) -> None:
+        """Find the baseline and claim the run file now, so a bad path fails at start."""
+        keep = self.options.keep
+        if not (keep.saving or keep.json_path or keep.compare):
+            return
+        from .storage.machine import commit_info, hardware_key, machine_info
+
+        assert self.meter is not None
+        machine = machine_info()
+        self.hardware = hardware_key(machine, self.meter.backend)
+        storage = Storage(keep.storage)
+        if keep.compare:
+            self._load_baseline(storage, keep.compare)
+        if self.config.option.collectonly or not (keep.saving or keep.json_path):
+            return
+        commit = commit_info(self.config.rootpath)
+        header = new_run(
+            name=keep.save or autosave_name(commit),
+            hardware=self.hardware,
+            machine=machine,
+            commit=commit,
+            options=self.options,
+            meter=self.meter_record(),
+            command=[str(a) for a in self.config.invocation_params.args],
+        )
+        try:
+            json_path = check_json_target(keep.json_path) if keep.json_path else None
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--energy-json: {exc}") from None
+        try:
+            self.recorder = RunRecorder(
+                header, storage=storage if keep.saving else None, json_path=json_path
+            )
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"--energy-storage={keep.storage}: cannot save runs there: {exc.strerror or exc}"
+            ) from None
+
+    def _load_baseline(self, storage: Storage, spec: str) -> None:
+        if spec == "latest":
+            latest = storage.latest(self.hardware)
+            if latest is None:
+                self.baseline_note = (
+                    f"nothing to compare with: no run saved in {storage.root / self.hardware} "
+                    "yet (save one with --energy-autosave or --energy-save=NAME)"
+                )
+                return
+            path = latest.path
+        else:
+            try:
+                path = storage.resolve(spec, hardware=self.hardware)
+            except ConfigError as exc:
+                raise pytest.UsageError(f"--energy-compare={spec}: {exc}") from None
+        try:
+            self.baseline = load(path)
+        except RunFileError as exc:
+            raise pytest.UsageError(f"--energy-compare: {exc}") from None
+
+    def meter_record(self) -> dict[str, Any]:
+        """What a run file says about the meter: each domain's method, and idle power."""
+        assert self.meter is not None
+        return {
+            "backend": self.meter.backend,
+            "requested": self.options.backend,
+            "description": self.meter.describe(),
+            "notes": list(self.meter.notes),
+            "domains": {
+                name: {"method": str(d.method), "counted": d.counted}
+                for name, d in self.meter.domains.items()
+            },
+            "idle_power_w": dict(self.meter.idle_power_w),
+            "idle_seconds": self.options.idle_s,
+        }
+
+    def finish(self, exitstatus: int) -> bool:
+        """Compare, then write the run's last state; True when an energy gate failed."""
+        keep = self.options.keep
+        failed = False
+        if self.baseline is not None and self.results:
+            self.comparison = compare_cases(
+                self.baseline.cases,
+                self.results,
+                gates=keep.gates,
+                confidence=self.options.controller.confidence,
+                baseline_label=self.baseline.label,
+                current_label="this run",
+            )
+            failed = self.comparison.failed
+        if self.recorder is not None:
+            final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
+            self.recorder.finish(
+                self.results,
+                interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
+                exit_status=final,
+            )
+        return failed
+
+    @property
+    def saved_paths(self) -> list[Path]:
+        return self.recorder.written_paths if self.recorder is not None else []
 
     def close(self) -> None:
         if self.meter is not None:
@@ -147,6 +263,8 @@ class EnergySession:
 
     def record(self, result: CaseResult) -> None:
         self.results.append(result)
+        if self.recorder is not None:
+            self.recorder.add(self.results)
 
     # -- what the header says ------------------------------------------------------
     def header_lines(self) -> list[str]:
@@ -158,6 +276,11 @@ class EnergySession:
             idle = ", ".join(f"{d} {w:.2f} W" for d, w in self.meter.idle_power_w.items())
             lines.append(f"llmenergy: idle power over {self.options.idle_s:g} s: {idle}")
         lines.append(f"llmenergy: repetition: {self.options.controller.describe()}")
+        if self.recorder is not None:
+            where = ", ".join(str(p) for p in self.recorder.paths)
+            lines.append(f"llmenergy: saving this run to {where}")
+        if self.baseline is not None:
+            lines.append(f"llmenergy: comparing with {self.baseline.path}")
         return lines
 
     def collection_lines(self, n_llm_cases: int) -> list[str]:

@@ -7,6 +7,7 @@ that registers a scripted meter, so these runs exercise exactly what ships.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -109,28 +110,41 @@ def test_case_order_is_random_reproducible_and_grouped_by_model(suite: pytest.Py
     plain.stdout.no_fnmatch_line("*random order*")
 
 
-def test_small_grid_runs_and_prints_a_summary_per_case(suite: pytest.Pytester) -> None:
+def test_small_grid_runs_and_prints_a_table_per_sweep_and_model(suite: pytest.Pytester) -> None:
     result = suite.runpytest_subprocess(
         "--energy-backend=trace",
         "--llm-model=tiny-llama",
         "--llm-input-tokens=8,64",
         "--llm-output-tokens=4",
+        "--energy-json=run.json",
     )
     result.assert_outcomes(passed=3)
-    out = result.stdout.str()
-    assert "llmenergy: cases" in out
-    lines = {m.group(1): m.group(0) for m in re.finditer(r"^(test_\w+\[[^\]]+\]): .*$", out, re.M)}
-    assert set(lines) == {
+    result.stdout.re_match_lines(
+        [
+            r"^=+ llmenergy: energy per token =+$",
+            r"^sweep input · model tiny-llama$",
+            r"^\s+in\s+out\s+trials\s+s ± CI\s+J/query ± CI\s+J/in-token\s+J/out-token\s+"
+            r"prefill J\s+decode J\s+tokens/s\s+avg W\s+GPU J$",
+            r"^\s+8\s+32\s+\d+ ✓\s+",
+            r"^\s+64\s+32\s+\d+ ✓\s+",
+            r"^sweep output · model tiny-llama$",
+            r"^\s+32\s+4\s+\d+ ✓\s+.*\s200(\.0+)?\s+\S+$",  # avg W: the meter's 200 W
+        ]
+    )
+    assert "~" not in result.stdout.str()  # a counter meter: nothing marked estimated
+    run = json.loads((suite.path / "run.json").read_text())
+    cases = {c["name"]: c for c in run["cases"]}
+    assert set(cases) == {
         "test_input_tokens[tiny-llama-in8-out32]",
         "test_input_tokens[tiny-llama-in64-out32]",
         "test_output_tokens[tiny-llama-in32-out4]",
     }
-    for line in lines.values():
-        trials = int(re.search(r": (\d+) trials \(converged\) \| ", line).group(1))  # type: ignore[union-attr]
-        assert 3 <= trials <= 25, line
-        assert "prefill" in line and "decode" in line and "peak RSS" in line
-        watts = float(re.search(r"\| ([0-9.]+) W \|", line).group(1))  # type: ignore[union-attr]
-        assert watts == pytest.approx(200.0, rel=1e-3)  # the scripted meter's power
+    for case in cases.values():
+        assert case["status"] == "converged" and 3 <= len(case["trials"]) <= 25
+        for trial in case["trials"]:
+            assert set(trial["phases"]) == {"prefill", "decode"}
+            assert trial["joules"] == pytest.approx(200.0 * trial["seconds"], rel=1e-3)
+        assert case["resources"]["peak_rss_bytes"] > 0
 
 
 def test_verbose_shows_trials_converging(suite: pytest.Pytester) -> None:
@@ -151,7 +165,7 @@ def test_verbose_shows_trials_converging(suite: pytest.Pytester) -> None:
         [
             rf"\s+{case}: trial 1: time \S+ s \(no CI yet\)$",
             rf"\s+{case}: trial 4: time \S+ s ±\S+ \(> 1e-09 s\)$",
-            rf"{case}: 4 trials \(limit\)",
+            r"^\s+8\s+32\s+4 ✗\s+",  # stopped at the limit: not converged
         ]
     )
 
@@ -211,8 +225,9 @@ def test_out_of_memory_case_is_skipped_and_the_sweep_goes_on(pytester: pytest.Py
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.re_match_lines(
         [
-            r"test_sweep\[512\]: 3 trials \(converged\)",
-            r"test_sweep\[1024\]: OOM at 1024 input tokens \(32 output tokens\) \(skipped\)$",
+            r"^\s+512\s+32\s+3 ✓\s+",
+            r"^\s*1024\s+32\s+—\s+",
+            r"test_sweep\[1024\]: OOM at 1024 input tokens \(32 output tokens\)$",
             r"SKIPPED .* OOM at 1024 input tokens \(32 output tokens\)$",
             r"SKIPPED .* OOM at 2048 input tokens \(32 output tokens\)$",
         ]

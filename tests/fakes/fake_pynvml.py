@@ -100,7 +100,18 @@ NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
 NVML_VALUE_TYPE_SIGNED_INT = 5
 NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
 
-_CONSTANT_PREFIXES = ("NVML_SUCCESS", "NVML_DEVICE_ARCH_", "NVML_FI_", "NVML_VALUE_")
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_CLOCK_VIDEO = 3
+
+_CONSTANT_PREFIXES = (
+    "NVML_SUCCESS",
+    "NVML_DEVICE_ARCH_",
+    "NVML_FI_",
+    "NVML_VALUE_",
+    "NVML_CLOCK_",
+)
 
 
 class NVMLError(Exception):
@@ -163,6 +174,8 @@ class FakeGPU:
     ``architecture=None`` makes nvmlDeviceGetArchitecture unsupported (old drivers);
     ``energy_counter=False`` makes a Volta+ board without a usable counter (some vGPUs);
     ``lost=True`` makes every query raise ``GPU is lost``.
+    The static facts (memory, power limits in mW, max SM clock in MHz) are what
+    ``nvidia-smi -q`` would show; a limit or clock of None makes its query unsupported.
     """
 
     name: str
@@ -175,6 +188,10 @@ class FakeGPU:
     mig_uuids: tuple[str, ...] = ()
     energy_counter: bool = True
     lost: bool = False
+    memory_bytes: int = 40 * 1024**3
+    power_limit_mw: int | None = 400_000
+    default_power_limit_mw: int | None = 400_000
+    max_sm_clock_mhz: int | None = 1410
 
 
 @dataclass(frozen=True)
@@ -196,6 +213,15 @@ class FakeValue:
     sllVal: int = 0
     siVal: int = 0
     usVal: int = 0
+
+
+@dataclass
+class FakeMemory:
+    """``c_nvmlMemory_t``: bytes."""
+
+    total: int
+    free: int
+    used: int
 
 
 @dataclass
@@ -228,6 +254,11 @@ class FakeNvml:
         "nvmlDeviceGetTotalEnergyConsumption",
         "nvmlDeviceGetPowerUsage",
         "nvmlDeviceGetFieldValues",
+        "nvmlSystemGetDriverVersion",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetPowerManagementDefaultLimit",
+        "nvmlDeviceGetMaxClockInfo",
     )
 
     def __init__(
@@ -241,6 +272,7 @@ class FakeNvml:
         self.clock = clock
         self.init_count = 0  # NVML counts nvmlInit calls; the last nvmlShutdown closes it
         self.calls: Counter[str] = Counter()
+        self.driver_version: str | bytes = "550.54.15"  # old nvidia-ml-py returned bytes
 
     @property
     def total_calls(self) -> int:
@@ -377,6 +409,42 @@ class FakeNvml:
                 value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
             out.append(value)
         return out
+
+    def nvmlSystemGetDriverVersion(self) -> str | bytes:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> FakeMemory:
+        """Total framebuffer bytes; nothing allocated."""
+        self._enter("nvmlDeviceGetMemoryInfo")
+        gpu = self._gpu(handle)
+        return FakeMemory(total=gpu.memory_bytes, free=gpu.memory_bytes, used=0)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: FakeHandle) -> int:
+        """mW, the limit in force."""
+        self._enter("nvmlDeviceGetPowerManagementLimit")
+        gpu = self._whole_gpu(handle)
+        if gpu.power_limit_mw is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: FakeHandle) -> int:
+        """mW, the limit the board ships with."""
+        self._enter("nvmlDeviceGetPowerManagementDefaultLimit")
+        gpu = self._whole_gpu(handle)
+        if gpu.default_power_limit_mw is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.default_power_limit_mw
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: FakeHandle, clock_type: int) -> int:
+        """MHz; only the SM and graphics clocks are simulated (they share a maximum here)."""
+        self._enter("nvmlDeviceGetMaxClockInfo")
+        gpu = self._gpu(handle)
+        if clock_type not in (NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_CLOCK_VIDEO):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if clock_type not in (NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM) or gpu.max_sm_clock_mhz is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_sm_clock_mhz
 
 
 def build_fake_pynvml(

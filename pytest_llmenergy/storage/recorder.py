@@ -1,0 +1,139 @@
+"""Keeping a session's run on disk as it grows, so that a crash keeps what was measured.
+
+The run file is rewritten (atomically) after every finished case with status
+``running``, and once more at the end with ``complete`` or ``interrupted``.  A session
+killed outright leaves its last write: every case it finished, marked ``running``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..controller.results import CaseResult
+from ..errors import ConfigError
+from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run
+from .store import AtomicFile, Storage
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def jsonable(value: Any) -> Any:
+    """Options and similar records as plain JSON values (dataclasses become objects)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    return str(value)
+
+
+def autosave_name(commit: dict[str, Any], now: datetime | None = None) -> str:
+    """``<commit>_<UTC time>[_uncommitted-changes]``, as pytest-benchmark names its saves."""
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
+    if not commit.get("id"):
+        return stamp
+    name = f"{str(commit['id'])[:12]}_{stamp}"
+    return name + "_uncommitted-changes" if commit.get("dirty") else name
+
+
+def check_json_target(path: str) -> Path:
+    """``--energy-json`` never replaces a file: say so at start, not after the run."""
+    target = Path(path)
+    if target.exists():
+        raise ConfigError(f"{path} already exists; runs are never overwritten, choose a new path")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{path}: folder {target.parent} does not exist")
+    return target
+
+
+class RunRecorder:
+    """Writes one run to the storage folder and/or a JSON path, after every case."""
+
+    def __init__(
+        self,
+        header: Run,
+        *,
+        storage: Storage | None = None,
+        json_path: Path | None = None,
+    ) -> None:
+        self.run = header
+        self.files: list[AtomicFile] = []
+        if storage is not None:
+            claimed = storage.claim(header.hardware, header.name)
+            self.files.append(claimed)
+            self.run = dataclasses.replace(self.run, run_id=claimed.path.name.split("_", 1)[0])
+        if json_path is not None:
+            self.files.append(AtomicFile(json_path))
+        self.errors: list[str] = []
+
+    @property
+    def paths(self) -> list[Path]:
+        return [f.path for f in self.files]
+
+    @property
+    def written_paths(self) -> list[Path]:
+        return [f.path for f in self.files if f.written]
+
+    def add(self, cases: Sequence[CaseResult]) -> None:
+        self.run = dataclasses.replace(self.run, cases=tuple(cases))
+        self._write()
+
+    def finish(self, cases: Sequence[CaseResult], *, interrupted: bool, exit_status: int) -> None:
+        self.run = dataclasses.replace(
+            self.run,
+            cases=tuple(cases),
+            status=INTERRUPTED if interrupted else COMPLETE,
+            finished=utc_now(),
+            exit_status=exit_status,
+        )
+        if self.run.cases:
+            self._write()
+
+    def _write(self) -> None:
+        for f in self.files:
+            try:
+                f.write_run(self.run)
+            except OSError as exc:
+                self.errors.append(f"could not write {f.path}: {exc.strerror or exc}")
+
+
+def new_run(
+    *,
+    name: str,
+    hardware: str,
+    machine: dict[str, Any],
+    commit: dict[str, Any],
+    options: Any,
+    meter: dict[str, Any],
+    command: Sequence[str],
+) -> Run:
+    return Run(
+        run_id="",
+        name=name,
+        created=utc_now(),
+        status=RUNNING,
+        hardware=hardware,
+        machine=machine,
+        commit=commit,
+        options=jsonable(options),
+        meter=meter,
+        command=tuple(command),
+        path=None,
+    )
+
+
+__all__ = ["RunRecorder", "autosave_name", "check_json_target", "jsonable", "new_run"]

@@ -1,0 +1,386 @@
+"""The run file: one session's machine, code, options, meter and every trial, as JSON.
+
+A run file is data only.  Reading one never executes anything from it (plain
+``json``; no pickle, no imports named in the file), and every field is checked on the
+way in, so a corrupt, truncated, foreign or newer file is one clear error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..controller.results import CaseResult, PhaseRecord, Trial
+from ..controller.rule import ControllerOptions
+from ..controller.targets import CITarget
+from ..errors import ConfigError, LLMEnergyError
+from ..llm.resources import ResourceUsage
+
+FORMAT = "pytest-llmenergy-run"
+SCHEMA_VERSION = 1
+
+# How a run ended: still running (or killed without a word), finished, or interrupted.
+RUNNING, COMPLETE, INTERRUPTED = "running", "complete", "interrupted"
+
+
+class RunFileError(LLMEnergyError):
+    """A run file cannot be read; the message names the file and says what is wrong."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Run:
+    """A saved session.  ``cases`` are full results, so every report works on them."""
+
+    run_id: str  # "0003" in the storage folder; "" for a file saved elsewhere
+    name: str
+    created: str  # ISO 8601, UTC
+    status: str  # RUNNING, COMPLETE or INTERRUPTED
+    hardware: str  # the storage folder's name: CPU, GPUs, meter
+    machine: Mapping[str, Any]
+    commit: Mapping[str, Any]
+    options: Mapping[str, Any]
+    meter: Mapping[str, Any]  # backend, description, notes, domains, idle_power_w
+    cases: tuple[CaseResult, ...] = ()
+    finished: str | None = None
+    exit_status: int | None = None
+    command: tuple[str, ...] = ()
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def label(self) -> str:
+        """How reports name this run: ``0003_baseline`` or the file name."""
+        if self.path is not None:
+            return self.path.stem
+        return "_".join(p for p in (self.run_id, self.name) if p) or "run"
+
+    @property
+    def backend(self) -> str:
+        return str(self.meter.get("backend", ""))
+
+    def case(self, nodeid: str) -> CaseResult | None:
+        return next((c for c in self.cases if c.nodeid == nodeid), None)
+
+
+# -- writing ---------------------------------------------------------------------------
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _trial_dict(t: Trial) -> dict[str, Any]:
+    return {
+        "index": t.index,
+        "seconds": t.seconds,
+        "joules": t.joules,
+        "net_joules": t.net_joules,
+        "joules_by_domain": dict(t.joules_by_domain),
+        "net_joules_by_domain": dict(t.net_joules_by_domain),
+        "input_tokens": t.input_tokens,
+        "output_tokens": t.output_tokens,
+        "phases": {
+            name: {
+                "seconds": p.seconds,
+                "joules": p.joules,
+                "joules_by_domain": dict(p.joules_by_domain),
+            }
+            for name, p in t.phases.items()
+        },
+    }
+
+
+def _controller_dict(o: ControllerOptions) -> dict[str, Any]:
+    return {
+        "min_trials": o.min_trials,
+        "max_trials": o.max_trials,
+        "confidence": o.confidence,
+        "warmup": o.warmup,
+        "targets": [
+            {"metric": t.metric, "value": t.value, "relative": t.relative} for t in o.targets
+        ],
+    }
+
+
+def case_dict(r: CaseResult) -> dict[str, Any]:
+    u = r.resources
+    return {
+        "nodeid": r.nodeid,
+        "name": r.name,
+        "labels": dict(r.labels),
+        "input_tokens": r.input_tokens,
+        "output_tokens": r.output_tokens,
+        "status": r.status,
+        "reason": r.reason,
+        "backend": r.backend,
+        "controller": _controller_dict(r.options),
+        "methods": dict(r.methods),
+        "counted": dict(r.counted),
+        "resources": None
+        if u is None
+        else {
+            "peak_rss_bytes": u.peak_rss_bytes,
+            "peak_gpu_bytes": u.peak_gpu_bytes,
+            "cpu_seconds": u.cpu_seconds,
+            "iowait_share": None if u.iowait_share is None else _finite(u.iowait_share),
+            "wall_seconds": u.wall_seconds,
+        },
+        "trials": [_trial_dict(t) for t in r.trials],
+    }
+
+
+def run_dict(run: Run) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "run": {
+            "id": run.run_id,
+            "name": run.name,
+            "created": run.created,
+            "finished": run.finished,
+            "status": run.status,
+            "exit_status": run.exit_status,
+            "hardware": run.hardware,
+            "command": list(run.command),
+        },
+        "machine": dict(run.machine),
+        "commit": dict(run.commit),
+        "options": dict(run.options),
+        "meter": dict(run.meter),
+        "cases": [case_dict(c) for c in run.cases],
+    }
+
+
+def dumps(run: Run) -> str:
+    """Strict JSON (no NaN or Infinity), so any JSON reader can take the file."""
+    return json.dumps(run_dict(run), indent=1, allow_nan=False) + "\n"
+
+
+# -- reading ---------------------------------------------------------------------------
+class _Bad(Exception):
+    """A field that is missing or of the wrong type; carries where it is."""
+
+
+class _Reader:
+    """Typed access to a decoded JSON object, with the path of every field for errors."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise _Bad(f"{where or 'the file'} should be a JSON object")
+        self.data = data
+        self.where = where
+
+    def _at(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def get(self, key: str, kinds: type | tuple[type, ...], *, optional: bool = False) -> Any:
+        if key not in self.data:
+            if optional:
+                return None
+            raise _Bad(f"{self._at(key)} is missing")
+        value = self.data[key]
+        if value is None and optional:
+            return None
+        # JSON has one number type: accept ints where floats are wanted, never bools.
+        wanted = kinds if isinstance(kinds, tuple) else (kinds,)
+        if float in wanted and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and bool not in wanted:
+            raise _Bad(f"{self._at(key)} should be {_kind_name(wanted)}, not a boolean")
+        if not isinstance(value, wanted):
+            raise _Bad(f"{self._at(key)} should be {_kind_name(wanted)}")
+        return value
+
+    def obj(self, key: str, *, optional: bool = False) -> _Reader | None:
+        value = self.get(key, dict, optional=optional)
+        return None if value is None else _Reader(value, self._at(key))
+
+    def objs(self, key: str) -> list[_Reader]:
+        items = self.get(key, list)
+        return [_Reader(item, f"{self._at(key)}[{i}]") for i, item in enumerate(items)]
+
+    def numbers(self, key: str) -> dict[str, float]:
+        mapping = self.get(key, dict)
+        out: dict[str, float] = {}
+        for name, value in mapping.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise _Bad(f"{self._at(key)}.{name} should be a number")
+            out[str(name)] = float(value)
+        return out
+
+    def strings(self, key: str, kind: type = str) -> dict[str, Any]:
+        mapping = self.get(key, dict)
+        for name, value in mapping.items():
+            if not isinstance(value, kind):
+                raise _Bad(f"{self._at(key)}.{name} should be {_kind_name((kind,))}")
+        return dict(mapping)
+
+
+def _kind_name(kinds: Sequence[type]) -> str:
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        dict: "an object",
+        list: "a list",
+    }
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _trial(r: _Reader) -> Trial:
+    phases = {}
+    phase_map = r.obj("phases")
+    assert phase_map is not None
+    for name in phase_map.data:
+        p = phase_map.obj(name)
+        assert p is not None
+        phases[str(name)] = PhaseRecord(
+            p.get("seconds", float), p.get("joules", float), p.numbers("joules_by_domain")
+        )
+    return Trial(
+        index=r.get("index", int),
+        seconds=r.get("seconds", float),
+        joules=r.get("joules", float),
+        net_joules=r.get("net_joules", float),
+        joules_by_domain=r.numbers("joules_by_domain"),
+        net_joules_by_domain=r.numbers("net_joules_by_domain"),
+        input_tokens=r.get("input_tokens", int),
+        output_tokens=r.get("output_tokens", int),
+        phases=phases,
+    )
+
+
+def _controller(r: _Reader) -> ControllerOptions:
+    targets = tuple(
+        CITarget(t.get("metric", str), t.get("value", float), t.get("relative", bool))
+        for t in r.objs("targets")
+    )
+    try:
+        return ControllerOptions(
+            min_trials=r.get("min_trials", int),
+            max_trials=r.get("max_trials", int),
+            confidence=r.get("confidence", float),
+            warmup=r.get("warmup", int),
+            targets=targets,
+        )
+    except ConfigError as exc:
+        raise _Bad(f"{r.where}: {exc}") from None
+
+
+def _resources(r: _Reader | None) -> ResourceUsage | None:
+    if r is None:
+        return None
+    return ResourceUsage(
+        peak_rss_bytes=r.get("peak_rss_bytes", int),
+        peak_gpu_bytes=r.get("peak_gpu_bytes", int, optional=True),
+        cpu_seconds=r.get("cpu_seconds", float),
+        iowait_share=r.get("iowait_share", float, optional=True),
+        wall_seconds=r.get("wall_seconds", float),
+    )
+
+
+def _case(r: _Reader) -> CaseResult:
+    return CaseResult(
+        nodeid=r.get("nodeid", str),
+        name=r.get("name", str),
+        labels=r.strings("labels"),
+        input_tokens=r.get("input_tokens", int),
+        output_tokens=r.get("output_tokens", int),
+        status=r.get("status", str),
+        options=_controller(_must(r.obj("controller"))),
+        trials=tuple(_trial(t) for t in r.objs("trials")),
+        methods=r.strings("methods"),
+        counted=r.strings("counted", bool),
+        backend=r.get("backend", str),
+        reason=r.get("reason", str),
+        resources=_resources(r.obj("resources", optional=True)),
+    )
+
+
+def _must(r: _Reader | None) -> _Reader:
+    assert r is not None  # obj() without optional=True never returns None
+    return r
+
+
+def loads(text: str, path: str | os.PathLike[str]) -> Run:
+    """Parse and check a run file's text; any problem is a RunFileError naming ``path``."""
+    if not text.strip():
+        raise RunFileError(path, "the file is empty (a run that never got its first write?)")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        # An error on the last line means the file stops short (a write cut off).
+        problem = "corrupt" if "\n" in text.rstrip()[exc.pos :] else "truncated"
+        raise RunFileError(
+            path,
+            f"not a readable run file: the JSON is {problem} (line {exc.lineno}, "
+            f"column {exc.colno}: {exc.msg}); re-run the benchmarks or delete the file",
+        ) from None
+    except ValueError as exc:
+        raise RunFileError(path, f"not a readable run file: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise RunFileError(
+            path,
+            f'not a pytest-llmenergy run file (no "format": "{FORMAT}" field); '
+            "pass a file written by --energy-save, --energy-autosave or --energy-json",
+        )
+    version = data.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise RunFileError(path, "corrupt run file: schema_version should be an integer")
+    if version > SCHEMA_VERSION:
+        raise RunFileError(
+            path,
+            f"written by a newer pytest-llmenergy (schema {version}; this version reads "
+            f"up to {SCHEMA_VERSION}); upgrade pytest-llmenergy to read it",
+        )
+    if version < 1:
+        raise RunFileError(path, f"corrupt run file: unknown schema_version {version}")
+    try:
+        top = _Reader(data, "")
+        run = _must(top.obj("run"))
+        return Run(
+            run_id=run.get("id", str),
+            name=run.get("name", str),
+            created=run.get("created", str),
+            finished=run.get("finished", str, optional=True),
+            status=run.get("status", str),
+            exit_status=run.get("exit_status", int, optional=True),
+            hardware=run.get("hardware", str),
+            command=tuple(str(a) for a in run.get("command", list)),
+            machine=top.get("machine", dict),
+            commit=top.get("commit", dict),
+            options=top.get("options", dict),
+            meter=top.get("meter", dict),
+            cases=tuple(_case(c) for c in top.objs("cases")),
+            path=Path(path),
+        )
+    except _Bad as exc:
+        raise RunFileError(path, f"corrupt run file: {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a run file")
+
+
+def load(path: str | os.PathLike[str]) -> Run:
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise RunFileError(path, "no such run file") from None
+    except IsADirectoryError:
+        raise RunFileError(path, "is a directory, not a run file") from None
+    except OSError as exc:
+        raise RunFileError(path, f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RunFileError(path, "not a run file: the content is not UTF-8 text") from None
+    return loads(text, path)

@@ -1,0 +1,173 @@
+"""Gates fail a case only when it is worse beyond the threshold and significantly so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_llmenergy.compare import (
+    FAIL,
+    NOT_SIGNIFICANT,
+    OK,
+    TOO_FEW,
+    Gate,
+    Lineup,
+    compare_cases,
+    comparison_table,
+    delta,
+    parse_gate,
+    parse_gates,
+    side_by_side,
+    verdict_line,
+)
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.report import render
+from pytest_llmenergy.stats import welch_t_test
+from tests.casefactory import make_case
+
+
+@pytest.mark.parametrize(
+    ("text", "gate"),
+    [
+        ("energy_per_token:5%", Gate("energy_per_token", 0.05, True)),
+        ("joules:10%", Gate("joules", 0.10, True)),
+        ("seconds:0.5", Gate("seconds", 0.5, False)),
+        ("seconds:250ms", Gate("seconds", 0.25, False)),
+        ("time:1s", Gate("seconds", 1.0, False)),
+        ("joules:2kJ", Gate("joules", 2000.0, False)),
+        (" Power : 3W ", Gate("power", 3.0, False)),
+    ],
+)
+def test_parse_gate(text: str, gate: Gate) -> None:
+    assert parse_gate(text) == gate
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("energy_per_token", "expected METRIC:THRESHOLD"),
+        ("speed:5%", "unknown metric 'speed'"),
+        ("seconds:5J", "seconds takes a threshold in s, ms or %"),
+        ("joules:-1", "expected METRIC:THRESHOLD"),
+    ],
+)
+def test_bad_gates_say_what_is_expected(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        parse_gate(text)
+
+
+def test_parse_gates_splits_lists() -> None:
+    assert [str(g) for g in parse_gates(["joules:10%,seconds:0.5", "energy_per_token:5%"])] == [
+        "joules:10%",
+        "seconds:0.5s",
+        "energy_per_token:5%",
+    ]
+
+
+BASE = [0.100, 0.101, 0.099, 0.100]
+
+
+def test_significant_regression_beyond_the_threshold_fails() -> None:
+    before, after = make_case(BASE), make_case([0.120, 0.121, 0.119, 0.120])  # +20 %
+    d = delta(before, after, "energy_per_token", gate=parse_gate("energy_per_token:5%"))
+    assert d is not None
+    a = [t.joules / 12 for t in before.trials]
+    b = [t.joules / 12 for t in after.trials]
+    assert d.p_value == pytest.approx(welch_t_test(a, b).p_value)
+    assert d.relative_change == pytest.approx(0.20)
+    assert d.significant and d.exceeded and d.failed and d.verdict == FAIL
+
+
+def test_large_but_noisy_regression_does_not_fail() -> None:
+    before = make_case([0.05, 0.25, 0.05])
+    after = make_case([0.25, 0.05, 0.25])  # mean +57 %, but the spread swamps it
+    d = delta(before, after, "joules", gate=parse_gate("joules:10%"))
+    assert d is not None and d.relative_change > 0.5
+    assert d.exceeded and not d.significant and d.p_value > 0.05
+    assert not d.failed and d.verdict == NOT_SIGNIFICANT
+
+
+def test_significant_but_small_change_and_improvements_pass() -> None:
+    before = make_case(BASE)
+    small = make_case([0.103, 0.1031, 0.1029, 0.103])  # +3 %, very significant
+    d = delta(before, small, "seconds", gate=parse_gate("seconds:5%"))
+    assert d is not None and d.significant and not d.exceeded and d.verdict == OK
+    faster = make_case([0.05, 0.051, 0.049, 0.05])
+    d = delta(before, faster, "seconds", gate=parse_gate("seconds:0.001"))
+    assert d is not None and d.significant and d.verdict == OK
+
+
+def test_absolute_threshold() -> None:
+    before, after = make_case(BASE), make_case([0.3, 0.301, 0.299, 0.3])
+    assert delta(before, after, "seconds", gate=parse_gate("seconds:0.5")).verdict == OK
+    assert delta(before, after, "seconds", gate=parse_gate("seconds:0.1")).verdict == FAIL
+
+
+def test_one_trial_cannot_be_tested() -> None:
+    d = delta(make_case(BASE), make_case([0.5]), "seconds", gate=parse_gate("seconds:1%"))
+    assert d is not None and d.p_value is None and d.verdict == TOO_FEW and not d.failed
+
+
+def test_metric_missing_from_a_case_is_skipped() -> None:
+    no_phases = make_case(BASE, prefill_share=None)
+    assert delta(make_case(BASE), no_phases, "prefill_joules") is None
+    assert delta(make_case(BASE), make_case(BASE), "prefill_joules") is not None
+
+
+def test_compare_cases_matches_by_node_id_and_lists_the_rest() -> None:
+    baseline = [make_case(BASE), make_case(BASE, input_tokens=64)]
+    current = [
+        make_case([0.2, 0.201, 0.199]),  # +100 %: fails
+        make_case(BASE, input_tokens=512),  # new
+    ]
+    c = compare_cases(
+        baseline, current, gates=parse_gates("energy_per_token:5%"), baseline_label="0001_base"
+    )
+    assert len(c.deltas) == 1 and c.failed
+    assert c.only_in_baseline == (make_case(BASE, input_tokens=64).nodeid,)
+    assert c.only_in_current == (make_case(BASE, input_tokens=512).nodeid,)
+    line = verdict_line(c)
+    assert (
+        line.startswith("energy gate FAILED") and "test_input_tokens[tiny-llama-in8-out4]" in line
+    )
+
+    table = comparison_table(c)
+    assert table.keys[-2:] == ("threshold", "verdict")
+    row = dict(zip(table.keys, table.rows[0]))
+    assert row["verdict"] == FAIL and row["significant"] is True
+    assert row["change"] == pytest.approx(1.0, rel=1e-2)
+    assert "+100.0 %" in render([table], "table")
+    assert json.loads(render([table], "json"))["tables"][0]["rows"][0]["verdict"] == FAIL
+
+
+def test_without_gates_the_default_metrics_are_compared() -> None:
+    c = compare_cases([make_case(BASE)], [make_case(BASE)])
+    assert [d.metric for d in c.deltas] == ["energy_per_token", "joules", "seconds"]
+    assert not c.failed and all(d.verdict == "" for d in c.deltas)
+    assert "verdict" not in comparison_table(c).keys
+
+
+def test_gate_passes_with_note_on_noise() -> None:
+    c = compare_cases(
+        [make_case([0.05, 0.25, 0.05])],
+        [make_case([0.25, 0.05, 0.25])],
+        gates=parse_gates("joules:10%"),
+    )
+    assert not c.failed
+    assert verdict_line(c) == (
+        "energy gate passed (joules:10%): no significant regression; "
+        "1 over the threshold but not significant"
+    )
+
+
+def test_side_by_side_ratios() -> None:
+    a = [make_case([0.1, 0.1], input_tokens=8), make_case([0.4, 0.4], input_tokens=64)]
+    b = [make_case([0.05, 0.05], input_tokens=8, watts=50.0)]
+    table = side_by_side(Lineup(("m1", "a100"), (tuple(a), tuple(b))), "joules")
+    assert table.keys == ("case", "tokens_in", "tokens_out", "m1", "a100", "a100/m1")
+    rows = {r[1]: r for r in table.rows}
+    assert rows[8][3] == pytest.approx(10.0) and rows[8][4] == pytest.approx(2.5)
+    assert rows[8][5] == pytest.approx(0.25)
+    assert rows[64][4] is None and rows[64][5] is None  # not measured on the second run
+    assert "0.25\u00d7" in render([table], "table")

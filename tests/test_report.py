@@ -1,0 +1,507 @@
+"""Energy-per-token tables: raw figures, grouping, sorting, markers and the four formats."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from pytest_llmenergy.controller.results import (
+    CONVERGED,
+    LIMIT,
+    OOM,
+    ROUNDS,
+    CaseResult,
+    PhaseRecord,
+    Trial,
+)
+from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.llm.resources import ResourceUsage
+from pytest_llmenergy.report import (
+    COLUMNS,
+    DEFAULT_COLUMNS,
+    ESTIMATED_NOTE,
+    FORMATS,
+    Table,
+    case_tables,
+    fmt_number,
+    parse_columns,
+    parse_group_by,
+    parse_sort,
+    render,
+)
+
+# Per trial: gpu:0, gpu:1, cpu:package-0, cpu:dram-0 are counted (sum = the trial's joules);
+# cpu:core-0 sits inside the package and is not.
+GPU_CPU_DOMAINS = (
+    {"gpu:0": 5.0, "gpu:1": 1.0, "cpu:package-0": 3.0, "cpu:dram-0": 1.0, "cpu:core-0": 2.0},
+    {"gpu:0": 6.0, "gpu:1": 1.0, "cpu:package-0": 4.0, "cpu:dram-0": 1.0, "cpu:core-0": 2.0},
+    {"gpu:0": 7.0, "gpu:1": 1.0, "cpu:package-0": 5.0, "cpu:dram-0": 1.0, "cpu:core-0": 2.0},
+)
+GPU_CPU_COUNTED = {"cpu:core-0": False}
+GPU_CPU_METHODS = {d: "counter" for d in GPU_CPU_DOMAINS[0]}
+
+
+def make_trial(
+    index: int,
+    seconds: float,
+    domains: Mapping[str, float],
+    counted: Mapping[str, bool],
+    tokens: tuple[int, int],
+    phases: bool,
+) -> Trial:
+    joules = math.fsum(j for d, j in domains.items() if counted.get(d, True))
+    records = (
+        {
+            "prefill": PhaseRecord(0.2 * seconds, 0.2 * joules, {}),
+            "decode": PhaseRecord(0.8 * seconds, 0.8 * joules, {}),
+        }
+        if phases
+        else {}
+    )
+    return Trial(
+        index=index,
+        seconds=seconds,
+        joules=joules,
+        net_joules=joules - 1.0,
+        joules_by_domain=dict(domains),
+        net_joules_by_domain={d: j - 0.1 for d, j in domains.items()},
+        input_tokens=tokens[0],
+        output_tokens=tokens[1],
+        phases=records,
+    )
+
+
+def make_case(
+    name: str = "test_input_tokens[tiny-llama-in8-out32]",
+    tokens: tuple[int, int] = (8, 32),
+    *,
+    seconds: Sequence[float] = (1.0, 1.2, 1.4),
+    domains: Sequence[Mapping[str, float]] = GPU_CPU_DOMAINS,
+    counted: Mapping[str, bool] = GPU_CPU_COUNTED,
+    methods: Mapping[str, str] = GPU_CPU_METHODS,
+    labels: Mapping[str, str] | None = None,
+    status: str = CONVERGED,
+    phases: bool = True,
+    backend: str = "auto",
+    reason: str = "",
+    resources: ResourceUsage | None = None,
+) -> CaseResult:
+    trials = tuple(
+        make_trial(i + 1, s, domains[i % len(domains)], counted, tokens, phases)
+        for i, s in enumerate(seconds)
+    )
+    return CaseResult(
+        nodeid=f"bench/test_llm.py::{name}",
+        name=name,
+        labels={"sweep": "input", "model": "tiny-llama"} if labels is None else labels,
+        input_tokens=tokens[0],
+        output_tokens=tokens[1],
+        status=status,
+        options=ControllerOptions(),
+        trials=trials,
+        methods=methods,
+        counted=counted,
+        backend=backend,
+        reason=reason,
+        resources=resources,
+    )
+
+
+def cpu_case(name: str, tokens: tuple[int, int], *, estimated: bool, **kw: object) -> CaseResult:
+    """A CPU-only machine without phases: no GPU, no DRAM, no prefill/decode figures."""
+    domain = "cpu:process" if estimated else "cpu:package-0"
+    return make_case(
+        name,
+        tokens,
+        domains=({domain: 20.0},),
+        counted={},
+        methods={domain: "estimated" if estimated else "counter"},
+        phases=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def oom_case(tokens: tuple[int, int] = (8192, 32)) -> CaseResult:
+    return make_case(
+        f"test_input_tokens[tiny-llama-in{tokens[0]}-out{tokens[1]}]",
+        tokens,
+        seconds=(),
+        status=OOM,
+        reason=f"OOM at {tokens[0]} input tokens ({tokens[1]} output tokens)",
+    )
+
+
+def rows_of(table: Table) -> list[dict[str, object]]:
+    return [dict(zip(table.keys, row)) for row in table.rows]
+
+
+def cells_of(table: Table) -> list[dict[str, str]]:
+    return [dict(zip(table.keys, row)) for row in table.cells]
+
+
+# -- raw values ----------------------------------------------------------------
+
+
+def test_raw_values_of_a_measured_case() -> None:
+    usage = ResourceUsage(3 * 2**20, None, 0.75, None, 3.6)
+    (table,) = case_tables([make_case(resources=usage)], columns=list(COLUMNS))
+    (row,) = rows_of(table)
+    assert row["name"] == "test_input_tokens[tiny-llama-in8-out32]"
+    assert (row["tokens_in"], row["tokens_out"], row["trials"]) == (8, 32, 3)
+    assert row["status"] == "converged"
+    assert row["seconds"] == pytest.approx(1.2)
+    assert row["joules"] == 12.0  # (10 + 12 + 14) / 3
+    assert row["net_joules"] == 11.0
+    assert row["j_per_token"] == pytest.approx(12.0 / 40)
+    assert row["j_per_in_token"] == pytest.approx(12.0 / 8)
+    assert row["j_per_out_token"] == pytest.approx(12.0 / 32)
+    assert row["prefill_j"] == pytest.approx(0.2 * 12.0)
+    assert row["decode_j"] == pytest.approx(0.8 * 12.0)
+    assert row["prefill_s"] == pytest.approx(0.2 * 1.2)
+    assert row["decode_s"] == pytest.approx(0.8 * 1.2)
+    assert row["tokens_per_s"] == pytest.approx(40 / 1.2)
+    assert row["decode_tokens_per_s"] == pytest.approx(31 / (0.8 * 1.2))
+    assert row["watts"] == pytest.approx(36.0 / 3.6)  # sum of joules over sum of seconds
+    assert row["peak_rss_mib"] == 3.0
+    assert row["cpu_s"] == 0.75
+    assert row["estimated"] is False
+
+
+def test_domain_families_count_only_counted_domains() -> None:
+    (table,) = case_tables([make_case()], columns=["gpu_j", "cpu_j", "dram_j", "joules"])
+    (row,) = rows_of(table)
+    assert row["gpu_j"] == pytest.approx(6.0 + 1.0)  # both GPUs
+    assert row["cpu_j"] == pytest.approx(4.0)  # the package, not the core inside it
+    assert row["dram_j"] == pytest.approx(1.0)
+    assert row["gpu_j"] + row["cpu_j"] + row["dram_j"] == pytest.approx(row["joules"])  # type: ignore[operator]
+
+
+def test_dram_outside_the_cpu_namespace_is_still_dram() -> None:
+    case = make_case(domains=({"dram": 2.0, "cpu:package": 8.0},), counted={}, methods={})
+    (row,) = rows_of(case_tables([case], columns=["gpu_j", "cpu_j", "dram_j"])[0])
+    assert (row["gpu_j"], row["cpu_j"], row["dram_j"]) == (None, 8.0, 2.0)
+
+
+# -- display cells -------------------------------------------------------------
+
+
+def test_cells_show_ci_and_how_the_trials_ended() -> None:
+    cases = [
+        make_case("a", (8, 32)),
+        make_case("b", (16, 32), seconds=[1.0] * 25, status=LIMIT),
+        make_case("c", (32, 32), seconds=[1.0] * 5, status=ROUNDS),
+        make_case("d", (64, 32), seconds=[2.0]),
+    ]
+    (table,) = case_tables(cases, columns=["name", "trials", "seconds", "joules", "status"])
+    cells = {c["name"]: c for c in cells_of(table)}
+    assert cells["a"]["trials"] == "3 ✓"
+    assert cells["b"]["trials"] == "25 ✗"
+    assert cells["c"]["trials"] == "5"
+    assert cells["b"]["status"] == "limit"
+    half = make_case().energy.half_width
+    assert cells["a"]["joules"] == f"12 ± {half:.2g}"
+    assert cells["a"]["seconds"].startswith("1.2 ± ")
+    assert cells["d"]["seconds"] == "2"  # one trial: no interval to show
+
+
+def test_fmt_number_uses_significant_digits_and_a_dash_for_nothing() -> None:
+    assert fmt_number(0.000123456) == "0.0001235"
+    assert fmt_number(1.23456) == "1.235"
+    assert fmt_number(12345.6) == "12346"  # whole, not 1.235e+04
+    assert fmt_number(0.123456, 2) == "0.12"
+    assert [fmt_number(v) for v in (None, math.nan, math.inf)] == ["—", "—", "—"]
+
+
+# -- grouping --------------------------------------------------------------------
+
+
+def grid() -> list[CaseResult]:
+    return [
+        make_case("out-b", (32, 64), labels={"sweep": "output", "model": "b"}),
+        make_case("in-b", (8, 32), labels={"sweep": "input", "model": "b"}),
+        make_case("in-a-64", (64, 32), labels={"sweep": "input", "model": "a"}),
+        make_case("in-a-8", (8, 32), labels={"sweep": "input", "model": "a"}),
+        make_case("plain", (1, 1), labels={}, backend="rapl"),
+    ]
+
+
+def test_default_grouping_by_sweep_and_model_with_titles_in_order() -> None:
+    tables = case_tables(grid())
+    assert [t.title for t in tables] == [
+        "all cases",  # the plain test has neither label
+        "sweep input · model a",
+        "sweep input · model b",
+        "sweep output · model b",
+    ]
+    assert [r["name"] for r in rows_of(tables[1])] == ["in-a-8", "in-a-64"]
+
+
+def test_group_by_model_only_and_by_nothing() -> None:
+    by_model = case_tables(grid(), group_by=("model",))
+    assert [t.title for t in by_model] == ["all cases", "model a", "model b"]
+    assert len(by_model[2].rows) == 2
+    (everything,) = case_tables(grid(), group_by=())
+    assert everything.title == "all cases" and len(everything.rows) == 5
+
+
+def test_group_by_test_backend_and_param() -> None:
+    cases = [
+        make_case("test_x[1]", labels={"batch": "1"}, backend="nvml"),
+        make_case("test_x[2]", labels={"batch": "2"}, backend="nvml"),
+        make_case("test_y", labels={}, backend="rapl"),
+    ]
+    titles = [t.title for t in case_tables(cases, group_by=("test", "backend"))]
+    assert titles == [
+        "test bench/test_llm.py::test_x · backend nvml",
+        "test bench/test_llm.py::test_y · backend rapl",
+    ]
+    titles = [t.title for t in case_tables(cases, group_by=("param:batch",))]
+    assert titles == ["all cases", "batch 1", "batch 2"]
+
+
+# -- sorting ---------------------------------------------------------------------
+
+
+def sweep_with_oom() -> list[CaseResult]:
+    return [
+        make_case("in64", (64, 32), seconds=(3.0, 3.0, 3.0)),
+        oom_case((8192, 32)),
+        make_case("in8", (8, 32), seconds=(1.0, 1.0, 1.0), domains=({"gpu:0": 50.0},)),
+        make_case("in32", (32, 32), seconds=(2.0, 2.0, 2.0), domains=({"gpu:0": 5.0},)),
+    ]
+
+
+def names(cases: list[CaseResult], sort: str) -> list[object]:
+    (table,) = case_tables(cases, sort=sort)
+    return [r["name"] for r in rows_of(table)]
+
+
+def test_sort_by_tokens_and_descending() -> None:
+    assert names(sweep_with_oom(), "tokens") == ["in8", "in32", "in64", oom_case().name]
+    assert names(sweep_with_oom(), "-tokens") == [oom_case().name, "in64", "in32", "in8"]
+
+
+def test_sort_by_a_figure_puts_missing_values_last_both_ways() -> None:
+    assert names(sweep_with_oom(), "seconds") == ["in8", "in32", "in64", oom_case().name]
+    # joules: in32 5, in64 12, in8 50
+    assert names(sweep_with_oom(), "joules") == ["in32", "in64", "in8", oom_case().name]
+    assert names(sweep_with_oom(), "-joules") == ["in8", "in64", "in32", oom_case().name]
+
+
+def test_sort_by_name() -> None:
+    expected = sorted(["in64", oom_case().name, "in8", "in32"])
+    assert names(sweep_with_oom(), "name") == expected
+    assert names(sweep_with_oom(), "-name") == expected[::-1]
+
+
+# -- which columns -----------------------------------------------------------------
+
+
+def test_default_columns_drop_what_no_case_has() -> None:
+    (table,) = case_tables([cpu_case("c", (8, 32), estimated=False)])
+    shown = [k for k in table.keys if k not in table.hidden]
+    assert shown == [
+        k for k in DEFAULT_COLUMNS if k not in ("prefill_j", "decode_j", "gpu_j", "dram_j")
+    ]
+
+
+def test_default_columns_keep_a_column_one_case_has() -> None:
+    cases = [cpu_case("c", (8, 32), estimated=False), make_case("g", (16, 32))]
+    (table,) = case_tables(cases)
+    shown = [k for k in table.keys if k not in table.hidden]
+    assert shown == list(DEFAULT_COLUMNS)
+    assert cells_of(table)[0]["gpu_j"] == "—"
+
+
+def test_explicit_columns_are_all_kept_even_when_empty() -> None:
+    (table,) = case_tables(
+        [cpu_case("c", (8, 32), estimated=False)], columns=["tokens_in", "gpu_j", "prefill_s"]
+    )
+    assert [k for k in table.keys if k not in table.hidden] == ["tokens_in", "gpu_j", "prefill_s"]
+    assert rows_of(table)[0]["gpu_j"] is None and cells_of(table)[0]["prefill_s"] == "—"
+
+
+def test_name_is_shown_only_when_tokens_do_not_tell_rows_apart() -> None:
+    sweep = [make_case("a", (8, 32)), make_case("b", (16, 32))]
+    (table,) = case_tables(sweep)
+    assert "name" in table.hidden and "name" in table.keys  # still in csv/json
+    plain = [make_case("test_a", (1, 1), labels={}), make_case("test_b", (1, 1), labels={})]
+    (table,) = case_tables(plain)
+    assert table.keys[0] == "name" and "name" not in table.hidden
+
+
+# -- estimated and unmeasured cases ------------------------------------------------
+
+
+def test_estimated_cases_are_marked_and_noted() -> None:
+    cases = [cpu_case("est", (8, 32), estimated=True), cpu_case("real", (16, 32), estimated=False)]
+    (table,) = case_tables(cases, columns=["name", "tokens_in", "joules", "watts", "cpu_j"])
+    est, real = cells_of(table)
+    assert est["joules"].startswith("~20") and est["watts"].startswith("~")
+    assert est["cpu_j"] == "~20"
+    assert est["tokens_in"] == "8"  # not energy: no marker
+    assert not any(c.startswith("~") for c in real.values())
+    assert [r["estimated"] for r in rows_of(table)] == [True, False]
+    assert rows_of(table)[0]["joules"] == 20.0  # the raw figure stays a number
+    assert ESTIMATED_NOTE in table.notes
+
+
+def test_measured_cases_carry_no_estimate_note() -> None:
+    (table,) = case_tables([make_case()])
+    assert ESTIMATED_NOTE not in table.notes
+    assert not any("~" in cell for row in table.cells for cell in row)
+
+
+def test_an_oom_case_is_a_row_of_dashes_with_its_reason_in_the_notes() -> None:
+    cases = [make_case("in8", (8, 32)), oom_case((8192, 32))]
+    (table,) = case_tables(cases)
+    oom_row, oom_cells = rows_of(table)[1], cells_of(table)[1]
+    assert (oom_row["tokens_in"], oom_row["tokens_out"]) == (8192, 32)
+    assert oom_cells["trials"] == "—" and oom_cells["joules"] == "—"
+    numbers = [k for k in table.keys if k not in ("tokens_in", "tokens_out", "name", "estimated")]
+    assert all(oom_row[k] is None for k in numbers)
+    assert table.notes == (
+        "test_input_tokens[tiny-llama-in8192-out32]: OOM at 8192 input tokens (32 output tokens)",
+    )
+    (status_table,) = case_tables(cases, columns=["status"])
+    assert rows_of(status_table)[1]["status"] == "oom"
+
+
+# -- parsing -------------------------------------------------------------------------
+
+
+def test_parse_columns() -> None:
+    assert parse_columns(" joules ,name,joules") == ("joules", "name")
+    with pytest.raises(ConfigError, match=r"unknown column 'jules'; choose from: name, tokens_in"):
+        parse_columns("joules,jules")
+    with pytest.raises(ConfigError, match="choose from"):
+        parse_columns(" , ")
+
+
+def test_parse_group_by() -> None:
+    assert parse_group_by("model, param:batch") == ("model", "param:batch")
+    assert parse_group_by(" none ") == ()
+    choices = "choose from: sweep, model, test, backend, param:NAME, none"
+    with pytest.raises(ConfigError, match=f"unknown group 'modle'; {choices}"):
+        parse_group_by("modle")
+    with pytest.raises(ConfigError, match="unknown group 'param:'"):
+        parse_group_by("param:")
+    with pytest.raises(ConfigError, match="'none'"):
+        parse_group_by("none,model")
+
+
+def test_parse_sort() -> None:
+    assert parse_sort("tokens") == "tokens"
+    assert parse_sort(" -joules ") == "-joules"
+    assert parse_sort("name") == "name"
+    with pytest.raises(ConfigError, match=r"unknown sort 'energy'; choose from: tokens, name, "):
+        parse_sort("energy")
+    with pytest.raises(ConfigError, match="unknown sort 'status'"):  # not a figure
+        parse_sort("status")
+
+
+def test_case_tables_checks_its_arguments() -> None:
+    with pytest.raises(ConfigError, match="unknown column 'x'"):
+        case_tables([make_case()], columns=["x"])
+    with pytest.raises(ConfigError, match="unknown sort 'x'"):
+        case_tables([make_case()], sort="x")
+
+
+# -- rendering ----------------------------------------------------------------------
+
+
+def two_tables() -> list[Table]:
+    return case_tables(
+        [
+            make_case("in8", (8, 32)),
+            oom_case((8192, 32)),
+            cpu_case("est", (8, 8), estimated=True, labels={"sweep": "output", "model": "m"}),
+        ]
+    )
+
+
+def test_render_table() -> None:
+    text = render(two_tables())
+    lines = text.splitlines()
+    assert lines[0] == "sweep input · model tiny-llama"
+    header = lines[1]
+    for h in ("in", "out", "trials", "s ± CI", "J/query ± CI", "J/in-token", "GPU J", "DRAM J"):
+        assert h in header
+    assert "estimated" not in header and "name" not in header  # csv/json only
+    assert lines[3].startswith("   8     32")  # figures right-aligned
+    assert "sweep output · model m" in lines
+    assert lines[lines.index("sweep output · model m") - 1] == ""  # tables apart
+    assert ESTIMATED_NOTE in lines
+    assert any(line.startswith("test_input_tokens[tiny-llama-in8192-out32]: OOM") for line in lines)
+
+
+def test_render_markdown() -> None:
+    text = render(two_tables(), "markdown")
+    assert "### sweep input · model tiny-llama" in text
+    table_rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table_rows) == 2 * 2 + 1 + 2 * 1  # header + rule per table, then the rows
+    assert f"> {ESTIMATED_NOTE}" in text
+    assert "estimated" not in table_rows[0]
+
+
+def test_render_csv_is_one_sheet_of_raw_values() -> None:
+    tables = two_tables()
+    text = render(tables, "csv")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert list(rows[0])[:2] == ["group", tables[0].keys[0]]
+    assert [r["group"] for r in rows] == [
+        "sweep input · model tiny-llama",
+        "sweep input · model tiny-llama",
+        "sweep output · model m",
+    ]
+    first = rows_of(tables[0])[0]
+    assert float(rows[0]["joules"]) == first["joules"]
+    assert float(rows[0]["j_per_in_token"]) == first["j_per_in_token"]
+    assert rows[0]["name"] == "in8" and rows[0]["estimated"] == "False"
+    assert rows[1]["joules"] == "" and rows[1]["tokens_in"] == "8192"  # OOM: empty, not nan
+    assert rows[2]["gpu_j"] == "" and rows[2]["estimated"] == "True"  # not a column there
+
+
+def test_render_json_is_strict() -> None:
+    tables = two_tables()
+
+    def no_constants(name: str) -> object:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    data = json.loads(render(tables, "json"), parse_constant=no_constants)
+    assert [t["title"] for t in data["tables"]] == [t.title for t in tables]
+    first = data["tables"][0]
+    assert first["columns"] == list(tables[0].keys)
+    assert first["rows"][0]["joules"] == 12.0 and first["rows"][0]["estimated"] is False
+    assert first["rows"][1]["joules"] is None
+    assert data["tables"][1]["notes"] == [ESTIMATED_NOTE]
+
+
+def test_render_takes_any_table_and_never_writes_nan() -> None:
+    table = Table(
+        title="compare",
+        keys=("case", "ratio"),
+        headers=("case", "ratio"),
+        rows=(("a", math.nan), ("b", 1.5)),
+        cells=(("a", "—"), ("b", "1.5x")),
+        notes=("a note",),
+    )
+    assert json.loads(render([table], "json"))["tables"][0]["rows"][0] == {
+        "case": "a",
+        "ratio": None,
+    }
+    assert render([table], "csv") == "group,case,ratio\ncompare,a,\ncompare,b,1.5\n"
+    text = render([table])
+    assert text.splitlines()[0] == "compare" and "1.5x" in text and text.endswith("a note")
+
+
+def test_render_rejects_an_unknown_format() -> None:
+    with pytest.raises(ConfigError, match="unknown format 'html'; choose from: table, csv"):
+        render(two_tables(), "html")
+    assert FORMATS == ("table", "csv", "json", "markdown")

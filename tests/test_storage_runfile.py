@@ -1,0 +1,166 @@
+"""Run files: a round trip keeps every trial; bad files are one error naming the file."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from pytest_llmenergy.controller.results import OOM, CaseResult
+from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.targets import CITarget
+from pytest_llmenergy.storage.recorder import jsonable, new_run
+from pytest_llmenergy.storage.runfile import (
+    COMPLETE,
+    SCHEMA_VERSION,
+    Run,
+    RunFileError,
+    dumps,
+    load,
+    loads,
+)
+from tests.casefactory import make_case
+
+
+def sample_run(cases: tuple[CaseResult, ...]) -> Run:
+    run = new_run(
+        name="baseline",
+        hardware="cpu-x__no-gpu__trace",
+        machine={"cpu": {"model": "CPU X", "logical_cores": 2}, "gpus": []},
+        commit={"id": "abc", "dirty": False},
+        options={"controller": ControllerOptions()},
+        meter={"backend": "trace", "domains": {"gpu:0": {"method": "counter"}}},
+        command=["benchmarks/", "--energy-save=baseline"],
+    )
+    return Run(**{**run.__dict__, "cases": cases, "status": COMPLETE})
+
+
+def test_round_trip_keeps_every_trial_and_derived_figure(tmp_path: Path) -> None:
+    odd = ControllerOptions(
+        min_trials=2,
+        max_trials=7,
+        confidence=0.9,
+        targets=(CITarget("energy", 0.0123456789, True),),
+    )
+    cases = (
+        make_case([0.1, 0.12, 0.11]),
+        make_case([0.3, 0.31], input_tokens=512, resources=False, prefill_share=None),
+        CaseResult(**{**make_case([0.2]).__dict__, "options": odd}),
+        CaseResult(
+            nodeid="t.py::t[big]",
+            name="t[big]",
+            labels={},
+            input_tokens=9000,
+            output_tokens=1,
+            status=OOM,
+            options=ControllerOptions(),
+            reason="OOM at 9000 input tokens (1 output tokens)",
+        ),
+    )
+    path = tmp_path / "run.json"
+    path.write_text(dumps(sample_run(cases)))
+    back = load(path)
+    assert back.cases == cases  # every field, every trial, phases and resources
+    assert back.cases[0].joules_per_token == cases[0].joules_per_token
+    assert back.cases[2].options.targets[0].value == 0.0123456789
+    assert back.name == "baseline" and back.status == COMPLETE and back.path == path
+    assert back.options["controller"]["confidence"] == 0.95
+    assert back.label == "run"
+
+
+def test_files_are_strict_json_even_with_nan_figures(tmp_path: Path) -> None:
+    case = make_case([0.1, 0.1])
+    nan_resources = CaseResult(
+        **{**case.__dict__, "resources": case.resources.__class__(1, None, 0.1, float("nan"), 1.0)}
+    )
+    text = dumps(sample_run((nan_resources,)))
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in a run file")
+
+    data = json.loads(text, parse_constant=refuse)
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["cases"][0]["resources"]["iowait_share"] is None
+    assert len(data["cases"][0]["trials"]) == 2
+
+
+def test_jsonable_turns_options_into_plain_values() -> None:
+    value = jsonable({"o": ControllerOptions(), "n": float("inf"), "s": {3}})
+    assert value["o"]["targets"] == [{"metric": "time", "value": 0.5, "relative": False}]
+    assert value["n"] is None and value["s"] == [3]
+    json.dumps(value, allow_nan=False)
+
+
+@pytest.fixture
+def good_text() -> str:
+    return dumps(sample_run((make_case([0.1, 0.2, 0.3]),)))
+
+
+@pytest.mark.parametrize(
+    ("mangle", "needle"),
+    [
+        (lambda t: "", "empty"),
+        (lambda t: t[: len(t) // 2], "truncated"),
+        (lambda t: t.replace('"seconds": 0.1', '"seconds": 0.1 oops', 1), "corrupt"),
+        (lambda t: json.dumps({"machine_info": {}, "benchmarks": []}), "not a pytest-llmenergy"),
+        (lambda t: "[1, 2, 3]", "not a pytest-llmenergy"),
+        (
+            lambda t: t.replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 99'),
+            "newer pytest-llmenergy (schema 99",
+        ),
+        (
+            lambda t: t.replace('"seconds": 0.2,', '"seconds": "fast",', 1),
+            "cases[0].trials[1].seconds should be a number",
+        ),
+        (lambda t: t.replace('"seconds": 0.2,', '"seconds": NaN,', 1), "NaN"),
+        (lambda t: t.replace('"index": 3,', "", 1), "cases[0].trials[2].index is missing"),
+        (lambda t: t.replace('"min_trials": 3', '"min_trials": 0'), "min_trials"),
+        (
+            lambda t: t.replace('"joules_by_domain": {', '"joules_by_domain": {"x": true, ', 1),
+            "should be a number",
+        ),
+    ],
+)
+def test_bad_files_give_one_error_naming_the_file(
+    tmp_path: Path, good_text: str, mangle, needle: str
+) -> None:
+    path = tmp_path / "0001_bad.json"
+    text = mangle(good_text)
+    assert text != good_text
+    path.write_text(text)
+    with pytest.raises(RunFileError) as info:
+        load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and needle in message
+    assert "\n" not in message
+
+
+class _Boom:
+    """Unpickling this would run code: a run file must never be unpickled."""
+
+    ran: list[str] = []
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_Boom.ran.append, ("executed",))
+
+
+def test_nothing_is_executed_from_a_run_file(tmp_path: Path) -> None:
+    path = tmp_path / "evil.json"
+    path.write_bytes(pickle.dumps(_Boom()))
+    with pytest.raises(RunFileError, match=r"evil\.json"):
+        load(path)
+    assert _Boom.ran == []
+    evil = json.dumps(
+        {"format": "pytest-llmenergy-run", "schema_version": 1, "run": "__import__('os')"}
+    )
+    with pytest.raises(RunFileError, match="run should be an object"):
+        loads(evil, "evil.json")
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(RunFileError, match="no such run file"):
+        load(tmp_path / "nope.json")
+    with pytest.raises(RunFileError, match="is a directory"):
+        load(tmp_path)
