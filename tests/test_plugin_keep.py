@@ -1,0 +1,270 @@
+"""Saved runs, comparisons and energy gates, run through pytest the way users run them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_plugin import assert_one_line_usage_error
+from tests.test_plugin_suite import TRACE_METER
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Each case sleeps through a scripted list of durations, one per round, under a constant
+# 200 W meter: its joules are 200 x the sleeps, so a run's figures are chosen by the test.
+CASES = """
+import os, time, pytest
+
+SLEEPS = [float(s) for s in os.environ.get("SLEEPS", "0.01,0.01,0.01").split(",")]
+
+@pytest.mark.parametrize("n_in", [8, 64])
+def test_case(energy_benchmark, n_in):
+    durations = iter(SLEEPS)
+    energy_benchmark.pedantic(
+        lambda: time.sleep(next(durations)),
+        rounds=len(SLEEPS),
+        warmup_rounds=0,
+        input_tokens=n_in,
+        output_tokens=4,
+    )
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.setenv("PYTHONPATH", str(REPO), prepend=os.pathsep)
+    pytester.makeconftest(TRACE_METER)
+    pytester.makepyfile(test_cases=CASES)
+    return pytester
+
+
+def run(p: pytest.Pytester, *args: str, sleeps: str | None = None) -> pytest.RunResult:
+    if sleeps is not None:
+        os.environ["SLEEPS"] = sleeps
+    try:
+        return p.runpytest("--energy-backend=trace", "--energy-shuffle=off", *args)
+    finally:
+        os.environ.pop("SLEEPS", None)
+
+
+def saved(p: pytest.Pytester) -> list[Path]:
+    return sorted((p.path / ".llmenergy").glob("*/*.json"))
+
+
+def test_save_writes_everything_a_run_needs(project: pytest.Pytester) -> None:
+    result = run(project, "--energy-save=base", "--energy-idle=0.05", sleeps="0.01,0.012,0.011")
+    result.assert_outcomes(passed=2)
+    [path] = saved(project)
+    assert path.name == "0001_base.json"
+    assert path.parent.name.endswith("__no-gpu__trace")  # CPU, GPUs and meter name the folder
+    result.stdout.fnmatch_lines(
+        [
+            f"llmenergy: saving this run to .llmenergy/{path.parent.name}/0001_base.json",
+            f"llmenergy: saved 2 case(s) to .llmenergy/{path.parent.name}/0001_base.json",
+        ]
+    )
+    data = json.loads(path.read_text())
+    assert data["format"] == "pytest-llmenergy-run" and data["schema_version"] == 1
+    assert data["run"]["status"] == "complete" and data["run"]["exit_status"] == 0
+    assert data["run"]["name"] == "base" and data["run"]["id"] == "0001"
+    assert data["machine"]["cpu"]["logical_cores"] >= 1 and data["machine"]["memory_bytes"] > 0
+    assert "torch" in data["machine"]["packages"] and "python" in data["machine"]
+    assert data["commit"] == {}  # pytester's folder is not a git repository
+    assert data["options"]["controller"]["max_trials"] == 25
+    assert data["meter"]["domains"] == {"gpu:0": {"method": "counter", "counted": True}}
+    assert data["meter"]["idle_power_w"]["gpu:0"] == pytest.approx(200.0, rel=1e-3)
+    case = data["cases"][0]
+    assert [t["index"] for t in case["trials"]] == [1, 2, 3]
+    assert [round(t["seconds"], 2) for t in case["trials"]] == [0.01, 0.01, 0.01]
+    for trial in case["trials"]:
+        assert trial["joules"] == pytest.approx(200.0 * trial["seconds"], rel=1e-3)
+        assert trial["net_joules"] == pytest.approx(0.0, abs=1e-3)  # idle is 200 W too
+
+
+def test_autosave_never_overwrites_and_numbers_runs(project: pytest.Pytester) -> None:
+    run(project, "--energy-autosave").assert_outcomes(passed=2)
+    first = saved(project)[0].read_text()
+    run(project, "--energy-autosave").assert_outcomes(passed=2)
+    paths = saved(project)
+    assert [p.name[:5] for p in paths] == ["0001_", "0002_"]
+    assert paths[0].read_text() == first
+
+
+def test_json_path_and_its_existing_file_check(project: pytest.Pytester) -> None:
+    run(project, "--energy-json=out.json").assert_outcomes(passed=2)
+    data = json.loads((project.path / "out.json").read_text())
+    assert len(data["cases"]) == 2 and saved(project) == []  # only where it was asked
+    result = run(project, "--energy-json=out.json")
+    assert_one_line_usage_error(result, "--energy-json", "out.json already exists")
+    result.stdout.no_fnmatch_line("*passed*")
+
+
+def test_compare_with_the_latest_named_or_missing_run(project: pytest.Pytester) -> None:
+    none = run(project, "--energy-compare")
+    none.assert_outcomes(passed=2)
+    assert none.ret == 0
+    none.stdout.fnmatch_lines(["llmenergy: nothing to compare with: no run saved in *"])
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    result = run(project, "--energy-compare")
+    assert result.ret == 0
+    result.stdout.re_match_lines(
+        [
+            r"^=+ llmenergy: compared with 0001_base =+$",
+            r"^this run against 0001_base$",
+            r"^test_case\[8\]\s+J/token\s+.*%\s+\S+\s+(yes|no)$",
+            r"^llmenergy: compared \d+ figures against 0001_base$",
+        ]
+    )
+    assert run(project, "--energy-compare=base").ret == 0
+    missing = run(project, "--energy-compare=nope")
+    assert_one_line_usage_error(missing, "--energy-compare=nope", "no saved run 'nope'")
+
+
+def test_gate_fails_a_significant_regression(project: pytest.Pytester) -> None:
+    run(project, "--energy-save=base", sleeps="0.01,0.01,0.01,0.01").assert_outcomes(passed=2)
+    result = run(project, "--energy-compare-fail=energy_per_token:5%", sleeps="0.02,0.02,0.02,0.02")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.re_match_lines(
+        [
+            r"^test_case\[8\]\s+J/token\s+.*\+\d+\.\d %\s+\S+\s+yes\s+energy_per_token:5%\s+FAIL$",
+            r"^llmenergy: energy gate FAILED \(energy_per_token:5%\): 2 significant "
+            r"regression\(s\) in 2 case\(s\): test_case\[64\], test_case\[8\]$",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_gate_passes_a_large_regression_that_is_not_significant(project: pytest.Pytester) -> None:
+    run(project, "--energy-save=base", sleeps="0.01,0.05,0.01").assert_outcomes(passed=2)
+    result = run(project, "--energy-compare-fail=joules:10%", sleeps="0.05,0.01,0.05")
+    assert result.ret == 0
+    result.stdout.re_match_lines(
+        [
+            r"^test_case\[8\]\s+J/query\s+.*\+\d\d\.\d %\s+\S+\s+no\s+joules:10%\s+not significant$",
+            r"^llmenergy: energy gate passed \(joules:10%\): no significant regression; "
+            r"2 over the threshold but not significant$",
+        ]
+    )
+
+
+def test_gate_passes_an_unchanged_run_and_reads_the_ini(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nllmenergy_save = base\n")
+    run(project).assert_outcomes(passed=2)
+    assert [p.name for p in saved(project)] == ["0001_base.json"]
+    project.makeini("[pytest]\nllmenergy_compare_fail = seconds:50%, joules:50%\n")
+    result = run(project)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        ["llmenergy: energy gate passed (seconds:50%, joules:50%): no significant regression"]
+    )
+
+
+def test_interrupted_session_keeps_the_cases_it_finished(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_zz_interrupt="""
+        def test_interrupt():
+            raise KeyboardInterrupt
+        """
+    )
+    result = project.runpytest_subprocess(
+        "--energy-backend=trace", "--energy-shuffle=off", "--energy-save=cut"
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    [path] = saved(project)
+    data = json.loads(path.read_text())
+    assert data["run"]["status"] == "interrupted"
+    assert [c["name"] for c in data["cases"]] == ["test_case[8]", "test_case[64]"]
+
+
+def test_crashed_session_keeps_the_cases_it_finished(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_zz_crash="""
+        import os, signal
+        def test_crash():
+            os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    result = project.runpytest_subprocess(
+        "--energy-backend=trace", "--energy-shuffle=off", "--energy-save=crash"
+    )
+    assert result.ret == -9
+    [path] = saved(project)
+    data = json.loads(path.read_text())
+    assert data["run"]["status"] == "running"  # it never got to say goodbye
+    assert len(data["cases"]) == 2 and all(len(c["trials"]) == 3 for c in data["cases"])
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ('{"format": "pytest-llmenergy-run", "schema_version": 1, "run": {', "truncated"),
+        ('{"benchmarks": []}', "not a pytest-llmenergy run file"),
+        ('{"format": "pytest-llmenergy-run", "schema_version": 7}', "newer pytest-llmenergy"),
+    ],
+)
+def test_bad_baseline_stops_the_session_at_start(
+    project: pytest.Pytester, content: str, needle: str
+) -> None:
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    [path] = saved(project)
+    path.write_text(content)
+    result = run(project, "--energy-compare=base")
+    assert_one_line_usage_error(result, str(path.relative_to(project.path)), needle)
+
+
+def test_bad_gate_and_name_are_one_line_errors(project: pytest.Pytester) -> None:
+    assert_one_line_usage_error(
+        run(project, "--energy-compare-fail=speed:5%"), "--energy-compare-fail", "unknown metric"
+    )
+    assert_one_line_usage_error(run(project, "--energy-save=a/b"), "bad run name 'a/b'")
+    assert_one_line_usage_error(
+        run(project, "--energy-columns=joules,nope"), "unknown column 'nope'"
+    )
+
+
+def test_table_options(project: pytest.Pytester) -> None:
+    result = run(
+        project,
+        "--energy-columns=tokens_in,j_per_token,watts",
+        "--energy-group-by=none",
+        "--energy-sort=-tokens_in",
+    )
+    result.stdout.re_match_lines(
+        [
+            r"^all cases$",
+            r"^\s+in\s+J/token\s+avg W$",
+            r"^\s+64\s+\S+\s+200$",
+            r"^\s+8\s+\S+\s+200$",
+        ]
+    )
+
+
+def test_concurrent_sessions_saving_to_one_storage_lose_nothing(project: pytest.Pytester) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--energy-backend=trace"]
+    procs = [
+        subprocess.Popen(
+            [*args, f"--energy-save=run{i}"],
+            cwd=project.path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(2)
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    paths = saved(project)
+    assert sorted(p.name[:4] for p in paths) == ["0001", "0002"]
+    assert sorted(p.name[5:] for p in paths) == ["run0.json", "run1.json"]
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert data["run"]["status"] == "complete" and len(data["cases"]) == 2
