@@ -146,7 +146,8 @@ def test_gate_passes_a_large_regression_that_is_not_significant(project: pytest.
     assert result.ret == 0
     result.stdout.re_match_lines(
         [
-            r"^test_case\[8\]\s+J/query\s+.*\+\d\d\.\d %\s+\S+\s+no\s+joules:10%\s+not significant$",
+            r"^test_case\[8\]\s+J/query\s+.*\+\d\d\.\d %\s+\S+\s+no\s+joules:10%\s+"
+            r"not significant$",
             r"^llmenergy: energy gate passed \(joules:10%\): no significant regression; "
             r"2 over the threshold but not significant$",
         ]
