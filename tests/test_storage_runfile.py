@@ -164,3 +164,13 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         load(tmp_path / "nope.json")
     with pytest.raises(RunFileError, match="is a directory"):
         load(tmp_path)
+
+
+def test_the_assembled_text_is_the_run_as_json() -> None:
+    from pytest_llmenergy.storage.runfile import encode_case, run_dict
+
+    run = sample_run((make_case([0.1, 0.2]), make_case([0.3], input_tokens=64)))
+    assert json.loads(dumps(run)) == json.loads(json.dumps(run_dict(run)))
+    assert dumps(run, [encode_case(c) for c in run.cases]) == dumps(run)
+    empty = sample_run(())
+    assert json.loads(dumps(empty))["cases"] == []

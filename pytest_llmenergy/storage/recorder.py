@@ -16,7 +16,7 @@ from typing import Any
 
 from ..controller.results import CaseResult
 from ..errors import ConfigError
-from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run
+from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run, dumps, encode_case
 from .store import AtomicFile, Storage
 
 
@@ -79,6 +79,7 @@ class RunRecorder:
         if json_path is not None:
             self.files.append(AtomicFile(json_path))
         self.errors: list[str] = []
+        self._encoded: list[str] = []  # cases only ever get appended: encode each once
 
     @property
     def paths(self) -> list[Path]:
@@ -104,9 +105,14 @@ class RunRecorder:
             self._write()
 
     def _write(self) -> None:
+        cases = self.run.cases
+        if len(self._encoded) > len(cases):
+            self._encoded = []
+        self._encoded += [encode_case(c) for c in cases[len(self._encoded) :]]
+        text = dumps(self.run, self._encoded)
         for f in self.files:
             try:
-                f.write_run(self.run)
+                f.write(text)
             except OSError as exc:
                 self.errors.append(f"could not write {f.path}: {exc.strerror or exc}")
 

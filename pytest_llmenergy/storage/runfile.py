@@ -11,7 +11,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,13 +154,33 @@ def run_dict(run: Run) -> dict[str, Any]:
         "commit": dict(run.commit),
         "options": dict(run.options),
         "meter": dict(run.meter),
-        "cases": [case_dict(c) for c in run.cases],
+        "cases": [case_dict(c) for c in run.cases],  # last: dumps() relies on it
     }
 
 
-def dumps(run: Run) -> str:
-    """Strict JSON (no NaN or Infinity), so any JSON reader can take the file."""
-    return json.dumps(run_dict(run), indent=1, allow_nan=False) + "\n"
+def encode_case(case: CaseResult) -> str:
+    """One case's JSON, indented to sit inside the file's ``cases`` list."""
+    text = json.dumps(case_dict(case), indent=1, allow_nan=False)
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+_EMPTY_CASES = '"cases": []\n}'
+
+
+def dumps(run: Run, encoded_cases: Sequence[str] | None = None) -> str:
+    """Strict JSON (no NaN or Infinity), so any JSON reader can take the file.
+
+    ``encoded_cases`` (from ``encode_case``) spares a session that rewrites its file
+    after every case from encoding the earlier cases again.
+    """
+    head = json.dumps(run_dict(replace(run, cases=())), indent=1, allow_nan=False)
+    cases = (
+        list(encoded_cases) if encoded_cases is not None else [encode_case(c) for c in run.cases]
+    )
+    if not cases:
+        return head + "\n"
+    assert head.endswith(_EMPTY_CASES)
+    return head[: -len("[]\n}")] + "[\n" + ",\n".join(cases) + "\n ]\n}\n"
 
 
 # -- reading ---------------------------------------------------------------------------
