@@ -108,6 +108,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for path in energy.saved_paths:
         write(f"llmenergy: saved {len(energy.results)} case(s) to {path}")
     if energy.recorder is not None:
+        if not energy.results:
+            write("llmenergy: no energy benchmark case ran; no run saved")
         for error in energy.recorder.errors:
             write(f"llmenergy: {error}", red=True)
     if energy.baseline_note:

@@ -269,3 +269,26 @@ def test_concurrent_sessions_saving_to_one_storage_lose_nothing(project: pytest.
     for path in paths:
         data = json.loads(path.read_text())
         assert data["run"]["status"] == "complete" and len(data["cases"]) == 2
+
+
+def test_nothing_measured_nothing_saved(project: pytest.Pytester) -> None:
+    result = run(project, "--energy-save=empty", "-k", "no_such_test")
+    result.stdout.fnmatch_lines(["llmenergy: no energy benchmark case ran; no run saved"])
+    assert saved(project) == []
+
+
+def test_a_baseline_from_other_hardware_is_named(project: pytest.Pytester) -> None:
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    [path] = saved(project)
+    other = project.path / "elsewhere.json"
+    data = json.loads(path.read_text())
+    data["run"]["hardware"] = "apple-m1-pro__no-gpu__powermetrics"
+    other.write_text(json.dumps(data))
+    result = run(project, f"--energy-compare={other}")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "llmenergy: the baseline ran on other hardware: apple-m1-pro__no-gpu__powermetrics",
+            "this run against elsewhere",
+        ]
+    )
