@@ -1,20 +1,25 @@
 """``llmenergy``: list, show and compare saved runs; gate CI on them.
 
 Exit codes: 0 fine, 1 an energy gate failed, 2 bad input (one line on stderr, no
-traceback).
+traceback).  ``--format csv`` and ``json`` print data only, so they can be piped into
+another program; what people need besides (a gate's verdict) goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from . import __version__, report
 from .compare import (
     DEFAULT_METRICS,
     GATE_EXAMPLES,
     METRICS,
+    Gate,
     Lineup,
     compare_cases,
     comparison_table,
@@ -24,11 +29,15 @@ from .compare import (
     verdict_line,
 )
 from .errors import ConfigError, LLMEnergyError
-from .report import Table, render
-from .storage.runfile import Run, RunFileError
+from .report import Raw, Table, render
+from .storage.runfile import COMPLETE, Run, RunFileError
 from .storage.store import DEFAULT_STORAGE, Storage
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
+DEFAULT_CONFIDENCE = 0.95
+_DATA_FORMATS = ("csv", "json")
+# Keys of the side-by-side table (and csv's first column) that a run label must not shadow.
+_RESERVED_LABELS = frozenset({"group", "case", "nodeid", "tokens_in", "tokens_out"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,20 +46,19 @@ def _parser() -> argparse.ArgumentParser:
         description="Saved pytest-llmenergy runs: list them, show one, compare several.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--storage",
-        default=DEFAULT_STORAGE,
-        metavar="DIR",
-        help=f"storage folder of saved runs (default: {DEFAULT_STORAGE})",
-    )
-    formats = argparse.ArgumentParser(add_help=False)
-    formats.add_argument("--format", choices=report.FORMATS, default="table")
+    storage_help = f"storage folder of saved runs (default: {DEFAULT_STORAGE})"
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, metavar="DIR", help=storage_help)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--format", choices=report.FORMATS, default="table")
+    # Also after the command (``llmenergy list --storage DIR``); SUPPRESS keeps the global
+    # value when it is not given here.
+    common.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    ls = sub.add_parser("list", parents=[formats], help="the saved runs, per hardware")
+    ls = sub.add_parser("list", parents=[common], help="the saved runs, per hardware")
     ls.add_argument("--hardware", metavar="KEY", help="only this hardware folder")
 
-    show = sub.add_parser("show", parents=[formats], help="one run's energy tables")
+    show = sub.add_parser("show", parents=[common], help="one run's energy tables")
     show.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
     show.add_argument("--columns", type=_checked(report.parse_columns), metavar="LIST")
     show.add_argument(
@@ -60,11 +68,15 @@ def _parser() -> argparse.ArgumentParser:
 
     cmp_ = sub.add_parser(
         "compare",
-        parents=[formats],
+        parents=[common],
         help="runs side by side (across hardware too), with ratios to the first",
     )
     cmp_.add_argument(
-        "runs", nargs="+", metavar="RUN", help="two or more runs; the first is the baseline"
+        "runs",
+        nargs="+",
+        action=_TwoOrMore,
+        metavar="RUN",
+        help="two or more runs; the first is the baseline",
     )
     cmp_.add_argument(
         "--metric",
@@ -77,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         "--fail-on",
         action="append",
         default=[],
+        type=_checked(parse_gates),
         metavar="EXPR",
         help=f"exit 1 when a run regresses against the first beyond a gate, significantly: "
         f"{GATE_EXAMPLES}".replace("%", "%%"),
@@ -85,22 +98,46 @@ def _parser() -> argparse.ArgumentParser:
         "--confidence",
         type=_checked(_confidence),
         default=None,
-        help="confidence of the significance test (default: the baseline run's, else 0.95)",
+        help="confidence of the significance test, 0.95 or 95%% "
+        f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
     return parser
 
 
+class _TwoOrMore(argparse.Action):
+    """``nargs="+"`` wanting two, so that one run is a usage error before any file is read."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if len(values) < 2:
+            raise argparse.ArgumentError(
+                self, "compare needs at least two runs: the baseline first, then the others"
+            )
+        setattr(namespace, self.dest, list(values))
+
+
 def _confidence(text: str) -> float:
-    value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
-    if not 0 < value < 1:
-        raise ValueError(text)
+    try:
+        value = float(text.strip().rstrip("%")) / (100 if text.strip().endswith("%") else 1)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1:  # also refuses nan
+        raise ConfigError(
+            f"bad confidence {text!r}: give a level between 0 and 1 such as 0.95, "
+            "or a percentage such as 95%"
+        )
     return value
 
 
-def _checked(parse):  # type: ignore[no-untyped-def]
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """Turn our ConfigError into argparse's one-line usage error."""
 
-    def convert(text: str):  # type: ignore[no-untyped-def]
+    def convert(text: str) -> Any:
         try:
             return parse(text)
         except (ConfigError, ValueError) as exc:
@@ -110,10 +147,37 @@ def _checked(parse):  # type: ignore[no-untyped-def]
     return convert
 
 
+# -- reading what a run file does not check ------------------------------------------------
+# machine, commit, meter and options are free-form objects in a run file: a hand-edited or
+# foreign file may hold anything there, and showing it must not crash.
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _commit_id(commit: Mapping[str, Any]) -> str:
+    """12 characters of the commit, ``+`` when the tree had changes; empty when unknown."""
+    ident = commit.get("id")
+    if not isinstance(ident, str) or not ident:
+        return ""
+    return ident[:12] + ("+" if commit.get("dirty") is True else "")
+
+
+def _run_confidence(run: Run) -> float:
+    """The confidence the baseline was measured at, if its file says so sensibly."""
+    value = _number(_mapping(run.options.get("controller")).get("confidence"))
+    return value if value is not None and 0 < value < 1 else DEFAULT_CONFIDENCE
+
+
 # -- commands ---------------------------------------------------------------------------
 def _list(storage: Storage, hardware: str | None, fmt: str) -> str:
     keys = ("run", "name", "created", "status", "commit", "cases", "backend")
-    rows: list[tuple[object, ...]] = []
+    rows: list[tuple[Raw, ...]] = []
     for stored in storage.runs(hardware):
         try:
             run = stored.load()
@@ -122,59 +186,70 @@ def _list(storage: Storage, hardware: str | None, fmt: str) -> str:
                 (stored.ref, stored.name, None, f"unreadable: {exc.problem}", None, None, None)
             )
             continue
-        commit = str(run.commit.get("id", ""))[:12] + ("+" if run.commit.get("dirty") else "")
         rows.append(
             (
                 stored.ref,
                 run.name,
                 run.created,
                 run.status,
-                commit or None,
+                _commit_id(run.commit) or None,
                 len(run.cases),
-                run.backend,
+                run.backend or None,
             )
         )
-    if not rows:
+    if not rows and fmt not in _DATA_FORMATS:
         where = storage.root / hardware if hardware else storage.root
-        return f"no saved runs in {where}"
+        known = sorted({r.hardware for r in storage.runs()}) if hardware else []
+        also = f" (hardware with runs: {', '.join(known)})" if known else ""
+        return f"no saved runs in {where}{also}"
     cells = tuple(tuple("—" if v is None else str(v) for v in row) for row in rows)
     table = Table("saved runs", keys, keys, tuple(rows), cells, ())
     return render([table], fmt)
 
 
 def _run_header(run: Run) -> list[str]:
-    machine = run.machine
-    cpu = machine.get("cpu") or {}
-    gpus = machine.get("gpus") or []
-    gpu_text = (
-        ", ".join(
-            f"{g.get('name')} ({g.get('power_limit_w')} W limit, driver {g.get('driver')})"
-            for g in gpus
-        )
-        or "none"
+    machine = _mapping(run.machine)
+    cpu = _mapping(machine.get("cpu"))
+    gpus = machine.get("gpus")
+    gpu_text = ", ".join(_gpu_text(_mapping(g)) for g in (gpus if isinstance(gpus, list) else []))
+    cores = cpu.get("logical_cores")
+    cpu_text = f"{cpu.get('model') or 'unknown'}" + (
+        f" ({cores} logical cores)" if isinstance(cores, int) else ""
     )
-    commit = run.commit
-    commit_text = (
-        f"{commit.get('id', '')[:12]}{' (uncommitted changes)' if commit.get('dirty') else ''}"
-        f" on {commit.get('branch')}"
-        if commit.get("id")
-        else "unknown"
-    )
+    commit = _mapping(run.commit)
+    ident = commit.get("id")
+    commit_text = "unknown"
+    if isinstance(ident, str) and ident:
+        commit_text = ident[:12]
+        if commit.get("dirty") is True:
+            commit_text += " (uncommitted changes)"
+        if commit.get("branch"):
+            commit_text += f" on {commit['branch']}"
+    meter = _mapping(run.meter)
     lines = [
         f"run {run.label}: {run.status}, {len(run.cases)} case(s), started {run.created}",
-        f"hardware {run.hardware}: CPU {cpu.get('model')} ({cpu.get('logical_cores')} "
-        f"logical cores), GPUs {gpu_text}",
+        f"hardware {run.hardware}: CPU {cpu_text}, GPUs {gpu_text or 'none'}",
         f"commit {commit_text}",
-        f"meter {run.meter.get('description', run.backend)}",
+        f"meter {meter.get('description') or run.backend or 'unknown'}",
     ]
-    if run.meter.get("idle_power_w"):
-        idle = ", ".join(f"{d} {w:.2f} W" for d, w in run.meter["idle_power_w"].items())
-        lines.append(f"idle power {idle}")
-    if run.status != "complete":
+    idle = {str(d): _number(w) for d, w in _mapping(meter.get("idle_power_w")).items()}
+    if any(w is not None for w in idle.values()):
+        shown = ", ".join(f"{d} {w:.2f} W" for d, w in idle.items() if w is not None)
+        lines.append(f"idle power {shown}")
+    if run.status != COMPLETE:
         lines.append(
             f"note: this run did not finish ({run.status}); it holds the cases it completed"
         )
     return lines
+
+
+def _gpu_text(gpu: Mapping[str, Any]) -> str:
+    details = [
+        f"{gpu['power_limit_w']} W limit" if _number(gpu.get("power_limit_w")) else "",
+        f"driver {gpu['driver']}" if gpu.get("driver") else "",
+    ]
+    extra = ", ".join(d for d in details if d)
+    return f"{gpu.get('name') or 'unknown GPU'}" + (f" ({extra})" if extra else "")
 
 
 def _show(run: Run, args: argparse.Namespace) -> str:
@@ -182,73 +257,125 @@ def _show(run: Run, args: argparse.Namespace) -> str:
         run.cases, columns=args.columns, group_by=args.group_by, sort=args.sort
     )
     body = render(tables, args.format)
-    if args.format in ("csv", "json"):
+    if args.format in _DATA_FORMATS:
         return body
-    return "\n".join([*_run_header(run), "", body])
+    header = _run_header(run)
+    if args.format == "markdown":  # one line each, not one paragraph
+        header = [f"- {line}" for line in header]
+    return "\n".join([*header, "", body or "no cases in this run"])
 
 
-def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, bool]:
-    confidence = args.confidence
-    if confidence is None:
-        confidence = float(runs[0].options.get("controller", {}).get("confidence", 0.95))
-    gates = parse_gates(args.fail_on) if args.fail_on else ()
-    lineup = Lineup(
-        labels=_labels(runs),
-        cases=tuple(run.cases for run in runs),
-    )
-    tables: list[Table] = [
-        side_by_side(lineup, key, confidence=confidence)
-        for key in (args.metric or DEFAULT_METRICS[:1])
-    ]
+def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str], bool]:
+    """The tables, the gates' verdict lines, and whether a gate failed."""
+    confidence = args.confidence if args.confidence is not None else _run_confidence(runs[0])
+    gates: tuple[Gate, ...] = tuple(g for given in args.fail_on for g in given)
+    lineup = Lineup(labels=_labels(runs), cases=tuple(run.cases for run in runs))
+    keys = list(dict.fromkeys(args.metric or DEFAULT_METRICS[:1]))  # a repeat adds nothing
+    tables: list[Table] = [side_by_side(lineup, key, confidence=confidence) for key in keys]
     verdicts: list[str] = []
     failed = False
-    for label, run in zip(lineup.labels[1:], runs[1:]):
-        comparison = compare_cases(
-            runs[0].cases,
-            run.cases,
-            gates=gates,
-            confidence=confidence,
-            baseline_label=lineup.labels[0],
-            current_label=label,
-        )
-        if gates:
+    if gates:
+        for label, run in zip(lineup.labels[1:], runs[1:]):
+            comparison = compare_cases(
+                runs[0].cases,
+                run.cases,
+                gates=gates,
+                confidence=confidence,
+                baseline_label=lineup.labels[0],
+                current_label=label,
+            )
             tables.append(comparison_table(comparison))
             verdicts.append(f"{label}: {verdict_line(comparison)}")
             failed = failed or comparison.failed
-    text = render(tables, args.format)
-    if verdicts and args.format not in ("csv", "json"):
-        text += "\n" + "\n".join(verdicts)
-    return text, failed
+    return render(tables, args.format), verdicts, failed
 
 
 def _labels(runs: Sequence[Run]) -> tuple[str, ...]:
-    """Run labels, made distinct: runs from two machines may share ``0001_baseline``."""
-    labels = [run.label for run in runs]
-    if len(set(labels)) < len(labels):
-        labels = [f"{run.hardware}/{run.label}" for run in runs]
-    if len(set(labels)) < len(labels):
+    """Run labels, made distinct: two machines may both have ``0001_baseline``, two
+    ``--energy-json`` files may both be ``run``; and a label must not shadow a column key,
+    or csv and json would lose that run's figures."""
+    namings: tuple[Callable[[Run], str], ...] = (
+        lambda r: r.label,
+        lambda r: f"{r.hardware}/{r.label}",
+        lambda r: str(r.path) if r.path is not None else f"{r.hardware}/{r.label}",
+    )
+    labels: list[str] = []
+    for naming in namings:
+        labels = [naming(run) for run in runs]
+        if len(set(labels)) == len(labels):
+            break
+    else:  # the same run given twice
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
-    return tuple(labels)
+    return tuple(f"run {label}" if label in _RESERVED_LABELS else label for label in labels)
+
+
+# -- output ------------------------------------------------------------------------------
+def _emit(text: str) -> None:
+    """Print ``text``; a closed pipe (``| head``) or a console that cannot show ``—`` or
+    ``±`` must not end in a traceback."""
+    out = sys.stdout
+    if not text.endswith("\n"):
+        text += "\n"
+    try:
+        try:
+            out.write(text)
+        except UnicodeEncodeError:
+            encoding = out.encoding or "ascii"
+            out.write(text.encode(encoding, "replace").decode(encoding))
+        out.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at devnull so that is quiet too.
+        with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, out.fileno())
+            os.close(devnull)
+
+
+def _error(message: str) -> int:
+    text = " ".join(message.splitlines())
+    print(f"llmenergy: error: {text}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _glue_descending_sort(argv: Sequence[str]) -> list[str]:
+    """``--sort -joules`` reads to argparse as an unknown option ``-joules``; make it
+    ``--sort=-joules``, which it takes as the value."""
+    out: list[str] = []
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--":
+            return [*out, arg, *rest]
+        if arg == "--sort" and rest and rest[0].startswith("-") and not rest[0].startswith("--"):
+            arg = f"--sort={rest.pop(0)}"
+        out.append(arg)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(_glue_descending_sort(sys.argv[1:] if argv is None else argv))
     storage = Storage(args.storage)
+    verdicts: list[str] = []
+    failed = False
     try:
         if args.command == "list":
-            out, failed = _list(storage, args.hardware, args.format), False
+            out = _list(storage, args.hardware, args.format)
         elif args.command == "show":
-            out, failed = _show(storage.load(args.run), args), False
+            out = _show(storage.load(args.run), args)
         else:
-            if len(args.runs) < 2:
-                parser.error("compare needs at least two runs: the baseline first")
             runs = [storage.load(spec) for spec in args.runs]
-            out, failed = _compare(runs, args)
-    except (RunFileError, ConfigError, LLMEnergyError) as exc:
-        print(f"llmenergy: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(out)
+            out, verdicts, failed = _compare(runs, args)
+    except LLMEnergyError as exc:  # RunFileError, ConfigError: they name what is wrong
+        return _error(str(exc))
+    except OSError as exc:  # a storage folder that cannot be listed
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error(f"{where}{exc.strerror or exc}")
+    if verdicts and args.format not in _DATA_FORMATS:
+        out = out.rstrip("\n") + "\n" + "\n".join(verdicts)
+    _emit(out)
+    if verdicts and args.format in _DATA_FORMATS:
+        for line in verdicts:  # stdout stays data; CI logs still say why it failed
+            print(line, file=sys.stderr)
     return EXIT_GATE if failed else EXIT_OK
 
 

@@ -333,6 +333,11 @@ def comparison_table(c: Comparison) -> Table:
 
 def verdict_line(c: Comparison) -> str:
     failures = c.failures
+    if not c.deltas:
+        return (
+            f"nothing compared: no case of this run has the compared figures in "
+            f"{c.baseline_label} (different case ids, or a metric these cases lack)"
+        )
     if not c.gates:
         return f"compared {len(c.deltas)} figures against {c.baseline_label}"
     gates = ", ".join(str(g) for g in c.gates)
@@ -342,8 +347,11 @@ def verdict_line(c: Comparison) -> str:
             f"energy gate FAILED ({gates}): {len(failures)} significant regression(s) in "
             f"{len(cases)} case(s): {', '.join(cases)}"
         )
-    over = sum(1 for d in c.deltas if d.exceeded)
-    extra = f"; {over} over the threshold but not significant" if over else ""
+    noise = sum(1 for d in c.deltas if d.verdict == NOT_SIGNIFICANT)
+    untested = sum(1 for d in c.deltas if d.verdict == TOO_FEW)
+    extra = f"; {noise} over the threshold but not significant" if noise else ""
+    if untested:
+        extra += f"; {untested} over the threshold with too few trials to test"
     return f"energy gate passed ({gates}): no significant regression{extra}"
 
 
@@ -381,8 +389,8 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         )
     )
     first = lineup.labels[0]
-    keys = ["case", "tokens_in", "tokens_out", *lineup.labels]
-    headers = ["case", "in", "out", *lineup.labels]
+    keys = ["case", "nodeid", "tokens_in", "tokens_out", *lineup.labels]
+    headers = ["case", "node id", "in", "out", *lineup.labels]
     for label in lineup.labels[1:]:
         keys.append(f"{label}/{first}")
         headers.append(f"{label} / {first}")
@@ -396,10 +404,13 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
             means.append(summarize(values, confidence).mean if values else None)
             estimated = estimated or bool(other is not None and other.estimated)
         ratios = [(x / means[0]) if (x is not None and means[0]) else None for x in means[1:]]
-        rows.append((case.name, case.input_tokens, case.output_tokens, *means, *ratios))
+        rows.append(
+            (case.name, case.nodeid, case.input_tokens, case.output_tokens, *means, *ratios)
+        )
         cells.append(
             (
                 case.name,
+                case.nodeid,
                 str(case.input_tokens),
                 str(case.output_tokens),
                 *(fmt_number(x) for x in means),
@@ -416,4 +427,5 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         rows=tuple(rows),
         cells=tuple(cells),
         notes=tuple(notes),
+        hidden=("nodeid",),  # in csv/json: tells apart same-named tests of two files
     )

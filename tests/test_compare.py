@@ -165,9 +165,19 @@ def test_side_by_side_ratios() -> None:
     a = [make_case([0.1, 0.1], input_tokens=8), make_case([0.4, 0.4], input_tokens=64)]
     b = [make_case([0.05, 0.05], input_tokens=8, watts=50.0)]
     table = side_by_side(Lineup(("m1", "a100"), (tuple(a), tuple(b))), "joules")
-    assert table.keys == ("case", "tokens_in", "tokens_out", "m1", "a100", "a100/m1")
-    rows = {r[1]: r for r in table.rows}
-    assert rows[8][3] == pytest.approx(10.0) and rows[8][4] == pytest.approx(2.5)
-    assert rows[8][5] == pytest.approx(0.25)
-    assert rows[64][4] is None and rows[64][5] is None  # not measured on the second run
+    assert table.keys == ("case", "nodeid", "tokens_in", "tokens_out", "m1", "a100", "a100/m1")
+    assert table.hidden == ("nodeid",)
+    rows = {r[2]: dict(zip(table.keys, r)) for r in table.rows}
+    assert rows[8]["m1"] == pytest.approx(10.0) and rows[8]["a100"] == pytest.approx(2.5)
+    assert rows[8]["a100/m1"] == pytest.approx(0.25)
+    assert rows[64]["a100"] is None and rows[64]["a100/m1"] is None  # not on the second run
+    assert "node id" not in render([table], "table")
     assert "0.25\u00d7" in render([table], "table")
+
+
+def test_a_gate_that_compares_nothing_says_so() -> None:
+    other = make_case(BASE, input_tokens=999)
+    c = compare_cases([make_case(BASE)], [other], gates=parse_gates("joules:5%"))
+    assert not c.deltas and verdict_line(c).startswith("nothing compared")
+    one = compare_cases([make_case(BASE)], [make_case([0.5])], gates=parse_gates("seconds:5%"))
+    assert verdict_line(one).endswith("1 over the threshold with too few trials to test")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.storage.runfile import load
+from pytest_llmenergy.storage.runfile import RunFileError, load
 from pytest_llmenergy.storage.store import AtomicFile, Storage, check_run_name
 from tests.casefactory import make_case
 from tests.test_storage_runfile import sample_run
@@ -139,3 +139,23 @@ def test_storage_lists_only_run_files(tmp_path: Path) -> None:
     (folder / "notes.txt").write_text("mine")
     os.mkdir(folder / "0009_dir.json")
     assert [r.path.name for r in storage.runs()] == ["0001_a.json"]
+
+
+def test_hardware_keys_cannot_leave_the_storage_folder(tmp_path: Path) -> None:
+    storage = Storage(tmp_path / "store")
+    for key in ("..", "../x", "/etc", "a/b"):
+        with pytest.raises(ConfigError, match="bad hardware key"):
+            storage.runs(key)
+        with pytest.raises(ConfigError, match="bad hardware key"):
+            storage.claim(key, "x")
+    with pytest.raises(ConfigError, match="no saved run"):
+        storage.resolve("../x/1")
+
+
+def test_a_missing_json_path_is_named_as_a_file(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    path = save(storage, "base")
+    assert storage.resolve("0001_base.json") == path  # the name `llmenergy list` shows
+    assert storage.resolve(f"{HW}/0001_base.json") == path
+    with pytest.raises(RunFileError, match=r"results/run\.json: no such run file"):
+        storage.resolve("results/run.json")

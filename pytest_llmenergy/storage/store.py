@@ -31,6 +31,24 @@ def check_run_name(name: str) -> str:
     return name
 
 
+def check_hardware_key(key: str) -> str:
+    """A hardware key names one folder inside the storage root, never a path out of it."""
+    if not key or "/" in key or "\\" in key or key in (".", "..") or Path(key).is_absolute():
+        raise ConfigError(
+            f"bad hardware key {key!r}: a folder name inside the storage folder, "
+            "as `llmenergy list` shows it"
+        )
+    return key
+
+
+def _is_key(text: str) -> bool:
+    try:
+        check_hardware_key(text)
+    except ConfigError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class StoredRun:
     """A run file in the storage folder, known by its name before it is read."""
@@ -105,6 +123,7 @@ class Storage:
     def runs(self, hardware: str | None = None) -> list[StoredRun]:
         """Every run file, by hardware then number; names only, nothing is read."""
         if hardware is not None:
+            check_hardware_key(hardware)
             folders = [self.root / hardware]
         elif self.root.is_dir():
             folders = sorted(p for p in self.root.iterdir() if p.is_dir())
@@ -123,6 +142,7 @@ class Storage:
     def claim(self, hardware: str, name: str) -> AtomicFile:
         """Reserve the next number in ``hardware``'s folder for a run called ``name``."""
         check_run_name(name)
+        check_hardware_key(hardware)
         folder = self.root / hardware
         folder.mkdir(parents=True, exist_ok=True)
         number = self._highest(folder) + 1
@@ -159,12 +179,12 @@ class Storage:
         latest run.  Not found or ambiguous: a ConfigError that says what exists.
         """
         spec = spec.strip()
-        as_path = Path(spec)
-        if spec.endswith(".json") and as_path.is_file():
-            return as_path
-        folder, _, key = spec.rpartition("/")
+        if spec.endswith(".json") and Path(spec).is_file():
+            return Path(spec)
+        key = spec.removesuffix(".json")  # a run file's name, as `llmenergy list` shows
+        folder, _, key = key.rpartition("/")
         if folder:
-            candidates = self._matching(self.runs(folder), key)
+            candidates = self._matching(self.runs(folder), key) if _is_key(folder) else []
         else:
             candidates = []
             if hardware is not None:
@@ -172,6 +192,10 @@ class Storage:
             if not candidates:
                 candidates = self._matching(self.runs(), key)
         if not candidates:
+            if spec.endswith(".json"):
+                raise RunFileError(
+                    spec, f"no such run file, nor a saved run of that name in {self.root}"
+                )
             known = ", ".join(r.ref for r in self.runs()[-5:]) or "none saved yet"
             raise ConfigError(
                 f"no saved run {spec!r} in {self.root} (latest: {known}); save one with "

@@ -1,0 +1,608 @@
+"""The ``llmenergy`` command: list, show, compare and gate saved runs, as a user and CI see it.
+
+Exit codes are the contract with CI: 0 fine, 1 an energy gate failed, 2 bad input, and bad
+input is one error line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmenergy import __version__
+from pytest_llmenergy.cli import main
+from pytest_llmenergy.compare import METRICS
+from pytest_llmenergy.controller.results import CaseResult
+from pytest_llmenergy.stats import welch_t_test
+from pytest_llmenergy.storage.runfile import COMPLETE, INTERRUPTED, RUNNING, dumps
+from pytest_llmenergy.storage.store import Storage
+from tests.casefactory import make_case
+from tests.test_storage_runfile import sample_run
+
+HW_A = "cpu-x__no-gpu__trace"
+HW_B = "cpu-y__1x-a100__nvml"
+MACHINE_B = {
+    "cpu": {"model": "CPU Y", "logical_cores": 16},
+    "gpus": [{"name": "A100", "power_limit_w": 400, "driver": "550.54"}],
+}
+COMMIT = {"id": "0123456789abcdef", "dirty": True, "branch": "main"}
+EPT = METRICS["energy_per_token"]
+
+
+def save(
+    root: Path,
+    cases: Sequence[CaseResult],
+    *,
+    name: str = "baseline",
+    hardware: str = HW_A,
+    **changes: Any,
+) -> Path:
+    """A run saved as the plugin saves it: claimed in its hardware folder, then written."""
+    run = dataclasses.replace(
+        sample_run(tuple(cases)), name=name, hardware=hardware, status=COMPLETE, **changes
+    )
+    writer = Storage(root).claim(hardware, name)
+    writer.write_run(run)
+    return writer.path
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    """Run ``llmenergy`` in-process: exit code, stdout, stderr."""
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
+    """An argparse error: exit 2 and stderr's error line (after the usage text)."""
+    with pytest.raises(SystemExit) as stop:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2
+    assert out == "" and "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0])
+    return errors[0]
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmenergy: error: "), err
+    return lines[0]
+
+
+def row_of(out: str, first: str) -> list[str]:
+    """The table row whose first cell is ``first``, split into cells on whitespace."""
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [first]]
+    assert len(rows) == 1, out
+    return rows[0]
+
+
+CASE = "test_input_tokens[tiny-llama-in8-out4]"
+
+
+def gate_row(out: str) -> list[str]:
+    """The gate table's row of CASE (the side-by-side table comes first, with its own)."""
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [CASE]]
+    assert len(rows) == 2, out
+    return rows[1]
+
+
+def energy_per_token(case: CaseResult) -> list[float]:
+    return [v for v in map(EPT.value, case.trials) if v is not None]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / ".llmenergy"
+
+
+# -- list ----------------------------------------------------------------------------------
+@pytest.fixture
+def two_machines(root: Path) -> Path:
+    save(root, [make_case([0.1, 0.1]), make_case([0.2, 0.2], input_tokens=64)], commit=COMMIT)
+    save(root, [make_case([0.1, 0.1])], name="gpu-run", hardware=HW_B, machine=MACHINE_B)
+    return root
+
+
+def test_list_has_one_row_per_run_of_every_machine(
+    two_machines: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(capsys, "--storage", two_machines, "list")
+    assert code == 0 and err == ""
+    a = row_of(out, f"{HW_A}/0001")
+    assert (a[1], a[3], a[4], a[5], a[6]) == ("baseline", "complete", "0123456789ab+", "2", "trace")
+    b = row_of(out, f"{HW_B}/0001")
+    assert (b[1], b[3], b[4], b[5]) == ("gpu-run", "complete", "abc", "1")
+
+
+def test_list_shows_an_unreadable_run_as_a_row(
+    two_machines: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = save(two_machines, [make_case([0.1, 0.1])], name="cut")
+    path.write_text(path.read_text()[:200])  # a write cut off
+    code, out, _ = cli(capsys, "--storage", two_machines, "list")
+    assert code == 0
+    line = next(line for line in out.splitlines() if line.startswith(f"{HW_A}/0002"))
+    assert "cut" in line and "unreadable: " in line and "truncated" in line
+    assert row_of(out, f"{HW_B}/0001")[1] == "gpu-run"  # the others are still listed
+
+
+def test_list_of_an_empty_storage_folder(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(capsys, "--storage", root, "list") == (0, f"no saved runs in {root}\n", "")
+    root.mkdir()
+    code, out, _ = cli(capsys, "--storage", root, "list", "--format", "json")
+    assert code == 0 and json.loads(out)["tables"][0]["rows"] == []  # data, not a sentence
+    code, out, _ = cli(capsys, "--storage", root, "list", "--format", "csv")
+    assert code == 0 and out == "group,run,name,created,status,commit,cases,backend\n"
+
+
+def test_list_one_hardware_folder(two_machines: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --storage may also follow the command.
+    code, out, _ = cli(capsys, "list", "--hardware", HW_B, "--storage", two_machines)
+    assert code == 0 and f"{HW_B}/0001" in out and HW_A not in out
+    code, out, _ = cli(capsys, "--storage", two_machines, "list", "--hardware", "nope")
+    assert code == 0
+    assert out.startswith(f"no saved runs in {two_machines / 'nope'}") and HW_B in out
+
+
+def test_list_as_json(two_machines: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "--storage", two_machines, "list", "--format", "json")
+    assert code == 0
+    rows = json.loads(out)["tables"][0]["rows"]
+    assert [(r["run"], r["name"], r["cases"], r["commit"]) for r in rows] == [
+        (f"{HW_A}/0001", "baseline", 2, "0123456789ab+"),
+        (f"{HW_B}/0001", "gpu-run", 1, "abc"),
+    ]
+
+
+def test_a_folder_that_cannot_be_listed(
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: Storage, hardware: str | None = None) -> None:
+        raise PermissionError(13, "Permission denied", str(root))
+
+    monkeypatch.setattr(Storage, "runs", refuse)
+    code, out, err = cli(capsys, "--storage", root, "list")
+    assert code == 2 and out == ""
+    assert one_error_line(err) == f"llmenergy: error: {root}: Permission denied"
+
+
+# -- show ----------------------------------------------------------------------------------
+def test_show_prints_the_run_header_and_its_energy_table(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    meter = {
+        "backend": "nvml",
+        "description": "NVML energy counters",
+        "idle_power_w": {"gpu:0": 61},
+    }
+    save(
+        root,
+        [make_case([0.1, 0.1, 0.1])],
+        hardware=HW_B,
+        machine=MACHINE_B,
+        commit=COMMIT,
+        meter=meter,
+    )
+    code, out, err = cli(capsys, "--storage", root, "show", "baseline")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("run 0001_baseline: complete, 1 case(s), started ")
+    assert lines[1:5] == [
+        f"hardware {HW_B}: CPU CPU Y (16 logical cores), GPUs A100 (400 W limit, driver 550.54)",
+        "commit 0123456789ab (uncommitted changes) on main",
+        "meter NVML energy counters",
+        "idle power gpu:0 61.00 W",
+    ]
+    assert "did not finish" not in out
+    assert "sweep input · model tiny-llama" in lines
+    row = row_of(out, "8")
+    assert row[1] == "4" and "10" in row  # 4 output tokens, 10 J per query
+
+
+def test_show_header_lines_leave_out_what_is_unknown(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(root, [make_case([0.1, 0.1])])
+    code, out, _ = cli(capsys, "--storage", root, "show", "1")
+    assert code == 0
+    assert "commit abc" in out.splitlines()  # no branch: not "on None"
+    assert f"hardware {HW_A}: CPU CPU X (2 logical cores), GPUs none" in out
+
+
+def test_show_survives_odd_fields_in_a_hand_edited_file(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(
+        root,
+        [make_case([0.1, 0.1])],
+        machine={"cpu": "x86", "gpus": "none"},
+        commit={"id": 1234},
+        meter={"idle_power_w": {"gpu:0": "lots"}},
+    )
+    code, out, err = cli(capsys, "--storage", root, "show", "1")
+    assert (code, err) == (0, "")
+    assert f"hardware {HW_A}: CPU unknown, GPUs none" in out and "commit unknown" in out
+    assert "idle power" not in out
+
+
+def test_show_as_csv_is_data_only(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    case = make_case([0.1, 0.12, 0.11])
+    save(root, [case])
+    code, out, _ = cli(capsys, "--storage", root, "show", "1", "--format", "csv")
+    assert code == 0 and out.startswith("group,")  # no header lines before the csv
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 1
+    assert float(rows[0]["joules"]) == case.energy.mean
+    assert rows[0]["tokens_in"] == "8" and rows[0]["group"] == "sweep input · model tiny-llama"
+
+
+def test_show_chosen_columns_as_json(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    case = make_case([0.1, 0.1])
+    save(root, [case])
+    argv = ("--storage", root, "show", "1", "--columns", "tokens_in,joules", "--format", "json")
+    code, out, _ = cli(capsys, *argv)
+    assert code == 0
+    table = json.loads(out)["tables"][0]
+    assert table["columns"][:2] == ["tokens_in", "joules"] and "tokens_out" not in table["columns"]
+    assert table["rows"][0]["tokens_in"] == 8
+    assert table["rows"][0]["joules"] == pytest.approx(case.energy.mean)
+
+
+def test_show_sorted_by_energy_descending(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save(root, [make_case([0.1, 0.1]), make_case([0.3, 0.3], input_tokens=64)])
+
+    def order(*extra: str) -> list[str]:
+        code, out, _ = cli(capsys, "--storage", root, "show", "1", "--format", "csv", *extra)
+        assert code == 0
+        return [row["tokens_in"] for row in csv.DictReader(io.StringIO(out))]
+
+    assert order() == ["8", "64"]
+    assert order("--sort", "-joules") == ["64", "8"]
+
+
+@pytest.mark.parametrize("status", [INTERRUPTED, RUNNING])
+def test_show_says_when_a_run_did_not_finish(
+    root: Path, capsys: pytest.CaptureFixture[str], status: str
+) -> None:
+    path = save(root, [make_case([0.1, 0.1])])
+    path.write_text(path.read_text().replace(f'"status": "{COMPLETE}"', f'"status": "{status}"'))
+    code, out, _ = cli(capsys, "--storage", root, "show", "1")
+    assert code == 0
+    assert f"note: this run did not finish ({status}); it holds the cases it completed" in out
+
+
+def test_show_an_unknown_run_lists_the_latest(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(root, [make_case([0.1, 0.1])])
+    code, out, err = cli(capsys, "--storage", root, "show", "nope")
+    assert code == 2 and out == ""
+    line = one_error_line(err)
+    assert "'nope'" in line and f"latest: {HW_A}/0001" in line
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("{\n not json\n}\n", "corrupt"), ('{"format": "other"}', "not a pytest-llmenergy run file")],
+)
+def test_show_a_bad_file_by_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str
+) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text(text)
+    code, out, err = cli(capsys, "--storage", tmp_path / "none", "show", path)
+    assert code == 2 and out == ""
+    line = one_error_line(err)
+    assert str(path) in line and problem in line
+
+
+def test_show_bad_options_are_usage_errors(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = usage_error(capsys, "--storage", root, "show", "1", "--columns", "x")
+    assert line.startswith("llmenergy show: error: argument --columns:")
+    assert "unknown column 'x'" in line
+    assert "unknown sort" in usage_error(capsys, "--storage", root, "show", "1", "--sort", "x")
+
+
+# -- compare -------------------------------------------------------------------------------
+@pytest.fixture
+def across_hardware(root: Path) -> Path:
+    """The same case at 100 W on A and 50 W on B, and one case only on each."""
+    save(root, [make_case([0.1, 0.1, 0.1]), make_case([0.2, 0.2], input_tokens=64)])
+    b_cases = [make_case([0.1, 0.1, 0.1], watts=50), make_case([0.1, 0.1], output_tokens=16)]
+    save(root, b_cases, hardware=HW_B, machine=MACHINE_B)
+    return root
+
+
+A, B = f"{HW_A}/1", f"{HW_B}/1"
+LABEL_A, LABEL_B = f"{HW_A}/0001_baseline", f"{HW_B}/0001_baseline"
+
+
+def test_compare_puts_cases_side_by_side_with_ratios(
+    across_hardware: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(capsys, "--storage", across_hardware, "compare", A, B)
+    assert (code, err) == (0, "")
+    # Both runs are 0001_baseline: the labels say which machine each is.
+    header = next(line for line in out.splitlines() if line.startswith("case"))
+    assert f"{LABEL_B} / {LABEL_A}" in header
+    both = row_of(out, "test_input_tokens[tiny-llama-in8-out4]")
+    assert both[-1] == "0.5\u00d7"
+    assert float(both[-2]) == pytest.approx(float(both[-3]) / 2, rel=1e-3)
+    assert row_of(out, "test_input_tokens[tiny-llama-in64-out4]")[-2:] == ["—", "—"]
+    assert row_of(out, "test_input_tokens[tiny-llama-in8-out16]")[-3] == "—"
+    assert "energy gate" not in out
+
+
+def test_compare_as_json_and_csv(across_hardware: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "--storage", across_hardware, "compare", A, B, "--format", "json")
+    assert code == 0
+    rows = {r["case"]: r for r in json.loads(out)["tables"][0]["rows"]}
+    assert rows["test_input_tokens[tiny-llama-in8-out4]"][f"{LABEL_B}/{LABEL_A}"] == 0.5
+    assert rows["test_input_tokens[tiny-llama-in64-out4]"][LABEL_B] is None
+
+    code, out, _ = cli(capsys, "--storage", across_hardware, "compare", A, B, "--format", "csv")
+    assert code == 0
+    rows = {r["case"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert len(rows) == 3
+    assert float(rows["test_input_tokens[tiny-llama-in8-out4]"][f"{LABEL_B}/{LABEL_A}"]) == 0.5
+
+
+def test_compare_several_metrics_and_markdown(
+    across_hardware: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ("--storage", across_hardware, "compare", A, B, "--metric", "seconds")
+    code, out, _ = cli(
+        capsys, *argv, "--metric", "joules", "--metric", "energy", "--format", "json"
+    )
+    assert code == 0  # "energy" is joules again: no third table
+    assert [t["title"] for t in json.loads(out)["tables"]] == [
+        "runtime s (seconds), side by side",
+        "J/query (joules), side by side",
+    ]
+    code, out, _ = cli(capsys, *argv, "--format", "markdown")
+    assert code == 0 and "### runtime s (seconds), side by side" in out
+    rows = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(rows) == 5  # header, rule, 3 cases
+    assert "0.1" in rows[2] and "1\u00d7" in rows[2]  # same seconds on both machines
+
+
+def test_compare_labels_stay_distinct(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two --energy-json files are both ``run``; a file named case.json must not become the
+    ``case`` column; the same run twice is still two columns."""
+    paths = []
+    for folder in ("main", "branch"):
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / "run.json")
+        paths[-1].write_text(dumps(sample_run((make_case([0.1, 0.1]),))))
+    code, out, _ = cli(capsys, "compare", *paths, "--format", "json")
+    assert code == 0
+    assert json.loads(out)["tables"][0]["columns"][4:6] == [str(p) for p in paths]
+
+    (tmp_path / "case.json").write_text(paths[0].read_text())
+    code, out, _ = cli(capsys, "compare", tmp_path / "case.json", paths[1], "--format", "json")
+    row = json.loads(out)["tables"][0]["rows"][0]
+    assert code == 0 and row["case"] == "test_input_tokens[tiny-llama-in8-out4]"
+    assert row["run case"] == pytest.approx(100 * 0.1 / 12)
+
+    code, out, _ = cli(capsys, "compare", paths[0], paths[0], "--format", "json")
+    assert code == 0
+    assert json.loads(out)["tables"][0]["columns"][4:6] == [f"1:{paths[0]}", f"2:{paths[0]}"]
+
+
+# -- energy gates --------------------------------------------------------------------------
+def gate_runs(root: Path, baseline: Sequence[float], current: Sequence[float]) -> None:
+    save(root, [make_case(baseline)], name="main")
+    save(root, [make_case(current)], name="pr")
+
+
+TIGHT = [0.100, 0.101, 0.099, 0.100, 0.1005]
+
+
+def test_gate_fails_on_a_significant_regression(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    code, out, _ = cli(
+        capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%"
+    )
+    assert code == 1
+    assert "0002_pr against 0001_main" in out.splitlines()
+    verdict = gate_row(out)
+    assert verdict[-1] == "FAIL" and "+20.0" in verdict
+    assert out.splitlines()[-1].startswith("0002_pr: energy gate FAILED (energy_per_token:5%)")
+
+
+def test_gate_failure_with_data_formats_keeps_stdout_data(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
+    code, out, err = cli(capsys, *argv, "--format", "json")
+    assert code == 1
+    gate = json.loads(out)["tables"][1]
+    assert gate["rows"][0]["verdict"] == "FAIL"
+    assert err.startswith("0002_pr: energy gate FAILED")  # why CI failed, outside the data
+    code, out, err = cli(capsys, *argv, "--format", "csv")
+    assert code == 1 and "energy gate" not in out
+    assert [r["verdict"] for r in csv.DictReader(io.StringIO(out))][-1] == "FAIL"
+
+
+def test_noisy_regression_is_not_significant(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate_runs(root, [0.05, 0.25, 0.05], [0.25, 0.05, 0.25])  # +57 % on average
+    code, out, _ = cli(
+        capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%"
+    )
+    assert code == 0
+    assert gate_row(out)[-2:] == ["not", "significant"]
+    assert "energy gate passed" in out and "1 over the threshold but not significant" in out
+
+
+def test_equal_runs_pass_the_gate(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gate_runs(root, TIGHT, TIGHT)
+    code, out, _ = cli(capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "joules:5%")
+    assert code == 0
+    assert gate_row(out)[-1] == "ok"
+    assert (
+        out.splitlines()[-1] == "0002_pr: energy gate passed (joules:5%): no significant regression"
+    )
+
+
+def test_bad_gate_is_refused_before_any_run_is_read(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The runs do not exist: the error is about the gate, found first.
+    line = usage_error(capsys, "--storage", root, "compare", "x", "y", "--fail-on", "speed:5%")
+    assert line.startswith("llmenergy compare: error: argument --fail-on: bad gate 'speed:5%'")
+    line = usage_error(capsys, "--storage", root, "compare", "x", "y", "--fail-on", "joules:5 W")
+    assert "bad gate" in line
+
+
+def test_compare_needs_two_runs(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save(root, [make_case([0.1, 0.1])])
+    line = usage_error(capsys, "--storage", root, "compare", "1", "--fail-on", "joules:5%")
+    assert "at least two runs" in line
+
+
+def test_compare_an_unknown_run(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save(root, [make_case([0.1, 0.1])])
+    code, out, err = cli(capsys, "--storage", root, "compare", "1", "nope")
+    assert code == 2 and out == ""
+    assert "'nope'" in one_error_line(err)
+
+
+# -- confidence ----------------------------------------------------------------------------
+BORDERLINE_A = [0.10, 0.11, 0.09]
+BORDERLINE_B = [0.125, 0.135, 0.115]  # +25 %, p between 0.01 and 0.05
+
+
+def test_borderline_construction() -> None:
+    p = welch_t_test(
+        energy_per_token(make_case(BORDERLINE_A)), energy_per_token(make_case(BORDERLINE_B))
+    ).p_value
+    assert 0.01 < p < 0.05
+
+
+@pytest.mark.parametrize(("confidence", "code"), [("0.95", 1), ("95%", 1), ("0.99", 0), ("99%", 0)])
+def test_confidence_decides_a_borderline_case(
+    root: Path, capsys: pytest.CaptureFixture[str], confidence: str, code: int
+) -> None:
+    gate_runs(root, BORDERLINE_A, BORDERLINE_B)
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
+    got, out, _ = cli(capsys, *argv, "--confidence", confidence)
+    assert got == code
+    verdict = " ".join(gate_row(out)[-2:])
+    assert verdict.endswith(" FAIL" if code else "not significant")
+
+
+def test_confidence_defaults_to_the_baseline_runs(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(root, [make_case(BORDERLINE_A)], name="main", options={"controller": {"confidence": 0.99}})
+    save(root, [make_case(BORDERLINE_B)], name="pr")
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
+    code, out, _ = cli(capsys, *argv)
+    assert code == 0 and "(99% confidence)" in out
+    # A baseline file with nonsense there falls back to 0.95 instead of crashing.
+    save(root, [make_case(BORDERLINE_A)], name="odd", options={"controller": "fast"})
+    code, out, _ = cli(
+        capsys, "--storage", root, "compare", "odd", "pr", "--fail-on", "energy_per_token:5%"
+    )
+    assert code == 1 and "(95% confidence)" in out
+
+
+@pytest.mark.parametrize("bad", ["95", "1", "0", "x", "nan"])
+def test_bad_confidence(root: Path, capsys: pytest.CaptureFixture[str], bad: str) -> None:
+    line = usage_error(capsys, "--storage", root, "compare", "a", "b", "--confidence", bad)
+    assert f"bad confidence {bad!r}" in line and "such as 0.95" in line
+
+
+# -- the command itself --------------------------------------------------------------------
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"llmenergy {__version__}\n"
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "required" in usage_error(capsys)
+
+
+SCRIPT = Path(sys.executable).with_name("llmenergy")
+MODULE = (sys.executable, "-m", "pytest_llmenergy")
+
+
+def run_process(
+    command: Sequence[object], cwd: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(c) for c in command],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        env={**os.environ, **env},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_console_script(two_machines: Path, tmp_path: Path) -> None:
+    assert SCRIPT.is_file(), f"no llmenergy script next to {sys.executable}"
+    done = run_process([SCRIPT, "--storage", two_machines, "list"], tmp_path)
+    assert done.returncode == 0 and f"{HW_B}/0001" in done.stdout
+    # The default storage folder is .llmenergy in the working directory.
+    done = run_process([SCRIPT, "show", "nope"], two_machines.parent)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("llmenergy: error: no saved run 'nope' in .llmenergy")
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_python_dash_m_exits_1_on_a_failed_gate(root: Path, tmp_path: Path) -> None:
+    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    gate = ("--fail-on", "energy_per_token:5%")
+    done = run_process([*MODULE, "--storage", root, "compare", "main", "pr", *gate], tmp_path)
+    assert done.returncode == 1 and "energy gate FAILED" in done.stdout
+    done = run_process([*MODULE, "--version"], tmp_path)
+    assert (done.returncode, done.stdout) == (0, f"llmenergy {__version__}\n")
+
+
+def test_a_console_without_unicode_gets_replacements(root: Path, tmp_path: Path) -> None:
+    save(root, [make_case([0.1, 0.12, 0.11])])
+    done = run_process([SCRIPT, "--storage", root, "show", "1"], tmp_path, PYTHONIOENCODING="ascii")
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert "?" in done.stdout and "sweep input ? model tiny-llama" in done.stdout
+
+
+def test_a_closed_pipe_is_no_traceback(two_machines: Path, tmp_path: Path) -> None:
+    read, write = os.pipe()
+    os.close(read)  # like `llmenergy list | head -0`: nobody reads
+    try:
+        done = subprocess.run(
+            [str(SCRIPT), "--storage", str(two_machines), "list"],
+            cwd=tmp_path,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
