@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .controller.results import DECODE, PREFILL, CaseResult, Trial
 from .errors import ConfigError
-from .report import Table, fmt_number
+from .report import Table, clean, fmt_mean_ci, fmt_number
 from .stats import Summary, summarize, welch_t_test
 
 
@@ -266,12 +266,6 @@ def compare_cases(
     )
 
 
-def _mean_ci(s: Summary) -> str:
-    if math.isfinite(s.half_width):
-        return f"{fmt_number(s.mean)} ± {fmt_number(s.half_width, 2)}"
-    return fmt_number(s.mean)
-
-
 def _signed_percent(value: float) -> str:
     return "—" if not math.isfinite(value) else f"{value * 100:+.1f} %"
 
@@ -291,15 +285,15 @@ def comparison_table(c: Comparison) -> Table:
             d.metric,
             d.baseline.mean,
             d.current.mean,
-            _none_if_nan(d.relative_change),
+            clean(d.relative_change),
             d.p_value,
             d.significant,
         ]
         shown = [
             d.name,
             METRICS[d.metric].label,
-            _mean_ci(d.baseline),
-            _mean_ci(d.current),
+            fmt_mean_ci(d.baseline),
+            fmt_mean_ci(d.current),
             _signed_percent(d.relative_change),
             "—" if d.p_value is None else f"{d.p_value:.3g}",
             "yes" if d.significant else "no",
@@ -353,10 +347,6 @@ def verdict_line(c: Comparison) -> str:
     if untested:
         extra += f"; {untested} over the threshold with too few trials to test"
     return f"energy gate passed ({gates}): no significant regression{extra}"
-
-
-def _none_if_nan(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 # -- several runs, side by side (e.g. across hardware) ------------------------------------

@@ -71,7 +71,7 @@ def fmt_number(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
-def _clean(value: object) -> Raw:
+def clean(value: object) -> Raw:
     """NaN and infinities become None so json stays strict and csv cells stay empty."""
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
@@ -99,7 +99,7 @@ class Column:
     numeric: bool = True
 
     def value(self, r: CaseResult) -> Raw:
-        return _clean(self.raw(r))
+        return clean(self.raw(r))
 
     def display(self, r: CaseResult) -> str:
         text = self.cell(r) if self.cell is not None else _format_raw(self.value(r))
@@ -116,17 +116,16 @@ def _format_raw(value: Raw) -> str:
     return fmt_number(value)
 
 
-def _with_ci(summary: Callable[[CaseResult], Summary]) -> Callable[[CaseResult], str]:
+def fmt_mean_ci(s: Summary) -> str:
     """Mean ± half-width; a lone trial has no interval, so only its mean is shown."""
+    mean = fmt_number(s.mean)
+    if mean == DASH or math.isnan(s.half_width) or math.isinf(s.half_width):
+        return mean
+    return f"{mean} ± {fmt_number(s.half_width, 2)}"
 
-    def cell(r: CaseResult) -> str:
-        s = summary(r)
-        mean = fmt_number(s.mean)
-        if mean == DASH or math.isnan(s.half_width) or math.isinf(s.half_width):
-            return mean
-        return f"{mean} ± {fmt_number(s.half_width, 2)}"
 
-    return cell
+def _with_ci(summary: Callable[[CaseResult], Summary]) -> Callable[[CaseResult], str]:
+    return lambda r: fmt_mean_ci(summary(r))
 
 
 _STATUS_MARKS = {CONVERGED: " ✓", LIMIT: " ✗", ROUNDS: ""}
@@ -525,7 +524,7 @@ def _render_csv(tables: Sequence[Table]) -> str:
     for table in tables:
         for row in table.rows:
             values = dict(zip(table.keys, row))
-            cleaned = [_clean(values.get(k)) for k in keys]
+            cleaned = [clean(values.get(k)) for k in keys]
             writer.writerow([table.title, *("" if v is None else v for v in cleaned)])
     return out.getvalue()
 
@@ -536,7 +535,7 @@ def _render_json(tables: Sequence[Table]) -> str:
             {
                 "title": t.title,
                 "columns": list(t.keys),
-                "rows": [{k: _clean(v) for k, v in zip(t.keys, row)} for row in t.rows],
+                "rows": [{k: clean(v) for k, v in zip(t.keys, row)} for row in t.rows],
                 "notes": list(t.notes),
             }
             for t in tables
