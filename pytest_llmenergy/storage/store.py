@@ -109,7 +109,7 @@ def _publish_new(tmp: Path, path: Path) -> None:
     except FileExistsError:
         raise
     except OSError:  # a file system without hard links: claim the name, then replace
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         os.close(fd)
         os.replace(tmp, path)
 
@@ -149,7 +149,7 @@ class Storage:
         while True:
             marker = folder / f".{number:04d}.claimed"
             try:
-                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 number += 1
                 continue
