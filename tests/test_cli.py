@@ -52,7 +52,7 @@ def save(
         sample_run(tuple(cases)), name=name, hardware=hardware, status=COMPLETE, **changes
     )
     writer = Storage(root).claim(hardware, name)
-    writer.write_run(run)
+    writer.write(dumps(run))
     return writer.path
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.storage.runfile import RunFileError, load
+from pytest_llmenergy.storage.runfile import RunFileError, dumps, load
 from pytest_llmenergy.storage.store import AtomicFile, Storage, check_run_name
 from tests.casefactory import make_case
 from tests.test_storage_runfile import sample_run
@@ -21,7 +21,7 @@ HW = "cpu-x__no-gpu__trace"
 
 def save(storage: Storage, name: str, hardware: str = HW) -> Path:
     f = storage.claim(hardware, name)
-    f.write_run(sample_run((make_case([0.1, 0.2]),)))
+    f.write(dumps(sample_run((make_case([0.1, 0.2]),))))
     return f.path
 
 
@@ -74,14 +74,15 @@ def test_concurrent_savers_in_two_processes_lose_nothing(tmp_path: Path) -> None
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        from pytest_llmenergy.storage.runfile import dumps
         from pytest_llmenergy.storage.store import Storage
         from tests.casefactory import make_case
         from tests.test_storage_runfile import sample_run
         storage = Storage({str(tmp_path)!r})
         for i in range(25):
             f = storage.claim({HW!r}, sys.argv[1])
-            f.write_run(sample_run((make_case([0.1 + i / 1000]),)))
-            f.write_run(sample_run((make_case([0.1 + i / 1000]), make_case([0.2]))))
+            f.write(dumps(sample_run((make_case([0.1 + i / 1000]),))))
+            f.write(dumps(sample_run((make_case([0.1 + i / 1000]), make_case([0.2])))))
         """
     )
     procs = [subprocess.Popen([sys.executable, "-c", script, name]) for name in ("left", "right")]

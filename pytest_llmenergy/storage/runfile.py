@@ -67,9 +67,6 @@ class Run:
     def backend(self) -> str:
         return str(self.meter.get("backend", ""))
 
-    def case(self, nodeid: str) -> CaseResult | None:
-        return next((c for c in self.cases if c.nodeid == nodeid), None)
-
 
 # -- writing ---------------------------------------------------------------------------
 def _finite(value: float) -> float | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .runfile import Run, RunFileError, dumps, load
+from .runfile import Run, RunFileError, load
 
 DEFAULT_STORAGE = ".llmenergy"
 _RUN_FILE = re.compile(r"^(\d{4,})_(.*)\.json$")
@@ -97,9 +97,6 @@ class AtomicFile:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-
-    def write_run(self, run: Run) -> None:
-        self.write(dumps(run))
 
 
 def _publish_new(tmp: Path, path: Path) -> None:
