@@ -1,0 +1,239 @@
+"""Energy and time of a query at any token count, from the sizes a system measured.
+
+Two models, as energy-modelling work uses them:
+
+- ``Curve``: along one sweep (input tokens at a fixed output, or the reverse), the
+  measured means made non-decreasing and joined by power laws (straight lines in
+  log-log space), so a threshold can fall on any token count between measured sizes.
+- ``FittedModel``: least squares over every measured size on the terms
+  1, n_in, n_out, n_in·n_out, n_out²; it prices sizes outside a sweep, and its error
+  against the measurements says how far to trust it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .profile import Point, Profile, ProfileError
+
+TERMS = ("1", "n_in", "n_out", "n_in*n_out", "n_out^2")
+INPUT, OUTPUT, BOTH = "input", "output", "both"
+BY_CHOICES = (INPUT, OUTPUT, BOTH)
+
+
+def _features(n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
+    n_in = np.asarray(n_in, dtype=float)
+    n_out = np.asarray(n_out, dtype=float)
+    return np.stack([np.ones_like(n_in), n_in, n_out, n_in * n_out, n_out * n_out], axis=-1)
+
+
+def non_decreasing(values: Sequence[float], weights: Sequence[float]) -> np.ndarray:
+    """The closest non-decreasing sequence (weighted least squares, pool adjacent violators).
+
+    More tokens never cost less; a dip between two sizes is measurement noise.
+    """
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values, weights):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.repeat([b[0] for b in blocks], [int(b[2]) for b in blocks])
+
+
+@dataclass(frozen=True)
+class FitError:
+    """How far a fitted model is from the measured means, over the measured sizes."""
+
+    mean_abs_pct: float
+    max_abs_pct: float
+
+    @classmethod
+    def of(cls, predicted: np.ndarray, measured: np.ndarray) -> FitError:
+        rel = np.abs(predicted - measured) / measured * 100
+        return cls(float(rel.mean()), float(rel.max()))
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """E(n_in, n_out) and T(n_in, n_out) as sums of the ``TERMS``."""
+
+    energy_coef: tuple[float, ...]
+    time_coef: tuple[float, ...]
+    energy_error: FitError
+    time_error: FitError
+
+    def energy_j(self, n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
+        return _features(n_in, n_out) @ np.asarray(self.energy_coef)
+
+    def seconds(self, n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
+        return _features(n_in, n_out) @ np.asarray(self.time_coef)
+
+
+def _least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Relative least squares: sizes span three decades, and a joule at 8 tokens matters
+    as much, in proportion, as a kilojoule at 2048."""
+    a = x / y[:, None]
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, *_ = np.linalg.lstsq(a / scale, np.ones_like(y), rcond=None)
+    return coef / scale
+
+
+def fit_model(points: Sequence[Point]) -> FittedModel:
+    n_in = np.array([p.input_tokens for p in points], dtype=float)
+    n_out = np.array([p.output_tokens for p in points], dtype=float)
+    energy = np.array([p.mean_joules for p in points])
+    time = np.array([p.mean_seconds for p in points])
+    x = _features(n_in, n_out)
+    e_coef = _least_squares(x, energy)
+    t_coef = _least_squares(x, time)
+    return FittedModel(
+        tuple(float(c) for c in e_coef),
+        tuple(float(c) for c in t_coef),
+        FitError.of(x @ e_coef, energy),
+        FitError.of(x @ t_coef, time),
+    )
+
+
+class Curve:
+    """A non-decreasing function of one token count, through the measured sizes.
+
+    Between measured sizes it is a power law through the two neighbours; beyond them it
+    follows the fitted model's slope from the last measured value (never below zero).
+    """
+
+    def __init__(self, sizes: np.ndarray, values: np.ndarray, outside) -> None:
+        self.sizes = np.asarray(sizes, dtype=float)
+        self.values = np.asarray(values, dtype=float)
+        self._outside = outside  # n -> fitted value, for the slope beyond the ends
+        self._log_n = np.log(self.sizes)
+        self._log_v = np.log(self.values)
+
+    def __call__(self, n: np.ndarray) -> np.ndarray:
+        n = np.asarray(n, dtype=float)
+        lo, hi = self.sizes[0], self.sizes[-1]
+        inside = np.clip(n, lo, hi)
+        out = np.exp(np.interp(np.log(inside), self._log_n, self._log_v))
+        below, above = n < lo, n > hi
+        if below.any():
+            shift = self._outside(n[below]) - self._outside(np.array([lo]))
+            out[below] = np.maximum(self.values[0] + np.minimum(shift, 0.0), 0.0)
+        if above.any():
+            shift = self._outside(n[above]) - self._outside(np.array([hi]))
+            out[above] = self.values[-1] + np.maximum(shift, 0.0)
+        return out
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Sizes measured along one axis with the other held at ``fixed`` tokens."""
+
+    axis: str  # INPUT: input tokens vary; OUTPUT: output tokens vary
+    fixed: int
+    sizes: tuple[int, ...]
+    energy: Curve
+    time: Curve
+
+
+def _sweep(profile: Profile, axis: str, fitted: FittedModel) -> Sweep | None:
+    """The longest run of sizes along ``axis`` at one value of the other axis, from the
+    points labelled with that sweep when there are any."""
+    labelled = [p for p in profile.points if p.sweep == axis]
+    along: dict[int, list[Point]] = {}
+    for p in labelled or profile.points:
+        other = p.output_tokens if axis == INPUT else p.input_tokens
+        along.setdefault(other, []).append(p)
+    fixed, points = max(along.items(), key=lambda kv: (len(kv[1]), -kv[0]))
+    if len(points) < 2:
+        return None
+
+    def size(p: Point) -> int:
+        return p.input_tokens if axis == INPUT else p.output_tokens
+
+    merged: dict[int, Point] = {}
+    for p in sorted(points, key=size):  # one size measured in both sweeps: pool its trials
+        q = merged.get(size(p))
+        merged[size(p)] = (
+            p
+            if q is None
+            else Point(
+                p.input_tokens, p.output_tokens, q.seconds + p.seconds, q.joules + p.joules, p.sweep
+            )
+        )
+    points = list(merged.values())
+    if size(points[0]) < 1:
+        points = points[1:]  # log-log has no room for zero tokens; the fit prices them
+        if len(points) < 2:
+            return None
+    sizes = np.array([size(p) for p in points], dtype=float)
+    weights = [p.trials for p in points]
+    energy = non_decreasing([p.mean_joules for p in points], weights)
+    time = non_decreasing([p.mean_seconds for p in points], weights)
+
+    def on_axis(f):
+        if axis == INPUT:
+            return lambda n: f(n, np.full_like(n, fixed, dtype=float))
+        return lambda n: f(np.full_like(n, fixed, dtype=float), n)
+
+    return Sweep(
+        axis,
+        fixed,
+        tuple(int(s) for s in sizes),
+        Curve(sizes, energy, on_axis(fitted.energy_j)),
+        Curve(sizes, time, on_axis(fitted.seconds)),
+    )
+
+
+@dataclass(frozen=True)
+class SystemModel:
+    """Everything the optimizer asks of one system: a query's joules and seconds."""
+
+    profile: Profile
+    fitted: FittedModel
+    input_sweep: Sweep | None
+    output_sweep: Sweep | None
+
+    @property
+    def system(self) -> str:
+        return self.profile.system
+
+    def sweep(self, by: str) -> Sweep:
+        sweep = self.input_sweep if by == INPUT else self.output_sweep
+        if sweep is None:
+            raise ProfileError(
+                f"system {self.system!r}, model {self.profile.model!r} has no {by} sweep: "
+                f"measure two or more {by} token sizes at one {_other(by)} size"
+            )
+        return sweep
+
+    def costs(self, by: str, n_in: np.ndarray, n_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(joules, seconds) per query.
+
+        By input (output), a query costs what the input (output) sweep measured at its
+        size, as the research charges it; by both, the fitted surface prices each pair.
+        """
+        if by == BOTH:
+            energy = np.maximum(self.fitted.energy_j(n_in, n_out), 0.0)
+            time = np.maximum(self.fitted.seconds(n_in, n_out), 0.0)
+            return energy, time
+        sweep = self.sweep(by)
+        n = n_in if by == INPUT else n_out
+        return sweep.energy(n), sweep.time(n)
+
+
+def _other(by: str) -> str:
+    return OUTPUT if by == INPUT else INPUT
+
+
+def build_model(profile: Profile) -> SystemModel:
+    if not profile.points:
+        raise ProfileError(f"system {profile.system!r}, model {profile.model!r}: no trials")
+    fitted = fit_model(profile.points)
+    return SystemModel(
+        profile, fitted, _sweep(profile, INPUT, fitted), _sweep(profile, OUTPUT, fitted)
+    )

@@ -1,0 +1,245 @@
+"""What each system measured: per model, the trials at every (input, output) token size.
+
+Profiles come from the project's saved runs or from a plain CSV with one row per trial,
+so that measurements taken with other tools can be routed too::
+
+    system,model,input_tokens,output_tokens,seconds,joules
+    M1-Pro,Llama-2 (7B),8,32,9.61,100.2
+
+An optional ``sweep`` column (``input`` or ``output``) says which sweep a trial belongs
+to, as the benchmark suite's cases do; without it the sweeps are inferred from the sizes.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..storage.runfile import Run
+
+CSV_COLUMNS = ("system", "model", "input_tokens", "output_tokens", "seconds", "joules")
+ALL_MODELS = "all"
+
+
+class ProfileError(ConfigError):
+    """Measurements that cannot be routed on; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """The trials at one token size."""
+
+    input_tokens: int
+    output_tokens: int
+    seconds: tuple[float, ...]
+    joules: tuple[float, ...]
+    sweep: str = ""  # "input" / "output" when known
+
+    @property
+    def mean_seconds(self) -> float:
+        return math.fsum(self.seconds) / len(self.seconds)
+
+    @property
+    def mean_joules(self) -> float:
+        return math.fsum(self.joules) / len(self.joules)
+
+    @property
+    def trials(self) -> int:
+        return len(self.seconds)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One model on one system: every measured size, sorted by (input, output) tokens."""
+
+    system: str
+    model: str
+    points: tuple[Point, ...]
+    source: str = ""
+
+    @property
+    def average_power_w(self) -> float:
+        """Joules over seconds of every trial: what one busy second costs on this system."""
+        seconds = math.fsum(s for p in self.points for s in p.seconds)
+        joules = math.fsum(j for p in self.points for j in p.joules)
+        return joules / seconds if seconds > 0 else math.nan
+
+
+Row = tuple[str, str, int, int, float, float, str]  # system, model, in, out, s, J, sweep
+SWEEPS = ("input", "output")
+
+
+def _group(rows: Iterable[Row], source: str) -> list[Profile]:
+    trials: dict[tuple[str, str], dict[tuple[int, int, str], list[tuple[float, float]]]] = (
+        defaultdict(lambda: defaultdict(list))
+    )
+    for system, model, n_in, n_out, seconds, joules, sweep in rows:
+        trials[(system, model)][(n_in, n_out, sweep)].append((seconds, joules))
+    profiles = []
+    for (system, model), sizes in trials.items():
+        points = tuple(
+            Point(n_in, n_out, tuple(s for s, _ in ts), tuple(j for _, j in ts), sweep)
+            for (n_in, n_out, sweep), ts in sorted(sizes.items())
+        )
+        profiles.append(Profile(system, model, points, source))
+    return profiles
+
+
+def _whole(text: str, column: str, where: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ProfileError(f"{where}: {column} should be a whole number >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str, column: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ProfileError(f"{where}: {column} should be a number > 0, got {text!r}")
+    return value
+
+
+def read_profile_csv(path: str | Path) -> list[Profile]:
+    """One row per trial; extra columns are ignored, so richer exports load as they are."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
+            missing = [c for c in CSV_COLUMNS if c not in header]
+            if missing:
+                raise ProfileError(
+                    f"{path}:1: the header lacks {', '.join(missing)}; a profile CSV has the "
+                    f"columns {','.join(CSV_COLUMNS)} (one row per trial)"
+                )
+            at = [header.index(c) for c in CSV_COLUMNS]
+            at_sweep = header.index("sweep") if "sweep" in header else None
+            rows: list[Row] = []
+            for values in reader:
+                where = f"{path}:{reader.line_num}"
+                if not any(v.strip() for v in values):
+                    continue
+                if len(values) < len(header):
+                    raise ProfileError(f"{where}: {len(values)} values for {len(header)} columns")
+                system, model, n_in, n_out, sec, jou = (values[i].strip() for i in at)
+                if not system or not model:
+                    raise ProfileError(f"{where}: system and model must not be empty")
+                sweep = values[at_sweep].strip() if at_sweep is not None else ""
+                if sweep not in ("", *SWEEPS):
+                    raise ProfileError(
+                        f"{where}: sweep should be input, output or empty, got {sweep!r}"
+                    )
+                rows.append(
+                    (
+                        system,
+                        model,
+                        _whole(n_in, "input_tokens", where),
+                        _whole(n_out, "output_tokens", where),
+                        _positive(sec, "seconds", where),
+                        _positive(jou, "joules", where),
+                        sweep,
+                    )
+                )
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ProfileError(f"{path}: not a CSV text file ({exc})") from None
+    if not rows:
+        raise ProfileError(f"{path}: no trials in the file")
+    return _group(rows, str(path))
+
+
+def profiles_from_run(run: Run, system: str | None = None) -> list[Profile]:
+    """A saved run's cases, one profile per model; the system is the run's hardware."""
+    name = system or run.hardware or run.label
+    rows = [
+        (
+            name,
+            case.labels.get("model", case.name),
+            t.input_tokens,
+            t.output_tokens,
+            t.seconds,
+            t.joules,
+            case.labels.get("sweep", "") if case.labels.get("sweep") in SWEEPS else "",
+        )
+        for case in run.cases
+        for t in case.trials
+        if t.seconds > 0 and t.joules > 0
+    ]
+    if not rows:
+        raise ProfileError(f"{run.path or run.label}: the run has no measured trials")
+    return _group(rows, str(run.path or run.label))
+
+
+def pool_models(profiles: Sequence[Profile]) -> list[Profile]:
+    """Every model of a system as one (model ``all``): how the research averaged them."""
+    rows = [
+        (p.system, ALL_MODELS, pt.input_tokens, pt.output_tokens, s, j, pt.sweep)
+        for p in profiles
+        for pt in p.points
+        for s, j in zip(pt.seconds, pt.joules)
+    ]
+    return _group(rows, ", ".join(sorted({p.source for p in profiles})))
+
+
+def select(
+    profiles: Sequence[Profile], systems: Sequence[str] = (), models: Sequence[str] = ()
+) -> dict[str, list[Profile]]:
+    """Profiles to route on, per model: each model measured on every chosen system.
+
+    ``systems`` picks and orders systems (default: all, in the order first seen);
+    ``models`` picks models (default: every model that all systems measured), and
+    ``all`` pools each system's models.
+    """
+    seen: dict[tuple[str, str], Profile] = {}
+    for p in profiles:
+        if (p.system, p.model) in seen:
+            raise ProfileError(
+                f"two profiles give system {p.system!r}, model {p.model!r} "
+                f"({seen[(p.system, p.model)].source} and {p.source}); pass each system once"
+            )
+        seen[(p.system, p.model)] = p
+    known = list(dict.fromkeys(p.system for p in profiles))
+    unknown = [s for s in systems if s not in known]
+    if unknown:
+        raise ProfileError(
+            f"no measurements of system {unknown[0]!r}; the profiles have: {', '.join(known)}"
+        )
+    chosen = list(dict.fromkeys(systems)) or known
+    if len(chosen) < 2:
+        raise ProfileError(
+            f"routing needs two or more systems, the profiles have {', '.join(chosen) or 'none'}"
+        )
+    kept = [p for p in profiles if p.system in chosen]
+    if ALL_MODELS in models:
+        pooled = pool_models(kept)
+        return {ALL_MODELS: sorted(pooled, key=lambda p: chosen.index(p.system))}
+    by_system = {s: {p.model for p in kept if p.system == s} for s in chosen}
+    common = [
+        m for m in dict.fromkeys(p.model for p in kept) if all(m in by_system[s] for s in chosen)
+    ]
+    wanted = list(dict.fromkeys(models)) or common
+    for m in wanted:
+        lacking = [s for s in chosen if m not in by_system[s]]
+        if lacking:
+            raise ProfileError(
+                f"model {m!r} was not measured on {', '.join(lacking)}; models measured on "
+                f"every system: {', '.join(common) or 'none'} (or --model all to pool them)"
+            )
+    if not wanted:
+        raise ProfileError(
+            "no model was measured on every system; pick one with --model, "
+            "or pool each system's models with --model all"
+        )
+    return {m: [seen[(s, m)] for s in chosen] for m in wanted}
