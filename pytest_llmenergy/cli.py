@@ -1,4 +1,5 @@
-"""``llmenergy``: list, show and compare saved runs; gate CI on them.
+"""``llmenergy``: list, show and compare saved runs; gate CI on them; route queries
+between systems and plot what that saves.
 
 Exit codes: 0 fine, 1 an energy gate failed, 2 bad input (one line on stderr, no
 traceback).  ``--format csv`` and ``json`` print data only, so they can be piped into
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from . import __version__, report
@@ -30,11 +33,19 @@ from .compare import (
 )
 from .errors import ConfigError, LLMEnergyError
 from .report import Raw, Table, render
+from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
+from .routing.fit import BY_CHOICES, INPUT
+from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
+from .routing.policy import write_policies
+from .routing.profile import Profile, profiles_from_run, read_profile_csv
+from .routing.tables import ROUTE_FORMATS, render_routed
+from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
 from .storage.runfile import COMPLETE, Run, RunFileError
 from .storage.store import DEFAULT_STORAGE, Storage
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CONFIDENCE = 0.95
+PLOT_FORMATS = ("png", "svg")
 _DATA_FORMATS = ("csv", "json")
 # Keys of the side-by-side table (and csv's first column) that a run label must not shadow.
 _RESERVED_LABELS = frozenset({"group", "case", "nodeid", "tokens_in", "tokens_out"})
@@ -101,7 +112,138 @@ def _parser() -> argparse.ArgumentParser:
         help="confidence of the significance test, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
+
+    route = sub.add_parser(
+        "route",
+        help="which queries go to which system (thresholds), and what that saves",
+    )
+    _routing_arguments(route, storage_help)
+    route.add_argument("--format", choices=ROUTE_FORMATS, default="table")
+    route.add_argument(
+        "--policy-out",
+        metavar="FILE",
+        help="write the policy as JSON for a router (one object, or a list for several "
+        "models); an existing file is left alone",
+    )
+    plot = sub.add_parser(
+        "plot",
+        help="figures: energy per token and runtime per system; workload totals against "
+        "the threshold; the energy-runtime Pareto front",
+    )
+    _routing_arguments(plot, storage_help)
+    plot.add_argument("--out", default="llmenergy-plots", metavar="DIR", help="folder")
+    plot.add_argument(
+        "--image-format",
+        action="append",
+        choices=PLOT_FORMATS,
+        help="png or svg, repeatable (default: png)",
+    )
     return parser
+
+
+def _routing_arguments(parser: argparse.ArgumentParser, storage_help: str) -> None:
+    parser.add_argument(
+        "--profile",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="measurements: a CSV of system,model,input_tokens,output_tokens,seconds,joules "
+        "(one row per trial), or a saved run (number, name, hardware/number, or a path); "
+        "repeatable",
+    )
+    parser.add_argument(
+        "--system",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="route between these systems only, repeatable (default: every one profiled)",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="route this model, repeatable (default: every model measured on every system; "
+        "'all' pools each system's models)",
+    )
+    parser.add_argument(
+        "--workload",
+        default=ALPACA,
+        metavar="SPEC",
+        help=f"{ALPACA} (the prompts with their template), {ALPACA_PAPER} (counted as the "
+        "research counted them), or a CSV / JSONL file of input_tokens,output_tokens "
+        f"(default: {ALPACA})",
+    )
+    parser.add_argument("--by", choices=BY_CHOICES, default=INPUT, help="route on these tokens")
+    parser.add_argument(
+        "--lambda",
+        dest="lam",
+        type=_checked(_weight),
+        default=1.0,
+        metavar="L",
+        help="weight of energy against time in [0, 1]: 1 energy only (default), 0 time only",
+    )
+    parser.add_argument(
+        "--p-ref",
+        type=_checked(_watts),
+        default=None,
+        metavar="W",
+        help="watts that price a second of runtime (default: the largest average power "
+        "among the systems)",
+    )
+    parser.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        type=_checked(parse_capacity),
+        metavar="SYS=LIMIT",
+        help=f"most a system may take: {CAPACITY_EXAMPLES}; repeatable".replace("%", "%%"),
+    )
+    parser.add_argument(
+        "--boundaries",
+        choices=BOUNDARY_CHOICES,
+        default=TOKENS,
+        help="thresholds at any token count (default), or at measured sizes only",
+    )
+    parser.add_argument(
+        "--lambda-steps",
+        type=_checked(_steps),
+        default=DEFAULT_LAMBDA_STEPS,
+        metavar="N",
+        help=f"lambdas from 0 to 1 for the Pareto front (default {DEFAULT_LAMBDA_STEPS}; "
+        "0 for none)",
+    )
+    parser.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+
+
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise ConfigError(f"bad lambda {text!r}: give a weight between 0 and 1")
+    return value
+
+
+def _watts(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("W").strip())
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"bad reference power {text!r}: give watts > 0, e.g. 400")
+    return value
+
+
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0 or value == 1 or value > 1001:
+        raise ConfigError(f"bad lambda steps {text!r}: give 0 (no sweep) or 2..1001")
+    return value
 
 
 class _TwoOrMore(argparse.Action):
@@ -309,6 +451,67 @@ def _labels(runs: Sequence[Run]) -> tuple[str, ...]:
     return tuple(f"run {label}" if label in _RESERVED_LABELS else label for label in labels)
 
 
+def _profiles(specs: Sequence[str], storage: Storage) -> list[Profile]:
+    """A ``.csv`` is read as a profile CSV; anything else names a saved run."""
+    profiles: list[Profile] = []
+    for spec in specs:
+        if spec.lower().endswith(".csv"):
+            profiles += read_profile_csv(spec)
+        else:
+            profiles += profiles_from_run(storage.load(spec))
+    return profiles
+
+
+def _route_settings(args: argparse.Namespace) -> RouteSettings:
+    return RouteSettings(
+        by=args.by,
+        lam=args.lam,
+        p_ref_w=args.p_ref,
+        capacities=tuple(args.capacity),
+        boundaries=args.boundaries,
+        lambda_steps=args.lambda_steps,
+        systems=tuple(args.system),
+        models=tuple(args.model),
+    )
+
+
+def _routed(args: argparse.Namespace, storage: Storage) -> list[Routed]:
+    profiles = _profiles(args.profile, storage)
+    return route(profiles, load_workload(args.workload), _route_settings(args))
+
+
+def _route(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
+    routed = _routed(args, storage)
+    notes = []
+    if args.policy_out:
+        path = write_policies(args.policy_out, [r.decision.policy for r in routed])
+        notes.append(f"policy written to {path}")
+    return render_routed(routed, args.format), notes
+
+
+def _plot(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
+    from .routing.fit import build_model
+    from .routing.plots import write_profile_plots, write_routing_plots
+
+    profiles = _profiles(args.profile, storage)
+    formats = tuple(dict.fromkeys(args.image_format or ["png"]))
+    out = Path(args.out)
+    systems = {p.system for p in profiles if not args.system or p.system in args.system}
+    written: list[Path] = []
+    if len(systems) < 2:  # one system: its curves, nothing to route
+        chosen = [p for p in profiles if p.system in systems]
+        written += write_profile_plots([build_model(p) for p in chosen], out, formats)
+    else:
+        routed = _routed(args, storage)
+        for r in routed:
+            written += write_profile_plots(r.router.models, out, formats)
+            lams = [d.policy.lam for d in r.sweep] or [r.decision.policy.lam]
+            written += write_routing_plots(
+                r.router, out, formats, lams=lams, capacities=tuple(args.capacity)
+            )
+    return "\n".join(str(p) for p in written), []
+
+
 # -- output ------------------------------------------------------------------------------
 def _emit(text: str) -> None:
     """Print ``text``; a closed pipe (``| head``) or a console that cannot show ``—`` or
@@ -356,12 +559,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(_glue_descending_sort(sys.argv[1:] if argv is None else argv))
     storage = Storage(args.storage)
     verdicts: list[str] = []
+    notes: list[str] = []  # what was written where: stderr, so stdout stays data
     failed = False
     try:
         if args.command == "list":
             out = _list(storage, args.hardware, args.format)
         elif args.command == "show":
             out = _show(storage.load(args.run), args)
+        elif args.command == "route":
+            out, notes = _route(args, storage)
+        elif args.command == "plot":
+            out, notes = _plot(args, storage)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)
@@ -373,6 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if verdicts and args.format not in _DATA_FORMATS:
         out = out.rstrip("\n") + "\n" + "\n".join(verdicts)
     _emit(out)
+    for line in notes:
+        print(f"llmenergy: {line}", file=sys.stderr)
     if verdicts and args.format in _DATA_FORMATS:
         for line in verdicts:  # stdout stays data; CI logs still say why it failed
             print(line, file=sys.stderr)

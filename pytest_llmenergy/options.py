@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,7 +23,11 @@ from .errors import ConfigError
 from .llm.grid import Grid, make_grid, parse_token_list
 from .llm.loader import DTYPES
 from .meters import MeterOptions
+from .routing.fit import BY_CHOICES, INPUT
 from .storage.store import DEFAULT_STORAGE, check_run_name
+
+if TYPE_CHECKING:
+    from .routing.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,20 @@ def _choice(*choices: str) -> Callable[[str], str]:
         return text.strip()
 
     return parse
+
+
+def _weight(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError(text)
+    return value
+
+
+def _workload(text: str) -> Workload:
+    """Read now, so a bad row stops the session at start, not after the measurements."""
+    from .routing.workload import load_workload
+
+    return load_workload(text.strip())
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -313,6 +331,43 @@ OPTIONS: tuple[Option, ...] = (
         f"gates such as {GATE_EXAMPLES}",
         multiple=True,
     ),
+    # -- deciding ----------------------------------------------------------------------
+    Option(
+        "--energy-route-workload",
+        "llmenergy_route_workload",
+        "workload of the routing section (shown when the session compares with a run from "
+        "other hardware): alpaca (default), alpaca-paper, or a CSV / JSONL file of "
+        "input_tokens,output_tokens",
+        "SPEC",
+        _workload,
+        "alpaca, alpaca-paper, or a CSV / JSONL file of input_tokens,output_tokens",
+    ),
+    Option(
+        "--energy-route-by",
+        "llmenergy_route_by",
+        "route on input tokens (default), output tokens, or both",
+        "input|output|both",
+        _choice(*BY_CHOICES),
+        "input, output or both",
+    ),
+    Option(
+        "--energy-route-lambda",
+        "llmenergy_route_lambda",
+        "weight of energy against time when routing: 1 energy only (default), 0 time only",
+        "L",
+        _weight,
+        "a weight between 0 and 1",
+    ),
+    Option(
+        "--energy-plots",
+        "llmenergy_plots",
+        "write figures (PNG) to DIR at the end: energy per token and runtime per model; "
+        "with a run from other hardware, workload totals against the threshold and the "
+        "Pareto front (needs matplotlib)",
+        "DIR",
+        str.strip,
+        "a folder",
+    ),
     # -- running models ----------------------------------------------------------------
     Option(
         "--llm-model",
@@ -461,6 +516,16 @@ class KeepSettings:
 
 
 @dataclass(frozen=True)
+class RouteOptions:
+    """The routing section and the figures at the end of a session."""
+
+    workload: Workload | None = None  # None: Alpaca, read when first needed
+    by: str = INPUT
+    lam: float = 1.0
+    plots_dir: str | None = None
+
+
+@dataclass(frozen=True)
 class PluginOptions:
     """Everything the options say, parsed and checked once."""
 
@@ -474,6 +539,7 @@ class PluginOptions:
     llm: LLMSettings = field(default_factory=lambda: LLMSettings(make_grid("default")))
     report: ReportSettings = field(default_factory=ReportSettings)
     keep: KeepSettings = field(default_factory=KeepSettings)
+    route: RouteOptions = field(default_factory=RouteOptions)
 
 
 def read_options(config: pytest.Config) -> PluginOptions:
@@ -533,6 +599,12 @@ def read_options(config: pytest.Config) -> PluginOptions:
             sort=get("--energy-sort", report.DEFAULT_SORT),
         ),
         keep=_keep_settings(get),
+        route=RouteOptions(
+            workload=get("--energy-route-workload"),
+            by=get("--energy-route-by", INPUT),
+            lam=get("--energy-route-lambda", 1.0),
+            plots_dir=get("--energy-plots") or None,
+        ),
     )
 
 

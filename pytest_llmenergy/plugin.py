@@ -124,6 +124,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             write(line)
         failed = comparison.failed
         write(f"llmenergy: {verdict_line(comparison)}", red=failed, green=not failed, bold=True)
+    _routing_summary(terminalreporter, energy)
+
+
+def _routing_summary(terminalreporter: pytest.TerminalReporter, energy: EnergySession) -> None:
+    """Runs from two systems: where each query should go, and the figures."""
+    write = terminalreporter.write_line
+    if energy.routed or energy.routing_note:
+        terminalreporter.section(
+            "llmenergy: routing between this run's and the baseline's hardware"
+        )
+    if energy.routed:
+        from .routing.tables import render_routed
+
+        for line in render_routed(energy.routed, "table").splitlines():
+            write(line)
+    if energy.routing_note:
+        write(f"llmenergy: {energy.routing_note}", yellow=True)
+    if energy.plots:
+        folder = energy.plots[0].parent
+        write(f"llmenergy: {len(energy.plots)} figure(s) written to {folder}")
+    if energy.plots_note:
+        write(f"llmenergy: {energy.plots_note}", yellow=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -7,7 +7,7 @@ fixtures only talk to this object.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,6 +22,9 @@ from .options import PluginOptions
 from .storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
 from .storage.runfile import Run, RunFileError, load
 from .storage.store import Storage
+
+if TYPE_CHECKING:
+    from .routing.decide import Routed
 
 MARKER = "llmenergy"
 BENCHMARK_FIXTURE = "energy_benchmark"
@@ -66,6 +69,11 @@ class EnergySession:
         self.baseline: Run | None = None
         self.baseline_note = ""
         self.comparison: Comparison | None = None
+        # deciding and showing: the routing section and the figures, made in finish()
+        self.routed: list[Routed] = []
+        self.routing_note = ""
+        self.plots: list[Path] = []
+        self.plots_note = ""
 
     # -- the meter -----------------------------------------------------------------
     def collect_backends(self) -> None:
@@ -101,6 +109,14 @@ class EnergySession:
                     f"--energy-idle: measuring idle power failed: {exc}"
                 ) from None
         self._open_keeping()
+        if self.options.route.plots_dir:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise pytest.UsageError(
+                    "--energy-plots: matplotlib is not installed: "
+                    "pip install 'pytest-llmenergy[plots]'"
+                ) from None
 
     # -- saving and comparing ------------------------------------------------------
     def _open_keeping(self) -> None:
@@ -191,6 +207,10 @@ class EnergySession:
                 current_label="this run",
             )
             failed = self.comparison.failed
+            if self.baseline.hardware != self.hardware:
+                self._route(self.baseline)
+        if self.options.route.plots_dir and self.results:
+            self._plot()
         if self.recorder is not None:
             final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
             self.recorder.finish(
@@ -199,6 +219,48 @@ class EnergySession:
                 exit_status=final,
             )
         return failed
+
+    def _route(self, baseline: Run) -> None:
+        """Two systems measured: which queries should go to which, and what that saves.
+        A question without an answer (no model in common, one size only) is a note."""
+        from .routing.decide import RouteSettings, route
+        from .routing.profile import profiles_from_cases, profiles_from_run
+        from .routing.workload import alpaca
+
+        settings = self.options.route
+        try:
+            profiles = profiles_from_run(baseline) + profiles_from_cases(
+                self.results, self.hardware, "this run"
+            )
+            workload = settings.workload or alpaca()
+            self.routed = route(
+                profiles,
+                workload,
+                RouteSettings(
+                    by=settings.by, lam=settings.lam, systems=(self.hardware, baseline.hardware)
+                ),
+            )
+        except LLMEnergyError as exc:
+            self.routing_note = f"routing skipped: {exc}"
+
+    def _plot(self) -> None:
+        from .routing.fit import build_model
+        from .routing.plots import write_profile_plots, write_routing_plots
+        from .routing.profile import profiles_from_cases
+
+        out = Path(self.options.route.plots_dir or ".")
+        try:
+            if self.routed:
+                for r in self.routed:
+                    self.plots += write_profile_plots(r.router.models, out)
+                    self.plots += write_routing_plots(
+                        r.router, out, lams=[d.policy.lam for d in r.sweep]
+                    )
+            else:
+                profiles = profiles_from_cases(self.results, self.hardware or "this run", "")
+                self.plots += write_profile_plots([build_model(p) for p in profiles], out)
+        except LLMEnergyError as exc:
+            self.plots_note = f"figures not (all) written: {exc}"
 
     @property
     def saved_paths(self) -> list[Path]:

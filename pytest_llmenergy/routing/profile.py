@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..controller.results import CaseResult
 from ..errors import ConfigError
 from ..storage.runfile import Run
 
@@ -162,10 +163,15 @@ def read_profile_csv(path: str | Path) -> list[Profile]:
 
 def profiles_from_run(run: Run, system: str | None = None) -> list[Profile]:
     """A saved run's cases, one profile per model; the system is the run's hardware."""
-    name = system or run.hardware or run.label
-    rows = [
+    source = str(run.path or run.label)
+    return profiles_from_cases(run.cases, system or run.hardware or run.label, source)
+
+
+def profiles_from_cases(cases: Sequence[CaseResult], system: str, source: str) -> list[Profile]:
+    """Benchmark results, one profile per model (the case's ``model`` label, else its name)."""
+    rows: list[Row] = [
         (
-            name,
+            system,
             case.labels.get("model", case.name),
             t.input_tokens,
             t.output_tokens,
@@ -173,13 +179,13 @@ def profiles_from_run(run: Run, system: str | None = None) -> list[Profile]:
             t.joules,
             case.labels.get("sweep", "") if case.labels.get("sweep") in SWEEPS else "",
         )
-        for case in run.cases
+        for case in cases
         for t in case.trials
         if t.seconds > 0 and t.joules > 0
     ]
     if not rows:
-        raise ProfileError(f"{run.path or run.label}: the run has no measured trials")
-    return _group(rows, str(run.path or run.label))
+        raise ProfileError(f"{source}: no measured trials")
+    return _group(rows, source)
 
 
 def pool_models(profiles: Sequence[Profile]) -> list[Profile]:

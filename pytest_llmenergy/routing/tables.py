@@ -1,0 +1,241 @@
+"""Showing a routing decision: terminal tables, or one JSON document for programs."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..report import Raw, Table, clean, fmt_number, render
+from .decide import Routed
+from .fit import BOTH, INPUT
+from .optimize import MEASURED, Decision, Router
+from .policy import Policy, Rule
+
+ROUTE_FORMATS = ("table", "json", "markdown")
+
+
+def _pct(x: float) -> str:
+    return "—" if math.isnan(x) else f"{x * 100:+.2f} %"
+
+
+def _lam_text(lam: float) -> str:
+    kind = {1.0: " (energy only)", 0.0: " (time only)"}.get(lam, "")
+    return f"lambda {lam:g}{kind}"
+
+
+def _ranges(policy: Policy) -> list[tuple[Rule, str]]:
+    """Each rule with the token counts it takes, in words."""
+    out = []
+    low_in = low_out = 0
+    for rule in policy.rules:
+        if policy.by == BOTH:
+            text = (
+                f"input <= {rule.max_input_tokens} and output <= {rule.max_output_tokens}"
+                if rule.max_input_tokens is not None
+                else "the rest"
+            )
+        else:
+            limit = rule.max_input_tokens if policy.by == INPUT else rule.max_output_tokens
+            low = low_in if policy.by == INPUT else low_out
+            text = f"{low}..{limit}" if limit is not None else f"{low} and more"
+            if limit is not None:
+                low_in = low_out = limit + 1
+        out.append((rule, text))
+    return out
+
+
+def _table(title: str, keys: Sequence[str], headers: Sequence[str], rows, notes=()) -> Table:
+    raw = tuple(tuple(clean(v) for v in row) for row in rows)
+    cells = tuple(tuple(v if isinstance(v, str) else fmt_number(v) for v in row) for row in rows)
+    return Table(title, tuple(keys), tuple(headers), raw, cells, tuple(notes))
+
+
+def policy_table(routed: Routed) -> Table:
+    d, router = routed.decision, routed.router
+    p = d.policy
+    tokens = f"{p.by} tokens" if p.by != BOTH else "tokens"
+    rows = []
+    for rule, text in _ranges(p):
+        rows.append(
+            (
+                rule.system,
+                text,
+                d.totals.queries[rule.system],
+                f"{d.totals.queries[rule.system] / d.queries * 100:.1f} %",
+                d.totals.energy_by_system_j[rule.system],
+                d.totals.busy_s[rule.system],
+            )
+        )
+    notes = [
+        f"cost per query = lambda x E + (1 - lambda) x {router.p_ref_w:.4g} W x T",
+        "thresholds at the measured sizes only"
+        if router.boundaries == MEASURED
+        else "thresholds at token granularity (between measured sizes: power laws)",
+    ]
+    if p.by == BOTH:
+        notes.append("by both: each pair priced by the fitted model (see its error below)")
+    return _table(
+        f"routing {p.model}: by {p.by}, {_lam_text(p.lam)}, workload {p.workload} "
+        f"({d.queries:,} queries)",
+        ("system", "tokens", "queries", "share", "energy_j", "runtime_s"),
+        ("system", tokens, "queries", "share", "energy J", "busy s"),
+        rows,
+        notes,
+    )
+
+
+def savings_table(d: Decision) -> Table:
+    rows: list[tuple[Raw, ...]] = [
+        ("this policy", d.totals.energy_j, d.totals.runtime_s, "", ""),
+    ]
+    for b in d.baselines:
+        rows.append(
+            (
+                b.name,
+                b.totals.energy_j,
+                b.totals.runtime_s,
+                _pct(d.saving(b, "energy_j")),
+                _pct(d.saving(b, "runtime_s")),
+            )
+        )
+    return _table(
+        f"routing {d.policy.model}: workload totals and savings",
+        ("baseline", "energy_j", "runtime_s", "energy_saved", "runtime_saved"),
+        ("policy or baseline", "energy J", "runtime s", "energy saved", "runtime saved"),
+        rows,
+        ("saved: 1 - policy / baseline; runtime is busy seconds summed over systems",),
+    )
+
+
+def fit_table(router: Router) -> Table:
+    rows = []
+    for m in router.models:
+        sweeps = [s for s in (m.input_sweep, m.output_sweep) if s is not None]
+        rows.append(
+            (
+                m.system,
+                m.profile.average_power_w,
+                "; ".join(f"{s.axis} {s.sizes[0]}..{s.sizes[-1]} ({len(s.sizes)})" for s in sweeps)
+                or "—",
+                f"{m.fitted.energy_error.mean_abs_pct:.1f} / "
+                f"{m.fitted.energy_error.max_abs_pct:.1f} %",
+                f"{m.fitted.time_error.mean_abs_pct:.1f} / {m.fitted.time_error.max_abs_pct:.1f} %",
+            )
+        )
+    return _table(
+        f"routing {router.model}: system models",
+        ("system", "power_w", "sweeps", "energy_fit_error", "time_fit_error"),
+        ("system", "avg power W", "measured sweeps", "energy fit err", "time fit err"),
+        rows,
+        (
+            "fit error: mean / max |fitted - measured| over the measured sizes, of the model "
+            "1, n_in, n_out, n_in*n_out, n_out^2",
+        ),
+    )
+
+
+def pareto_table(routed: Routed) -> Table:
+    rows = [
+        (d.policy.lam, d.policy.describe(), d.totals.energy_j, d.totals.runtime_s)
+        for d in routed.front
+    ]
+    return _table(
+        f"routing {routed.router.model}: energy-runtime Pareto front ({len(routed.sweep)} lambdas)",
+        ("lambda", "policy", "energy_j", "runtime_s"),
+        ("lambda", "policy", "energy J", "runtime s"),
+        rows,
+    )
+
+
+def routed_tables(routed: Routed) -> list[Table]:
+    tables = [policy_table(routed), savings_table(routed.decision), fit_table(routed.router)]
+    if routed.front:
+        tables.append(pareto_table(routed))
+    return tables
+
+
+def _totals_json(t) -> dict[str, Any]:
+    return {
+        "energy_j": t.energy_j,
+        "runtime_s": t.runtime_s,
+        "cost_j": t.cost_j,
+        "makespan_s": t.makespan_s,
+        "queries": dict(t.queries),
+        "busy_s": dict(t.busy_s),
+        "energy_by_system_j": dict(t.energy_by_system_j),
+    }
+
+
+def routed_json(routed: Routed) -> dict[str, Any]:
+    d, router = routed.decision, routed.router
+    return {
+        "model": router.model,
+        "by": router.by,
+        "workload": {"name": router.workload.name, "queries": d.queries},
+        "boundaries": router.boundaries,
+        "p_ref_w": router.p_ref_w,
+        "policy": d.policy.to_json(),
+        "totals": _totals_json(d.totals),
+        "baselines": [
+            {
+                "name": b.name,
+                **_totals_json(b.totals),
+                "energy_saving": d.saving(b, "energy_j"),
+                "runtime_saving": d.saving(b, "runtime_s"),
+            }
+            for b in d.baselines
+        ],
+        "systems": [
+            {
+                "system": m.system,
+                "average_power_w": m.profile.average_power_w,
+                "sweeps": {
+                    s.axis: {"fixed_tokens": s.fixed, "sizes": list(s.sizes)}
+                    for s in (m.input_sweep, m.output_sweep)
+                    if s is not None
+                },
+                "fit": {
+                    "terms": ["1", "n_in", "n_out", "n_in*n_out", "n_out^2"],
+                    "energy_coef": list(m.fitted.energy_coef),
+                    "time_coef": list(m.fitted.time_coef),
+                    "energy_error_pct": {
+                        "mean": m.fitted.energy_error.mean_abs_pct,
+                        "max": m.fitted.energy_error.max_abs_pct,
+                    },
+                    "time_error_pct": {
+                        "mean": m.fitted.time_error.mean_abs_pct,
+                        "max": m.fitted.time_error.max_abs_pct,
+                    },
+                },
+            }
+            for m in router.models
+        ],
+        "pareto": [
+            {
+                "lambda": x.policy.lam,
+                "policy": x.policy.describe(),
+                "energy_j": x.totals.energy_j,
+                "runtime_s": x.totals.runtime_s,
+            }
+            for x in routed.front
+        ],
+    }
+
+
+def _strict(value: Any) -> Any:
+    """NaN and infinities become null: the output is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
+
+
+def render_routed(routed: Sequence[Routed], fmt: str = "table") -> str:
+    if fmt == "json":
+        return json.dumps([_strict(routed_json(r)) for r in routed], indent=2, allow_nan=False)
+    return render([t for r in routed for t in routed_tables(r)], fmt)

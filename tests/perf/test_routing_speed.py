@@ -1,0 +1,69 @@
+"""How long the optimizer takes on a large workload: 10 million queries, three systems.
+
+Run by naming the directory: ``pytest tests/perf --benchmark-only``.  The target is
+under 2 s per decision on the development machine (2 cores), counting included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_llmenergy.routing.fit import build_model
+from pytest_llmenergy.routing.optimize import Capacity, Router
+from pytest_llmenergy.routing.profile import read_profile_csv, select
+from pytest_llmenergy.routing.workload import Workload, alpaca
+
+PAPER = Path(__file__).parents[2] / "examples" / "wilkins2024" / "wilkins2024.csv"
+QUERIES = 10_000_000
+
+
+@pytest.fixture(scope="module")
+def big_workload() -> Workload:
+    """Alpaca's token counts, resampled to 10 million queries."""
+    base = alpaca("alpaca-paper")
+    pick = np.random.default_rng(7).integers(0, len(base), QUERIES)
+    return Workload("alpaca x 10M", base.input_tokens[pick], base.output_tokens[pick])
+
+
+def _models(systems: list[str]) -> list[Any]:
+    chosen = select(read_profile_csv(PAPER), systems, ["all"])["all"]
+    return [build_model(p) for p in chosen]
+
+
+THREE = ["M1-Pro", "Swing AMD+A100", "Palmetto Intel+A100"]
+
+
+@pytest.mark.parametrize("by", ["input", "output"])
+def test_three_systems(benchmark: Any, big_workload: Workload, by: str) -> None:
+    models = _models(THREE)
+
+    def decide() -> Any:
+        return Router(models, big_workload, by=by).solve(1.0)
+
+    decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
+    assert sum(decision.totals.queries.values()) == QUERIES
+
+
+def test_three_systems_with_capacity(benchmark: Any, big_workload: Workload) -> None:
+    models = _models(THREE)
+    caps = [Capacity("M1-Pro", query_share=0.5), Capacity("Swing AMD+A100", busy_share=0.3)]
+
+    def decide() -> Any:
+        return Router(models, big_workload, by="input").solve(0.7, caps)
+
+    decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
+    assert decision.totals.queries["M1-Pro"] <= QUERIES // 2
+
+
+def test_two_systems_by_both(benchmark: Any, big_workload: Workload) -> None:
+    models = _models(THREE[:2])
+
+    def decide() -> Any:
+        return Router(models, big_workload, by="both").solve(1.0)
+
+    decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
+    assert sum(decision.totals.queries.values()) == QUERIES
