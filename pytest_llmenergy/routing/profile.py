@@ -228,6 +228,8 @@ def select(
             f"routing needs two or more systems, the profiles have {', '.join(chosen) or 'none'}"
         )
     kept = [p for p in profiles if p.system in chosen]
+    if ALL_MODELS in models and len(set(models)) > 1:
+        raise ProfileError(f"model {ALL_MODELS!r} pools every model; give it alone")
     if ALL_MODELS in models:
         pooled = pool_models(kept)
         return {ALL_MODELS: sorted(pooled, key=lambda p: chosen.index(p.system))}
