@@ -292,3 +292,59 @@ def test_a_baseline_from_other_hardware_is_named(project: pytest.Pytester) -> No
             "this run against elsewhere",
         ]
     )
+
+
+def test_a_baseline_from_other_hardware_gets_a_routing_section(
+    project: pytest.Pytester,
+) -> None:
+    """The baseline halves the joules at 8 tokens and doubles them at 64: it should take
+    the small queries, up to where the power law through 1 J and 4 J crosses 2 J (~22)."""
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    [path] = saved(project)
+    data = json.loads(path.read_text())
+    data["run"]["hardware"] = "apple-m1-pro__no-gpu__powermetrics"
+    for case in data["cases"]:
+        scale = 0.5 if case["input_tokens"] == 8 else 2.0
+        for trial in case["trials"]:
+            trial["joules"] = 200.0 * 0.01 * scale
+            trial["seconds"] = 0.01
+    (project.path / "elsewhere.json").write_text(json.dumps(data))
+    (project.path / "queries.csv").write_text(
+        "input_tokens,output_tokens\n" + "".join(f"{n},4\n" for n in range(1, 101))
+    )
+    result = run(
+        project,
+        "--energy-compare=elsewhere.json",
+        "--energy-route-workload=queries.csv",
+        "--energy-plots=figs",
+    )
+    assert result.ret == 0
+    result.stdout.re_match_lines(
+        [
+            r"^=+ llmenergy: routing between this run's and the baseline's hardware =+$",
+            r"^routing test_case: by input, lambda 1 \(energy only\), workload queries.csv "
+            r"\(100 queries\)$",
+            r"^apple-m1-pro__no-gpu__powermetrics\s+0\.\.(\d+)\s+",
+            r"^.*__no-gpu__trace\s+\d+ and more\s+",
+            r"^llmenergy: \d+ figure\(s\) written to figs$",
+        ]
+    )
+    line = next(x for x in result.outlines if x.startswith("apple-m1-pro__no-gpu__powermetrics"))
+    threshold = int(line.split()[1].split("..")[1])
+    assert 18 <= threshold <= 27
+    figures = {p.name for p in (project.path / "figs").iterdir()}
+    assert {"test-case-pareto.png", "test-case-workload-vs-threshold.png"} <= figures
+
+
+def test_plots_without_matplotlib_stop_the_session_at_start(
+    project: pytest.Pytester,
+) -> None:
+    project.makeconftest(TRACE_METER + "\nimport sys\nsys.modules['matplotlib'] = None\n")
+    result = run(project, "--energy-plots=figs")
+    assert_one_line_usage_error(result, "--energy-plots", "matplotlib is not installed")
+
+
+def test_a_bad_route_workload_stops_the_session_at_start(project: pytest.Pytester) -> None:
+    (project.path / "bad.csv").write_text("input_tokens,output_tokens\n1,2\n3\n")
+    result = run(project, "--energy-route-workload=bad.csv")
+    assert_one_line_usage_error(result, "--energy-route-workload", "bad.csv:3")

@@ -168,11 +168,12 @@ def profiles_from_run(run: Run, system: str | None = None) -> list[Profile]:
 
 
 def profiles_from_cases(cases: Sequence[CaseResult], system: str, source: str) -> list[Profile]:
-    """Benchmark results, one profile per model (the case's ``model`` label, else its name)."""
+    """Benchmark results, one profile per model: the case's ``model`` label, else its test
+    function, whose parametrized cases are then the sizes of one model."""
     rows: list[Row] = [
         (
             system,
-            case.labels.get("model", case.name),
+            case.labels.get("model") or case.name.split("[")[0],
             t.input_tokens,
             t.output_tokens,
             t.seconds,
