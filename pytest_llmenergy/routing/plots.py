@@ -1,0 +1,495 @@
+"""The figures of routing: what each system measured, and what routing between them buys.
+
+Per model (``write_profile_plots``):
+
+- ``energy-per-token-input`` / ``-output``: joules per token (input + output) along each
+  sweep, measured means as markers and the interpolated curve as a line, per system;
+- ``runtime``: seconds per query along the input and the output sweep.
+
+Per router (``write_routing_plots``):
+
+- ``workload-vs-threshold``: the workload's energy and runtime at every threshold, with
+  the optimum marked (routing by input or output only);
+- ``pareto``: energy against runtime of the policies over a sweep of lambda, the Pareto
+  front, and every query on one system as the baselines.
+
+Each figure has one small function that returns its ``matplotlib.figure.Figure``; the
+``write_*`` functions save them as ``<model slug>-<figure>.<format>`` and never overwrite
+a file.  matplotlib is optional and imported only here, when a figure is drawn.  Figures
+get their own Agg canvas and are never registered with pyplot, so no backend is selected
+globally and no figure is left open.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .fit import BOTH, INPUT, OUTPUT, Sweep, SystemModel
+from .optimize import Baseline, Capacity, Decision, Router, pareto
+from .profile import Point
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+FORMATS = ("png", "svg")
+ENERGY_PER_TOKEN_INPUT = "energy-per-token-input"
+ENERGY_PER_TOKEN_OUTPUT = "energy-per-token-output"
+RUNTIME = "runtime"
+WORKLOAD_VS_THRESHOLD = "workload-vs-threshold"
+PARETO = "pareto"
+DEFAULT_LAMS = tuple(i / 20 for i in range(21))  # 0, 0.05, ..., 1
+MISSING = "matplotlib is not installed: pip install 'pytest-llmenergy[plots]'"
+_MARKERS = ("s", "^", "D", "v", "P", "X")  # the single-system baselines, one per system
+_NEAR = 0.03  # front points this close (share of the axis span) share one note
+_CURVE_POINTS = 200  # samples of an interpolated curve between its first and last size
+
+
+class PlotError(ConfigError):
+    """A figure that cannot be drawn or saved; the message says what to change."""
+
+
+# -- figures: profiles -----------------------------------------------------------------
+
+
+def energy_per_token_figure(models: Sequence[SystemModel], axis: str) -> Figure | None:
+    """Joules per token along one sweep, per system (None: no system measured that sweep).
+
+    Per token, not per query: the systems' curves cross where routing should switch.
+    """
+    if all(_sweep_of(m, axis) is None for m in models):
+        return None
+    fig, axes = _new_figure()
+    ax = axes[0][0]
+    _draw_sweeps(ax, models, axis, energy_per_token, lambda s, n: s.energy(n) / (n + s.fixed))
+    ax.set_ylabel("energy per token (J / token, input + output)")
+    ax.set_title(f"{models[0].profile.model}: energy per token, {axis} sweep")
+    return fig
+
+
+def runtime_figure(models: Sequence[SystemModel]) -> Figure | None:
+    """Seconds per query along the input (left) and output (right) sweep, per system
+    (None: no system measured either sweep).  Energy alone hides a slow system."""
+    if all(_sweep_of(m, a) is None for m in models for a in (INPUT, OUTPUT)):
+        return None
+    fig, axes = _new_figure(ncols=2, width=11.0)
+    for ax, axis in zip(axes[0], (INPUT, OUTPUT)):
+        _draw_sweeps(ax, models, axis, lambda p: p.mean_seconds, lambda s, n: s.time(n))
+        ax.set_ylabel("runtime (s per query)")
+        ax.set_title(f"{axis} sweep")
+    fig.suptitle(f"{models[0].profile.model}: runtime per query")
+    return fig
+
+
+def _draw_sweeps(
+    ax: Axes,
+    models: Sequence[SystemModel],
+    axis: str,
+    measured: Callable[[Point], float],
+    curve: Callable[[Sweep, np.ndarray], np.ndarray],
+) -> None:
+    """Per system with this sweep, its measured points as markers and its interpolated
+    curve as a line, in the system's colour, on log-log axes."""
+    drawn = [(i, m) for i, m in enumerate(models) if _sweep_of(m, axis) is not None]
+    for i, model in drawn:
+        sweep = _sweep_of(model, axis)
+        points = measured_points(model, axis)
+        n = _dense(sweep)
+        ax.plot(
+            [_size(p, axis) for p in points],
+            [measured(p) for p in points],
+            ls="none",
+            marker="o",
+            color=_colour(i),
+            label=f"{model.system}: measured ({_other(axis)} = {sweep.fixed} tokens)",
+        )
+        ax.plot(n, curve(sweep, n), color=_colour(i), label=f"{model.system}: interpolated")
+    ax.set_xlabel(f"{axis} tokens per query")
+    if not drawn:
+        ax.text(0.5, 0.5, f"no {axis} sweep measured", ha="center", transform=ax.transAxes)
+        return
+    _log_log(ax)
+    ax.legend(fontsize="small")
+
+
+# -- figures: routing ------------------------------------------------------------------
+
+
+def threshold_figure(router: Router, capacities: Sequence[Capacity] = ()) -> Figure:
+    """Workload energy (top) and runtime (bottom) at every threshold, one curve per pair of
+    systems, the optimum at lambda 1 marked: shows how much a threshold a little off costs.
+
+    A threshold t sends the queries with at most t tokens to the pair's ``low`` system
+    (the cheaper one for the smallest queries) and the rest to the other.
+    """
+    if router.by == BOTH:
+        raise PlotError("a threshold figure is for routing by input or by output, not both")
+    fig, axes = _new_figure(nrows=2, sharex=True, height=7.0)
+    energy_ax, time_ax = axes[0][0], axes[1][0]
+    smallest = np.inf
+    for k, (low, high) in enumerate(threshold_pairs(router)):
+        thresholds, energy, runtime = router.threshold_curve(low, high)
+        keep = thresholds >= 0  # -1 (nothing to low) has no place on a token axis
+        label = f"≤ threshold → {router.systems[low]}, rest → {router.systems[high]}"
+        style = {"color": _colour(k), "drawstyle": "steps-post"}
+        energy_ax.plot(thresholds[keep], energy[keep], label=label, **style)
+        time_ax.plot(thresholds[keep], runtime[keep], label=label, **style)
+        smallest = min(smallest, thresholds[keep].min())
+    _mark_optimum(router, router.solve(1.0, capacities), energy_ax, time_ax)
+    _token_axis((energy_ax, time_ax), smallest)
+    time_ax.set_xlabel(f"threshold ({router.by} tokens)")
+    energy_ax.set_ylabel("workload energy (J)")
+    time_ax.set_ylabel("workload runtime (s, summed over systems)")
+    energy_ax.legend(fontsize="small")
+    note = "; curves without the capacity limits" if capacities else ""
+    fig.suptitle(
+        f"{router.model}: workload energy and runtime against the threshold\n"
+        f"workload {router.workload.name} ({router.n} queries), routed by {router.by}{note}"
+    )
+    return fig
+
+
+def threshold_pairs(router: Router) -> list[tuple[int, int]]:
+    """(low, high) for every pair of systems i < j; ``low`` costs less energy per query at
+    the workload's smallest size, so each curve starts near 'all on high'."""
+    first = router.energy[:, 0]  # every system prices the same queries of the first group
+    return [(i, j) if first[i] <= first[j] else (j, i) for i, j in _pairs(len(router.systems))]
+
+
+def _mark_optimum(router: Router, decision: Decision, energy_ax: Axes, time_ax: Axes) -> None:
+    """A star at each threshold of the optimal policy, at its totals, and a dotted level."""
+    key = "max_input_tokens" if router.by == INPUT else "max_output_tokens"
+    cuts = [getattr(rule, key) for rule in decision.policy.rules[:-1]]
+    label = f"optimum (λ = 1): {decision.policy.describe()}"
+    totals = decision.totals
+    for ax, value in ((energy_ax, totals.energy_j), (time_ax, totals.runtime_s)):
+        level = ax.axhline(value, color="black", ls=":", lw=1)
+        if cuts:
+            star = {"ls": "none", "marker": "*", "ms": 14, "color": "black", "zorder": 5}
+            ax.plot(cuts, [value] * len(cuts), label=label, **star)
+        else:
+            level.set_label(label)  # one system takes every query: the level is the optimum
+
+
+def pareto_figure(
+    router: Router, lams: Sequence[float] = DEFAULT_LAMS, capacities: Sequence[Capacity] = ()
+) -> Figure:
+    """Workload energy against runtime of the best policy at each lambda, the Pareto front
+    annotated with its lambdas, and every query on one system: what saving energy costs
+    in time, and what no policy can beat."""
+    if not lams:
+        raise PlotError("a Pareto figure needs one or more lambdas between 0 and 1")
+    decisions = router.sweep(lams, capacities)
+    front = pareto(decisions)
+    fig, axes = _new_figure()
+    ax = axes[0][0]
+    ax.plot(
+        *_totals(decisions),
+        ls="none",
+        marker="o",
+        mfc="none",
+        color="0.6",
+        label=f"best policy at each of {len(decisions)} λ",
+    )
+    ax.plot(*_totals(front), marker="o", color="black", label="Pareto front")
+    for (x, y), text in front_notes(front, decisions):
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(6, 6), fontsize="small")
+    for k, baseline in enumerate(_single_system(decisions[0])):
+        system = baseline.name.removeprefix("all on ")
+        i = router.systems.index(system) if system in router.systems else k
+        ax.plot(
+            [baseline.totals.energy_j],
+            [baseline.totals.runtime_s],
+            ls="none",
+            marker=_MARKERS[k % len(_MARKERS)],
+            ms=10,
+            color=_colour(i),
+            label=baseline.name,
+        )
+    ax.set_xlabel("workload energy (J)")
+    ax.set_ylabel("workload runtime (s, summed over systems)")
+    ax.set_title(
+        f"{router.model}: energy against runtime, λ = weight of energy\n"
+        f"workload {router.workload.name} ({router.n} queries), routed by {router.by}"
+    )
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _totals(decisions: Sequence[Decision]) -> tuple[list[float], list[float]]:
+    return [d.totals.energy_j for d in decisions], [d.totals.runtime_s for d in decisions]
+
+
+def front_notes(
+    front: Sequence[Decision], decisions: Sequence[Decision]
+) -> list[tuple[tuple[float, float], str]]:
+    """(point, "λ = ...") per group of front points that would overlap on the figure
+    (within ``_NEAR`` of the axes' spans); each note names every lambda of the sweep
+    whose policy costs what one of the group's points costs."""
+    drawn = [_xy(d) for d in decisions]
+    drawn += [(b.totals.energy_j, b.totals.runtime_s) for b in _single_system(decisions[0])]
+    span = [max(axis) - min(axis) or 1.0 for axis in zip(*drawn)]
+
+    def near(a: Decision, b: Decision) -> bool:
+        return all(abs(u - v) <= _NEAR * s for u, v, s in zip(_xy(a), _xy(b), span))
+
+    groups: list[list[Decision]] = []
+    for d in front:
+        if groups and near(groups[-1][0], d):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    notes = []
+    for group in groups:
+        points = {_xy(d) for d in group}
+        lams = [d.policy.lam for d in decisions if _xy(d) in points]
+        low, high = min(lams), max(lams)
+        text = f"λ = {low:g}" if low == high else f"λ = {low:g} to {high:g}"
+        notes.append((_xy(group[0]), text))
+    return notes
+
+
+def _single_system(decision: Decision) -> list[Baseline]:
+    """The baselines with every query on one system."""
+    return [b for b in decision.baselines if b.name.startswith("all on ")]
+
+
+def _xy(decision: Decision) -> tuple[float, float]:
+    return decision.totals.energy_j, decision.totals.runtime_s
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+def write_profile_plots(
+    models: Sequence[SystemModel], out_dir: Path, formats: Sequence[str] = ("png",)
+) -> list[Path]:
+    """Per model name, the energy-per-token figures (input, output sweep) and the runtime
+    figure; a figure no system has data for is not written.  Returns the paths written."""
+    formats = _check_formats(formats)
+    _matplotlib()
+    if not models:
+        return []
+    out_dir = _make_dir(out_dir)
+    by_model: dict[str, list[SystemModel]] = {}
+    for m in models:
+        by_model.setdefault(m.profile.model, []).append(m)
+    written: list[Path] = []
+    for name, group in by_model.items():
+        figures = (
+            (ENERGY_PER_TOKEN_INPUT, energy_per_token_figure(group, INPUT)),
+            (ENERGY_PER_TOKEN_OUTPUT, energy_per_token_figure(group, OUTPUT)),
+            (RUNTIME, runtime_figure(group)),
+        )
+        for figure, fig in figures:
+            if fig is not None:
+                written += _save(fig, out_dir, f"{slug(name)}-{figure}", formats)
+    return written
+
+
+def write_routing_plots(
+    router: Router,
+    out_dir: Path,
+    formats: Sequence[str] = ("png",),
+    lams: Sequence[float] = DEFAULT_LAMS,
+    capacities: Sequence[Capacity] = (),
+) -> list[Path]:
+    """The workload-vs-threshold figure (not when routing by both) and the Pareto figure
+    of one router.  Returns the paths written."""
+    formats = _check_formats(formats)
+    _matplotlib()
+    out_dir = _make_dir(out_dir)
+    stem = slug(router.model)
+    written: list[Path] = []
+    if router.by != BOTH:
+        fig = threshold_figure(router, capacities)
+        written += _save(fig, out_dir, f"{stem}-{WORKLOAD_VS_THRESHOLD}", formats)
+    written += _save(pareto_figure(router, lams, capacities), out_dir, f"{stem}-{PARETO}", formats)
+    return written
+
+
+def slug(name: str) -> str:
+    """A file-name-safe form of a model name: "Llama-2 (7B)" -> "llama-2-7b"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "model"
+
+
+def _check_formats(formats: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(formats, str):  # "png" for ("png",)
+        formats = (formats,)
+    chosen = tuple(dict.fromkeys(str(f).lower().lstrip(".") for f in formats))
+    bad = [f for f in chosen if f not in FORMATS]
+    if bad or not chosen:
+        got = f"bad figure format {bad[0]!r}" if bad else "no figure format"
+        raise PlotError(f"{got}: give one or more of {', '.join(FORMATS)}")
+    return chosen
+
+
+def _make_dir(out_dir: Path) -> Path:
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(out_dir, exc) from None
+    return out_dir
+
+
+def _unwritable(path: Path, exc: OSError) -> PlotError:
+    return PlotError(f"{path}: cannot write figures there: {exc.strerror or exc}")
+
+
+def _save(fig: Figure, out_dir: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    """Every format under the first of ``stem``, ``stem-2``, ... that names no file yet,
+    so a figure from an earlier run is never replaced."""
+    for n in itertools.count(1):
+        name = stem if n == 1 else f"{stem}-{n}"
+        paths = [out_dir / f"{name}.{fmt}" for fmt in formats]
+        if any(p.exists() for p in paths):
+            continue
+        done: list[Path] = []
+        try:
+            for path, fmt in zip(paths, formats):
+                _write_new(fig, path, fmt)
+                done.append(path)
+        except FileExistsError:  # another writer took the name since the check
+            for path in done:
+                path.unlink(missing_ok=True)
+            continue
+        return paths
+    raise AssertionError("unreachable")
+
+
+def _write_new(fig: Figure, path: Path, fmt: str) -> None:
+    """Create ``path`` (never replace it) and draw ``fig`` into it."""
+    mpl, _, _ = _matplotlib()
+    try:
+        file = path.open("xb")  # FileExistsError goes to the caller, which tries -2, -3...
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise _unwritable(path.parent, exc) from None
+    try:
+        # text stays text in SVG: searchable and editable
+        with file, mpl.rc_context({"svg.fonttype": "none"}):
+            fig.savefig(file, format=fmt, dpi=120)
+    except BaseException as exc:
+        path.unlink(missing_ok=True)  # our own half-written file
+        if isinstance(exc, OSError):
+            raise _unwritable(path.parent, exc) from None
+        raise
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _matplotlib() -> tuple[Any, Any, Any]:
+    """(matplotlib, Figure, FigureCanvasAgg), imported when a figure is drawn: matplotlib
+    is an optional dependency."""
+    try:
+        import matplotlib
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotError(MISSING) from None
+    return matplotlib, Figure, FigureCanvasAgg
+
+
+def _new_figure(
+    nrows: int = 1, ncols: int = 1, sharex: bool = False, width: float = 7.5, height: float = 5.0
+) -> tuple[Figure, Any]:
+    """A figure on its own Agg canvas (no pyplot), with a grid of axes."""
+    _, figure_class, canvas_class = _matplotlib()
+    fig = figure_class(figsize=(width, height), layout="constrained")
+    canvas_class(fig)
+    return fig, fig.subplots(nrows, ncols, sharex=sharex, squeeze=False)
+
+
+def measured_points(model: SystemModel, axis: str) -> list[Point]:
+    """The measured sizes behind a sweep's curve, chosen as ``fit`` chose them (one size's
+    trials pooled), by size; empty when the system has no such sweep."""
+    sweep = _sweep_of(model, axis)
+    if sweep is None:
+        return []
+    labelled = [p for p in model.profile.points if p.sweep == axis]
+    pooled: dict[int, list[Point]] = {}
+    for p in labelled or model.profile.points:
+        if _size(p, _other(axis)) == sweep.fixed and _size(p, axis) in sweep.sizes:
+            pooled.setdefault(_size(p, axis), []).append(p)
+    return [_pool(pooled[size]) for size in sorted(pooled)]
+
+
+def _pool(points: list[Point]) -> Point:
+    first = points[0]
+    seconds = tuple(s for p in points for s in p.seconds)
+    joules = tuple(j for p in points for j in p.joules)
+    return Point(first.input_tokens, first.output_tokens, seconds, joules, first.sweep)
+
+
+def energy_per_token(point: Point) -> float:
+    """Mean joules of a query over all its tokens, input and output."""
+    return point.mean_joules / (point.input_tokens + point.output_tokens)
+
+
+def _sweep_of(model: SystemModel, axis: str) -> Sweep | None:
+    return model.input_sweep if axis == INPUT else model.output_sweep
+
+
+def _size(point: Point, axis: str) -> int:
+    return point.input_tokens if axis == INPUT else point.output_tokens
+
+
+def _other(axis: str) -> str:
+    return OUTPUT if axis == INPUT else INPUT
+
+
+def _dense(sweep: Sweep) -> np.ndarray:
+    """Token counts to draw a curve through: evenly spaced on the log axis."""
+    return np.geomspace(sweep.sizes[0], sweep.sizes[-1], _CURVE_POINTS)
+
+
+def _pairs(count: int) -> list[tuple[int, int]]:
+    return list(itertools.combinations(range(count), 2))
+
+
+def _colour(index: int) -> str:
+    """One colour per system (or pair), the same in every figure of a call."""
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
+    palette += ("#7f7f7f", "#bcbd22", "#17becf")  # matplotlib's tab10
+    return palette[index % len(palette)]
+
+
+def _log_log(ax: Axes) -> None:
+    """Token counts and costs span decades; labels stay plain numbers (8, 16, 0.5)."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    _plain_labels(ax.xaxis)
+    _plain_labels(ax.yaxis, ax.dataLim.intervaly)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _token_axis(axes: Sequence[Axes], smallest: float) -> None:
+    """A shared token axis; a count of 0 needs the linear stretch of symlog."""
+    if smallest > 0:
+        axes[0].set_xscale("log", base=2)
+    else:
+        axes[0].set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
+    _plain_labels(axes[0].xaxis)
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+
+
+def _plain_labels(axis: Any, span: Sequence[float] = ()) -> None:
+    """'%g' tick labels; within one decade the minor ticks get labels too, or a log axis
+    would show one label or none."""
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    axis.set_major_formatter(plain)
+    if len(span) == 2 and span[0] > 0 and span[1] < 10 * span[0]:
+        axis.set_minor_formatter(plain)
