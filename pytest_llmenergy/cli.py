@@ -36,6 +36,7 @@ from .report import Raw, Table, render
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.fit import BY_CHOICES, INPUT
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
+from .routing.plots import FORMATS as PLOT_FORMATS
 from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
 from .routing.tables import ROUTE_FORMATS, render_routed
@@ -45,7 +46,6 @@ from .storage.store import DEFAULT_STORAGE, Storage
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CONFIDENCE = 0.95
-PLOT_FORMATS = ("png", "svg")
 _DATA_FORMATS = ("csv", "json")
 # Keys of the side-by-side table (and csv's first column) that a run label must not shadow.
 _RESERVED_LABELS = frozenset({"group", "case", "nodeid", "tokens_in", "tokens_out"})

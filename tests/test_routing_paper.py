@@ -44,9 +44,7 @@ def _published(sweep: str) -> dict[tuple[str, int], list[tuple[float, int]]]:
 
 def _decide(**kw: object):
     settings = RouteSettings(systems=(M1, A100), models=("all",), lambda_steps=0, **kw)
-    return route(read_profile_csv(EXAMPLE / "wilkins2024.csv"), alpaca("alpaca-paper"), settings)[
-        0
-    ]
+    return route(read_profile_csv(EXAMPLE / "wilkins2024.csv"), alpaca("alpaca-paper"), settings)[0]
 
 
 def test_the_shipped_files_are_the_published_ones() -> None:

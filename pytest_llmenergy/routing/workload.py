@@ -51,7 +51,7 @@ def alpaca(counting: str = ALPACA) -> Workload:
 def _count(value: object, column: str, where: str) -> int:
     if isinstance(value, str):
         value = value.strip()
-        ok = value.isdigit()
+        ok = value.isdecimal()  # isdigit() also takes "²", which int() rejects
         number = int(value) if ok else -1
     else:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
