@@ -66,6 +66,7 @@ class FittedModel:
     time_coef: tuple[float, ...]
     energy_error: FitError
     time_error: FitError
+    dropped: tuple[str, ...] = ()  # terms the measured sizes cannot tell apart, fixed at 0
 
     def energy_j(self, n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
         return _features(n_in, n_out) @ np.asarray(self.energy_coef)
@@ -84,48 +85,87 @@ def _least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef / scale
 
 
+_CROSS = TERMS.index("n_in*n_out")
+
+
 def fit_model(points: Sequence[Point]) -> FittedModel:
+    """Least squares on every measured size.
+
+    An input sweep and an output sweep that cross at one size cannot tell n_in·n_out
+    apart from the other terms (it is zero along both lines, relative to the crossing);
+    least squares would then pick an arbitrary share for it.  It is left out instead:
+    away from the sweeps, input and output costs add up.
+    """
     n_in = np.array([p.input_tokens for p in points], dtype=float)
     n_out = np.array([p.output_tokens for p in points], dtype=float)
     energy = np.array([p.mean_joules for p in points])
     time = np.array([p.mean_seconds for p in points])
     x = _features(n_in, n_out)
-    e_coef = _least_squares(x, energy)
-    t_coef = _least_squares(x, time)
+    keep = np.ones(len(TERMS), dtype=bool)
+    scale = np.abs(x).max(axis=0)
+    if np.linalg.matrix_rank(x / np.where(scale > 0, scale, 1.0)) < len(TERMS):
+        keep[_CROSS] = False
+    e_coef, t_coef = np.zeros(len(TERMS)), np.zeros(len(TERMS))
+    e_coef[keep] = _least_squares(x[:, keep], energy)
+    t_coef[keep] = _least_squares(x[:, keep], time)
     return FittedModel(
         tuple(float(c) for c in e_coef),
         tuple(float(c) for c in t_coef),
         FitError.of(x @ e_coef, energy),
         FitError.of(x @ t_coef, time),
+        tuple(t for t, k in zip(TERMS, keep) if not k),
     )
 
 
 class Curve:
     """A non-decreasing function of one token count, through the measured sizes.
 
-    Between measured sizes it is a power law through the two neighbours; beyond them it
-    follows the fitted model's slope from the last measured value (never below zero).
+    Between measured sizes it is a power law through the two neighbours.  Beyond them it
+    follows the fitted model along this axis, ``p0 + p1*n + p2*n^2``, from the edge value,
+    and only as far as the model keeps rising: past the largest size it adds the model's
+    highest rise so far, below the smallest it subtracts the model's deepest fall (so a
+    fit that bends back never makes more tokens cheaper).  Never below zero.
     """
 
-    def __init__(self, sizes: np.ndarray, values: np.ndarray, outside) -> None:
+    def __init__(self, sizes: np.ndarray, values: np.ndarray, poly: Sequence[float]) -> None:
         self.sizes = np.asarray(sizes, dtype=float)
         self.values = np.asarray(values, dtype=float)
-        self._outside = outside  # n -> fitted value, for the slope beyond the ends
+        self.poly = tuple(float(c) for c in poly)  # p0, p1, p2 of the fit along this axis
         self._log_n = np.log(self.sizes)
         self._log_v = np.log(self.values)
+
+    def _fit(self, n: np.ndarray | float) -> np.ndarray:
+        p0, p1, p2 = self.poly
+        return p0 + p1 * n + p2 * n * n
+
+    def _extreme(self, a: np.ndarray, b: np.ndarray, highest: bool) -> np.ndarray:
+        """The fit's highest (or lowest) value on each interval [a, b]: at an end, or at
+        the vertex when it lies inside and opens the right way."""
+        ends = (
+            np.maximum(self._fit(a), self._fit(b))
+            if highest
+            else np.minimum(self._fit(a), self._fit(b))
+        )
+        p2 = self.poly[2]
+        if p2 == 0 or (p2 > 0) == highest:
+            return ends
+        vertex = -self.poly[1] / (2 * p2)
+        inside = self._fit(np.clip(vertex, a, b))
+        return np.maximum(ends, inside) if highest else np.minimum(ends, inside)
 
     def __call__(self, n: np.ndarray) -> np.ndarray:
         n = np.asarray(n, dtype=float)
         lo, hi = self.sizes[0], self.sizes[-1]
-        inside = np.clip(n, lo, hi)
-        out = np.exp(np.interp(np.log(inside), self._log_n, self._log_v))
+        out = np.exp(np.interp(np.log(np.clip(n, lo, hi)), self._log_n, self._log_v))
         below, above = n < lo, n > hi
         if below.any():
-            shift = self._outside(n[below]) - self._outside(np.array([lo]))
-            out[below] = np.maximum(self.values[0] + np.minimum(shift, 0.0), 0.0)
+            edge = np.full(int(below.sum()), lo)
+            fall = self._fit(lo) - self._extreme(n[below], edge, highest=False)
+            out[below] = np.maximum(self.values[0] - fall, 0.0)
         if above.any():
-            shift = self._outside(n[above]) - self._outside(np.array([hi]))
-            out[above] = self.values[-1] + np.maximum(shift, 0.0)
+            edge = np.full(int(above.sum()), hi)
+            rise = self._extreme(edge, n[above], highest=True) - self._fit(hi)
+            out[above] = self.values[-1] + rise
         return out
 
 
@@ -175,18 +215,21 @@ def _sweep(profile: Profile, axis: str, fitted: FittedModel) -> Sweep | None:
     energy = non_decreasing([p.mean_joules for p in points], weights)
     time = non_decreasing([p.mean_seconds for p in points], weights)
 
-    def on_axis(f):
-        if axis == INPUT:
-            return lambda n: f(n, np.full_like(n, fixed, dtype=float))
-        return lambda n: f(np.full_like(n, fixed, dtype=float), n)
-
     return Sweep(
         axis,
         fixed,
         tuple(int(s) for s in sizes),
-        Curve(sizes, energy, on_axis(fitted.energy_j)),
-        Curve(sizes, time, on_axis(fitted.seconds)),
+        Curve(sizes, energy, _along(fitted.energy_coef, axis, fixed)),
+        Curve(sizes, time, _along(fitted.time_coef, axis, fixed)),
     )
+
+
+def _along(coef: Sequence[float], axis: str, fixed: int) -> tuple[float, float, float]:
+    """The fitted surface on one axis, the other held at ``fixed``: p0 + p1*n + p2*n^2."""
+    c1, c_in, c_out, c_cross, c_out2 = coef
+    if axis == INPUT:  # linear in n_in
+        return c1 + c_out * fixed + c_out2 * fixed**2, c_in + c_cross * fixed, 0.0
+    return c1 + c_in * fixed, c_out + c_cross * fixed, c_out2
 
 
 @dataclass(frozen=True)

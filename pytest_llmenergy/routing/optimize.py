@@ -54,7 +54,9 @@ class Capacity:
     busy_s: float | None = None
 
 
-_CAPACITY = re.compile(r"^(?P<system>.+?)=(?P<busy>busy:)?(?P<value>[0-9.]+)(?P<unit>%|s)?$")
+_CAPACITY = re.compile(
+    r"^(?P<system>.+?)\s*=\s*(?P<busy>busy:)?(?P<value>[0-9.]+)\s*(?P<unit>%|s)?$"
+)
 CAPACITY_EXAMPLES = "SYSTEM=40% (share of queries), SYSTEM=busy:25% (share of busy seconds), "
 CAPACITY_EXAMPLES += "SYSTEM=3600s (busy seconds)"
 

@@ -106,7 +106,7 @@ class Policy:
             "model": self.model,
             "by": self.by,
             "lambda": self.lam,
-            "p_ref_w": self.p_ref_w,
+            "p_ref_w": self.p_ref_w if math.isfinite(self.p_ref_w) else None,  # strict JSON
             "workload": self.workload,
             "rules": [
                 {
@@ -176,7 +176,8 @@ def policy_from_json(data: Any, where: str = "policy") -> Policy:
         raise PolicyError(f"{where}: {exc}") from None
 
 
-def load_policy(path: str | Path) -> Policy:
+def load_policies(path: str | Path) -> list[Policy]:
+    """Every policy of a file ``write_policies`` wrote: one, or one per model."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -184,12 +185,37 @@ def load_policy(path: str | Path) -> Policy:
         raise PolicyError(f"{path}: cannot read the policy: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise PolicyError(f"{path}: not JSON ({exc})") from None
-    return policy_from_json(data, str(path))
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        raise PolicyError(f"{path}: an empty list holds no policy")
+    where = [f"{path}[{i}]" for i in range(len(items))] if isinstance(data, list) else [str(path)]
+    return [policy_from_json(item, at) for item, at in zip(items, where)]
+
+
+def load_policy(path: str | Path, model: str | None = None) -> Policy:
+    """The policy for ``model``; without one, the file must hold a single policy."""
+    policies = load_policies(path)
+    if model is not None:
+        for policy in policies:
+            if policy.model == model:
+                return policy
+        raise PolicyError(
+            f"{path}: no policy for model {model!r}; it has "
+            f"{', '.join(repr(p.model) for p in policies)}"
+        )
+    if len(policies) > 1:
+        raise PolicyError(
+            f"{path}: holds policies for {', '.join(repr(p.model) for p in policies)}; "
+            "pick one with model="
+        )
+    return policies[0]
 
 
 def write_policies(path: str | Path, policies: Sequence[Policy]) -> Path:
     """One policy as an object, several (one per model) as a list; never overwrites."""
     path = Path(path)
+    if not policies:
+        raise PolicyError("no policy to write")
     data: Any = policies[0].to_json() if len(policies) == 1 else [p.to_json() for p in policies]
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

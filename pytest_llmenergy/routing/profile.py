@@ -115,7 +115,7 @@ def read_profile_csv(path: str | Path) -> list[Profile]:
     """One row per trial; extra columns are ignored, so richer exports load as they are."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
             missing = [c for c in CSV_COLUMNS if c not in header]

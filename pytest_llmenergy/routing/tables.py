@@ -9,7 +9,7 @@ from typing import Any
 
 from ..report import Raw, Table, clean, fmt_number, render
 from .decide import Routed
-from .fit import BOTH, INPUT
+from .fit import BOTH, INPUT, TERMS
 from .optimize import MEASURED, Decision, Router
 from .policy import Policy, Rule
 
@@ -124,15 +124,22 @@ def fit_table(router: Router) -> Table:
                 f"{m.fitted.time_error.mean_abs_pct:.1f} / {m.fitted.time_error.max_abs_pct:.1f} %",
             )
         )
+    notes = [
+        "fit error: mean / max |fitted - measured| over the measured sizes, of the model "
+        "1, n_in, n_out, n_in*n_out, n_out^2"
+    ]
+    for m in router.models:
+        if m.fitted.dropped:
+            notes.append(
+                f"{m.system}: {', '.join(m.fitted.dropped)} left out: the measured sizes "
+                "cannot tell it apart (crossing sweeps), so input and output costs add up"
+            )
     return _table(
         f"routing {router.model}: system models",
         ("system", "power_w", "sweeps", "energy_fit_error", "time_fit_error"),
         ("system", "avg power W", "measured sweeps", "energy fit err", "time fit err"),
         rows,
-        (
-            "fit error: mean / max |fitted - measured| over the measured sizes, of the model "
-            "1, n_in, n_out, n_in*n_out, n_out^2",
-        ),
+        notes,
     )
 
 
@@ -197,7 +204,8 @@ def routed_json(routed: Routed) -> dict[str, Any]:
                     if s is not None
                 },
                 "fit": {
-                    "terms": ["1", "n_in", "n_out", "n_in*n_out", "n_out^2"],
+                    "terms": list(TERMS),
+                    "dropped_terms": list(m.fitted.dropped),
                     "energy_coef": list(m.fitted.energy_coef),
                     "time_coef": list(m.fitted.time_coef),
                     "energy_error_pct": {

@@ -62,7 +62,7 @@ def _count(value: object, column: str, where: str) -> int:
 
 
 def _read_csv(path: Path) -> list[tuple[int, int]]:
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in _COLUMNS if c not in header]
