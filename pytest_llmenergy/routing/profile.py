@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,47 +111,53 @@ def _positive(text: str, column: str, where: str) -> float:
     return value
 
 
+def csv_rows(
+    path: Path, columns: Sequence[str], what: str, error: type[ProfileError] = ProfileError
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """``(file:line, {column: text})`` for each non-blank row: the shared reading of a
+    profile or workload CSV, whose header must name ``columns`` (in any order, with more)."""
+    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise error(
+                f"{path}:1: the header lacks {', '.join(missing)}; a {what} CSV has the "
+                f"columns {','.join(columns)}"
+            )
+        for values in reader:
+            where = f"{path}:{reader.line_num}"
+            if not any(v.strip() for v in values):
+                continue
+            if len(values) < len(header):
+                raise error(f"{where}: {len(values)} values for {len(header)} columns")
+            yield where, {h: v.strip() for h, v in zip(header, values)}
+
+
 def read_profile_csv(path: str | Path) -> list[Profile]:
     """One row per trial; extra columns are ignored, so richer exports load as they are."""
     path = Path(path)
+    rows: list[Row] = []
     try:
-        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
-            reader = csv.reader(f)
-            header = [h.strip() for h in next(reader, [])]
-            missing = [c for c in CSV_COLUMNS if c not in header]
-            if missing:
+        for where, row in csv_rows(path, CSV_COLUMNS, "profile"):
+            if not row["system"] or not row["model"]:
+                raise ProfileError(f"{where}: system and model must not be empty")
+            sweep = row.get("sweep", "")
+            if sweep not in ("", *SWEEPS):
                 raise ProfileError(
-                    f"{path}:1: the header lacks {', '.join(missing)}; a profile CSV has the "
-                    f"columns {','.join(CSV_COLUMNS)} (one row per trial)"
+                    f"{where}: sweep should be input, output or empty, got {sweep!r}"
                 )
-            at = [header.index(c) for c in CSV_COLUMNS]
-            at_sweep = header.index("sweep") if "sweep" in header else None
-            rows: list[Row] = []
-            for values in reader:
-                where = f"{path}:{reader.line_num}"
-                if not any(v.strip() for v in values):
-                    continue
-                if len(values) < len(header):
-                    raise ProfileError(f"{where}: {len(values)} values for {len(header)} columns")
-                system, model, n_in, n_out, sec, jou = (values[i].strip() for i in at)
-                if not system or not model:
-                    raise ProfileError(f"{where}: system and model must not be empty")
-                sweep = values[at_sweep].strip() if at_sweep is not None else ""
-                if sweep not in ("", *SWEEPS):
-                    raise ProfileError(
-                        f"{where}: sweep should be input, output or empty, got {sweep!r}"
-                    )
-                rows.append(
-                    (
-                        system,
-                        model,
-                        _whole(n_in, "input_tokens", where),
-                        _whole(n_out, "output_tokens", where),
-                        _positive(sec, "seconds", where),
-                        _positive(jou, "joules", where),
-                        sweep,
-                    )
+            rows.append(
+                (
+                    row["system"],
+                    row["model"],
+                    _whole(row["input_tokens"], "input_tokens", where),
+                    _whole(row["output_tokens"], "output_tokens", where),
+                    _positive(row["seconds"], "seconds", where),
+                    _positive(row["joules"], "joules", where),
+                    sweep,
                 )
+            )
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read the profile: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, csv.Error) as exc:

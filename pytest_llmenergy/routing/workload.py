@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .profile import ProfileError
+from .profile import ProfileError, csv_rows
 
 ALPACA, ALPACA_PAPER = "alpaca", "alpaca-paper"
 BUILTIN = (ALPACA, ALPACA_PAPER)
@@ -62,30 +62,10 @@ def _count(value: object, column: str, where: str) -> int:
 
 
 def _read_csv(path: Path) -> list[tuple[int, int]]:
-    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in _COLUMNS if c not in header]
-        if missing:
-            raise WorkloadError(
-                f"{path}:1: the header lacks {', '.join(missing)}; a workload CSV has the "
-                "columns input_tokens,output_tokens (one row per query)"
-            )
-        at = [header.index(c) for c in _COLUMNS]
-        rows = []
-        for values in reader:
-            where = f"{path}:{reader.line_num}"
-            if not any(v.strip() for v in values):
-                continue
-            if len(values) < len(header):
-                raise WorkloadError(f"{where}: {len(values)} values for {len(header)} columns")
-            rows.append(
-                (
-                    _count(values[at[0]], _COLUMNS[0], where),
-                    _count(values[at[1]], _COLUMNS[1], where),
-                )
-            )
-        return rows
+    return [
+        (_count(row[_COLUMNS[0]], _COLUMNS[0], where), _count(row[_COLUMNS[1]], _COLUMNS[1], where))
+        for where, row in csv_rows(path, _COLUMNS, "workload", WorkloadError)
+    ]
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, int]]:
