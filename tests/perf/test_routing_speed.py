@@ -67,3 +67,19 @@ def test_two_systems_by_both(benchmark: Any, big_workload: Workload) -> None:
 
     decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
     assert sum(decision.totals.queries.values()) == QUERIES
+
+
+def test_three_systems_with_capacity_and_65536_distinct_sizes(benchmark: Any) -> None:
+    """The worst case for the capacity search: every token count from 1 to 65,536 occurs."""
+    rng = np.random.default_rng(11)
+    wide = Workload(
+        "uniform 1..65536", rng.integers(1, 65537, QUERIES), rng.integers(1, 513, QUERIES)
+    )
+    models = _models(THREE)
+    caps = [Capacity("M1-Pro", query_share=0.3), Capacity("Swing AMD+A100", busy_share=0.5)]
+
+    def decide() -> Any:
+        return Router(models, wide, by="input").solve(1.0, caps)
+
+    decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
+    assert decision.totals.queries["M1-Pro"] <= 0.3 * QUERIES
