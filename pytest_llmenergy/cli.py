@@ -33,8 +33,8 @@ from .compare import (
 )
 from .errors import ConfigError, LLMEnergyError
 from .report import Raw, Table, render
+from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
-from .routing.fit import BY_CHOICES, INPUT
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
 from .routing.plots import FORMATS as PLOT_FORMATS
 from .routing.policy import write_policies

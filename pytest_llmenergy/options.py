@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .llm.grid import Grid, make_grid, parse_token_list
 from .llm.loader import DTYPES
 from .meters import MeterOptions
-from .routing.fit import BY_CHOICES, INPUT
+from .routing import BY_CHOICES, INPUT
 from .storage.store import DEFAULT_STORAGE, check_run_name
 
 if TYPE_CHECKING:

@@ -10,10 +10,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from pytest_llmenergy.routing import BOTH, INPUT, OUTPUT
 from pytest_llmenergy.routing.fit import (
-    BOTH,
-    INPUT,
-    OUTPUT,
     Curve,
     FitError,
     build_model,

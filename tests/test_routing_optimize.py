@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.routing.fit import BOTH, INPUT, OUTPUT, SystemModel, build_model
+from pytest_llmenergy.routing import BOTH, INPUT, OUTPUT
+from pytest_llmenergy.routing.fit import SystemModel, build_model
 from pytest_llmenergy.routing.optimize import (
     MEASURED,
     Baseline,
@@ -457,7 +458,7 @@ def totals(energy: float, runtime: float) -> Totals:
 
 def decision_of(energy: float, runtime: float) -> Decision:
     policy = Policy("m", INPUT, (Rule("A"),))
-    return Decision(policy, totals(energy, runtime), (), (), 1)
+    return Decision(policy, totals(energy, runtime), (), 1)
 
 
 def test_saving_by_hand_and_against_nothing() -> None:

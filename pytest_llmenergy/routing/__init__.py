@@ -6,4 +6,10 @@
 - ``optimize``: the best thresholds or token ranges, baselines, lambda sweep, capacities.
 - ``policy``: the result as a JSON file a router loads.
 - ``plots``: the figures (matplotlib, optional).
+
+The axes a policy routes on live here, so the plugin's options can name them without
+importing numpy at every pytest start.
 """
+
+INPUT, OUTPUT, BOTH = "input", "output", "both"
+BY_CHOICES = (INPUT, OUTPUT, BOTH)

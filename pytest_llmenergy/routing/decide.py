@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fit import INPUT, build_model
+from . import INPUT
+from .fit import build_model
 from .optimize import TOKENS, Capacity, Decision, Router, pareto
 from .profile import Profile, select
 from .workload import Workload

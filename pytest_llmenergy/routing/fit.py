@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import BOTH, INPUT, OUTPUT
 from .profile import Point, Profile, ProfileError
 
 TERMS = ("1", "n_in", "n_out", "n_in*n_out", "n_out^2")
-INPUT, OUTPUT, BOTH = "input", "output", "both"
-BY_CHOICES = (INPUT, OUTPUT, BOTH)
 
 
 def _features(n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:

@@ -21,12 +21,13 @@ import math
 import re
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
-from .fit import BOTH, BY_CHOICES, INPUT, OUTPUT, SystemModel
+from . import BOTH, BY_CHOICES, INPUT, OUTPUT
+from .fit import SystemModel
 from .policy import Policy, Rule
 from .workload import Workload
 
@@ -109,7 +110,6 @@ class Decision:
     policy: Policy
     totals: Totals
     baselines: tuple[Baseline, ...]
-    models: tuple[SystemModel, ...] = field(repr=False)
     queries: int
 
     def saving(self, baseline: Baseline, what: str = "energy_j") -> float:
@@ -260,7 +260,7 @@ class Router:
                 "queries_by_system": dict(totals.queries),
             },
         )
-        return Decision(policy, totals, self.baselines(totals, lam), self.models, self.n)
+        return Decision(policy, totals, self.baselines(totals, lam), self.n)
 
     def _caps(self, capacities: Sequence[Capacity]) -> list[tuple[float, float]]:
         """Per system: (most queries, most busy seconds)."""

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from .fit import BOTH, INPUT, OUTPUT, Sweep, SystemModel
+from . import BOTH, INPUT, OUTPUT
+from .fit import Sweep, SystemModel
 from .optimize import Baseline, Capacity, Decision, Router, pareto
 from .profile import Point
 

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..report import Raw, Table, clean, fmt_number, render
+from . import BOTH, INPUT
 from .decide import Routed
-from .fit import BOTH, INPUT, TERMS
+from .fit import TERMS
 from .optimize import MEASURED, Decision, Router
 from .policy import Policy, Rule
 
