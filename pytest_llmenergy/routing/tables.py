@@ -11,7 +11,7 @@ from ..report import Raw, Table, clean, fmt_number, render
 from . import BOTH, INPUT
 from .decide import Routed
 from .fit import TERMS
-from .optimize import MEASURED, Decision, Router
+from .optimize import MEASURED, Decision, Router, Totals
 from .policy import Policy, Rule
 
 ROUTE_FORMATS = ("table", "json", "markdown")
@@ -47,7 +47,13 @@ def _ranges(policy: Policy) -> list[tuple[Rule, str]]:
     return out
 
 
-def _table(title: str, keys: Sequence[str], headers: Sequence[str], rows, notes=()) -> Table:
+def _table(
+    title: str,
+    keys: Sequence[str],
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Raw]],
+    notes: Sequence[str] = (),
+) -> Table:
     raw = tuple(tuple(clean(v) for v in row) for row in rows)
     cells = tuple(tuple(v if isinstance(v, str) else fmt_number(v) for v in row) for row in rows)
     return Table(title, tuple(keys), tuple(headers), raw, cells, tuple(notes))
@@ -164,7 +170,7 @@ def routed_tables(routed: Routed) -> list[Table]:
     return tables
 
 
-def _totals_json(t) -> dict[str, Any]:
+def _totals_json(t: Totals) -> dict[str, Any]:
     return {
         "energy_j": t.energy_j,
         "runtime_s": t.runtime_s,
