@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
-from pytest_llmenergy.controller.results import CaseResult
 from pytest_llmenergy.llm.grid import LLMCase
 from pytest_llmenergy.llm.loader import ModelPool
+from pytest_llmenergy.results import CaseResult
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ pytest::
 
 from __future__ import annotations
 
-from .controller import CaseResult, ControllerOptions, Trial
+from .controller import ControllerOptions
 from .controller.benchmark import EnergyBenchmark
 from .errors import ConfigError, LLMEnergyError, MeterError, MeterUnavailable
 from .meters import (
@@ -27,6 +27,7 @@ from .meters import (
     mark_phase,
     open_meter,
 )
+from .results import CaseResult, Trial
 
 __version__ = "0.1.0"
 

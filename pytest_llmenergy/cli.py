@@ -10,29 +10,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, report
+from . import __version__, report, values
 from .compare import (
-    DEFAULT_METRICS,
     GATE_EXAMPLES,
-    METRICS,
     Gate,
     Lineup,
     compare_cases,
     comparison_table,
-    metric,
     parse_gates,
     side_by_side,
     verdict_line,
 )
 from .errors import ConfigError, LLMEnergyError
-from .report import Raw, Table, render
+from .figures import DEFAULT_GATE_METRIC, DeprecatedName, describe, figure, per_trial_keys
 from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
@@ -43,6 +40,7 @@ from .routing.tables import ROUTE_FORMATS, render_routed
 from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
 from .storage.runfile import COMPLETE, Run, RunFileError
 from .storage.store import DEFAULT_STORAGE, Storage
+from .tables import FORMATS, Raw, Table, render, terminal_width
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CONFIDENCE = 0.95
@@ -60,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     storage_help = f"storage folder of saved runs (default: {DEFAULT_STORAGE})"
     parser.add_argument("--storage", default=DEFAULT_STORAGE, metavar="DIR", help=storage_help)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--format", choices=report.FORMATS, default="table")
+    common.add_argument("--format", choices=FORMATS, default="table")
     # Also after the command (``llmenergy list --storage DIR``); SUPPRESS keeps the global
     # value when it is not given here.
     common.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
@@ -92,9 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument(
         "--metric",
         action="append",
-        type=_checked(lambda text: metric(text).key),
-        help=f"metric to put side by side, repeatable (default: {DEFAULT_METRICS[0]}); "
-        f"one of {', '.join(METRICS)}",
+        type=_checked(lambda text: figure(text, per_trial=True).key),
+        metavar="FIGURE",
+        help=f"figure to put side by side, repeatable (default: {DEFAULT_GATE_METRIC}); "
+        f"one of {', '.join(per_trial_keys())} (llmenergy metrics explains them)",
     )
     cmp_.add_argument(
         "--fail-on",
@@ -107,11 +106,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     cmp_.add_argument(
         "--confidence",
-        type=_checked(_confidence),
+        type=_checked(values.confidence),
         default=None,
         help="confidence of the significance test, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
+
+    metrics = sub.add_parser(
+        "metrics",
+        help="every figure: its key (for --columns, gates, CI targets), unit and meaning",
+    )
+    metrics.add_argument("--format", choices=FORMATS, default="table")
 
     route = sub.add_parser(
         "route",
@@ -178,14 +183,14 @@ def _routing_arguments(parser: argparse.ArgumentParser, storage_help: str) -> No
     parser.add_argument(
         "--lambda",
         dest="lam",
-        type=_checked(_weight),
+        type=_checked(lambda text: values.fraction(text, "a weight of energy")),
         default=1.0,
         metavar="L",
         help="weight of energy against time in [0, 1]: 1 energy only (default), 0 time only",
     )
     parser.add_argument(
         "--p-ref",
-        type=_checked(_watts),
+        type=_checked(values.watts),
         default=None,
         metavar="W",
         help="watts that price a second of runtime (default: the largest average power "
@@ -216,33 +221,10 @@ def _routing_arguments(parser: argparse.ArgumentParser, storage_help: str) -> No
     parser.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
 
 
-def _weight(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1:
-        raise ConfigError(f"bad lambda {text!r}: give a weight between 0 and 1")
-    return value
-
-
-def _watts(text: str) -> float:
-    try:
-        value = float(text.strip().removesuffix("W").strip())
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"bad reference power {text!r}: give watts > 0, e.g. 400")
-    return value
-
-
 def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0 or value == 1 or value > 1001:
-        raise ConfigError(f"bad lambda steps {text!r}: give 0 (no sweep) or 2..1001")
+    value = values.integer(0, 1001)(text)
+    if value == 1:
+        raise ConfigError("expected 0 (no sweep) or 2 to 1001 steps, got '1'")
     return value
 
 
@@ -261,19 +243,6 @@ class _TwoOrMore(argparse.Action):
                 self, "compare needs at least two runs: the baseline first, then the others"
             )
         setattr(namespace, self.dest, list(values))
-
-
-def _confidence(text: str) -> float:
-    try:
-        value = float(text.strip().rstrip("%")) / (100 if text.strip().endswith("%") else 1)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < 1:  # also refuses nan
-        raise ConfigError(
-            f"bad confidence {text!r}: give a level between 0 and 1 such as 0.95, "
-            "or a percentage such as 95%"
-        )
-    return value
 
 
 def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -312,8 +281,8 @@ def _commit_id(commit: Mapping[str, Any]) -> str:
 
 def _run_confidence(run: Run) -> float:
     """The confidence the baseline was measured at, if its file says so sensibly."""
-    value = _number(_mapping(run.options.get("controller")).get("confidence"))
-    return value if value is not None and 0 < value < 1 else DEFAULT_CONFIDENCE
+    value = run.confidence
+    return value if value is not None else DEFAULT_CONFIDENCE
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -346,7 +315,7 @@ def _list(storage: Storage, hardware: str | None, fmt: str) -> str:
         return f"no saved runs in {where}{also}"
     cells = tuple(tuple("—" if v is None else str(v) for v in row) for row in rows)
     table = Table("saved runs", keys, keys, tuple(rows), cells, ())
-    return render([table], fmt)
+    return render([table], fmt, width=_width(fmt))
 
 
 def _run_header(run: Run) -> list[str]:
@@ -398,7 +367,9 @@ def _show(run: Run, args: argparse.Namespace) -> str:
     tables = report.case_tables(
         run.cases, columns=args.columns, group_by=args.group_by, sort=args.sort
     )
-    body = render(tables, args.format)
+    body = render(
+        tables, args.format, width=_width(args.format), narrow_hint="choose with --columns"
+    )
     if args.format in _DATA_FORMATS:
         return body
     header = _run_header(run)
@@ -412,7 +383,7 @@ def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str],
     confidence = args.confidence if args.confidence is not None else _run_confidence(runs[0])
     gates: tuple[Gate, ...] = tuple(g for given in args.fail_on for g in given)
     lineup = Lineup(labels=_labels(runs), cases=tuple(run.cases for run in runs))
-    keys = list(dict.fromkeys(args.metric or DEFAULT_METRICS[:1]))  # a repeat adds nothing
+    keys = list(dict.fromkeys(args.metric or [DEFAULT_GATE_METRIC]))  # a repeat adds nothing
     tables: list[Table] = [side_by_side(lineup, key, confidence=confidence) for key in keys]
     verdicts: list[str] = []
     failed = False
@@ -429,7 +400,7 @@ def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str],
             tables.append(comparison_table(comparison))
             verdicts.append(f"{label}: {verdict_line(comparison)}")
             failed = failed or comparison.failed
-    return render(tables, args.format), verdicts, failed
+    return render(tables, args.format, width=_width(args.format)), verdicts, failed
 
 
 def _labels(runs: Sequence[Run]) -> tuple[str, ...]:
@@ -449,6 +420,48 @@ def _labels(runs: Sequence[Run]) -> tuple[str, ...]:
     else:  # the same run given twice
         labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
     return tuple(f"run {label}" if label in _RESERVED_LABELS else label for label in labels)
+
+
+def _metrics(fmt: str) -> str:
+    records = describe()
+    keys = tuple(records[0])
+    rows = tuple(tuple(r[k] for k in keys) for r in records)
+    cells = tuple(
+        tuple("yes" if v is True else "" if v is False else str(v) for v in row) for row in rows
+    )
+    headers = (
+        "key",
+        "label",
+        "unit",
+        "meaning",
+        "better",
+        "per trial",
+        "phases",
+        "default",
+        "old names",
+    )
+    table = Table(
+        "figures: columns (--columns), gates and compare (per trial), CI targets (per trial)",
+        keys,
+        headers,
+        rows,
+        cells,
+        notes=(
+            "per trial: comparable with Welch's t-test, so usable in gates (--fail-on, "
+            "--energy-compare-fail) and CI targets (--energy-ci-target); phases: needs the "
+            "prefill | decode split",
+        ),
+        priorities=(0, 1, 1, 0, 2, 2, 3, 3, 4),
+    )
+    return render([table], fmt, width=_width(fmt))
+
+
+def _width(fmt: str) -> int | None:
+    """Fit terminal tables to the terminal; text piped into a file keeps every column
+    unless COLUMNS asks otherwise."""
+    if fmt != "table" or not (sys.stdout.isatty() or "COLUMNS" in os.environ):
+        return None
+    return terminal_width()
 
 
 def _profiles(specs: Sequence[str], storage: Storage) -> list[Profile]:
@@ -486,7 +499,7 @@ def _route(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
     if args.policy_out:
         path = write_policies(args.policy_out, [r.decision.policy for r in routed])
         notes.append(f"policy written to {path}")
-    return render_routed(routed, args.format), notes
+    return render_routed(routed, args.format, width=_width(args.format)), notes
 
 
 def _plot(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
@@ -556,6 +569,16 @@ def _glue_descending_sort(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecatedName)
+        code = _main(argv)
+    for warning in caught:  # an old figure name: say it once, in one line
+        if issubclass(warning.category, DeprecatedName):
+            print(f"llmenergy: warning: {warning.message}", file=sys.stderr)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(_glue_descending_sort(sys.argv[1:] if argv is None else argv))
     storage = Storage(args.storage)
     verdicts: list[str] = []
@@ -564,6 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             out = _list(storage, args.hardware, args.format)
+        elif args.command == "metrics":
+            out = _metrics(args.format)
         elif args.command == "show":
             out = _show(storage.load(args.run), args)
         elif args.command == "route":

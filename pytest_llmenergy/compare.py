@@ -1,6 +1,6 @@
 """Comparing runs: per-case deltas, energy gates for CI, and runs side by side.
 
-A gate such as ``energy_per_token:5%`` fails a case only when the metric got worse by
+A gate such as ``j_per_token:5%`` fails a case only when the figure got worse by
 more than the threshold *and* Welch's t-test on the two runs' trials says the
 difference is significant at the configured confidence: noise must not fail CI.
 """
@@ -9,108 +9,56 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .controller.results import DECODE, PREFILL, CaseResult, Trial
 from .errors import ConfigError
-from .report import Table, clean, fmt_mean_ci, fmt_number
+from .figures import (
+    DEFAULT_COMPARE_METRICS,
+    FIGURES,
+    Figure,
+    figure,
+    format_amount,
+    parse_figure_threshold,
+)
+from .results import CaseResult
 from .stats import Summary, summarize, welch_t_test
+from .tables import Table, clean, fmt_mean_ci, fmt_number
 
-
-@dataclass(frozen=True)
-class Metric:
-    """A per-trial figure; for every metric here, higher is worse."""
-
-    key: str
-    label: str
-    unit: str  # "s", "J" or "W": which suffixes a gate's threshold may carry
-    value: Callable[[Trial], float | None]
-
-
-def _phase(name: str, attr: str) -> Callable[[Trial], float | None]:
-    def value(t: Trial) -> float | None:
-        phase = t.phases.get(name)
-        return None if phase is None else getattr(phase, attr)
-
-    return value
-
-
-def _per(tokens: Callable[[Trial], int]) -> Callable[[Trial], float | None]:
-    def value(t: Trial) -> float | None:
-        n = tokens(t)
-        return t.joules / n if n else None
-
-    return value
-
-
-METRICS: dict[str, Metric] = {
-    m.key: m
-    for m in (
-        Metric(
-            "energy_per_token", "J/token", "J", _per(lambda t: t.input_tokens + t.output_tokens)
-        ),
-        Metric("energy_per_input_token", "J/in-token", "J", _per(lambda t: t.input_tokens)),
-        Metric("energy_per_output_token", "J/out-token", "J", _per(lambda t: t.output_tokens)),
-        Metric("joules", "J/query", "J", lambda t: t.joules),
-        Metric("net_joules", "net J/query", "J", lambda t: t.net_joules),
-        Metric("seconds", "runtime s", "s", lambda t: t.seconds),
-        Metric("prefill_seconds", "TTFT s", "s", _phase(PREFILL, "seconds")),
-        Metric("prefill_joules", "prefill J", "J", _phase(PREFILL, "joules")),
-        Metric("decode_joules", "decode J", "J", _phase(DECODE, "joules")),
-        Metric("power", "avg W", "W", lambda t: t.joules / t.seconds if t.seconds > 0 else None),
-    )
-}
-ALIASES = {"time": "seconds", "energy": "joules", "j_per_token": "energy_per_token"}
-DEFAULT_METRICS = ("energy_per_token", "joules", "seconds")
-_UNITS = {"s": {"s": 1.0, "ms": 1e-3}, "J": {"j": 1.0, "mj": 1e-3, "kj": 1e3}, "W": {"w": 1.0}}
-_GATE = re.compile(r"^\s*([a-z_]+)\s*:\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(%|[a-z]*)\s*$", re.I)
-GATE_EXAMPLES = "energy_per_token:5%, joules:10%, seconds:0.5"
-
-
-def metric(name: str) -> Metric:
-    key = ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in METRICS:
-        raise ConfigError(f"unknown metric {name!r}; choose from: {', '.join(METRICS)}")
-    return METRICS[key]
+GATE_EXAMPLES = "j_per_token:5%, energy_j:10%, time_s:0.5s"
 
 
 @dataclass(frozen=True)
 class Gate:
-    """``metric:threshold``: how much worse a case may get before it fails."""
+    """``figure:threshold``: how much worse a case may get before it fails.  Worse is
+    higher for most figures, lower for throughput (the figure's ``lower_is_better``)."""
 
-    metric: str
-    threshold: float  # a fraction of the baseline mean when relative, else the metric's unit
+    metric: str  # a figure key with a per-trial value
+    threshold: float  # a fraction of the baseline mean when relative, else the figure's unit
     relative: bool
+
+    @property
+    def figure(self) -> Figure:
+        return FIGURES[self.metric]
 
     def allowed(self, baseline_mean: float) -> float:
         return self.threshold * abs(baseline_mean) if self.relative else self.threshold
 
+    def worsening(self, baseline_mean: float, current_mean: float) -> float:
+        """How much worse the current mean is, in the figure's unit (negative: better)."""
+        change = current_mean - baseline_mean
+        return -change if self.figure.lower_is_better is False else change
+
     def exceeded(self, baseline_mean: float, current_mean: float) -> bool:
-        return current_mean - baseline_mean > self.allowed(baseline_mean)
+        return self.worsening(baseline_mean, current_mean) > self.allowed(baseline_mean)
 
     def __str__(self) -> str:
-        if self.relative:
-            return f"{self.metric}:{self.threshold * 100:g}%"
-        return f"{self.metric}:{self.threshold:g}{METRICS[self.metric].unit}"
+        return format_amount(self.figure, self.threshold, self.relative)
 
 
 def parse_gate(text: str) -> Gate:
-    match = _GATE.match(text)
-    if not match:
-        raise ConfigError(f"bad gate {text!r}: expected METRIC:THRESHOLD such as {GATE_EXAMPLES}")
-    try:
-        m = metric(match[1])
-    except ConfigError as exc:
-        raise ConfigError(f"bad gate {text!r}: {exc}") from None
-    number, unit = float(match[2]), match[3].lower()
-    if unit == "%":
-        return Gate(m.key, number / 100.0, relative=True)
-    scale = _UNITS[m.unit].get(unit or m.unit.lower())
-    if scale is None:
-        units = ", ".join(_UNITS[m.unit])
-        raise ConfigError(f"bad gate {text!r}: {m.key} takes a threshold in {units} or %")
-    return Gate(m.key, number * scale, relative=False)
+    f, value, relative = parse_figure_threshold(text, GATE_EXAMPLES)
+    return Gate(f.key, value, relative)
 
 
 def parse_gates(texts: str | Iterable[str]) -> tuple[Gate, ...]:
@@ -174,13 +122,6 @@ class Delta:
         return FAIL if self.significant else NOT_SIGNIFICANT
 
 
-def _values(case: CaseResult, m: Metric) -> list[float] | None:
-    values = [m.value(t) for t in case.trials]
-    if not values or any(v is None for v in values):
-        return None
-    return [float(v) for v in values if v is not None]
-
-
 def delta(
     baseline: CaseResult,
     current: CaseResult,
@@ -190,15 +131,15 @@ def delta(
     gate: Gate | None = None,
 ) -> Delta | None:
     """None when either case lacks the metric (no trials, or no prefill/decode split)."""
-    m = METRICS[metric_key]
-    a, b = _values(baseline, m), _values(current, m)
+    f = figure(metric_key, per_trial=True, warn=False)
+    a, b = f.trial_values(baseline), f.trial_values(current)
     if a is None or b is None:
         return None
     p = welch_t_test(a, b).p_value if len(a) >= 2 and len(b) >= 2 else None
     return Delta(
         nodeid=current.nodeid,
         name=current.name,
-        metric=m.key,
+        metric=f.key,
         baseline=summarize(a, confidence),
         current=summarize(b, confidence),
         p_value=p,
@@ -239,11 +180,11 @@ def compare_cases(
 ) -> Comparison:
     """Cases are matched by node id.  With gates, their metrics are compared; else ``metrics``."""
     before = {c.nodeid: c for c in baseline if c.measured}
-    after = [c for c in current if c.measured]
+    after = sorted((c for c in current if c.measured), key=_case_order)
     checks: list[tuple[str, Gate | None]] = (
         [(g.metric, g) for g in gates]
         if gates
-        else [(metric(k).key, None) for k in (metrics or DEFAULT_METRICS)]
+        else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
     )
     deltas = []
     for case in after:
@@ -266,6 +207,27 @@ def compare_cases(
     )
 
 
+def _case_order(c: CaseResult) -> tuple[str, str, int, int, str]:
+    """Test, model, then sizes: a comparison reads like the energy tables, not in the
+    random order the cases ran."""
+    return (c.nodeid.split("[", 1)[0], c.labels.get("model", ""), *_sizes(c), c.nodeid)
+
+
+def _sizes(c: CaseResult) -> tuple[int, int]:
+    return (c.input_tokens, c.output_tokens)
+
+
+def short_names(names: Sequence[str]) -> dict[str, str]:
+    """``test_input_tokens[tiny-llama-in8-out32]`` -> ``tiny-llama-in8-out32`` where that
+    id is unique among ``names`` (a comparison's case column is the widest one); names of
+    up to 30 characters stay whole."""
+    ids = {n: n.split("[", 1)[1].rstrip("]") if "[" in n and len(n) > 30 else n for n in names}
+    counts: dict[str, int] = {}
+    for short in ids.values():
+        counts[short] = counts.get(short, 0) + 1
+    return {n: short if counts[short] == 1 else n for n, short in ids.items()}
+
+
 def _signed_percent(value: float) -> str:
     return "—" if not math.isfinite(value) else f"{value * 100:+.1f} %"
 
@@ -274,11 +236,14 @@ def comparison_table(c: Comparison) -> Table:
     """One row per case and metric: baseline, current, change, p, significant, verdict."""
     gated = bool(c.gates)
     keys = ["case", "metric", "baseline", "current", "change", "p_value", "significant"]
-    headers = ["case", "metric", c.baseline_label, c.current_label, "change", "p", "significant"]
+    headers = ["case", "figure", "baseline", "current", "change", "p", "significant"]
+    priorities = [0, 0, 2, 1, 0, 2, 3]  # a narrow terminal keeps the current mean longest
     if gated:
         keys += ["threshold", "verdict"]
         headers += ["gate", "verdict"]
+        priorities += [2, 0]
     rows, cells = [], []
+    short = short_names([d.name for d in c.deltas])
     for d in c.deltas:
         raw: list[object] = [
             d.name,
@@ -290,8 +255,8 @@ def comparison_table(c: Comparison) -> Table:
             d.significant,
         ]
         shown = [
-            d.name,
-            METRICS[d.metric].label,
+            short[d.name],
+            d.metric,
             fmt_mean_ci(d.baseline),
             fmt_mean_ci(d.current),
             _signed_percent(d.relative_change),
@@ -316,12 +281,13 @@ def comparison_table(c: Comparison) -> Table:
     if c.only_in_current:
         notes.append(f"only in {c.current_label}: {', '.join(c.only_in_current)}")
     return Table(
-        title=f"{c.current_label} against {c.baseline_label}",
+        title=f"{c.current_label} (current) against {c.baseline_label} (baseline)",
         keys=tuple(keys),
         headers=tuple(headers),
         rows=tuple(rows),
         cells=tuple(cells),
         notes=tuple(notes),
+        priorities=tuple(priorities),
     )
 
 
@@ -352,15 +318,25 @@ def verdict_line(c: Comparison) -> str:
 # -- several runs, side by side (e.g. across hardware) ------------------------------------
 @dataclass(frozen=True)
 class Lineup:
-    """Runs to put side by side, each with its label and cases."""
+    """Runs to put side by side, each with its label and cases.  Tables head the runs'
+    columns ``#1 base``, ``#2``, ... and name them in a legend: run labels (autosave
+    names, hardware keys) are too long for a terminal's columns."""
 
     labels: tuple[str, ...]
     cases: tuple[tuple[CaseResult, ...], ...]
 
+    @property
+    def short(self) -> tuple[str, ...]:
+        return tuple(f"#{i + 1}" + (" base" if i == 0 else "") for i in range(len(self.labels)))
+
+    @property
+    def legend(self) -> tuple[str, ...]:
+        return tuple(f"{s}: {label}" for s, label in zip(self.short, self.labels))
+
 
 def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -> Table:
     """The same case ids across runs, with each later run's ratio to the first."""
-    m = metric(metric_key)
+    m = figure(metric_key, per_trial=True)
     by_run = [{c.nodeid: c for c in cases if c.measured} for cases in lineup.cases]
     order: list[CaseResult] = []
     seen: set[str] = set()
@@ -380,17 +356,19 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
     )
     first = lineup.labels[0]
     keys = ["case", "nodeid", "tokens_in", "tokens_out", *lineup.labels]
-    headers = ["case", "node id", "in", "out", *lineup.labels]
-    for label in lineup.labels[1:]:
+    headers = ["case", "node id", "in", "out", *lineup.short]
+    priorities = [0, 0, 1, 1, *([0] * len(lineup.labels))]
+    for label, short in zip(lineup.labels[1:], lineup.short[1:]):
         keys.append(f"{label}/{first}")
-        headers.append(f"{label} / {first}")
+        headers.append(f"{short}/#1")
+        priorities.append(0)
     rows, cells = [], []
     estimated = False
     for case in order:
         means: list[float | None] = []
         for cases in by_run:
             other = cases.get(case.nodeid)
-            values = _values(other, m) if other is not None else None
+            values = m.trial_values(other) if other is not None else None
             means.append(summarize(values, confidence).mean if values else None)
             estimated = estimated or bool(other is not None and other.estimated)
         ratios = [(x / means[0]) if (x is not None and means[0]) else None for x in means[1:]]
@@ -418,4 +396,6 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         cells=tuple(cells),
         notes=tuple(notes),
         hidden=("nodeid",),  # in csv/json: tells apart same-named tests of two files
+        priorities=tuple(priorities),
+        legend=lineup.legend,
     )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_llmenergy.controller.results import CONVERGED, CaseResult, PhaseRecord, Trial
 from pytest_llmenergy.controller.rule import ControllerOptions
-from pytest_llmenergy.llm.resources import ResourceUsage
+from pytest_llmenergy.meters.resources import ResourceUsage
+from pytest_llmenergy.results import CONVERGED, CaseResult, PhaseRecord, Trial
 
 
 def make_trials(

@@ -21,8 +21,8 @@ import pytest
 
 from pytest_llmenergy import __version__
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import METRICS
-from pytest_llmenergy.controller.results import CaseResult
+from pytest_llmenergy.figures import FIGURES
+from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.stats import welch_t_test
 from pytest_llmenergy.storage.runfile import COMPLETE, INTERRUPTED, RUNNING, dumps
 from pytest_llmenergy.storage.store import Storage
@@ -36,7 +36,7 @@ MACHINE_B = {
     "gpus": [{"name": "A100", "power_limit_w": 400, "driver": "550.54"}],
 }
 COMMIT = {"id": "0123456789abcdef", "dirty": True, "branch": "main"}
-EPT = METRICS["energy_per_token"]
+EPT = FIGURES["j_per_token"]
 
 
 def save(
@@ -93,14 +93,18 @@ CASE = "test_input_tokens[tiny-llama-in8-out4]"
 
 
 def gate_row(out: str) -> list[str]:
-    """The gate table's row of CASE (the side-by-side table comes first, with its own)."""
-    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [CASE]]
-    assert len(rows) == 2, out
-    return rows[1]
+    """The gate table's row of CASE: the side-by-side table names it whole, the gate table
+    (narrower: a row per figure) by its id alone."""
+    whole = [line.split() for line in out.splitlines() if line.split()[:1] == [CASE]]
+    short = CASE.split("[", 1)[1].rstrip("]")
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [short]]
+    assert len(whole) == 1 and len(rows) == 1, out
+    return rows[0]
 
 
 def energy_per_token(case: CaseResult) -> list[float]:
-    return [v for v in map(EPT.value, case.trials) if v is not None]
+    assert EPT.trial is not None
+    return [v for v in map(EPT.trial, case.trials) if v is not None]
 
 
 @pytest.fixture
@@ -245,20 +249,22 @@ def test_show_as_csv_is_data_only(root: Path, capsys: pytest.CaptureFixture[str]
     assert code == 0 and out.startswith("group,")  # no header lines before the csv
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 1
-    assert float(rows[0]["joules"]) == case.energy.mean
+    assert float(rows[0]["energy_j"]) == case.energy.mean
     assert rows[0]["tokens_in"] == "8" and rows[0]["group"] == "sweep input · model tiny-llama"
 
 
 def test_show_chosen_columns_as_json(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     case = make_case([0.1, 0.1])
     save(root, [case])
-    argv = ("--storage", root, "show", "1", "--columns", "tokens_in,joules", "--format", "json")
+    argv = ("--storage", root, "show", "1", "--columns", "tokens_in,energy_j", "--format", "json")
     code, out, _ = cli(capsys, *argv)
     assert code == 0
     table = json.loads(out)["tables"][0]
-    assert table["columns"][:2] == ["tokens_in", "joules"] and "tokens_out" not in table["columns"]
+    assert (
+        table["columns"][:2] == ["tokens_in", "energy_j"] and "tokens_out" not in table["columns"]
+    )
     assert table["rows"][0]["tokens_in"] == 8
-    assert table["rows"][0]["joules"] == pytest.approx(case.energy.mean)
+    assert table["rows"][0]["energy_j"] == pytest.approx(case.energy.mean)
 
 
 def test_show_sorted_by_energy_descending(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -270,7 +276,7 @@ def test_show_sorted_by_energy_descending(root: Path, capsys: pytest.CaptureFixt
         return [row["tokens_in"] for row in csv.DictReader(io.StringIO(out))]
 
     assert order() == ["8", "64"]
-    assert order("--sort", "-joules") == ["64", "8"]
+    assert order("--sort", "-energy_j") == ["64", "8"]
 
 
 @pytest.mark.parametrize("status", [INTERRUPTED, RUNNING])
@@ -312,7 +318,7 @@ def test_show_a_bad_file_by_path(
 def test_show_bad_options_are_usage_errors(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = usage_error(capsys, "--storage", root, "show", "1", "--columns", "x")
     assert line.startswith("llmenergy show: error: argument --columns:")
-    assert "unknown column 'x'" in line
+    assert "unknown figure 'x'; choose from: name, tokens_in" in line
     assert "unknown sort" in usage_error(capsys, "--storage", root, "show", "1", "--sort", "x")
 
 
@@ -337,7 +343,8 @@ def test_compare_puts_cases_side_by_side_with_ratios(
     assert (code, err) == (0, "")
     # Both runs are 0001_baseline: the labels say which machine each is.
     header = next(line for line in out.splitlines() if line.startswith("case"))
-    assert f"{LABEL_B} / {LABEL_A}" in header
+    assert header.split()[-3:] == ["#1", "base", "#2", "#2/#1"][-3:]
+    assert f"#1 base: {LABEL_A}" in out.splitlines() and f"#2: {LABEL_B}" in out.splitlines()
     both = row_of(out, "test_input_tokens[tiny-llama-in8-out4]")
     assert both[-1] == "0.5\u00d7"
     assert float(both[-2]) == pytest.approx(float(both[-3]) / 2, rel=1e-3)
@@ -363,17 +370,18 @@ def test_compare_as_json_and_csv(across_hardware: Path, capsys: pytest.CaptureFi
 def test_compare_several_metrics_and_markdown(
     across_hardware: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ("--storage", across_hardware, "compare", A, B, "--metric", "seconds")
-    code, out, _ = cli(
-        capsys, *argv, "--metric", "joules", "--metric", "energy", "--format", "json"
+    argv = ("--storage", across_hardware, "compare", A, B, "--metric", "time_s")
+    code, out, err = cli(
+        capsys, *argv, "--metric", "energy_j", "--metric", "energy", "--format", "json"
     )
-    assert code == 0  # "energy" is joules again: no third table
+    assert code == 0  # "energy" is energy_j by its old name: no third table
+    assert "warning: figure name 'energy' is deprecated, use 'energy_j'" in err
     assert [t["title"] for t in json.loads(out)["tables"]] == [
-        "runtime s (seconds), side by side",
-        "J/query (joules), side by side",
+        "s ± CI (time_s), side by side",
+        "J ± CI (energy_j), side by side",
     ]
     code, out, _ = cli(capsys, *argv, "--format", "markdown")
-    assert code == 0 and "### runtime s (seconds), side by side" in out
+    assert code == 0 and "### s ± CI (time_s), side by side" in out
     rows = [line for line in out.splitlines() if line.startswith("|")]
     assert len(rows) == 5  # header, rule, 3 cases
     assert "0.1" in rows[2] and "1\u00d7" in rows[2]  # same seconds on both machines
@@ -416,20 +424,20 @@ def test_gate_fails_on_a_significant_regression(
 ) -> None:
     gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
     code, out, _ = cli(
-        capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%"
+        capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%"
     )
     assert code == 1
-    assert "0002_pr against 0001_main" in out.splitlines()
+    assert "0002_pr (current) against 0001_main (baseline)" in out.splitlines()
     verdict = gate_row(out)
     assert verdict[-1] == "FAIL" and "+20.0" in verdict
-    assert out.splitlines()[-1].startswith("0002_pr: energy gate FAILED (energy_per_token:5%)")
+    assert out.splitlines()[-1].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
 
 
 def test_gate_failure_with_data_formats_keeps_stdout_data(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
-    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
     code, out, err = cli(capsys, *argv, "--format", "json")
     assert code == 1
     gate = json.loads(out)["tables"][1]
@@ -445,7 +453,7 @@ def test_noisy_regression_is_not_significant(
 ) -> None:
     gate_runs(root, [0.05, 0.25, 0.05], [0.25, 0.05, 0.25])  # +57 % on average
     code, out, _ = cli(
-        capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%"
+        capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%"
     )
     assert code == 0
     assert gate_row(out)[-2:] == ["not", "significant"]
@@ -454,11 +462,14 @@ def test_noisy_regression_is_not_significant(
 
 def test_equal_runs_pass_the_gate(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gate_runs(root, TIGHT, TIGHT)
-    code, out, _ = cli(capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "joules:5%")
+    code, out, _ = cli(
+        capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "energy_j:5%"
+    )
     assert code == 0
     assert gate_row(out)[-1] == "ok"
     assert (
-        out.splitlines()[-1] == "0002_pr: energy gate passed (joules:5%): no significant regression"
+        out.splitlines()[-1]
+        == "0002_pr: energy gate passed (energy_j:5%): no significant regression"
     )
 
 
@@ -467,14 +478,14 @@ def test_bad_gate_is_refused_before_any_run_is_read(
 ) -> None:
     # The runs do not exist: the error is about the gate, found first.
     line = usage_error(capsys, "--storage", root, "compare", "x", "y", "--fail-on", "speed:5%")
-    assert line.startswith("llmenergy compare: error: argument --fail-on: bad gate 'speed:5%'")
-    line = usage_error(capsys, "--storage", root, "compare", "x", "y", "--fail-on", "joules:5 W")
-    assert "bad gate" in line
+    assert line.startswith("llmenergy compare: error: argument --fail-on: bad 'speed:5%'")
+    line = usage_error(capsys, "--storage", root, "compare", "x", "y", "--fail-on", "energy_j:5W")
+    assert "bad 'energy_j:5W': expected a unit of j, mj, kj or %" in line
 
 
 def test_compare_needs_two_runs(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     save(root, [make_case([0.1, 0.1])])
-    line = usage_error(capsys, "--storage", root, "compare", "1", "--fail-on", "joules:5%")
+    line = usage_error(capsys, "--storage", root, "compare", "1", "--fail-on", "energy_j:5%")
     assert "at least two runs" in line
 
 
@@ -502,25 +513,37 @@ def test_confidence_decides_a_borderline_case(
     root: Path, capsys: pytest.CaptureFixture[str], confidence: str, code: int
 ) -> None:
     gate_runs(root, BORDERLINE_A, BORDERLINE_B)
-    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
     got, out, _ = cli(capsys, *argv, "--confidence", confidence)
     assert got == code
     verdict = " ".join(gate_row(out)[-2:])
     assert verdict.endswith(" FAIL" if code else "not significant")
 
 
-def test_confidence_defaults_to_the_baseline_runs(
+def test_confidence_of_a_version_1_baseline_is_read_where_0_1_0_kept_it(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     save(root, [make_case(BORDERLINE_A)], name="main", options={"controller": {"confidence": 0.99}})
+    path = next(root.rglob("*_main.json"))
+    path.write_text(path.read_text().replace('"schema_version": 2', '"schema_version": 1'))
     save(root, [make_case(BORDERLINE_B)], name="pr")
-    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
+    code, out, _ = cli(capsys, *argv)
+    assert code == 0 and "(99% confidence)" in out
+
+
+def test_confidence_defaults_to_the_baseline_runs(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(root, [make_case(BORDERLINE_A)], name="main", options={"confidence": 0.99})
+    save(root, [make_case(BORDERLINE_B)], name="pr")
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
     code, out, _ = cli(capsys, *argv)
     assert code == 0 and "(99% confidence)" in out
     # A baseline file with nonsense there falls back to 0.95 instead of crashing.
-    save(root, [make_case(BORDERLINE_A)], name="odd", options={"controller": "fast"})
+    save(root, [make_case(BORDERLINE_A)], name="odd", options={"confidence": "fast"})
     code, out, _ = cli(
-        capsys, "--storage", root, "compare", "odd", "pr", "--fail-on", "energy_per_token:5%"
+        capsys, "--storage", root, "compare", "odd", "pr", "--fail-on", "j_per_token:5%"
     )
     assert code == 1 and "(95% confidence)" in out
 
@@ -528,7 +551,7 @@ def test_confidence_defaults_to_the_baseline_runs(
 @pytest.mark.parametrize("bad", ["95", "1", "0", "x", "nan"])
 def test_bad_confidence(root: Path, capsys: pytest.CaptureFixture[str], bad: str) -> None:
     line = usage_error(capsys, "--storage", root, "compare", "a", "b", "--confidence", bad)
-    assert f"bad confidence {bad!r}" in line and "such as 0.95" in line
+    assert f"expected a confidence level between 0 and 1 such as 0.95 or 95%, got {bad!r}" in line
 
 
 # -- the command itself --------------------------------------------------------------------
@@ -576,7 +599,7 @@ def test_console_script(two_machines: Path, tmp_path: Path) -> None:
 
 def test_python_dash_m_exits_1_on_a_failed_gate(root: Path, tmp_path: Path) -> None:
     gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
-    gate = ("--fail-on", "energy_per_token:5%")
+    gate = ("--fail-on", "j_per_token:5%")
     done = run_process([*MODULE, "--storage", root, "compare", "main", "pr", *gate], tmp_path)
     assert done.returncode == 1 and "energy gate FAILED" in done.stdout
     done = run_process([*MODULE, "--version"], tmp_path)
@@ -606,3 +629,21 @@ def test_a_closed_pipe_is_no_traceback(two_machines: Path, tmp_path: Path) -> No
     finally:
         os.close(write)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+# -- metrics ---------------------------------------------------------------------------
+def test_metrics_lists_every_figure_with_unit_and_meaning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = cli(capsys, "metrics", "--format", "json")
+    assert code == 0
+    rows = json.loads(out)["tables"][0]["rows"]
+    assert [r["key"] for r in rows] == list(FIGURES)
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["j_per_token"]["unit"] == "J" and by_key["j_per_token"]["per_trial"] is True
+    assert "input + output tokens" in by_key["j_per_token"]["meaning"]
+    assert by_key["out_tokens_per_s"]["better"] == "higher"
+    assert by_key["decode_j_per_out_token"]["needs_phases"] is True
+    assert "energy_per_token" in by_key["j_per_token"]["old_names"]
+    code, out, _ = cli(capsys, "metrics")
+    assert code == 0 and "prefill J/in" in out and "per trial" in out

@@ -22,21 +22,22 @@ from pytest_llmenergy.compare import (
     verdict_line,
 )
 from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.report import render
+from pytest_llmenergy.figures import DeprecatedName
 from pytest_llmenergy.stats import welch_t_test
+from pytest_llmenergy.tables import render
 from tests.casefactory import make_case
 
 
 @pytest.mark.parametrize(
     ("text", "gate"),
     [
-        ("energy_per_token:5%", Gate("energy_per_token", 0.05, True)),
-        ("joules:10%", Gate("joules", 0.10, True)),
-        ("seconds:0.5", Gate("seconds", 0.5, False)),
-        ("seconds:250ms", Gate("seconds", 0.25, False)),
-        ("time:1s", Gate("seconds", 1.0, False)),
-        ("joules:2kJ", Gate("joules", 2000.0, False)),
-        (" Power : 3W ", Gate("power", 3.0, False)),
+        ("j_per_token:5%", Gate("j_per_token", 0.05, True)),
+        ("energy_j:10%", Gate("energy_j", 0.10, True)),
+        ("time_s:0.5", Gate("time_s", 0.5, False)),
+        ("time_s:250ms", Gate("time_s", 0.25, False)),
+        ("energy_j:2kJ", Gate("energy_j", 2000.0, False)),
+        (" Power_W : 3W ", Gate("power_w", 3.0, False)),
+        ("decode_j_per_out_token:2%", Gate("decode_j_per_out_token", 0.02, True)),
     ],
 )
 def test_parse_gate(text: str, gate: Gate) -> None:
@@ -44,12 +45,29 @@ def test_parse_gate(text: str, gate: Gate) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "gate"),
+    [
+        ("energy_per_token:5%", Gate("j_per_token", 0.05, True)),
+        ("joules:10%", Gate("energy_j", 0.10, True)),
+        ("seconds:0.5", Gate("time_s", 0.5, False)),
+        ("time:1s", Gate("time_s", 1.0, False)),
+        (" Power : 3W ", Gate("power_w", 3.0, False)),
+    ],
+)
+def test_old_gate_names_still_work_with_a_deprecation_note(text: str, gate: Gate) -> None:
+    with pytest.warns(DeprecatedName, match="is deprecated, use"):
+        assert parse_gate(text) == gate
+
+
+@pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("energy_per_token", "expected METRIC:THRESHOLD"),
-        ("speed:5%", "unknown metric 'speed'"),
-        ("seconds:5J", "seconds takes a threshold in s, ms or %"),
-        ("joules:-1", "expected METRIC:THRESHOLD"),
+        ("j_per_token", "expected FIGURE:AMOUNT"),
+        ("speed:5%", "unknown figure 'speed'"),
+        ("time_s:5J", "expected a unit of s, ms, us, ns or %"),
+        ("energy_j:-1", "expected a positive amount"),
+        ("j_per_in_token:5%", "'j_per_in_token' is gone"),
+        ("energy_per_input_token:5%", "use prefill_j_per_in_token"),
     ],
 )
 def test_bad_gates_say_what_is_expected(text: str, needle: str) -> None:
@@ -58,10 +76,10 @@ def test_bad_gates_say_what_is_expected(text: str, needle: str) -> None:
 
 
 def test_parse_gates_splits_lists() -> None:
-    assert [str(g) for g in parse_gates(["joules:10%,seconds:0.5", "energy_per_token:5%"])] == [
-        "joules:10%",
-        "seconds:0.5s",
-        "energy_per_token:5%",
+    assert [str(g) for g in parse_gates(["energy_j:10%,time_s:0.5", "j_per_token:5%"])] == [
+        "energy_j:10%",
+        "time_s:0.5s",
+        "j_per_token:5%",
     ]
 
 
@@ -70,7 +88,7 @@ BASE = [0.100, 0.101, 0.099, 0.100]
 
 def test_significant_regression_beyond_the_threshold_fails() -> None:
     before, after = make_case(BASE), make_case([0.120, 0.121, 0.119, 0.120])  # +20 %
-    d = delta(before, after, "energy_per_token", gate=parse_gate("energy_per_token:5%"))
+    d = delta(before, after, "j_per_token", gate=parse_gate("j_per_token:5%"))
     assert d is not None
     a = [t.joules / 12 for t in before.trials]
     b = [t.joules / 12 for t in after.trials]
@@ -82,7 +100,7 @@ def test_significant_regression_beyond_the_threshold_fails() -> None:
 def test_large_but_noisy_regression_does_not_fail() -> None:
     before = make_case([0.05, 0.25, 0.05])
     after = make_case([0.25, 0.05, 0.25])  # mean +57 %, but the spread swamps it
-    d = delta(before, after, "joules", gate=parse_gate("joules:10%"))
+    d = delta(before, after, "energy_j", gate=parse_gate("energy_j:10%"))
     assert d is not None and d.relative_change > 0.5
     assert d.exceeded and not d.significant and d.p_value > 0.05
     assert not d.failed and d.verdict == NOT_SIGNIFICANT
@@ -91,28 +109,28 @@ def test_large_but_noisy_regression_does_not_fail() -> None:
 def test_significant_but_small_change_and_improvements_pass() -> None:
     before = make_case(BASE)
     small = make_case([0.103, 0.1031, 0.1029, 0.103])  # +3 %, very significant
-    d = delta(before, small, "seconds", gate=parse_gate("seconds:5%"))
+    d = delta(before, small, "time_s", gate=parse_gate("time_s:5%"))
     assert d is not None and d.significant and not d.exceeded and d.verdict == OK
     faster = make_case([0.05, 0.051, 0.049, 0.05])
-    d = delta(before, faster, "seconds", gate=parse_gate("seconds:0.001"))
+    d = delta(before, faster, "time_s", gate=parse_gate("time_s:0.001"))
     assert d is not None and d.significant and d.verdict == OK
 
 
 def test_absolute_threshold() -> None:
     before, after = make_case(BASE), make_case([0.3, 0.301, 0.299, 0.3])
-    assert delta(before, after, "seconds", gate=parse_gate("seconds:0.5")).verdict == OK
-    assert delta(before, after, "seconds", gate=parse_gate("seconds:0.1")).verdict == FAIL
+    assert delta(before, after, "time_s", gate=parse_gate("time_s:0.5")).verdict == OK
+    assert delta(before, after, "time_s", gate=parse_gate("time_s:0.1")).verdict == FAIL
 
 
 def test_one_trial_cannot_be_tested() -> None:
-    d = delta(make_case(BASE), make_case([0.5]), "seconds", gate=parse_gate("seconds:1%"))
+    d = delta(make_case(BASE), make_case([0.5]), "time_s", gate=parse_gate("time_s:1%"))
     assert d is not None and d.p_value is None and d.verdict == TOO_FEW and not d.failed
 
 
 def test_metric_missing_from_a_case_is_skipped() -> None:
     no_phases = make_case(BASE, prefill_share=None)
-    assert delta(make_case(BASE), no_phases, "prefill_joules") is None
-    assert delta(make_case(BASE), make_case(BASE), "prefill_joules") is not None
+    assert delta(make_case(BASE), no_phases, "prefill_j") is None
+    assert delta(make_case(BASE), make_case(BASE), "prefill_j") is not None
 
 
 def test_compare_cases_matches_by_node_id_and_lists_the_rest() -> None:
@@ -122,7 +140,7 @@ def test_compare_cases_matches_by_node_id_and_lists_the_rest() -> None:
         make_case(BASE, input_tokens=512),  # new
     ]
     c = compare_cases(
-        baseline, current, gates=parse_gates("energy_per_token:5%"), baseline_label="0001_base"
+        baseline, current, gates=parse_gates("j_per_token:5%"), baseline_label="0001_base"
     )
     assert len(c.deltas) == 1 and c.failed
     assert c.only_in_baseline == (make_case(BASE, input_tokens=64).nodeid,)
@@ -143,7 +161,7 @@ def test_compare_cases_matches_by_node_id_and_lists_the_rest() -> None:
 
 def test_without_gates_the_default_metrics_are_compared() -> None:
     c = compare_cases([make_case(BASE)], [make_case(BASE)])
-    assert [d.metric for d in c.deltas] == ["energy_per_token", "joules", "seconds"]
+    assert [d.metric for d in c.deltas] == ["j_per_token", "energy_j", "time_s"]
     assert not c.failed and all(d.verdict == "" for d in c.deltas)
     assert "verdict" not in comparison_table(c).keys
 
@@ -152,11 +170,11 @@ def test_gate_passes_with_note_on_noise() -> None:
     c = compare_cases(
         [make_case([0.05, 0.25, 0.05])],
         [make_case([0.25, 0.05, 0.25])],
-        gates=parse_gates("joules:10%"),
+        gates=parse_gates("energy_j:10%"),
     )
     assert not c.failed
     assert verdict_line(c) == (
-        "energy gate passed (joules:10%): no significant regression; "
+        "energy gate passed (energy_j:10%): no significant regression; "
         "1 over the threshold but not significant"
     )
 
@@ -164,20 +182,38 @@ def test_gate_passes_with_note_on_noise() -> None:
 def test_side_by_side_ratios() -> None:
     a = [make_case([0.1, 0.1], input_tokens=8), make_case([0.4, 0.4], input_tokens=64)]
     b = [make_case([0.05, 0.05], input_tokens=8, watts=50.0)]
-    table = side_by_side(Lineup(("m1", "a100"), (tuple(a), tuple(b))), "joules")
+    table = side_by_side(Lineup(("m1", "a100"), (tuple(a), tuple(b))), "energy_j")
     assert table.keys == ("case", "nodeid", "tokens_in", "tokens_out", "m1", "a100", "a100/m1")
     assert table.hidden == ("nodeid",)
     rows = {r[2]: dict(zip(table.keys, r)) for r in table.rows}
     assert rows[8]["m1"] == pytest.approx(10.0) and rows[8]["a100"] == pytest.approx(2.5)
     assert rows[8]["a100/m1"] == pytest.approx(0.25)
     assert rows[64]["a100"] is None and rows[64]["a100/m1"] is None  # not on the second run
-    assert "node id" not in render([table], "table")
-    assert "0.25\u00d7" in render([table], "table")
+    text = render([table], "table")
+    assert "node id" not in text and "0.25\u00d7" in text
+    # the runs' columns are #1 base, #2, named under the table
+    assert "#1 base" in text and "#2/#1" in text
+    assert text.splitlines()[-2:] == ["#1 base: m1", "#2: a100"]
 
 
 def test_a_gate_that_compares_nothing_says_so() -> None:
     other = make_case(BASE, input_tokens=999)
-    c = compare_cases([make_case(BASE)], [other], gates=parse_gates("joules:5%"))
+    c = compare_cases([make_case(BASE)], [other], gates=parse_gates("energy_j:5%"))
     assert not c.deltas and verdict_line(c).startswith("nothing compared")
-    one = compare_cases([make_case(BASE)], [make_case([0.5])], gates=parse_gates("seconds:5%"))
+    one = compare_cases([make_case(BASE)], [make_case([0.5])], gates=parse_gates("time_s:5%"))
     assert verdict_line(one).endswith("1 over the threshold with too few trials to test")
+
+
+def test_a_throughput_gate_fails_when_throughput_falls() -> None:
+    fast, slow = make_case(BASE), make_case([0.2, 0.201, 0.199, 0.2])
+    d = delta(fast, slow, "tokens_per_s", gate=parse_gate("tokens_per_s:5%"))
+    assert d is not None and d.relative_change < -0.4 and d.verdict == FAIL
+    d = delta(slow, fast, "tokens_per_s", gate=parse_gate("tokens_per_s:5%"))
+    assert d is not None and d.verdict == OK  # twice as fast is no regression
+
+
+def test_long_case_names_are_shortened_to_their_unique_ids() -> None:
+    c = compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["j_per_token"])
+    table = comparison_table(c)
+    assert table.cells[0][0] == "tiny-llama-in8-out4"
+    assert table.rows[0][0] == "test_input_tokens[tiny-llama-in8-out4]"  # csv/json: whole

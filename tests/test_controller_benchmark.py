@@ -10,10 +10,11 @@ import pytest
 
 from pytest_llmenergy import mark_phase, open_meter
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
-from pytest_llmenergy.controller.results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
 from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.controller.targets import parse_ci_targets
 from pytest_llmenergy.errors import LLMEnergyError
+from pytest_llmenergy.figures import value
+from pytest_llmenergy.results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
 from tests.fakes.fake_pynvml import NVML_DEVICE_ARCH_PASCAL, FakeGPU, install_fake_pynvml
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace, SwitchTrace
@@ -64,11 +65,10 @@ def test_target_runs_exactly_warmup_plus_trials_and_trials_are_recorded() -> Non
         assert trial.net_joules == trial.joules  # no idle baseline measured
         assert (trial.input_tokens, trial.output_tokens) == (8, 4)
     assert result.energy.mean == pytest.approx(100.0 * result.time.mean)
-    assert result.power_w == pytest.approx(100.0)
-    assert result.joules_per_token == pytest.approx(result.energy.mean / 12)
-    assert result.joules_per_input_token == pytest.approx(result.energy.mean / 8)
-    assert result.joules_per_output_token == pytest.approx(result.energy.mean / 4)
-    assert result.tokens_per_s == pytest.approx(12 / result.time.mean)
+    assert value(result, "power_w") == pytest.approx(100.0)
+    assert value(result, "j_per_token") == pytest.approx(result.energy.mean / 12)
+    tokens_per_s = sum(12 / t.seconds for t in result.trials) / 3  # mean of the trials'
+    assert value(result, "tokens_per_s") == pytest.approx(tokens_per_s)
     assert result.methods == {"gpu:0": "counter"} and not result.estimated
     assert result.resources is not None and result.resources.wall_seconds >= 0.03
 
@@ -85,7 +85,7 @@ def test_idle_baseline_gives_net_energy() -> None:
 
 def test_stops_at_the_limit_when_the_target_never_holds() -> None:
     bench, _, lines = make_bench(
-        constant_meter(), warmup=0, max_trials=4, targets=parse_ci_targets("time:1ms")
+        constant_meter(), warmup=0, max_trials=4, targets=parse_ci_targets("time_s:1ms")
     )
     durations = iter([0.001, 0.03, 0.001, 0.03, 0.001, 0.03])
     result = bench(lambda: time.sleep(next(durations)), input_tokens=1, output_tokens=1)
@@ -104,7 +104,7 @@ def test_energy_target_can_drive_the_repetitions() -> None:
 
     meter = TraceMeter({"gpu:0": trace})  # type: ignore[dict-item]
     bench, _, _ = make_bench(
-        meter, warmup=0, max_trials=6, targets=parse_ci_targets("time:0.5s,energy:5%")
+        meter, warmup=0, max_trials=6, targets=parse_ci_targets("time_s:0.5s,energy_j:5%")
     )
     result = bench(target, input_tokens=1, output_tokens=1)
     assert result.status == LIMIT and len(result.trials) == 6
@@ -168,12 +168,21 @@ def test_prefill_decode_split_on_a_counter_meter_is_exact() -> None:
         # mark would move about 0.3 J)
         assert pre.joules == pytest.approx(50.0 * pre.seconds, abs=0.02)
         assert dec.joules == pytest.approx(10.0 * dec.seconds, abs=0.02)
-    assert result.prefill_seconds == pytest.approx(
+    assert value(result, "ttft_s") == pytest.approx(
         sum(t.phases["prefill"].seconds for t in result.trials) / 3
     )
-    assert result.decode_tokens == 16
-    assert result.decode_tokens_per_s == pytest.approx(16 / result.decode_seconds)
-    assert result.joules_per_decode_token == pytest.approx(result.decode_joules / 16)
+    # 17 output tokens: the prefill pass made the first, the decode passes the other 16
+    decode = [t.phases["decode"] for t in result.trials]
+    assert value(result, "out_tokens_per_s") == pytest.approx(
+        sum(16 / d.seconds for d in decode) / 3
+    )
+    assert value(result, "decode_j_per_out_token") == pytest.approx(
+        sum(d.joules / 16 for d in decode) / 3
+    )
+    pre = [t.phases["prefill"] for t in result.trials]
+    assert value(result, "prefill_j_per_in_token") == pytest.approx(
+        sum(p.joules / 8 for p in pre) / 3
+    )
 
 
 def test_prefill_decode_split_on_a_sampled_meter(monkeypatch: pytest.MonkeyPatch) -> None:

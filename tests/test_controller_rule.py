@@ -15,18 +15,29 @@ from pytest_llmenergy.controller.rule import (
 )
 from pytest_llmenergy.controller.targets import CITarget, parse_ci_target, parse_ci_targets
 from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.figures import DeprecatedName
+from pytest_llmenergy.results import Trial
 from pytest_llmenergy.stats import summarize
+
+
+def trials(seconds: list[float], joules: list[float]) -> list[Trial]:
+    """Trials of 8 input and 4 output tokens with these runtimes and energies."""
+    return [
+        Trial(i + 1, s, j, j, {"gpu:0": j}, {"gpu:0": j}, 8, 4)
+        for i, (s, j) in enumerate(zip(seconds, joules))
+    ]
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("time:0.5s", CITarget("time", 0.5)),
-        ("time:500ms", CITarget("time", 0.5)),
-        ("time:2%", CITarget("time", 0.02, relative=True)),
-        ("energy:1J", CITarget("energy", 1.0)),
-        ("energy:0.5kJ", CITarget("energy", 500.0)),
-        ("ENERGY : 2.5 %", CITarget("energy", 0.025, relative=True)),
+        ("time_s:0.5s", CITarget("time_s", 0.5)),
+        ("time_s:500ms", CITarget("time_s", 0.5)),
+        ("time_s:2%", CITarget("time_s", 0.02, relative=True)),
+        ("energy_j:1J", CITarget("energy_j", 1.0)),
+        ("energy_j:0.5kJ", CITarget("energy_j", 500.0)),
+        ("ENERGY_J : 2.5 %", CITarget("energy_j", 0.025, relative=True)),
+        ("j_per_token:2%", CITarget("j_per_token", 0.02, relative=True)),
     ],
 )
 def test_targets_parse(text: str, expected: CITarget) -> None:
@@ -38,12 +49,13 @@ def test_targets_parse(text: str, expected: CITarget) -> None:
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("speed:1s", "time or energy"),
-        ("time:1J", "time takes s, ms, us or ns"),
-        ("energy:2s", "energy takes J or kJ"),
-        ("time:0s", "positive"),
-        ("time:150%", "percentage"),
-        ("time", "expected one of the forms"),
+        ("speed:1s", "unknown figure 'speed'; choose from: time_s"),
+        ("time_s:1J", "expected a unit of s, ms, us, ns or %"),
+        ("energy_j:2s", "expected a unit of j, mj, kj or %"),
+        ("time_s:0s", "positive"),
+        ("time_s:150%", "percentage"),
+        ("time_s", "expected FIGURE:AMOUNT"),
+        ("tokens_in:5", "no value per trial"),
     ],
 )
 def test_bad_targets_say_what_is_wrong(text: str, needle: str) -> None:
@@ -51,9 +63,17 @@ def test_bad_targets_say_what_is_wrong(text: str, needle: str) -> None:
         parse_ci_target(text)
 
 
+def test_old_target_names_still_parse_with_a_deprecation_note() -> None:
+    with pytest.warns(DeprecatedName, match="'time' is deprecated, use 'time_s'"):
+        assert str(parse_ci_target("time:0.5s")) == "time_s:0.5s"
+    with pytest.warns(DeprecatedName, match="'energy' is deprecated, use 'energy_j'"):
+        assert str(parse_ci_target("energy:2%")) == "energy_j:2%"
+
+
 def test_several_targets_in_one_text_or_a_list() -> None:
-    assert [str(t) for t in parse_ci_targets("time:0.5s, energy:2%")] == ["time:0.5s", "energy:2%"]
-    assert len(parse_ci_targets(["time:1s", "energy:1J energy:3%"])) == 3
+    got = [str(t) for t in parse_ci_targets("time_s:0.5s, energy_j:2%")]
+    assert got == ["time_s:0.5s", "energy_j:2%"]
+    assert len(parse_ci_targets(["time_s:1s", "energy_j:1J energy_j:3%"])) == 3
     with pytest.raises(ConfigError, match="no CI target"):
         parse_ci_targets(" , ")
 
@@ -70,7 +90,7 @@ def test_relative_and_absolute_targets_against_a_summary() -> None:
 def rule_stop_point(options: ControllerOptions, seconds: list[float], joules: list[float]) -> int:
     """Feed trials one by one; the number of trials at which the rule stopped."""
     for n in range(1, len(seconds) + 1):
-        d = decide(options, seconds[:n], joules[:n])
+        d = decide(options, trials(seconds[:n], joules[:n]))
         if d.stop:
             return n
     raise AssertionError("the rule never stopped")
@@ -92,7 +112,7 @@ def test_stops_exactly_when_the_target_first_holds(sd: float, seed: int) -> None
 
     first_ok = next((n for n in range(3, 26) if half_width(n) <= 0.5), None)
     assert stop == (first_ok or 25)
-    final = decide(options, seconds[:stop], joules[:stop])
+    final = decide(options, trials(seconds[:stop], joules[:stop]))
     assert final.converged == (first_ok is not None)
     if sd <= 0.1:
         assert stop == 3  # tight from the start: the minimum, no more
@@ -103,26 +123,26 @@ def test_stops_exactly_when_the_target_first_holds(sd: float, seed: int) -> None
 def test_all_targets_must_hold() -> None:
     seconds = [1.0, 1.01, 0.99, 1.0]
     joules = [10.0, 14.0, 6.0, 10.0]  # time is tight, energy is not
-    both = ControllerOptions(targets=parse_ci_targets("time:0.5s,energy:1J"), max_trials=4)
-    d = decide(both, seconds[:3], joules[:3])
-    assert not d.stop and [str(t) for t in d.unmet] == ["energy:1J"]
-    d = decide(both, seconds, joules)
+    both = ControllerOptions(targets=parse_ci_targets("time_s:0.5s,energy_j:1J"), max_trials=4)
+    d = decide(both, trials(seconds[:3], joules[:3]))
+    assert not d.stop and [str(t) for t in d.unmet] == ["energy_j:1J"]
+    d = decide(both, trials(seconds, joules))
     assert d.stop and not d.converged  # the limit, not convergence
-    time_only = ControllerOptions(targets=parse_ci_targets("time:0.5s"), max_trials=4)
-    assert decide(time_only, seconds[:3], joules[:3]).converged
+    time_only = ControllerOptions(targets=parse_ci_targets("time_s:0.5s"), max_trials=4)
+    assert decide(time_only, trials(seconds[:3], joules[:3])).converged
 
 
 def test_min_trials_is_respected_even_when_the_target_holds_earlier() -> None:
     options = ControllerOptions(min_trials=5)
     for n in range(2, 5):
-        assert not decide(options, [1.0] * n, [1.0] * n).stop
-    assert decide(options, [1.0] * 5, [1.0] * 5).converged
+        assert not decide(options, trials([1.0] * n, [1.0] * n)).stop
+    assert decide(options, trials([1.0] * 5, [1.0] * 5)).converged
 
 
 def test_one_trial_can_never_converge() -> None:
     options = ControllerOptions(min_trials=1, max_trials=3)
-    assert not decide(options, [1.0], [1.0]).stop
-    assert decide(options, [1.0, 1.0], [1.0, 1.0]).converged
+    assert not decide(options, trials([1.0], [1.0])).stop
+    assert decide(options, trials([1.0, 1.0], [1.0, 1.0])).converged
 
 
 def test_bad_options_are_config_errors() -> None:
@@ -136,9 +156,9 @@ def test_bad_options_are_config_errors() -> None:
 
 def test_marker_overrides_and_unknown_kwargs() -> None:
     base = ControllerOptions()
-    got = with_overrides(base, {"max_trials": 2, "ci_target": "energy:5%", "warmup": 0})
+    got = with_overrides(base, {"max_trials": 2, "ci_target": "energy_j:5%", "warmup": 0})
     assert (got.min_trials, got.max_trials, got.warmup) == (2, 2, 0)
-    assert [str(t) for t in got.targets] == ["energy:5%"]
+    assert [str(t) for t in got.targets] == ["energy_j:5%"]
     with pytest.raises(ConfigError, match=r"unknown argument max_trial; allowed: min_trials, "):
         with_overrides(base, {"max_trial": 3})
     with pytest.raises(ConfigError, match="confidence"):
@@ -147,9 +167,9 @@ def test_marker_overrides_and_unknown_kwargs() -> None:
 
 def test_progress_line_shows_half_width_against_target() -> None:
     options = ControllerOptions()
-    line = progress_line(options, decide(options, [1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
-    assert line.startswith("trial 3: time 1.1 s ±0.248 (<= 0.5 s)")
-    assert "no CI yet" in progress_line(options, decide(options, [1.0], [5.0]))
+    line = progress_line(options, 3, decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5])))
+    assert line.startswith("trial 3: time_s 1.1 s ±0.248 (<= 0.5 s)")
+    assert "no CI yet" in progress_line(options, 1, decide(options, trials([1.0], [5.0])))
 
 
 def test_shuffle_is_reproducible_and_keeps_groups_together() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.options import OPTIONS
+from pytest_llmenergy.plugin.options import OPTIONS
 from tests.fakes.powercap import FakePowercap, FakeZone
 from tests.fakes.trace import PowerTrace
 
@@ -57,10 +57,10 @@ def test_rapl_without_powercap_stops_the_session(
     [
         ("--energy-gpus=zero", "comma-separated GPU indices"),
         ("--energy-gpus=-1", "comma-separated GPU indices"),
-        ("--energy-sample-interval=-1", "positive number of seconds"),
-        ("--energy-sample-interval=fast", "positive number of seconds"),
+        ("--energy-sample-interval=-1", "expected seconds > 0"),
+        ("--energy-sample-interval=fast", "expected seconds > 0"),
         ("--energy-idle=soon", "seconds >= 0"),
-        ("--energy-cpu-tdp=0", "positive number of watts"),
+        ("--energy-cpu-tdp=0", "expected watts > 0"),
     ],
 )
 def test_bad_option_values_are_one_line_errors(

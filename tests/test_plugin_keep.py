@@ -69,13 +69,19 @@ def test_save_writes_everything_a_run_needs(project: pytest.Pytester) -> None:
         ]
     )
     data = json.loads(path.read_text())
-    assert data["format"] == "pytest-llmenergy-run" and data["schema_version"] == 1
+    assert data["format"] == "pytest-llmenergy-run" and data["schema_version"] == 2
     assert data["run"]["status"] == "complete" and data["run"]["exit_status"] == 0
     assert data["run"]["name"] == "base" and data["run"]["id"] == "0001"
     assert data["machine"]["cpu"]["logical_cores"] >= 1 and data["machine"]["memory_bytes"] > 0
     assert "torch" in data["machine"]["packages"] and "python" in data["machine"]
     assert data["commit"] == {}  # pytester's folder is not a git repository
-    assert data["options"]["controller"]["max_trials"] == 25
+    # the explicit options record: every option by name, with the value in effect
+    from pytest_llmenergy.plugin.options import OPTIONS
+
+    assert set(data["options"]) == {o.name for o in OPTIONS}
+    assert data["options"]["max_trials"] == 25 and data["options"]["save"] == "base"
+    assert data["options"]["ci_target"] == ["time_s:0.5s"] and data["options"]["idle"] == 0.05
+    assert isinstance(data["options"]["seed"], int)  # the seed in effect, chosen or given
     assert data["meter"]["domains"] == {"gpu:0": {"method": "counter", "counted": True}}
     assert data["meter"]["idle_power_w"]["gpu:0"] == pytest.approx(200.0, rel=1e-3)
     case = data["cases"][0]
@@ -115,8 +121,8 @@ def test_compare_with_the_latest_named_or_missing_run(project: pytest.Pytester) 
     result.stdout.re_match_lines(
         [
             r"^=+ llmenergy: compared with 0001_base =+$",
-            r"^this run against 0001_base$",
-            r"^test_case\[8\]\s+J/token\s+.*%\s+\S+\s+(yes|no)$",
+            r"^this run \(current\) against 0001_base \(baseline\)$",
+            r"^test_case\[8\]\s+j_per_token\s+.*%\s+\S+\s+(yes|no)$",
             r"^llmenergy: compared \d+ figures against 0001_base$",
         ]
     )
@@ -127,13 +133,13 @@ def test_compare_with_the_latest_named_or_missing_run(project: pytest.Pytester) 
 
 def test_gate_fails_a_significant_regression(project: pytest.Pytester) -> None:
     run(project, "--energy-save=base", sleeps="0.01,0.01,0.01,0.01").assert_outcomes(passed=2)
-    result = run(project, "--energy-compare-fail=energy_per_token:5%", sleeps="0.02,0.02,0.02,0.02")
+    result = run(project, "--energy-compare-fail=j_per_token:5%", sleeps="0.02,0.02,0.02,0.02")
     result.assert_outcomes(passed=2)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.re_match_lines(
         [
-            r"^test_case\[8\]\s+J/token\s+.*\+\d+\.\d %\s+\S+\s+yes\s+energy_per_token:5%\s+FAIL$",
-            r"^llmenergy: energy gate FAILED \(energy_per_token:5%\): 2 significant "
+            r"^test_case\[8\]\s+j_per_token\s+.*\+\d+\.\d %\s+\S+\s+yes\s+j_per_token:5%\s+FAIL$",
+            r"^llmenergy: energy gate FAILED \(j_per_token:5%\): 2 significant "
             r"regression\(s\) in 2 case\(s\): test_case\[64\], test_case\[8\]$",
         ]
     )
@@ -141,28 +147,30 @@ def test_gate_fails_a_significant_regression(project: pytest.Pytester) -> None:
 
 
 def test_gate_passes_a_large_regression_that_is_not_significant(project: pytest.Pytester) -> None:
+    """Also: 0.1.0's name of the figure (``joules``) still works, with a deprecation note."""
     run(project, "--energy-save=base", sleeps="0.01,0.05,0.01").assert_outcomes(passed=2)
     result = run(project, "--energy-compare-fail=joules:10%", sleeps="0.05,0.01,0.05")
     assert result.ret == 0
     result.stdout.re_match_lines(
         [
-            r"^test_case\[8\]\s+J/query\s+.*\+\d\d\.\d %\s+\S+\s+no\s+joules:10%\s+"
+            r"^test_case\[8\]\s+energy_j\s+.*\+\d\d\.\d %\s+\S+\s+no\s+energy_j:10%\s+"
             r"not significant$",
-            r"^llmenergy: energy gate passed \(joules:10%\): no significant regression; "
+            r"^llmenergy: energy gate passed \(energy_j:10%\): no significant regression; "
             r"2 over the threshold but not significant$",
         ]
     )
+    result.stdout.fnmatch_lines(["*figure name 'joules' is deprecated, use 'energy_j'*"])
 
 
 def test_gate_passes_an_unchanged_run_and_reads_the_ini(project: pytest.Pytester) -> None:
     project.makeini("[pytest]\nllmenergy_save = base\n")
     run(project).assert_outcomes(passed=2)
     assert [p.name for p in saved(project)] == ["0001_base.json"]
-    project.makeini("[pytest]\nllmenergy_compare_fail = seconds:50%, joules:50%\n")
+    project.makeini("[pytest]\nllmenergy_compare_fail = time_s:50%, energy_j:50%\n")
     result = run(project)
     assert result.ret == 0
     result.stdout.fnmatch_lines(
-        ["llmenergy: energy gate passed (seconds:50%, joules:50%): no significant regression"]
+        ["llmenergy: energy gate passed (time_s:50%, energy_j:50%): no significant regression"]
     )
 
 
@@ -221,18 +229,20 @@ def test_bad_baseline_stops_the_session_at_start(
 
 def test_bad_gate_and_name_are_one_line_errors(project: pytest.Pytester) -> None:
     assert_one_line_usage_error(
-        run(project, "--energy-compare-fail=speed:5%"), "--energy-compare-fail", "unknown metric"
+        run(project, "--energy-compare-fail=speed:5%"),
+        "--energy-compare-fail",
+        "unknown figure 'speed'",
     )
     assert_one_line_usage_error(run(project, "--energy-save=a/b"), "bad run name 'a/b'")
     assert_one_line_usage_error(
-        run(project, "--energy-columns=joules,nope"), "unknown column 'nope'"
+        run(project, "--energy-columns=energy_j,nope"), "unknown figure 'nope'"
     )
 
 
 def test_table_options(project: pytest.Pytester) -> None:
     result = run(
         project,
-        "--energy-columns=tokens_in,j_per_token,watts",
+        "--energy-columns=tokens_in,j_per_token,power_w",
         "--energy-group-by=none",
         "--energy-sort=-tokens_in",
     )
@@ -289,7 +299,7 @@ def test_a_baseline_from_other_hardware_is_named(project: pytest.Pytester) -> No
     result.stdout.fnmatch_lines(
         [
             "llmenergy: the baseline ran on other hardware: apple-m1-pro__no-gpu__powermetrics",
-            "this run against elsewhere",
+            "this run (current) against elsewhere (baseline)",
         ]
     )
 

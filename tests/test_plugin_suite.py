@@ -123,8 +123,8 @@ def test_small_grid_runs_and_prints_a_table_per_sweep_and_model(suite: pytest.Py
         [
             r"^=+ llmenergy: energy per token =+$",
             r"^sweep input · model tiny-llama$",
-            r"^\s+in\s+out\s+trials\s+s ± CI\s+J/query ± CI\s+J/in-token\s+J/out-token\s+"
-            r"prefill J\s+decode J\s+tokens/s\s+avg W\s+GPU J$",
+            r"^\s+in\s+out\s+trials\s+s ± CI\s+J ± CI\s+J/token\s+prefill J/in\s+"
+            r"decode J/out\s+tok/s\s+out tok/s\s+avg W\s+GPU J$",
             r"^\s+8\s+32\s+\d+ ✓\s+",
             r"^\s+64\s+32\s+\d+ ✓\s+",
             r"^sweep output · model tiny-llama$",
@@ -156,15 +156,15 @@ def test_verbose_shows_trials_converging(suite: pytest.Pytester) -> None:
         "-k",
         "input",
         "-v",
-        "--energy-ci-target=time:1ns",
+        "--energy-ci-target=time_s:1ns",
         "--energy-max-trials=4",
     )
     result.assert_outcomes(passed=1)
     case = r"test_input_tokens\[tiny-falcon-in8-out32\]"
     result.stdout.re_match_lines(
         [
-            rf"\s+{case}: trial 1: time \S+ s \(no CI yet\)$",
-            rf"\s+{case}: trial 4: time \S+ s ±\S+ \(> 1e-09 s\)$",
+            rf"\s+{case}: trial 1: time_s \S+ s \(no CI yet\)$",
+            rf"\s+{case}: trial 4: time_s \S+ s ±\S+ \(> 1e-09 s\)$",
             r"^\s+8\s+32\s+4 ✗\s+",  # stopped at the limit: not converged
         ]
     )
@@ -176,7 +176,7 @@ def test_marker_overrides_and_rejects_unknown_kwargs(pytester: pytest.Pytester) 
         """
         import time, pytest
 
-        @pytest.mark.llmenergy(max_trials=2, ci_target="energy:1e-9J", warmup=0)
+        @pytest.mark.llmenergy(max_trials=2, ci_target="energy_j:1e-9J", warmup=0)
         def test_marked(energy_benchmark):
             calls = []
             r = energy_benchmark(lambda: calls.append(time.sleep(0.001)), input_tokens=1,
@@ -237,15 +237,15 @@ def test_out_of_memory_case_is_skipped_and_the_sweep_goes_on(pytester: pytest.Py
 @pytest.mark.parametrize(
     ("arg", "needle"),
     [
-        ("--energy-ci-target=speed:1s", "the metric must be time or energy"),
-        ("--energy-max-trials=0", "an integer >= 1"),
-        ("--energy-warmup=-1", "an integer >= 0"),
-        ("--energy-confidence=1.5", "a level in (0, 1)"),
-        ("--energy-seed=x", "an integer >= 0"),
-        ("--energy-shuffle=maybe", "on, off or auto"),
-        ("--llm-grid=huge", "default, paper or quick"),
+        ("--energy-ci-target=speed:1s", "unknown figure 'speed'; choose from: time_s"),
+        ("--energy-max-trials=0", "a whole number >= 1"),
+        ("--energy-warmup=-1", "a whole number >= 0"),
+        ("--energy-confidence=1.5", "between 0 and 1"),
+        ("--energy-seed=x", "a whole number >= 0"),
+        ("--energy-shuffle=maybe", "one of on, off, auto"),
+        ("--llm-grid=huge", "one of default, paper, quick"),
         ("--llm-input-tokens=0", "token counts >= 1"),
-        ("--llm-dtype=int3", "auto, float32, float16 or bfloat16"),
+        ("--llm-dtype=int3", "one of auto, float32, float16, bfloat16"),
     ],
 )
 def test_bad_suite_options_are_one_line_errors(
@@ -265,7 +265,7 @@ def test_repetition_options_from_the_ini_file(pytester: pytest.Pytester) -> None
     pytester.makeconftest(TRACE_METER)
     pytester.makeini(
         "[pytest]\nllmenergy_max_trials = 2\nllmenergy_min_trials = 2\n"
-        "llmenergy_ci_target = time:1ns, energy:1%\nllmenergy_warmup = 0\n"
+        "llmenergy_ci_target = time_s:1ns, energy_j:1%\nllmenergy_warmup = 0\n"
     )
     pytester.makepyfile(
         """
@@ -274,7 +274,7 @@ def test_repetition_options_from_the_ini_file(pytester: pytest.Pytester) -> None
         def test_x(energy_benchmark):
             r = energy_benchmark(time.sleep, 0.001, input_tokens=1, output_tokens=1)
             assert len(r.trials) == 2 and r.status == "limit"
-            assert [str(t) for t in r.options.targets] == ["time:1e-09s", "energy:1%"]
+            assert [str(t) for t in r.options.targets] == ["time_s:1e-09s", "energy_j:1%"]
         """
     )
     result = pytester.runpytest("--energy-backend=trace", "-v")

@@ -10,7 +10,19 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from pytest_llmenergy.controller.results import (
+from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.figures import DEFAULT_COLUMNS, FIGURES, DeprecatedName
+from pytest_llmenergy.meters.resources import ResourceUsage
+from pytest_llmenergy.report import (
+    ESTIMATED_NOTE,
+    TRIALS_LEGEND,
+    case_tables,
+    parse_columns,
+    parse_group_by,
+    parse_sort,
+)
+from pytest_llmenergy.results import (
     CONVERGED,
     LIMIT,
     OOM,
@@ -19,22 +31,7 @@ from pytest_llmenergy.controller.results import (
     PhaseRecord,
     Trial,
 )
-from pytest_llmenergy.controller.rule import ControllerOptions
-from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.llm.resources import ResourceUsage
-from pytest_llmenergy.report import (
-    COLUMNS,
-    DEFAULT_COLUMNS,
-    ESTIMATED_NOTE,
-    FORMATS,
-    Table,
-    case_tables,
-    fmt_number,
-    parse_columns,
-    parse_group_by,
-    parse_sort,
-    render,
-)
+from pytest_llmenergy.tables import FORMATS, Table, fmt_number, render
 
 # Per trial: gpu:0, gpu:1, cpu:package-0, cpu:dram-0 are counted (sum = the trial's joules);
 # cpu:core-0 sits inside the package and is not.
@@ -150,36 +147,40 @@ def cells_of(table: Table) -> list[dict[str, str]]:
 
 def test_raw_values_of_a_measured_case() -> None:
     usage = ResourceUsage(3 * 2**20, None, 0.75, None, 3.6)
-    (table,) = case_tables([make_case(resources=usage)], columns=list(COLUMNS))
+    (table,) = case_tables([make_case(resources=usage)], columns=list(FIGURES))
     (row,) = rows_of(table)
     assert row["name"] == "test_input_tokens[tiny-llama-in8-out32]"
     assert (row["tokens_in"], row["tokens_out"], row["trials"]) == (8, 32, 3)
     assert row["status"] == "converged"
-    assert row["seconds"] == pytest.approx(1.2)
-    assert row["joules"] == 12.0  # (10 + 12 + 14) / 3
-    assert row["net_joules"] == 11.0
+    assert row["time_s"] == pytest.approx(1.2)
+    assert row["energy_j"] == 12.0  # (10 + 12 + 14) / 3
+    assert row["net_energy_j"] == 11.0
     assert row["j_per_token"] == pytest.approx(12.0 / 40)
-    assert row["j_per_in_token"] == pytest.approx(12.0 / 8)
-    assert row["j_per_out_token"] == pytest.approx(12.0 / 32)
+    # prefill is 20 % of each trial's joules (2.4 J on average), over 8 input tokens
+    assert row["prefill_j_per_in_token"] == pytest.approx(0.2 * 12.0 / 8)
+    # decode is 80 % (9.6 J), over the 31 tokens it produces (the prefill made the 32nd)
+    assert row["decode_j_per_out_token"] == pytest.approx(0.8 * 12.0 / 31)
     assert row["prefill_j"] == pytest.approx(0.2 * 12.0)
     assert row["decode_j"] == pytest.approx(0.8 * 12.0)
-    assert row["prefill_s"] == pytest.approx(0.2 * 1.2)
+    assert row["ttft_s"] == pytest.approx(0.2 * 1.2)
     assert row["decode_s"] == pytest.approx(0.8 * 1.2)
-    assert row["tokens_per_s"] == pytest.approx(40 / 1.2)
-    assert row["decode_tokens_per_s"] == pytest.approx(31 / (0.8 * 1.2))
-    assert row["watts"] == pytest.approx(36.0 / 3.6)  # sum of joules over sum of seconds
+    # throughputs are means of the trials' own: 40 tokens in 1.0, 1.2 and 1.4 s
+    assert row["tokens_per_s"] == pytest.approx((40 / 1.0 + 40 / 1.2 + 40 / 1.4) / 3)
+    decode = [0.8 * s for s in (1.0, 1.2, 1.4)]
+    assert row["out_tokens_per_s"] == pytest.approx(sum(31 / d for d in decode) / 3)
+    assert row["power_w"] == pytest.approx(10.0)  # 10 J/s in every trial
     assert row["peak_rss_mib"] == 3.0
     assert row["cpu_s"] == 0.75
     assert row["estimated"] is False
 
 
 def test_domain_families_count_only_counted_domains() -> None:
-    (table,) = case_tables([make_case()], columns=["gpu_j", "cpu_j", "dram_j", "joules"])
+    (table,) = case_tables([make_case()], columns=["gpu_j", "cpu_j", "dram_j", "energy_j"])
     (row,) = rows_of(table)
     assert row["gpu_j"] == pytest.approx(6.0 + 1.0)  # both GPUs
     assert row["cpu_j"] == pytest.approx(4.0)  # the package, not the core inside it
     assert row["dram_j"] == pytest.approx(1.0)
-    assert row["gpu_j"] + row["cpu_j"] + row["dram_j"] == pytest.approx(row["joules"])  # type: ignore[operator]
+    assert row["gpu_j"] + row["cpu_j"] + row["dram_j"] == pytest.approx(row["energy_j"])  # type: ignore[operator]
 
 
 def test_dram_outside_the_cpu_namespace_is_still_dram() -> None:
@@ -198,16 +199,16 @@ def test_cells_show_ci_and_how_the_trials_ended() -> None:
         make_case("c", (32, 32), seconds=[1.0] * 5, status=ROUNDS),
         make_case("d", (64, 32), seconds=[2.0]),
     ]
-    (table,) = case_tables(cases, columns=["name", "trials", "seconds", "joules", "status"])
+    (table,) = case_tables(cases, columns=["name", "trials", "time_s", "energy_j", "status"])
     cells = {c["name"]: c for c in cells_of(table)}
     assert cells["a"]["trials"] == "3 ✓"
     assert cells["b"]["trials"] == "25 ✗"
     assert cells["c"]["trials"] == "5"
     assert cells["b"]["status"] == "limit"
-    half = make_case().energy.half_width
-    assert cells["a"]["joules"] == f"12 ± {half:.2g}"
-    assert cells["a"]["seconds"].startswith("1.2 ± ")
-    assert cells["d"]["seconds"] == "2"  # one trial: no interval to show
+    half = make_case().energy.half_width  # 4.97: two digits, 5.0, and the mean to match
+    assert cells["a"]["energy_j"] == f"12.0 ± {half:.1f}"
+    assert cells["a"]["time_s"] == "1.20 ± 0.50"  # 0.497: the mean to its place
+    assert cells["d"]["time_s"] == "2"  # one trial: no interval to show
 
 
 def test_fmt_number_uses_significant_digits_and_a_dash_for_nothing() -> None:
@@ -288,10 +289,10 @@ def test_sort_by_tokens_and_descending() -> None:
 
 
 def test_sort_by_a_figure_puts_missing_values_last_both_ways() -> None:
-    assert names(sweep_with_oom(), "seconds") == ["in8", "in32", "in64", oom_case().name]
+    assert names(sweep_with_oom(), "time_s") == ["in8", "in32", "in64", oom_case().name]
     # joules: in32 5, in64 12, in8 50
-    assert names(sweep_with_oom(), "joules") == ["in32", "in64", "in8", oom_case().name]
-    assert names(sweep_with_oom(), "-joules") == ["in8", "in64", "in32", oom_case().name]
+    assert names(sweep_with_oom(), "energy_j") == ["in32", "in64", "in8", oom_case().name]
+    assert names(sweep_with_oom(), "-energy_j") == ["in8", "in64", "in32", oom_case().name]
 
 
 def test_sort_by_name() -> None:
@@ -306,9 +307,9 @@ def test_sort_by_name() -> None:
 def test_default_columns_drop_what_no_case_has() -> None:
     (table,) = case_tables([cpu_case("c", (8, 32), estimated=False)])
     shown = [k for k in table.keys if k not in table.hidden]
-    assert shown == [
-        k for k in DEFAULT_COLUMNS if k not in ("prefill_j", "decode_j", "gpu_j", "dram_j")
-    ]
+    no_phases = [k for k in DEFAULT_COLUMNS if FIGURES[k].needs_phases]
+    assert no_phases  # the default columns include prefill | decode figures
+    assert shown == [k for k in DEFAULT_COLUMNS if k not in (*no_phases, "gpu_j", "dram_j")]
 
 
 def test_default_columns_keep_a_column_one_case_has() -> None:
@@ -321,10 +322,10 @@ def test_default_columns_keep_a_column_one_case_has() -> None:
 
 def test_explicit_columns_are_all_kept_even_when_empty() -> None:
     (table,) = case_tables(
-        [cpu_case("c", (8, 32), estimated=False)], columns=["tokens_in", "gpu_j", "prefill_s"]
+        [cpu_case("c", (8, 32), estimated=False)], columns=["tokens_in", "gpu_j", "ttft_s"]
     )
-    assert [k for k in table.keys if k not in table.hidden] == ["tokens_in", "gpu_j", "prefill_s"]
-    assert rows_of(table)[0]["gpu_j"] is None and cells_of(table)[0]["prefill_s"] == "—"
+    assert [k for k in table.keys if k not in table.hidden] == ["tokens_in", "gpu_j", "ttft_s"]
+    assert rows_of(table)[0]["gpu_j"] is None and cells_of(table)[0]["ttft_s"] == "—"
 
 
 def test_name_is_shown_only_when_tokens_do_not_tell_rows_apart() -> None:
@@ -341,20 +342,21 @@ def test_name_is_shown_only_when_tokens_do_not_tell_rows_apart() -> None:
 
 def test_estimated_cases_are_marked_and_noted() -> None:
     cases = [cpu_case("est", (8, 32), estimated=True), cpu_case("real", (16, 32), estimated=False)]
-    (table,) = case_tables(cases, columns=["name", "tokens_in", "joules", "watts", "cpu_j"])
+    (table,) = case_tables(cases, columns=["name", "tokens_in", "energy_j", "power_w", "cpu_j"])
     est, real = cells_of(table)
-    assert est["joules"].startswith("~20") and est["watts"].startswith("~")
+    assert est["energy_j"].startswith("~20") and est["power_w"].startswith("~")
     assert est["cpu_j"] == "~20"
     assert est["tokens_in"] == "8"  # not energy: no marker
     assert not any(c.startswith("~") for c in real.values())
     assert [r["estimated"] for r in rows_of(table)] == [True, False]
-    assert rows_of(table)[0]["joules"] == 20.0  # the raw figure stays a number
-    assert ESTIMATED_NOTE in table.notes
+    assert rows_of(table)[0]["energy_j"] == 20.0  # the raw figure stays a number
+    assert ESTIMATED_NOTE in table.legend
 
 
 def test_measured_cases_carry_no_estimate_note() -> None:
     (table,) = case_tables([make_case()])
-    assert ESTIMATED_NOTE not in table.notes
+    assert ESTIMATED_NOTE not in table.legend
+    assert TRIALS_LEGEND in table.legend  # ✓ is explained under the table
     assert not any("~" in cell for row in table.cells for cell in row)
 
 
@@ -363,7 +365,7 @@ def test_an_oom_case_is_a_row_of_dashes_with_its_reason_in_the_notes() -> None:
     (table,) = case_tables(cases)
     oom_row, oom_cells = rows_of(table)[1], cells_of(table)[1]
     assert (oom_row["tokens_in"], oom_row["tokens_out"]) == (8192, 32)
-    assert oom_cells["trials"] == "—" and oom_cells["joules"] == "—"
+    assert oom_cells["trials"] == "—" and oom_cells["energy_j"] == "—"
     numbers = [k for k in table.keys if k not in ("tokens_in", "tokens_out", "name", "estimated")]
     assert all(oom_row[k] is None for k in numbers)
     assert table.notes == (
@@ -377,9 +379,13 @@ def test_an_oom_case_is_a_row_of_dashes_with_its_reason_in_the_notes() -> None:
 
 
 def test_parse_columns() -> None:
-    assert parse_columns(" joules ,name,joules") == ("joules", "name")
-    with pytest.raises(ConfigError, match=r"unknown column 'jules'; choose from: name, tokens_in"):
-        parse_columns("joules,jules")
+    assert parse_columns(" energy_j ,name,energy_j") == ("energy_j", "name")
+    with pytest.warns(DeprecatedName, match="'joules' is deprecated, use 'energy_j'"):
+        assert parse_columns("joules,energy_j") == ("energy_j",)  # an old name, one column
+    with pytest.raises(ConfigError, match=r"unknown figure 'jules'; choose from: name, tokens_in"):
+        parse_columns("energy_j,jules")
+    with pytest.raises(ConfigError, match=r"'j_per_in_token' is gone.*prefill_j_per_in_token"):
+        parse_columns("j_per_in_token")
     with pytest.raises(ConfigError, match="choose from"):
         parse_columns(" , ")
 
@@ -398,16 +404,18 @@ def test_parse_group_by() -> None:
 
 def test_parse_sort() -> None:
     assert parse_sort("tokens") == "tokens"
-    assert parse_sort(" -joules ") == "-joules"
+    assert parse_sort(" -energy_j ") == "-energy_j"
+    with pytest.warns(DeprecatedName):
+        assert parse_sort("-joules") == "-energy_j"
     assert parse_sort("name") == "name"
-    with pytest.raises(ConfigError, match=r"unknown sort 'energy'; choose from: tokens, name, "):
-        parse_sort("energy")
+    with pytest.raises(ConfigError, match=r"unknown sort 'enrgy'; choose from: tokens, "):
+        parse_sort("enrgy")
     with pytest.raises(ConfigError, match="unknown sort 'status'"):  # not a figure
         parse_sort("status")
 
 
 def test_case_tables_checks_its_arguments() -> None:
-    with pytest.raises(ConfigError, match="unknown column 'x'"):
+    with pytest.raises(ConfigError, match="unknown figure 'x'"):
         case_tables([make_case()], columns=["x"])
     with pytest.raises(ConfigError, match="unknown sort 'x'"):
         case_tables([make_case()], sort="x")
@@ -431,7 +439,7 @@ def test_render_table() -> None:
     lines = text.splitlines()
     assert lines[0] == "sweep input · model tiny-llama"
     header = lines[1]
-    for h in ("in", "out", "trials", "s ± CI", "J/query ± CI", "J/in-token", "GPU J", "DRAM J"):
+    for h in ("in", "out", "trials", "s ± CI", "J ± CI", "J/token", "prefill J/in", "GPU J"):
         assert h in header
     assert "estimated" not in header and "name" not in header  # csv/json only
     assert lines[3].startswith("   8     32")  # figures right-aligned
@@ -461,10 +469,10 @@ def test_render_csv_is_one_sheet_of_raw_values() -> None:
         "sweep output · model m",
     ]
     first = rows_of(tables[0])[0]
-    assert float(rows[0]["joules"]) == first["joules"]
-    assert float(rows[0]["j_per_in_token"]) == first["j_per_in_token"]
+    assert float(rows[0]["energy_j"]) == first["energy_j"]
+    assert float(rows[0]["prefill_j_per_in_token"]) == first["prefill_j_per_in_token"]
     assert rows[0]["name"] == "in8" and rows[0]["estimated"] == "False"
-    assert rows[1]["joules"] == "" and rows[1]["tokens_in"] == "8192"  # OOM: empty, not nan
+    assert rows[1]["energy_j"] == "" and rows[1]["tokens_in"] == "8192"  # OOM: empty, not nan
     assert rows[2]["gpu_j"] == "" and rows[2]["estimated"] == "True"  # not a column there
 
 
@@ -478,9 +486,9 @@ def test_render_json_is_strict() -> None:
     assert [t["title"] for t in data["tables"]] == [t.title for t in tables]
     first = data["tables"][0]
     assert first["columns"] == list(tables[0].keys)
-    assert first["rows"][0]["joules"] == 12.0 and first["rows"][0]["estimated"] is False
-    assert first["rows"][1]["joules"] is None
-    assert data["tables"][1]["notes"] == [ESTIMATED_NOTE]
+    assert first["rows"][0]["energy_j"] == 12.0 and first["rows"][0]["estimated"] is False
+    assert first["rows"][1]["energy_j"] is None
+    assert ESTIMATED_NOTE in data["tables"][1]["legend"] and data["tables"][1]["notes"] == []
 
 
 def test_render_takes_any_table_and_never_writes_nan() -> None:

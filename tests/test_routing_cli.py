@@ -178,11 +178,11 @@ def test_a_bad_profile_row_names_its_line(capsys, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "expect"),
     [
-        (("--lambda", "2"), "bad lambda"),
+        (("--lambda", "2"), "argument --lambda: expected a weight of energy between 0 and 1"),
         (("--capacity", "M1-Pro=lots"), "bad capacity"),
-        (("--p-ref", "-3"), "bad reference power"),
+        (("--p-ref", "-3"), "argument --p-ref: expected watts > 0"),
         (("--by", "tokens"), "invalid choice"),
-        (("--lambda-steps", "1"), "bad lambda steps"),
+        (("--lambda-steps", "1"), "expected 0 (no sweep) or 2 to 1001 steps"),
     ],
 )
 def test_bad_options_are_usage_errors(capsys, args: tuple[str, ...], expect: str) -> None:

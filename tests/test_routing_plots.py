@@ -108,7 +108,7 @@ def test_profile_plots_in_png_and_svg(llama: list[SystemModel], tmp_path: Path) 
     text = _svg_text(out / "llama-2-7b-energy-per-token-input.svg")
     assert "Llama-2 (7B)" in text
     assert "input tokens per query" in text
-    assert "energy per token (J / token, input + output)" in text
+    assert "energy per token (J/token, input + output)" in text
     assert "M1-Pro: measured" in text and "Swing AMD+A100: interpolated" in text
     assert "runtime (s per query)" in _svg_text(out / "llama-2-7b-runtime.svg")
 

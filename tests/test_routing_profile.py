@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.controller.results import CaseResult
+from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.routing.profile import (
     ALL_MODELS,
     Point,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.controller.results import OOM, CaseResult
 from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.controller.targets import CITarget
+from pytest_llmenergy.figures import value
+from pytest_llmenergy.results import OOM, CaseResult
 from pytest_llmenergy.storage.recorder import jsonable, new_run
 from pytest_llmenergy.storage.runfile import (
     COMPLETE,
@@ -63,7 +64,7 @@ def test_round_trip_keeps_every_trial_and_derived_figure(tmp_path: Path) -> None
     path.write_text(dumps(sample_run(cases)))
     back = load(path)
     assert back.cases == cases  # every field, every trial, phases and resources
-    assert back.cases[0].joules_per_token == cases[0].joules_per_token
+    assert value(back.cases[0], "j_per_token") == value(cases[0], "j_per_token")
     assert back.cases[2].options.targets[0].value == 0.0123456789
     assert back.name == "baseline" and back.status == COMPLETE and back.path == path
     assert back.options["controller"]["confidence"] == 0.95
@@ -88,7 +89,7 @@ def test_files_are_strict_json_even_with_nan_figures(tmp_path: Path) -> None:
 
 def test_jsonable_turns_options_into_plain_values() -> None:
     value = jsonable({"o": ControllerOptions(), "n": float("inf"), "s": {3}})
-    assert value["o"]["targets"] == [{"metric": "time", "value": 0.5, "relative": False}]
+    assert value["o"]["targets"] == [{"metric": "time_s", "value": 0.5, "relative": False}]
     assert value["n"] is None and value["s"] == [3]
     json.dumps(value, allow_nan=False)
 

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from pytest_llmenergy.cli import _parser
-from pytest_llmenergy.options import BY_FLAG
+from pytest_llmenergy.plugin.options import BY_FLAG
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"

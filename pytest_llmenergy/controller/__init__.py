@@ -1,16 +1,16 @@
-"""Repeating: the stopping rule, CI targets, case order, and the benchmark loop."""
+"""Repeating: the stopping rule, CI targets, case order, and the benchmark loop.
 
-from .results import CaseResult, PhaseRecord, Trial
-from .rule import ControllerOptions, Decision, decide
+What a case leaves behind (``CaseResult``, ``Trial``) is the package's core data model
+and lives in :mod:`pytest_llmenergy.results`.
+"""
+
+from .rule import ControllerOptions, StopDecision, decide
 from .targets import CITarget, parse_ci_target, parse_ci_targets
 
 __all__ = [
     "CITarget",
-    "CaseResult",
     "ControllerOptions",
-    "Decision",
-    "PhaseRecord",
-    "Trial",
+    "StopDecision",
     "decide",
     "parse_ci_target",
     "parse_ci_targets",

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from ..errors import LLMEnergyError
-from ..llm.resources import ResourceProbe
 from ..meters.base import Meter
-from .results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
+from ..meters.resources import ResourceProbe
+from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
 from .rule import ControllerOptions, decide, progress_line
 
 
@@ -152,11 +152,9 @@ class EnergyBenchmark:
                         if len(trials) >= rounds:
                             break
                         continue
-                    decision = decide(
-                        self.options, [t.seconds for t in trials], [t.joules for t in trials]
-                    )
+                    decision = decide(self.options, trials)
                     if self._progress is not None:
-                        self._progress(progress_line(self.options, decision))
+                        self._progress(progress_line(self.options, len(trials), decision))
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
                         break

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
+from ..figures import FIGURES
+from ..results import Trial
 from ..stats import Summary, summarize
 from .targets import CITarget, parse_ci_targets
 
-DEFAULT_TARGETS: tuple[CITarget, ...] = (CITarget("time", 0.5),)
+DEFAULT_TARGETS: tuple[CITarget, ...] = (CITarget("time_s", 0.5),)
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class ControllerOptions:
         if not (isinstance(self.warmup, int) and self.warmup >= 0):
             raise ConfigError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         if not self.targets:
-            raise ConfigError("at least one CI target is needed, e.g. time:0.5s")
+            raise ConfigError("at least one CI target is needed, e.g. time_s:0.5s")
 
     def describe(self) -> str:
         targets = " and ".join(str(t) for t in self.targets)
@@ -72,44 +74,49 @@ def with_overrides(base: ControllerOptions, overrides: Mapping[str, Any]) -> Con
 
 
 @dataclass(frozen=True)
-class Decision:
+class StopDecision:
     """What the rule said after a trial, and why."""
 
     stop: bool
     converged: bool  # every target holds
-    summaries: Mapping[str, Summary] = field(default_factory=dict)  # "time", "energy"
+    summaries: Mapping[str, Summary] = field(default_factory=dict)  # figure key -> summary
     unmet: tuple[CITarget, ...] = ()
 
 
-def decide(
-    options: ControllerOptions, seconds: Sequence[float], joules: Sequence[float]
-) -> Decision:
+def decide(options: ControllerOptions, trials: Sequence[Trial]) -> StopDecision:
     """Stop when, and only when, there are ``min_trials`` and every target holds, or at
-    ``max_trials``."""
-    n = len(seconds)
-    summaries = {
-        "time": summarize(seconds, options.confidence),
-        "energy": summarize(joules, options.confidence),
-    }
+    ``max_trials``.  A target whose figure a trial lacks (no phases) never holds."""
+    n = len(trials)
+    summaries: dict[str, Summary] = {}
+    for target in options.targets:
+        if target.metric in summaries:
+            continue
+        f = FIGURES[target.metric]
+        values = [f.trial(t) for t in trials] if f.trial is not None else []
+        clean = [float(v) for v in values if v is not None]
+        summaries[target.metric] = summarize(
+            clean if len(clean) == len(values) else [], options.confidence
+        )
     unmet = tuple(t for t in options.targets if not t.holds(summaries[t.metric]))
     converged = not unmet and n >= max(2, options.min_trials)
     stop = converged or n >= options.max_trials
-    return Decision(stop=stop, converged=converged, summaries=summaries, unmet=unmet)
+    return StopDecision(stop=stop, converged=converged, summaries=summaries, unmet=unmet)
 
 
-def progress_line(options: ControllerOptions, decision: Decision) -> str:
-    """``trial 4: time 1.234 s ±0.021 (target 0.5)`` for ``-v`` output."""
+def progress_line(options: ControllerOptions, n: int, decision: StopDecision) -> str:
+    """``trial 4: time_s 1.234 s ±0.021 (<= 0.5 s)`` for ``-v`` output."""
     parts = []
     for target in options.targets:
         s = decision.summaries[target.metric]
-        unit = "s" if target.metric == "time" else "J"
-        if math.isinf(s.half_width):
+        unit = target.unit
+        if s.n == 0:
+            parts.append(f"{target.metric}: not measured by these trials")
+        elif math.isinf(s.half_width):
             parts.append(f"{target.metric} {s.mean:.4g} {unit} (no CI yet)")
-            continue
-        relation = "<=" if target.holds(s) else ">"
-        parts.append(
-            f"{target.metric} {s.mean:.4g} {unit} ±{s.half_width:.3g} "
-            f"({relation} {target.limit(s):.3g} {unit})"
-        )
-    n = next(iter(decision.summaries.values())).n
+        else:
+            relation = "<=" if target.holds(s) else ">"
+            parts.append(
+                f"{target.metric} {s.mean:.4g} {unit} ±{s.half_width:.3g} "
+                f"({relation} {target.limit(s):.3g} {unit})"
+            )
     return f"trial {n}: " + "; ".join(parts)

@@ -6,8 +6,8 @@ Importing this package imports torch and transformers lazily, on first use; the 
 
 from __future__ import annotations
 
+from ..meters.resources import ResourceProbe, ResourceUsage
 from .loader import Generation, LoadedModel, ModelPool, load_model
-from .resources import ResourceProbe, ResourceUsage
 from .tiny import TINY_MODELS, ensure_tiny_model, is_tiny
 
 __all__ = [

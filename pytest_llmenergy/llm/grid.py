@@ -60,6 +60,11 @@ class Grid:
             f"{self.fixed_input_tokens}); models {', '.join(self.models)}"
         )
 
+    def models_text(self) -> str:
+        """``3 tiny models, 57 cases``: what choosing this grid means, for help texts."""
+        n = len(self.models) * (len(self.input_tokens) + len(self.output_tokens))
+        return f"{', '.join(m.rsplit('/', 1)[-1] for m in self.models)}; {n} cases"
+
 
 GRIDS: dict[str, Grid] = {
     # The research's token sizes on the built-in models: runs on 2 CPU cores in minutes.
@@ -94,19 +99,23 @@ class LLMCase:
 
 def parse_token_list(text: str) -> tuple[int, ...]:
     """``8,16,32`` or ``8..2048`` (powers of two between) or a mix."""
+    bad = ConfigError(f"expected token counts >= 1 such as 8,64,512 or 8..2048, got {text!r}")
     sizes: list[int] = []
     for part in text.replace(" ", ",").split(","):
         if not part:
             continue
-        if ".." in part:
-            low, high = (int(x) for x in part.split("..", 1))
+        low_text, dots, high_text = part.partition("..")
+        if not (low_text.isdecimal() and (not dots or high_text.isdecimal())):
+            raise bad
+        if dots:
+            low, high = int(low_text), int(high_text)
             if low < 1 or high < low:
-                raise ValueError(part)
+                raise bad
             sizes.extend(powers_of_two(low, high))
         else:
-            sizes.append(int(part))
+            sizes.append(int(low_text))
     if not sizes or any(n < 1 for n in sizes):
-        raise ValueError(text)
+        raise bad
     return tuple(sorted(set(sizes)))
 
 

@@ -31,10 +31,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..figures import FIGURES
 from . import BOTH, INPUT, OUTPUT
 from .fit import Sweep, SystemModel
 from .optimize import Baseline, Capacity, Decision, Router, pareto
 from .profile import Point
+
+_J_PER_TOKEN = FIGURES["j_per_token"]  # the figure these plots draw, named as everywhere
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -70,7 +73,7 @@ def energy_per_token_figure(models: Sequence[SystemModel], axis: str) -> Figure 
     fig, axes = _new_figure()
     ax = axes[0][0]
     _draw_sweeps(ax, models, axis, energy_per_token, lambda s, n: s.energy(n) / (n + s.fixed))
-    ax.set_ylabel("energy per token (J / token, input + output)")
+    ax.set_ylabel(f"energy per token ({_J_PER_TOKEN.label}, input + output)")
     ax.set_title(f"{models[0].profile.model}: energy per token, {axis} sweep")
     return fig
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..controller.results import CaseResult
 from ..errors import ConfigError
+from ..results import CaseResult
 from ..storage.runfile import Run
 
 CSV_COLUMNS = ("system", "model", "input_tokens", "output_tokens", "seconds", "joules")

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..report import Raw, Table, clean, fmt_number, render
+from ..tables import Raw, Table, clean, fmt_number, render
 from . import BOTH, INPUT
 from .decide import Routed
 from .fit import TERMS
@@ -53,10 +53,14 @@ def _table(
     headers: Sequence[str],
     rows: Sequence[Sequence[Raw]],
     notes: Sequence[str] = (),
+    priorities: Sequence[int] = (),
 ) -> Table:
+    """``priorities``: which columns a narrow terminal loses first (highest first)."""
     raw = tuple(tuple(clean(v) for v in row) for row in rows)
     cells = tuple(tuple(v if isinstance(v, str) else fmt_number(v) for v in row) for row in rows)
-    return Table(title, tuple(keys), tuple(headers), raw, cells, tuple(notes))
+    return Table(
+        title, tuple(keys), tuple(headers), raw, cells, tuple(notes), priorities=tuple(priorities)
+    )
 
 
 def policy_table(routed: Routed) -> Table:
@@ -90,6 +94,7 @@ def policy_table(routed: Routed) -> Table:
         ("system", tokens, "queries", "share", "energy J", "busy s"),
         rows,
         notes,
+        priorities=(0, 0, 2, 1, 1, 2),
     )
 
 
@@ -113,6 +118,7 @@ def savings_table(d: Decision) -> Table:
         ("policy or baseline", "energy J", "runtime s", "energy saved", "runtime saved"),
         rows,
         ("saved: 1 - policy / baseline; runtime is busy seconds summed over systems",),
+        priorities=(0, 2, 2, 0, 1),
     )
 
 
@@ -147,6 +153,7 @@ def fit_table(router: Router) -> Table:
         ("system", "avg power W", "measured sweeps", "energy fit err", "time fit err"),
         rows,
         notes,
+        priorities=(0, 2, 3, 1, 1),
     )
 
 
@@ -160,6 +167,7 @@ def pareto_table(routed: Routed) -> Table:
         ("lambda", "policy", "energy_j", "runtime_s"),
         ("lambda", "policy", "energy J", "runtime s"),
         rows,
+        priorities=(0, 0, 1, 1),
     )
 
 
@@ -250,7 +258,7 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def render_routed(routed: Sequence[Routed], fmt: str = "table") -> str:
+def render_routed(routed: Sequence[Routed], fmt: str = "table", width: int | None = None) -> str:
     if fmt == "json":
         return json.dumps([_strict(routed_json(r)) for r in routed], indent=2, allow_nan=False)
-    return render([t for r in routed for t in routed_tables(r)], fmt)
+    return render([t for r in routed for t in routed_tables(r)], fmt, width=width)

@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..controller.results import CaseResult
 from ..errors import ConfigError
+from ..results import CaseResult
 from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run, dumps, encode_case
 from .store import AtomicFile, Storage
 

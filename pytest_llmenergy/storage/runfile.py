@@ -15,14 +15,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..controller.results import CaseResult, PhaseRecord, Trial
 from ..controller.rule import ControllerOptions
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError
-from ..llm.resources import ResourceUsage
+from ..meters.resources import ResourceUsage
+from ..results import CaseResult, PhaseRecord, Trial
 
 FORMAT = "pytest-llmenergy-run"
-SCHEMA_VERSION = 1
+# 1: pytest-llmenergy 0.1.0; "options" was a dump of the settings dataclasses.
+# 2: "options" is an explicit record, one entry per option by its name (the ini key without
+#    "llmenergy_"), e.g. {"backend": "auto", "confidence": 0.95, "compare_fail": [...]};
+#    CI targets name figures ("time_s", not "time").  Version 1 files are read as they are.
+SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
 RUNNING, COMPLETE, INTERRUPTED = "running", "complete", "interrupted"
@@ -55,6 +59,19 @@ class Run:
     exit_status: int | None = None
     command: tuple[str, ...] = ()
     path: Path | None = field(default=None, compare=False)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def confidence(self) -> float | None:
+        """The confidence level the run was measured at, where its file says so sensibly
+        (version 2 keeps it as the option; version 1 inside its controller settings)."""
+        value = self.options.get("confidence")
+        if self.schema_version < 2:
+            controller = self.options.get("controller")
+            value = controller.get("confidence") if isinstance(controller, Mapping) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if 0 < value < 1 else None
 
     @property
     def label(self) -> str:
@@ -276,11 +293,11 @@ def _trial(r: _Reader) -> Trial:
 
 
 def _controller(r: _Reader) -> ControllerOptions:
-    targets = tuple(
-        CITarget(t.get("metric", str), t.get("value", float), t.get("relative", bool))
-        for t in r.objs("targets")
-    )
     try:
+        targets = tuple(
+            CITarget(t.get("metric", str), t.get("value", float), t.get("relative", bool))
+            for t in r.objs("targets")
+        )
         return ControllerOptions(
             min_trials=r.get("min_trials", int),
             max_trials=r.get("max_trials", int),
@@ -378,6 +395,7 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
             meter=top.get("meter", dict),
             cases=tuple(_case(c) for c in top.objs("cases")),
             path=Path(path),
+            schema_version=version,
         )
     except _Bad as exc:
         raise RunFileError(path, f"corrupt run file: {exc}") from None

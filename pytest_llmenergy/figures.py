@@ -1,0 +1,545 @@
+"""The figures: every quantity a case yields, under one name, with its unit and meaning.
+
+Table columns (``report``), gate metrics (``compare``), CI targets
+(``controller.targets``), ``llmenergy show --columns``, ``llmenergy metrics``, the
+figures' data and exports all draw from ``FIGURES``, so a new figure is one row here.
+
+Per token, as the research means it
+    ``j_per_token`` is the query's joules over *all* its tokens (input + output): the
+    research's energy per token and the gates' default.  ``prefill_j_per_in_token`` is the
+    prefill pass's joules per input token, and ``decode_j_per_out_token`` the decode
+    passes' joules per token they produce; since the prefill pass produces the first output
+    token, decode produces ``output_tokens - 1`` tokens, so
+    ``prefill_j_per_in_token * in + decode_j_per_out_token * (out - 1)`` is the query's
+    joules.
+
+A figure with a per-trial value (``trial``) can be compared with Welch's t-test, gated
+and used as a CI target; its case value is the mean over the trials.  Figures without one
+(token counts, the trial count, energy by domain family) are shown only.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .results import DECODE, PREFILL, CaseResult, Trial
+from .stats import Summary, summarize
+
+Value = int | float | str | bool | None
+
+
+class DeprecatedName(FutureWarning):
+    """An old figure name was used; it still works for one release.  FutureWarning, so
+    that users (not only developers) see it."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One quantity: its name everywhere, how it is computed, and how it is shown.
+
+    ``trial`` gives the figure of one trial (None where the trial lacks it, e.g. no
+    prefill/decode split); ``case`` overrides the case value, which is otherwise the mean
+    over the trials.  ``priority`` orders columns for narrowing a table to the terminal:
+    the highest numbers are left out first.
+    """
+
+    key: str
+    label: str
+    unit: str
+    meaning: str
+    trial: Callable[[Trial], float | None] | None = None
+    case: Callable[[CaseResult], Value] | None = None
+    lower_is_better: bool | None = True  # None: not a performance figure (a count, a name)
+    needs_phases: bool = False
+    energy: bool = False  # shown with the ~ mark when the energy is an estimate
+    with_ci: bool = False  # shown as mean ± CI half-width
+    priority: int = 5
+    numeric: bool = True
+
+    @property
+    def per_trial(self) -> bool:
+        """Comparable between runs, gateable, usable as a CI target."""
+        return self.trial is not None
+
+    def trial_values(self, r: CaseResult) -> list[float] | None:
+        """Every trial's value; None when a trial lacks it or there are no trials."""
+        if self.trial is None or not r.trials:
+            return None
+        values = [self.trial(t) for t in r.trials]
+        if any(v is None or not math.isfinite(v) for v in values):
+            return None
+        return [float(v) for v in values if v is not None]
+
+    def summary(self, r: CaseResult) -> Summary | None:
+        values = self.trial_values(r)
+        return None if values is None else summarize(values, r.options.confidence)
+
+    def value(self, r: CaseResult) -> Value:
+        """The case's figure; None where it has none (NaN never leaves this method)."""
+        if self.case is not None:
+            raw = self.case(r)
+        else:
+            values = self.trial_values(r)
+            raw = math.fsum(values) / len(values) if values else None
+        if isinstance(raw, float) and not math.isfinite(raw):
+            return None
+        return raw
+
+
+# -- per-trial formulas -----------------------------------------------------------------
+def _per(numerator: float | None, denominator: float) -> float | None:
+    if numerator is None or not denominator or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _phase(name: str, attr: str) -> Callable[[Trial], float | None]:
+    def value(t: Trial) -> float | None:
+        phase = t.phases.get(name)
+        return None if phase is None else float(getattr(phase, attr))
+
+    return value
+
+
+def decode_tokens(t: Trial) -> int:
+    """Tokens the decode passes produce: the prefill pass produces the first one."""
+    return max(t.output_tokens - 1, 0)
+
+
+def _both_phases(t: Trial) -> bool:
+    return PREFILL in t.phases and DECODE in t.phases
+
+
+def _prefill_j_per_in_token(t: Trial) -> float | None:
+    return _per(_phase(PREFILL, "joules")(t), t.input_tokens) if _both_phases(t) else None
+
+
+def _decode_j_per_out_token(t: Trial) -> float | None:
+    return _per(_phase(DECODE, "joules")(t), decode_tokens(t)) if _both_phases(t) else None
+
+
+def _out_tokens_per_s(t: Trial) -> float | None:
+    return _per(decode_tokens(t), _phase(DECODE, "seconds")(t) or 0.0) if _both_phases(t) else None
+
+
+# -- per-case formulas ------------------------------------------------------------------
+def _family(domain: str) -> str:
+    if domain.startswith("gpu:"):
+        return "gpu"
+    if domain.startswith(("cpu:dram", "dram")):
+        return "dram"
+    if domain.startswith("cpu:"):
+        return "cpu"
+    return "other"
+
+
+def _family_joules(family: str) -> Callable[[CaseResult], float | None]:
+    """Only counted domains: an uncounted one (cpu:all, a core inside a package) would count
+    the same joules twice."""
+
+    def value(r: CaseResult) -> float | None:
+        values = [
+            j
+            for d, j in r.domain_joules().items()
+            if r.counted.get(d, True) and _family(d) == family
+        ]
+        return math.fsum(values) if values else None
+
+    return value
+
+
+def _resource(attr: str, scale: float = 1.0) -> Callable[[CaseResult], float | None]:
+    def value(r: CaseResult) -> float | None:
+        return None if r.resources is None else getattr(r.resources, attr) / scale
+
+    return value
+
+
+def _trials(r: CaseResult) -> int | None:
+    return len(r.trials) if r.measured else None
+
+
+FIGURES: dict[str, Figure] = {
+    f.key: f
+    for f in (
+        # -- what the case is ---------------------------------------------------------
+        Figure(
+            "name",
+            "name",
+            "",
+            "the test's name with its parameter id",
+            case=lambda r: r.name,
+            lower_is_better=None,
+            numeric=False,
+            priority=9,
+        ),
+        Figure(
+            "tokens_in",
+            "in",
+            "tokens",
+            "input (prompt) tokens per query",
+            case=lambda r: r.input_tokens,
+            lower_is_better=None,
+            priority=0,
+        ),
+        Figure(
+            "tokens_out",
+            "out",
+            "tokens",
+            "output (generated) tokens per query",
+            case=lambda r: r.output_tokens,
+            lower_is_better=None,
+            priority=0,
+        ),
+        Figure(
+            "trials",
+            "trials",
+            "",
+            "measured trials; ✓ every CI target held, ✗ stopped at the trial limit",
+            case=_trials,
+            lower_is_better=None,
+            priority=2,
+        ),
+        Figure(
+            "status",
+            "status",
+            "",
+            "how the case ended: converged, limit, rounds or oom",
+            case=lambda r: r.status,
+            lower_is_better=None,
+            numeric=False,
+            priority=9,
+        ),
+        # -- the whole query ----------------------------------------------------------
+        Figure(
+            "time_s",
+            "s ± CI",
+            "s",
+            "seconds per query (runtime), mean ± CI half-width",
+            trial=lambda t: t.seconds,
+            with_ci=True,
+            priority=1,
+        ),
+        Figure(
+            "energy_j",
+            "J ± CI",
+            "J",
+            "joules per query over the counted domains, mean ± CI half-width",
+            trial=lambda t: t.joules,
+            energy=True,
+            with_ci=True,
+            priority=1,
+        ),
+        Figure(
+            "net_energy_j",
+            "net J ± CI",
+            "J",
+            "joules per query above idle power (needs --energy-idle), mean ± CI half-width",
+            trial=lambda t: t.net_joules,
+            energy=True,
+            with_ci=True,
+            priority=6,
+        ),
+        Figure(
+            "j_per_token",
+            "J/token",
+            "J",
+            "joules per token: the query's joules / (input + output tokens), the research's "
+            "energy per token and the gates' default",
+            trial=lambda t: _per(t.joules, t.input_tokens + t.output_tokens),
+            energy=True,
+            priority=0,
+        ),
+        Figure(
+            "power_w",
+            "avg W",
+            "W",
+            "mean power during a query: joules / seconds",
+            trial=lambda t: _per(t.joules, t.seconds),
+            energy=True,
+            priority=4,
+        ),
+        Figure(
+            "tokens_per_s",
+            "tok/s",
+            "tokens/s",
+            "total throughput: (input + output tokens) / seconds per query",
+            trial=lambda t: _per(t.input_tokens + t.output_tokens, t.seconds),
+            lower_is_better=False,
+            priority=4,
+        ),
+        # -- prefill | decode ---------------------------------------------------------
+        Figure(
+            "prefill_j_per_in_token",
+            "prefill J/in",
+            "J",
+            "prefill joules per input token: the prefill pass's joules / input tokens",
+            trial=_prefill_j_per_in_token,
+            energy=True,
+            needs_phases=True,
+            priority=2,
+        ),
+        Figure(
+            "decode_j_per_out_token",
+            "decode J/out",
+            "J",
+            "decode joules per output token: the decode passes' joules / the tokens they "
+            "produce (output tokens - 1; the prefill pass produces the first)",
+            trial=_decode_j_per_out_token,
+            energy=True,
+            needs_phases=True,
+            priority=2,
+        ),
+        Figure(
+            "out_tokens_per_s",
+            "out tok/s",
+            "tokens/s",
+            "decode throughput: output tokens per second of the decode passes (the first "
+            "token, made by the prefill pass, not counted)",
+            trial=_out_tokens_per_s,
+            lower_is_better=False,
+            needs_phases=True,
+            priority=3,
+        ),
+        Figure(
+            "ttft_s",
+            "TTFT s",
+            "s",
+            "time to first token: seconds of the prefill pass",
+            trial=lambda t: _phase(PREFILL, "seconds")(t) if _both_phases(t) else None,
+            needs_phases=True,
+            priority=6,
+        ),
+        Figure(
+            "decode_s",
+            "decode s",
+            "s",
+            "seconds of the decode passes",
+            trial=lambda t: _phase(DECODE, "seconds")(t) if _both_phases(t) else None,
+            needs_phases=True,
+            priority=6,
+        ),
+        Figure(
+            "prefill_j",
+            "prefill J",
+            "J",
+            "joules of the prefill pass",
+            trial=lambda t: _phase(PREFILL, "joules")(t) if _both_phases(t) else None,
+            energy=True,
+            needs_phases=True,
+            priority=6,
+        ),
+        Figure(
+            "decode_j",
+            "decode J",
+            "J",
+            "joules of the decode passes",
+            trial=lambda t: _phase(DECODE, "joules")(t) if _both_phases(t) else None,
+            energy=True,
+            needs_phases=True,
+            priority=6,
+        ),
+        # -- where the energy went, and what the process used ---------------------------
+        Figure(
+            "gpu_j",
+            "GPU J",
+            "J",
+            "joules per query of the GPUs",
+            case=_family_joules("gpu"),
+            energy=True,
+            priority=5,
+        ),
+        Figure(
+            "cpu_j",
+            "CPU J",
+            "J",
+            "joules per query of the CPU packages (or this process's share)",
+            case=_family_joules("cpu"),
+            energy=True,
+            priority=5,
+        ),
+        Figure(
+            "dram_j",
+            "DRAM J",
+            "J",
+            "joules per query of the DRAM",
+            case=_family_joules("dram"),
+            energy=True,
+            priority=5,
+        ),
+        Figure(
+            "peak_rss_mib",
+            "peak RSS MiB",
+            "MiB",
+            "peak resident memory of the process during the trials",
+            case=_resource("peak_rss_bytes", 2**20),
+            priority=7,
+        ),
+        Figure(
+            "cpu_s",
+            "CPU s",
+            "s",
+            "CPU seconds of the process during the trials",
+            case=_resource("cpu_seconds"),
+            priority=7,
+        ),
+    )
+}
+
+DEFAULT_COLUMNS: tuple[str, ...] = (
+    "tokens_in",
+    "tokens_out",
+    "trials",
+    "time_s",
+    "energy_j",
+    "j_per_token",
+    "prefill_j_per_in_token",
+    "decode_j_per_out_token",
+    "tokens_per_s",
+    "out_tokens_per_s",
+    "power_w",
+    "gpu_j",
+    "cpu_j",
+    "dram_j",
+)
+DEFAULT_GATE_METRIC = "j_per_token"
+DEFAULT_COMPARE_METRICS: tuple[str, ...] = ("j_per_token", "energy_j", "time_s")
+
+# Names of 0.1.0, accepted with a DeprecatedName warning until 0.3.0.
+ALIASES: dict[str, str] = {
+    "seconds": "time_s",
+    "time": "time_s",
+    "joules": "energy_j",
+    "energy": "energy_j",
+    "net_joules": "net_energy_j",
+    "energy_per_token": "j_per_token",
+    "joules_per_token": "j_per_token",
+    "watts": "power_w",
+    "power": "power_w",
+    "prefill_s": "ttft_s",
+    "prefill_seconds": "ttft_s",
+    "prefill_joules": "prefill_j",
+    "decode_joules": "decode_j",
+    "decode_tokens_per_s": "out_tokens_per_s",
+}
+
+# Names of 0.1.0 whose figure meant something else than its name said: refused, saying why.
+_PER_IN = (
+    "it was the whole query's joules per input token, not the prefill's; use "
+    "prefill_j_per_in_token (prefill joules per input token) or j_per_token"
+)
+_PER_OUT = (
+    "it was the whole query's joules per output token, not the decode's; use "
+    "decode_j_per_out_token (decode joules per output token) or j_per_token"
+)
+REMOVED: dict[str, str] = {
+    "j_per_in_token": _PER_IN,
+    "energy_per_input_token": _PER_IN,
+    "j_per_out_token": _PER_OUT,
+    "energy_per_output_token": _PER_OUT,
+}
+
+
+def canonical(name: str, *, warn: bool = True, choices: Iterable[str] | None = None) -> str:
+    """The figure key a name stands for.  An old name warns (DeprecatedName) unless
+    ``warn`` is off (reading saved files); an unknown or removed one is a ConfigError
+    listing ``choices`` (default: every figure)."""
+    key = name.strip().lower()
+    if key in FIGURES:
+        return key
+    if key in ALIASES:
+        new = ALIASES[key]
+        if warn:
+            warnings.warn(
+                f"figure name {key!r} is deprecated, use {new!r} (the old name works "
+                "until pytest-llmenergy 0.3)",
+                DeprecatedName,
+                stacklevel=3,
+            )
+        return new
+    if key in REMOVED:
+        raise ConfigError(f"{key!r} is gone: {REMOVED[key]}")
+    listed = ", ".join(choices if choices is not None else FIGURES)
+    raise ConfigError(f"unknown figure {name.strip()!r}; choose from: {listed}")
+
+
+def figure(name: str, *, per_trial: bool = False, warn: bool = True) -> Figure:
+    """The figure a name stands for; ``per_trial`` insists it can be gated or targeted."""
+    f = FIGURES[canonical(name, warn=warn, choices=per_trial_keys() if per_trial else None)]
+    if per_trial and not f.per_trial:
+        raise ConfigError(
+            f"{f.key!r} has no value per trial, so it cannot be compared, gated or targeted; "
+            f"choose from: {', '.join(per_trial_keys())}"
+        )
+    return f
+
+
+def value(result: CaseResult, key: str) -> Value:
+    """A case's figure by name: ``value(result, "j_per_token")``; None where it has none."""
+    return figure(key).value(result)
+
+
+def per_trial_keys() -> list[str]:
+    return [k for k, f in FIGURES.items() if f.per_trial]
+
+
+def describe(keys: Iterable[str] | None = None) -> list[dict[str, Value]]:
+    """One plain record per figure, for ``llmenergy metrics`` and the docs."""
+    chosen = list(keys) if keys is not None else list(FIGURES)
+    out: list[dict[str, Value]] = []
+    for key in chosen:
+        f = FIGURES[key]
+        out.append(
+            {
+                "key": f.key,
+                "label": f.label,
+                "unit": f.unit,
+                "meaning": f.meaning,
+                "better": {True: "lower", False: "higher", None: ""}[f.lower_is_better],
+                "per_trial": f.per_trial,
+                "needs_phases": f.needs_phases,
+                "default_column": f.key in DEFAULT_COLUMNS,
+                "old_names": ", ".join(a for a, k in ALIASES.items() if k == f.key),
+            }
+        )
+    return out
+
+
+# Units a threshold or CI target may carry, per figure unit (the first is the figure's own).
+UNIT_SCALES: dict[str, dict[str, float]] = {
+    "s": {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9},
+    "J": {"j": 1.0, "mj": 1e-3, "kj": 1e3},
+    "W": {"w": 1.0, "mw": 1e-3, "kw": 1e3},
+    "tokens/s": {"": 1.0},
+    "MiB": {"mib": 1.0, "gib": 1024.0},
+}
+
+
+def parse_figure_threshold(
+    text: str, examples: str, *, percent_range: tuple[float, float] | None = None
+) -> tuple[Figure, float, bool]:
+    """``FIGURE:AMOUNT`` (a gate, a CI target) -> (figure, amount in its unit or a
+    fraction, relative?).  Any problem is a ConfigError quoting ``text``."""
+    from .values import threshold  # values is a leaf module; imported here to keep it so
+
+    name, sep, amount = text.partition(":")
+    if not sep or not name.strip() or not amount.strip():
+        raise ConfigError(f"bad {text!r}: expected FIGURE:AMOUNT such as {examples}")
+    try:
+        f = figure(name, per_trial=True)
+        scales = UNIT_SCALES.get(f.unit, {"": 1.0})
+        value, relative = threshold(amount, scales, percent_range=percent_range)
+    except ConfigError as exc:
+        raise ConfigError(f"bad {text!r}: {exc}") from None
+    return f, value, relative
+
+
+def format_amount(f: Figure, value: float, relative: bool) -> str:
+    """The inverse of ``parse_figure_threshold``: ``time_s:0.5s``, ``j_per_token:5%``."""
+    if relative:
+        return f"{f.key}:{value * 100:g}%"
+    return f"{f.key}:{value:g}{f.unit if f.unit in ('s', 'J', 'W') else ''}"

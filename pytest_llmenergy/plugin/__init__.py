@@ -1,0 +1,158 @@
+"""The pytest front end: options, fixtures, and one plugin object per feature.
+
+Registered through the ``pytest11`` entry point as ``llmenergy``; disable it with
+``-p no:llmenergy``.  ``pytest_configure`` reads the options once and registers the
+features, each owning its state, its hooks and its terminal-summary section:
+
+- ``measuring.Metering``: the meter (opened at session start) and its header lines;
+- ``cases.CasePlan``: parametrization over the grid, markers, models, case order;
+- ``results.CaseResults``: the measured cases and the energy-per-token tables;
+- ``keeping.Keeper``: the run file, the baseline, the comparison and gates;
+- ``deciding.RoutingSection``: routing between two systems, and figures.
+
+pluggy calls the last registered plugin first, so they are registered in reverse: the
+meter opens before the keeper claims the run file, and the energy tables print before
+the comparison, which prints before routing.  The session header is one hook here, which
+puts the features' ``header()`` lines in that order too.  Each feature is reachable
+through its typed stash key (``config.stash[KEEPER]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from ..controller.benchmark import EnergyBenchmark
+from ..errors import LLMEnergyError
+from ..figures import DeprecatedName
+from ..llm.grid import Grid
+from ..meters import Meter
+from .cases import CASE_PLAN, MARKER, CasePlan, case_labels
+from .deciding import ROUTING, RoutingSection
+from .keeping import KEEPER, Keeper
+from .measuring import METERING, Metering, header_lines
+from .options import add_options, marker_help, read_options
+from .results import CASE_RESULTS, CaseResults
+
+if TYPE_CHECKING:
+    from ..llm.loader import ModelPool
+
+__all__ = ["CASE_PLAN", "CASE_RESULTS", "KEEPER", "METERING", "ROUTING"]
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from .. import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", marker_help(MARKER))
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecatedName)
+        options = read_options(config)
+    for warning in caught:
+        if issubclass(warning.category, DeprecatedName):
+            config.issue_config_time_warning(
+                pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
+            )
+    stash, manager = config.stash, config.pluginmanager
+    metering = Metering(config, options.measure, options.meter)
+    plan = CasePlan(config, options.controller, options.order, options.llm)
+    results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
+    keeper = Keeper(config, options.keep, options, metering, results.results)
+    results.listeners.append(keeper.on_case)
+    routing = RoutingSection(options.route, keeper, results.results)
+    stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
+    stash[KEEPER], stash[ROUTING] = keeper, routing
+    for name, feature in (
+        ("routing", routing),
+        ("keeper", keeper),
+        ("results", results),
+        ("cases", plan),
+        ("metering", metering),
+    ):
+        manager.register(feature, f"llmenergy-{name}")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    stash = config.stash
+    if METERING not in stash:
+        return []
+    lines = [*stash[METERING].header(), *stash[CASE_PLAN].header(), *stash[KEEPER].header()]
+    return header_lines(config, lines)
+
+
+# -- fixtures ----------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def energy_meter(pytestconfig: pytest.Config) -> Iterator[Meter]:
+    """The session's configured meter: ``with energy_meter.measure() as m: ...``."""
+    meter = pytestconfig.stash[METERING].meter
+    if meter is None:  # only if sessionstart did not run, e.g. under an unusual runner
+        raise LLMEnergyError("the energy meter was not opened at session start")
+    yield meter
+
+
+def _progress_writer(request: pytest.FixtureRequest) -> Callable[[str], None] | None:
+    """With ``-v``, each trial's line goes straight to the terminal, past output capture."""
+    config = request.config
+    if config.get_verbosity() < 1:
+        return None
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return None
+    name = request.node.name
+
+    def write(line: str) -> None:
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"    {name}: {line}")
+        else:
+            reporter.write_line(f"    {name}: {line}")
+
+    return write
+
+
+@pytest.fixture
+def energy_benchmark(request: pytest.FixtureRequest, energy_meter: Meter) -> EnergyBenchmark:
+    """Repeat a target under the stopping rule and keep every trial:
+    ``energy_benchmark(fn, *args, input_tokens=N, output_tokens=M)``."""
+    config = request.config
+    node = request.node
+    return EnergyBenchmark(
+        energy_meter,
+        config.stash[CASE_PLAN].controller_for(node),
+        nodeid=node.nodeid,
+        name=node.name,
+        labels=case_labels(node),
+        on_result=config.stash[CASE_RESULTS].add,
+        progress=_progress_writer(request),
+    )
+
+
+@pytest.fixture(scope="session")
+def llm_grid(pytestconfig: pytest.Config) -> Grid:
+    """The cases ``--llm-grid``, ``--llm-model`` and the token options select."""
+    return pytestconfig.stash[CASE_PLAN].llm.grid
+
+
+@pytest.fixture(scope="session")
+def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
+    """Loads models on first use and keeps one at a time: ``llm_pool.get("tiny-llama")``."""
+    from ..llm.loader import ModelPool
+
+    settings = pytestconfig.stash[CASE_PLAN].llm
+    pool = ModelPool(
+        dtype=settings.dtype, device=settings.device, trust_remote_code=settings.trust_remote_code
+    )
+    yield pool
+    pool.close()

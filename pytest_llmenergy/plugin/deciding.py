@@ -1,0 +1,129 @@
+"""Deciding: with a baseline from other hardware, which queries should go where; figures.
+
+Runs after the keeper has compared (it needs the baseline); a routing question without
+an answer (no model in common, one size only) is a note, never a failure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from ..errors import LLMEnergyError
+from ..results import CaseResult
+from ..tables import render
+from .keeping import Keeper
+from .measuring import header_lines
+from .options import RouteOptions
+
+if TYPE_CHECKING:
+    from ..routing.decide import Routed
+
+
+SECTION = "llmenergy: routing between this run's and the baseline's hardware"
+
+
+class RoutingSection:
+    """Owns the routing decision and the figures written at the end of a session."""
+
+    def __init__(self, settings: RouteOptions, keeper: Keeper, results: list[CaseResult]):
+        self.settings = settings
+        self.keeper = keeper
+        self.results = results
+        self.routed: list[Routed] = []
+        self.note = ""
+        self.plots: list[Path] = []
+        self.plots_note = ""
+
+    # -- hooks ---------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.settings.plots_dir:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise pytest.UsageError(
+                    "--energy-plots: matplotlib is not installed: "
+                    "pip install 'pytest-llmenergy[plots]'"
+                ) from None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        baseline = self.keeper.baseline
+        if baseline is not None and self.results and baseline.hardware != self.keeper.hardware:
+            self._route()
+        if self.settings.plots_dir and self.results:
+            self._plot()
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        write = terminalreporter.write_line
+        config = terminalreporter.config
+        if self.routed or self.note:
+            terminalreporter.section(
+                "llmenergy: routing between this run's and the baseline's hardware"
+            )
+        if self.routed:
+            from ..routing.tables import routed_tables
+
+            width = config.get_terminal_writer().fullwidth
+            tables = [t for r in self.routed for t in routed_tables(r)]
+            for line in render(tables, "table", width=width).splitlines():
+                write(line)
+        if self.note:
+            for line in header_lines(config, [self.note]):
+                write(line, yellow=True)
+        if self.plots:
+            write(f"llmenergy: {len(self.plots)} figure(s) written to {self.plots[0].parent}")
+        if self.plots_note:
+            for line in header_lines(config, [self.plots_note]):
+                write(line, yellow=True)
+
+    # -- the decision --------------------------------------------------------------
+    def _route(self) -> None:
+        from ..routing.decide import RouteSettings, route
+        from ..routing.profile import profiles_from_cases, profiles_from_run
+        from ..routing.workload import alpaca
+
+        baseline = self.keeper.baseline
+        assert baseline is not None
+        hardware = self.keeper.hardware
+        try:
+            profiles = profiles_from_run(baseline) + profiles_from_cases(
+                self.results, hardware, "this run"
+            )
+            self.routed = route(
+                profiles,
+                self.settings.workload or alpaca(),
+                RouteSettings(
+                    by=self.settings.by,
+                    lam=self.settings.lam,
+                    systems=(hardware, baseline.hardware),
+                ),
+            )
+        except LLMEnergyError as exc:
+            self.note = f"routing skipped: {exc}"
+
+    def _plot(self) -> None:
+        from ..routing.fit import build_model
+        from ..routing.plots import write_profile_plots, write_routing_plots
+        from ..routing.profile import profiles_from_cases
+
+        out = Path(self.settings.plots_dir or ".")
+        try:
+            if self.routed:
+                for r in self.routed:
+                    self.plots += write_profile_plots(r.router.models, out)
+                    self.plots += write_routing_plots(
+                        r.router, out, lams=[d.policy.lam for d in r.sweep]
+                    )
+            else:
+                hardware = self.keeper.hardware or "this run"
+                profiles = profiles_from_cases(self.results, hardware, "")
+                self.plots += write_profile_plots([build_model(p) for p in profiles], out)
+        except LLMEnergyError as exc:
+            self.plots_note = f"figures not (all) written: {exc}"
+
+
+ROUTING = pytest.StashKey[RoutingSection]()

@@ -1,0 +1,192 @@
+"""Keeping: the run file written after every case, the baseline, the comparison and gates.
+
+At session start the baseline is loaded and the run file claimed, so a bad path or run
+stops the session before anything is measured.  After every case the file is rewritten
+atomically; at the end the comparison is made, gates decide, and the file gets its
+final status.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ..compare import Comparison, compare_cases, comparison_table, verdict_line
+from ..errors import ConfigError
+from ..results import CaseResult
+from ..storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
+from ..storage.runfile import Run, RunFileError, load
+from ..storage.store import Storage
+from ..tables import render
+from .measuring import Metering, header_lines
+from .options import KeepSettings, PluginOptions
+
+
+class Keeper:
+    """Owns the run's record on disk and the comparison with a baseline."""
+
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: KeepSettings,
+        options: PluginOptions,
+        metering: Metering,
+        results: list[CaseResult],
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.options = options
+        self.metering = metering
+        self.results = results  # the session's list, shared with CaseResults
+        self.hardware = ""
+        self.recorder: RunRecorder | None = None
+        self.baseline: Run | None = None
+        self.baseline_note = ""
+        self.comparison: Comparison | None = None
+
+    @property
+    def active(self) -> bool:
+        s = self.settings
+        return bool(s.saving or s.json_path or s.compare)
+
+    @property
+    def saved_paths(self) -> list[Path]:
+        return self.recorder.written_paths if self.recorder is not None else []
+
+    # -- hooks ---------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """After the meter is open (Metering is registered later, so it runs first)."""
+        if self.active:
+            self._open()
+
+    def header(self) -> list[str]:
+        lines = []
+        if self.recorder is not None:
+            lines.append(f"saving this run to {', '.join(str(p) for p in self.recorder.paths)}")
+        if self.baseline is not None:
+            lines.append(f"comparing with {self.baseline.path}")
+        return lines
+
+    def on_case(self, results: list[CaseResult]) -> None:
+        if self.recorder is not None:
+            self.recorder.add(results)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        failed = self.finish(exitstatus)
+        save_failed = self.recorder is not None and bool(self.recorder.errors)
+        if (failed or save_failed) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        write = terminalreporter.write_line
+        for path in self.saved_paths:
+            write(f"llmenergy: saved {len(self.results)} case(s) to {path}")
+        if self.recorder is not None:
+            if not self.results:
+                write("llmenergy: no energy benchmark case ran; no run saved")
+            for error in self.recorder.errors:
+                write(f"llmenergy: {error}", red=True)
+        if self.baseline_note:
+            write(f"llmenergy: {self.baseline_note}", yellow=True)
+        comparison = self.comparison
+        if comparison is None:
+            return
+        width = terminalreporter.config.get_terminal_writer().fullwidth
+        title = f"llmenergy: compared with {comparison.baseline_label}"
+        terminalreporter.section(title if len(title) < width - 10 else "llmenergy: compared")
+        baseline = self.baseline
+        if baseline is not None and baseline.hardware != self.hardware:
+            for line in header_lines(
+                self.config, [f"the baseline ran on other hardware: {baseline.hardware}"]
+            ):
+                write(line)
+        for line in render([comparison_table(comparison)], "table", width=width).splitlines():
+            write(line)
+        failed = comparison.failed
+        for line in header_lines(self.config, [verdict_line(comparison)]):
+            write(line, red=failed, green=not failed, bold=True)
+
+    # -- saving and comparing ------------------------------------------------------
+    def _open(self) -> None:
+        """Find the baseline and claim the run file now, so a bad path fails at start."""
+        from ..storage.machine import commit_info, hardware_key, machine_info
+
+        meter = self.metering.meter
+        assert meter is not None
+        keep = self.settings
+        machine = machine_info()
+        self.hardware = hardware_key(machine, meter.backend)
+        storage = Storage(keep.storage)
+        if keep.compare:
+            self._load_baseline(storage, keep.compare)
+        if self.config.option.collectonly or not (keep.saving or keep.json_path):
+            return
+        commit = commit_info(self.config.rootpath)
+        header = new_run(
+            name=keep.save or autosave_name(commit),
+            hardware=self.hardware,
+            machine=machine,
+            commit=commit,
+            options=dict(self.options.record),
+            meter=self.metering.record(),
+            command=[str(a) for a in self.config.invocation_params.args],
+        )
+        try:
+            json_path = check_json_target(keep.json_path) if keep.json_path else None
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--energy-json: {exc}") from None
+        try:
+            self.recorder = RunRecorder(
+                header, storage=storage if keep.saving else None, json_path=json_path
+            )
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"--energy-storage={keep.storage}: cannot save runs there: {exc.strerror or exc}"
+            ) from None
+
+    def _load_baseline(self, storage: Storage, spec: str) -> None:
+        if spec == "latest":
+            latest = storage.latest(self.hardware)
+            if latest is None:
+                self.baseline_note = (
+                    f"nothing to compare with: no run saved in {storage.root / self.hardware} "
+                    "yet (save one with --energy-autosave or --energy-save=NAME)"
+                )
+                return
+            path = latest.path
+        else:
+            try:
+                path = storage.resolve(spec, hardware=self.hardware)
+            except ConfigError as exc:
+                raise pytest.UsageError(f"--energy-compare={spec}: {exc}") from None
+        try:
+            self.baseline = load(path)
+        except RunFileError as exc:
+            raise pytest.UsageError(f"--energy-compare: {exc}") from None
+
+    def finish(self, exitstatus: int) -> bool:
+        """Compare, then write the run's last state; True when an energy gate failed."""
+        failed = False
+        if self.baseline is not None and self.results:
+            self.comparison = compare_cases(
+                self.baseline.cases,
+                self.results,
+                gates=self.settings.gates,
+                confidence=self.options.controller.confidence,
+                baseline_label=self.baseline.label,
+                current_label="this run",
+            )
+            failed = self.comparison.failed
+        if self.recorder is not None:
+            final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
+            self.recorder.finish(
+                self.results,
+                interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
+                exit_status=final,
+            )
+        return failed
+
+
+KEEPER = pytest.StashKey[Keeper]()

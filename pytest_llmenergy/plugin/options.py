@@ -1,0 +1,592 @@
+"""Every pytest option, declared once: flag, ini twin, parser, destination and default.
+
+An ``Option`` names the settings dataclass and field its value goes to; the default is
+that field's own default, and the help text's choices come from the registries (backends,
+built-in models, figures, grids), so nothing here repeats what is declared elsewhere.
+The command line wins over the ini file.  A bad value stops the session with one line
+naming the option and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .. import values
+from ..compare import GATE_EXAMPLES, Gate, parse_gates
+from ..controller.rule import MARKER_KWARGS, ControllerOptions
+from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
+from ..controller.targets import parse_ci_targets
+from ..errors import ConfigError
+from ..figures import FIGURES
+from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_token_list
+from ..llm.loader import DTYPES
+from ..meters import BUILTIN_BACKENDS, MeterOptions
+from ..report import DEFAULT_GROUP_BY, DEFAULT_SORT, GROUP_CHOICES, parse_group_by, parse_sort
+from ..report import parse_columns as parse_report_columns
+from ..routing import BY_CHOICES, INPUT
+from ..storage.store import DEFAULT_STORAGE, check_run_name
+
+if TYPE_CHECKING:
+    from ..routing.workload import Workload
+
+INI_PREFIX = "llmenergy_"
+
+
+# -- the settings each feature reads -----------------------------------------------------
+@dataclass(frozen=True)
+class MeasureSettings:
+    backend: str = "auto"
+    idle_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class OrderSettings:
+    shuffle: str = "auto"  # on, off, auto: shuffle when there are energy benchmark cases
+    seed: int | None = None  # None: a new one each run, chosen here and printed
+    seed_given: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed_given", self.seed is not None)
+        if self.seed is None:
+            object.__setattr__(self, "seed", int.from_bytes(os.urandom(4), "little") % 10**6)
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    columns: tuple[str, ...] | None = None  # None: the default columns, empty ones dropped
+    group_by: tuple[str, ...] = DEFAULT_GROUP_BY
+    sort: str = DEFAULT_SORT
+
+
+@dataclass(frozen=True)
+class KeepSettings:
+    """Where the run is saved, and what it is compared with."""
+
+    save: str | None = None
+    autosave: bool = False
+    json_path: str | None = None
+    storage: str = DEFAULT_STORAGE
+    compare: str | None = None  # a run spec, or "latest"
+    gates: tuple[Gate, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.gates and self.compare is None:  # a gate needs something to compare with
+            object.__setattr__(self, "compare", "latest")
+
+    @property
+    def saving(self) -> bool:
+        return bool(self.save or self.autosave)
+
+
+@dataclass(frozen=True)
+class RouteOptions:
+    """The routing section and the figures at the end of a session."""
+
+    workload: Workload | None = None  # None: Alpaca, read when first needed
+    by: str = INPUT
+    lam: float = 1.0
+    plots_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    grid_name: str = "default"
+    models: tuple[str, ...] | None = None  # None: the grid's
+    input_tokens: tuple[int, ...] | None = None
+    output_tokens: tuple[int, ...] | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    trust_remote_code: bool = False
+    grid: Grid = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        grid = make_grid(self.grid_name, self.models, self.input_tokens, self.output_tokens)
+        object.__setattr__(self, "grid", grid)
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """Everything the options say, parsed and checked once."""
+
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    meter: MeterOptions = field(default_factory=MeterOptions)
+    controller: ControllerOptions = field(default_factory=ControllerOptions)
+    order: OrderSettings = field(default_factory=OrderSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
+    keep: KeepSettings = field(default_factory=KeepSettings)
+    route: RouteOptions = field(default_factory=RouteOptions)
+    llm: LLMSettings = field(default_factory=LLMSettings)
+    record: Mapping[str, Any] = field(default_factory=dict)  # for the run file, by option name
+
+
+_SECTION_OF: dict[str, type] = {
+    "measure": MeasureSettings,
+    "meter": MeterOptions,
+    "controller": ControllerOptions,
+    "order": OrderSettings,
+    "report": ReportSettings,
+    "keep": KeepSettings,
+    "route": RouteOptions,
+    "llm": LLMSettings,
+}
+
+
+# -- one option ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Option:
+    """One command-line option and its ini twin, and where its value goes.
+
+    ``to`` is ``"section.field"``: the ``PluginOptions`` section and the field of that
+    settings dataclass; the field's default is the option's default.  ``help`` may use
+    ``{choices}`` (filled from ``choices``) and ends with the default, unless
+    ``default_text`` says what the default means in words.
+    """
+
+    flag: str
+    to: str
+    parse: Callable[[str], Any]
+    metavar: str
+    help: str
+    choices: Callable[[], Sequence[str]] | None = None
+    default_text: str | None = None
+    multiple: bool = False  # repeatable on the command line; comma lists in the ini
+    const: str | None = None  # the value of the bare flag (``--energy-shuffle``)
+    ini_name: str | None = None  # only where 0.1.0 named the ini key otherwise
+    record: Callable[[Any], Any] | None = None  # how the run file keeps the value
+
+    @property
+    def section(self) -> str:
+        return self.to.split(".", 1)[0]
+
+    @property
+    def field_name(self) -> str:
+        return self.to.split(".", 1)[1]
+
+    @property
+    def name(self) -> str:
+        """The option's name in ini files (after the prefix) and in run files."""
+        return self.ini[len(INI_PREFIX) :]
+
+    @property
+    def ini(self) -> str:
+        if self.ini_name:
+            return self.ini_name
+        bare = self.flag.lstrip("-").removeprefix("energy-").removeprefix("llm-")
+        return INI_PREFIX + bare.replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def default(self) -> Any:
+        cls = _SECTION_OF[self.section]
+        f = {f.name: f for f in dataclasses.fields(cls)}[self.field_name]
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        if f.default_factory is not dataclasses.MISSING:
+            return f.default_factory()
+        raise AssertionError(f"{self.to} has no default")  # pragma: no cover
+
+    def describe_default(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        value = self.default
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, tuple):
+            return ",".join(str(v) for v in value) or "none"
+        return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+    def full_help(self) -> str:
+        text = self.help.format(choices=", ".join(self.choices()) if self.choices else "")
+        return f"{text} (default: {self.describe_default()})"
+
+    def to_record(self, value: Any) -> Any:
+        if self.record is not None:
+            return self.record(value)
+        return _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    """An option's value as JSON: tuples as lists, other objects by their text."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _columns(text: str) -> tuple[str, ...]:
+    return parse_report_columns(text)
+
+
+def _workload(text: str) -> Workload:
+    """Read now, so a bad row stops the session at start, not after the measurements."""
+    from ..routing.workload import load_workload
+
+    return load_workload(text.strip())
+
+
+def _backend_choices() -> list[str]:
+    return [*BUILTIN_BACKENDS, "or one registered through the pytest_llmenergy_meters hook"]
+
+
+def _model_choices() -> list[str]:
+    return [*TINY_MODEL_NAMES, "a Hugging Face id", "a local path"]
+
+
+OPTIONS: tuple[Option, ...] = (
+    # -- measuring ---------------------------------------------------------------------
+    Option(
+        "--energy-backend",
+        "measure.backend",
+        values.text,
+        "NAME",
+        "energy meter: {choices}",
+        choices=_backend_choices,
+    ),
+    Option(
+        "--energy-gpus",
+        "meter.gpus",
+        values.indices,
+        "LIST",
+        "GPUs to measure, as indices among the CUDA-visible ones, e.g. 0,1",
+        default_text="all",
+    ),
+    Option(
+        "--energy-sample-interval",
+        "meter.sample_interval_s",
+        values.seconds,
+        "SECONDS",
+        "seconds between power samples of sampling meters, e.g. 0.1 or 100ms",
+        default_text="the backend's own: 0.1 s for NVML, 0.2 s for powermetrics",
+    ),
+    Option(
+        "--energy-idle",
+        "measure.idle_s",
+        values.non_negative_seconds,
+        "SECONDS",
+        "measure idle power for SECONDS at session start and report net energy too",
+    ),
+    Option(
+        "--energy-cpu-tdp",
+        "meter.cpu_tdp_w",
+        values.watts,
+        "WATTS",
+        "CPU TDP in watts for the estimate meter",
+        default_text="from the CPU model table",
+    ),
+    # -- repeating ---------------------------------------------------------------------
+    Option(
+        "--energy-min-trials",
+        "controller.min_trials",
+        values.integer(1),
+        "N",
+        "measured trials of a case at least",
+    ),
+    Option(
+        "--energy-max-trials",
+        "controller.max_trials",
+        values.integer(1),
+        "N",
+        "measured trials of a case at most",
+    ),
+    Option(
+        "--energy-confidence",
+        "controller.confidence",
+        values.confidence,
+        "LEVEL",
+        "confidence level of the intervals, e.g. 0.95 or 95%",
+    ),
+    Option(
+        "--energy-warmup",
+        "controller.warmup",
+        values.integer(0),
+        "N",
+        "unmeasured warm-up runs before a case's trials",
+    ),
+    Option(
+        "--energy-ci-target",
+        "controller.targets",
+        parse_ci_targets,
+        "TARGET",
+        "repeat a case until the CI half-width of every TARGET holds, e.g. "
+        f"{CI_TARGET_EXAMPLES}; any per-trial figure (llmenergy metrics); repeatable",
+        multiple=True,
+    ),
+    Option(
+        "--energy-shuffle",
+        "order.shuffle",
+        values.choice(("on", "off", "auto"), {"true": "on", "false": "off"}),
+        "on|off",
+        "run energy benchmark cases in random order: {choices}",
+        choices=lambda: ("on", "off", "auto"),
+        default_text="on wherever energy_benchmark is used",
+        const="on",
+    ),
+    Option(
+        "--energy-seed",
+        "order.seed",
+        values.integer(0),
+        "N",
+        "seed of the random case order",
+        default_text="a new one each run, printed in the header",
+    ),
+    # -- showing -----------------------------------------------------------------------
+    Option(
+        "--energy-columns",
+        "report.columns",
+        _columns,
+        "LIST",
+        "columns of the energy tables, comma-separated, from: {choices}",
+        choices=lambda: list(FIGURES),
+        default_text="the default columns that have values, narrowed to the terminal",
+    ),
+    Option(
+        "--energy-group-by",
+        "report.group_by",
+        parse_group_by,
+        "KEYS",
+        "one energy table per: {choices} (comma-separated)",
+        choices=lambda: GROUP_CHOICES,
+    ),
+    Option(
+        "--energy-sort",
+        "report.sort",
+        parse_sort,
+        "COLUMN",
+        "row order of the energy tables: tokens, name or a figure; -FIGURE sorts descending",
+    ),
+    # -- keeping -----------------------------------------------------------------------
+    Option(
+        "--energy-save",
+        "keep.save",
+        check_run_name,
+        "NAME",
+        "save this run in the storage folder as NNNN_NAME.json",
+    ),
+    Option(
+        "--energy-autosave",
+        "keep.autosave",
+        values.switch,
+        "on|off",
+        "save this run in the storage folder, named after the commit and the time",
+        const="on",
+    ),
+    Option(
+        "--energy-json",
+        "keep.json_path",
+        values.text,
+        "PATH",
+        "also write this run to PATH (which must not exist yet)",
+    ),
+    Option(
+        "--energy-storage",
+        "keep.storage",
+        values.text,
+        "DIR",
+        "storage folder of saved runs, one subfolder per hardware",
+    ),
+    Option(
+        "--energy-compare",
+        "keep.compare",
+        values.text,
+        "RUN",
+        "compare each case with a saved run: its number, name or path; bare: the latest "
+        "run saved on this hardware",
+        const="latest",
+    ),
+    Option(
+        "--energy-compare-fail",
+        "keep.gates",
+        parse_gates,
+        "EXPR",
+        "fail the session when a case regresses beyond a gate and significantly, e.g. "
+        f"{GATE_EXAMPLES} (any per-trial figure; repeatable; implies --energy-compare)",
+        multiple=True,
+        ini_name="llmenergy_compare_fail",
+    ),
+    # -- deciding ----------------------------------------------------------------------
+    Option(
+        "--energy-route-workload",
+        "route.workload",
+        _workload,
+        "SPEC",
+        "workload of the routing section (shown when the session compares with a run from "
+        "other hardware): alpaca, alpaca-paper, or a CSV / JSONL file of "
+        "input_tokens,output_tokens",
+        default_text="alpaca",
+        record=lambda w: None if w is None else w.name,
+    ),
+    Option(
+        "--energy-route-by",
+        "route.by",
+        values.choice(BY_CHOICES),
+        "AXIS",
+        "route on these tokens: {choices}",
+        choices=lambda: BY_CHOICES,
+    ),
+    Option(
+        "--energy-route-lambda",
+        "route.lam",
+        lambda text: values.fraction(text, "a weight of energy"),
+        "L",
+        "weight of energy against time when routing: 1 energy only, 0 time only",
+    ),
+    Option(
+        "--energy-plots",
+        "route.plots_dir",
+        values.text,
+        "DIR",
+        "write figures (PNG) to DIR at the end: energy per token and runtime per model; "
+        "with a run from other hardware, workload totals against the threshold and the "
+        "Pareto front (needs matplotlib)",
+    ),
+    # -- running models ----------------------------------------------------------------
+    Option(
+        "--llm-model",
+        "llm.models",
+        values.names,
+        "MODEL",
+        "model to benchmark: {choices} (repeatable)",
+        choices=_model_choices,
+        default_text="the grid's models",
+        multiple=True,
+        ini_name="llmenergy_models",
+    ),
+    Option(
+        "--llm-input-tokens",
+        "llm.input_tokens",
+        parse_token_list,
+        "LIST",
+        "sizes of the input sweep, e.g. 8,64,512 or 8..2048 (powers of two)",
+        default_text="the grid's",
+    ),
+    Option(
+        "--llm-output-tokens",
+        "llm.output_tokens",
+        parse_token_list,
+        "LIST",
+        "sizes of the output sweep, e.g. 8,64,512 or 8..4096 (powers of two)",
+        default_text="the grid's",
+    ),
+    Option(
+        "--llm-grid",
+        "llm.grid_name",
+        values.choice(tuple(GRIDS)),
+        "NAME",
+        "case grid: {choices}",
+        choices=lambda: [f"{name} ({grid.models_text()})" for name, grid in GRIDS.items()],
+    ),
+    Option(
+        "--llm-dtype",
+        "llm.dtype",
+        values.choice(DTYPES),
+        "DTYPE",
+        "model weights' dtype: {choices}",
+        choices=lambda: DTYPES,
+    ),
+    Option(
+        "--llm-device",
+        "llm.device",
+        values.text,
+        "DEVICE",
+        "where the model runs: auto (device_map=auto with a GPU, else cpu), cpu, cuda, cuda:N, mps",
+    ),
+    Option(
+        "--llm-trust-remote-code",
+        "llm.trust_remote_code",
+        values.switch,
+        "on|off",
+        "allow models whose repository ships Python code to run it",
+        const="on",
+    ),
+)
+
+BY_FLAG = {o.flag: o for o in OPTIONS}
+
+
+def marker_help(marker: str) -> str:
+    kwargs = ", ".join(f"{k}=" for k in MARKER_KWARGS)
+    return f"{marker}({kwargs}): repetition settings of this test's energy_benchmark"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("llmenergy", "LLM energy measurement (pytest-llmenergy)")
+    for option in OPTIONS:
+        text = option.full_help()
+        kwargs: dict[str, Any] = {
+            "dest": option.dest,
+            "default": None,
+            "metavar": option.metavar,
+            "help": f"{text}. ini: {option.ini}".replace("%", "%%"),
+        }
+        if option.multiple:
+            kwargs["action"] = "append"
+        if option.const is not None:
+            kwargs.update(nargs="?", const=option.const)
+        group.addoption(option.flag, **kwargs)
+        parser.addini(option.ini, help=f"{text} (= {option.flag})", default="")
+
+
+def _raw(config: pytest.Config, option: Option) -> tuple[str, str] | None:
+    """The option's text and where it came from: the command line wins over the ini file."""
+    value = config.getoption(option.dest, default=None)
+    if isinstance(value, list):
+        value = ",".join(value)
+    if value is not None:
+        return str(value), f"{option.flag}={value}"
+    ini = config.getini(option.ini)
+    if isinstance(ini, list):
+        ini = ",".join(ini)
+    if ini not in ("", None):
+        return str(ini).strip(), f"{option.ini} = {ini} (ini)"
+    return None
+
+
+def _parse(option: Option, text: str, origin: str) -> Any:
+    try:
+        return option.parse(text)
+    except (ConfigError, ValueError) as exc:
+        raise pytest.UsageError(f"{origin}: {exc or 'expected ' + option.metavar}") from None
+
+
+def read_options(config: pytest.Config) -> PluginOptions:
+    """Parse every option once; the settings get the given values over their defaults."""
+    given: dict[str, dict[str, Any]] = {name: {} for name in _SECTION_OF}
+    origins: dict[str, list[str]] = {name: [] for name in _SECTION_OF}
+    for option in OPTIONS:
+        raw = _raw(config, option)
+        if raw is None:
+            continue
+        given[option.section][option.field_name] = _parse(option, *raw)
+        origins[option.section].append(raw[1].split("=", 1)[0].strip())
+    controller = given["controller"]
+    if "max_trials" in controller and "min_trials" not in controller:
+        controller["min_trials"] = min(ControllerOptions().min_trials, controller["max_trials"])
+    sections: dict[str, Any] = {}
+    for name, cls in _SECTION_OF.items():
+        try:
+            sections[name] = cls(**given[name])
+        except (ConfigError, ValueError) as exc:
+            where = "/".join(origins[name]) or f"--{name}"
+            raise pytest.UsageError(f"{where}: {exc}") from None
+    return PluginOptions(**sections, record=options_record(sections))
+
+
+def options_record(sections: Mapping[str, Any]) -> dict[str, Any]:
+    """What the run file keeps of the options: every option by its name (the ini key
+    without the prefix), with the value in effect.  Written field by field, so renaming
+    a settings field never changes saved files."""
+    record: dict[str, Any] = {}
+    for option in OPTIONS:
+        value = getattr(sections[option.section], option.field_name)
+        record[option.name] = option.to_record(value)
+    return record

@@ -1,0 +1,198 @@
+"""The core data model: what a benchmark case leaves behind, every trial of it.
+
+Trials keep plain numbers (no meter objects) so that a result can be written to JSON
+and read back as it was.  Figures derived from the trials (energy per token, throughput,
+...) are defined once, in :mod:`pytest_llmenergy.figures`, which reads this module and
+is never read by it: ``figures.value(result, "j_per_token")``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from .meters.base import Measurement
+from .stats import Summary, summarize
+
+if TYPE_CHECKING:
+    from .meters.resources import ResourceUsage
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+class RepeatSettings(Protocol):
+    """How a case was repeated (``controller.rule.ControllerOptions``); the data model
+    needs only its confidence level, and must not depend on the controller."""
+
+    @property
+    def confidence(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    seconds: float
+    joules: float  # counted domains, gross
+    joules_by_domain: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured run of the target."""
+
+    index: int  # 1-based, warm-up not counted
+    seconds: float
+    joules: float  # gross, every counted domain once
+    net_joules: float  # gross minus idle power x duration
+    joules_by_domain: Mapping[str, float]
+    net_joules_by_domain: Mapping[str, float]
+    input_tokens: int
+    output_tokens: int
+    phases: Mapping[str, PhaseRecord] = field(default_factory=dict)
+
+    @classmethod
+    def from_measurement(
+        cls, index: int, m: Measurement, input_tokens: int, output_tokens: int
+    ) -> Trial:
+        return cls(
+            index=index,
+            seconds=m.seconds,
+            joules=m.joules,
+            net_joules=m.net_joules,
+            joules_by_domain=dict(m.by_domain),
+            net_joules_by_domain=m.net_by_domain,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            phases={
+                name: PhaseRecord(p.seconds, p.joules, dict(p.by_domain))
+                for name, p in m.phases.items()
+            }
+            if len(m.phases) > 1
+            else {},
+        )
+
+
+# How a case ended.
+CONVERGED = "converged"  # every CI target held
+LIMIT = "limit"  # stopped at max_trials without meeting the targets
+ROUNDS = "rounds"  # pedantic: a fixed number of rounds, no stopping rule
+OOM = "oom"  # ran out of memory; recorded and skipped
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One benchmark case: its identity, how it was run, every trial, and its status."""
+
+    nodeid: str
+    name: str
+    labels: Mapping[str, str]  # e.g. model, sweep: for grouping in reports
+    input_tokens: int
+    output_tokens: int
+    status: str
+    options: RepeatSettings
+    trials: tuple[Trial, ...] = ()
+    methods: Mapping[str, str] = field(default_factory=dict)  # domain -> counter/sampled/...
+    counted: Mapping[str, bool] = field(default_factory=dict)  # domain -> in the totals?
+    backend: str = ""
+    reason: str = ""  # for OOM and other non-measurements
+    resources: ResourceUsage | None = None
+
+    # -- status --------------------------------------------------------------
+    @property
+    def converged(self) -> bool:
+        return self.status == CONVERGED
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.trials)
+
+    @property
+    def estimated(self) -> bool:
+        return any(m == "estimated" for d, m in self.methods.items() if self.counted.get(d, True))
+
+    # -- time and energy -----------------------------------------------------
+    @property
+    def time(self) -> Summary:
+        return summarize([t.seconds for t in self.trials], self.options.confidence)
+
+    @property
+    def energy(self) -> Summary:
+        return summarize([t.joules for t in self.trials], self.options.confidence)
+
+    @property
+    def net_energy(self) -> Summary:
+        return summarize([t.net_joules for t in self.trials], self.options.confidence)
+
+    def domain_joules(self) -> dict[str, float]:
+        """Mean gross joules per domain."""
+        if not self.trials:
+            return {}
+        names = self.trials[0].joules_by_domain
+        return {d: _mean([t.joules_by_domain[d] for t in self.trials]) for d in names}
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def has_phases(self) -> bool:
+        """Every trial was split into prefill and decode (at the first output token)."""
+        return bool(self.trials) and all(
+            PREFILL in t.phases and DECODE in t.phases for t in self.trials
+        )
+
+    # -- 0.1.0's per-figure properties: deprecated, removed in 0.3 ----------------------
+    # Each is the registry's figure of the same meaning (tests/test_figures.py checks they
+    # agree); figures.value(result, key) replaces them.
+    def _deprecated(self, name: str, key: str) -> None:
+        warnings.warn(
+            f"CaseResult.{name} is deprecated; use pytest_llmenergy.figures.value(result, {key!r})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+    @property
+    def joules_per_token(self) -> float:
+        self._deprecated("joules_per_token", "j_per_token")
+        return _mean([t.joules / (t.input_tokens + t.output_tokens) for t in self.trials])
+
+    @property
+    def tokens_per_s(self) -> float:
+        self._deprecated("tokens_per_s", "tokens_per_s")
+        return _mean([(t.input_tokens + t.output_tokens) / t.seconds for t in self.trials])
+
+    @property
+    def power_w(self) -> float:
+        self._deprecated("power_w", "power_w")
+        return _mean([t.joules / t.seconds for t in self.trials])
+
+    @property
+    def prefill_seconds(self) -> float:
+        self._deprecated("prefill_seconds", "ttft_s")
+        return self._old_phase(PREFILL, "seconds")
+
+    @property
+    def decode_seconds(self) -> float:
+        self._deprecated("decode_seconds", "decode_s")
+        return self._old_phase(DECODE, "seconds")
+
+    @property
+    def prefill_joules(self) -> float:
+        self._deprecated("prefill_joules", "prefill_j")
+        return self._old_phase(PREFILL, "joules")
+
+    @property
+    def decode_joules(self) -> float:
+        self._deprecated("decode_joules", "decode_j")
+        return self._old_phase(DECODE, "joules")
+
+    def _old_phase(self, name: str, attr: str) -> float:
+        if not self.has_phases:
+            return math.nan
+        return _mean([getattr(t.phases[name], attr) for t in self.trials])
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan

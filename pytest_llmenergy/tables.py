@@ -1,0 +1,275 @@
+"""Generic tables: raw values for machines, formatted cells for people, and rendering.
+
+A ``Table`` keeps two views of every row: raw values for machines (csv, json) and
+formatted cells for people (terminal, markdown), so that a figure is rounded only where
+it is shown.  Case tables (``report``), comparisons (``compare``), routing tables and
+``llmenergy list`` all build ``Table`` objects and hand them to ``render``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shutil
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from tabulate import tabulate
+
+from .errors import ConfigError
+from .stats import Summary
+
+FORMATS = ("table", "csv", "json", "markdown")
+DASH = "\u2014"
+
+Raw = int | float | str | bool | None
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table with raw values (for csv/json) and display cells (for the terminal).
+
+    ``hidden`` lists keys present in ``rows`` and ``cells`` that only csv and json output:
+    machine identity or flags that would clutter a terminal.  ``priorities`` (one per key,
+    empty: all 0) say which columns a narrow terminal loses first: the highest numbers;
+    priority 0 is never left out.  ``legend`` explains marks and short names, under the
+    table.
+    """
+
+    title: str
+    keys: tuple[str, ...]
+    headers: tuple[str, ...]
+    rows: tuple[tuple[Raw, ...], ...]
+    cells: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
+    priorities: tuple[int, ...] = ()
+    legend: tuple[str, ...] = ()
+
+    def priority(self, index: int) -> int:
+        return self.priorities[index] if index < len(self.priorities) else 0
+
+
+def fmt_number(value: float | None, digits: int = 4) -> str:
+    """Significant digits, not decimals: joules span µJ/token to kJ/query in one table.
+
+    Numbers too large for ``digits`` are printed whole rather than in exponent notation,
+    which reads badly in a column (12345, not 1.234e+04).
+    """
+    if value is None or math.isnan(value) or math.isinf(value):
+        return DASH
+    if abs(value) >= 10**digits:
+        return f"{value:.0f}"
+    return f"{value:.{digits}g}"
+
+
+def clean(value: object) -> Raw:
+    """NaN and infinities become None so json stays strict and csv cells stay empty."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value  # type: ignore[return-value]
+
+
+def format_raw(value: Raw) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return fmt_number(value)
+
+
+def fmt_mean_ci(s: Summary) -> str:
+    """Mean ± half-width: the half-width to two significant digits, the mean rounded at
+    the same place (digits below it are noise, and cost a narrow terminal its columns) but
+    to four significant digits at most; a lone trial has no interval, so only its mean."""
+    mean, hw = fmt_number(s.mean), s.half_width
+    if mean == DASH or math.isnan(hw) or math.isinf(hw):
+        return mean
+    hw_text = fmt_number(hw, 2)
+    if hw > 0 and abs(s.mean) < 10**4:
+        hw_decimals = 1 - math.floor(math.log10(hw))
+        decimals = hw_decimals
+        if s.mean != 0:
+            decimals = min(decimals, 3 - math.floor(math.log10(abs(s.mean))))
+        if 0 < decimals <= 12 and abs(s.mean) >= 10**-decimals:
+            mean = f"{s.mean:.{decimals}f}"
+            if decimals == hw_decimals:
+                hw_text = f"{hw:.{decimals}f}"
+        elif decimals <= 0:
+            mean = f"{s.mean:.0f}"
+    return f"{mean} ± {hw_text}"
+
+
+# -- rendering ---------------------------------------------------------------
+
+
+def _visible(
+    table: Table, left_out: Sequence[int] = ()
+) -> tuple[list[str], list[list[str]], list[str]]:
+    """Headers, cells and alignment of the shown columns: figures right-aligned so their
+    magnitudes line up, text left-aligned (decided on raw values, as cells are all text)."""
+    keep = [i for i, k in enumerate(table.keys) if k not in table.hidden and i not in left_out]
+    headers = [table.headers[i] for i in keep]
+    cells = [[row[i] for i in keep] for row in table.cells]
+
+    def numeric(i: int) -> bool:
+        return all(
+            v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+            for v in (row[i] for row in table.rows)
+        )
+
+    align = ["right" if numeric(i) else "left" for i in keep]
+    return headers, cells, align
+
+
+def _body(table: Table, left_out: Sequence[int] = ()) -> str:
+    headers, cells, align = _visible(table, left_out)
+    return tabulate(cells, headers, tablefmt="simple", disable_numparse=True, colalign=align)
+
+
+def _narrowed(table: Table, width: int) -> tuple[str, list[int]]:
+    """The body without the fewest lowest-priority columns that make it fit ``width``;
+    priority-0 columns stay even when the rest cannot make it fit."""
+    left_out: list[int] = []
+    body = _body(table)
+    candidates = sorted(
+        (i for i, k in enumerate(table.keys) if k not in table.hidden and table.priority(i) > 0),
+        key=lambda i: (-table.priority(i), -i),
+    )
+    for index in candidates:
+        if max((len(line) for line in body.splitlines()), default=0) <= width:
+            break
+        left_out.append(index)
+        body = _body(table, left_out)
+    return body, sorted(left_out)
+
+
+def wrap(text: str, width: int | None, indent: str = "  ") -> list[str]:
+    """One logical line as lines of at most ``width`` (a word longer than that stays
+    whole); continuation lines start with ``indent``."""
+    if width is None or len(text) <= width:
+        return [text]
+    lines = textwrap.wrap(
+        text,
+        width=width,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return lines or [text]
+
+
+def terminal_width(default: int = 100) -> int:
+    """The width to fit: the terminal's, or ``COLUMNS``; never below 40."""
+    return max(40, shutil.get_terminal_size((default, 24)).columns)
+
+
+def _render_text(table: Table, width: int | None = None, narrow_hint: str = "") -> str:
+    if width is None:
+        body, left_out = _body(table), []
+    else:
+        body, left_out = _narrowed(table, width)
+    lines = [*wrap(table.title, width), body]
+    extra = list(table.legend)
+    if left_out:
+        names = ", ".join(table.headers[i] for i in left_out)
+        note = f"columns left out to fit {width} characters: {names}"
+        extra.append(f"{note}; {narrow_hint}" if narrow_hint else note)
+    for line in [*extra, *table.notes]:
+        lines += wrap(line, width)
+    return "\n".join(lines)
+
+
+def _render_markdown(table: Table) -> str:
+    headers, cells, align = _visible(table)
+
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    body = tabulate(
+        [[esc(c) for c in row] for row in cells],
+        [esc(h) for h in headers],
+        tablefmt="github",
+        disable_numparse=True,
+        colalign=align,
+    )
+    parts = [f"### {table.title}", body]
+    if table.legend or table.notes:
+        parts.append("\n>\n".join(f"> {note}" for note in (*table.legend, *table.notes)))
+    return "\n\n".join(parts)
+
+
+def _render_csv(tables: Sequence[Table]) -> str:
+    """One csv for every table, so a spreadsheet gets all groups at once; ``group`` says
+    which table a row came from."""
+    keys: list[str] = []
+    for table in tables:
+        keys.extend(k for k in table.keys if k not in keys)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["group", *keys])
+    for table in tables:
+        for row in table.rows:
+            values = dict(zip(table.keys, row))
+            cleaned = [clean(values.get(k)) for k in keys]
+            writer.writerow([table.title, *("" if v is None else v for v in cleaned)])
+    return out.getvalue()
+
+
+def _render_json(tables: Sequence[Table]) -> str:
+    data = {
+        "tables": [
+            {
+                "title": t.title,
+                "columns": list(t.keys),
+                "rows": [{k: clean(v) for k, v in zip(t.keys, row)} for row in t.rows],
+                "notes": list(t.notes),
+                "legend": list(t.legend),
+            }
+            for t in tables
+        ]
+    }
+    return json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False)
+
+
+def render(
+    tables: Sequence[Table],
+    fmt: str = "table",
+    *,
+    width: int | None = None,
+    narrow_hint: str = "",
+) -> str:
+    """``width`` fits the terminal format to that many characters (columns of the lowest
+    priority left out, and said so); csv, json and markdown always keep every column.
+    In the terminal format a legend shared by several tables is printed once, after the
+    last of them."""
+    if fmt == "table":
+        return _render_texts(tables, width, narrow_hint)
+    if fmt == "markdown":
+        return "\n\n".join(_render_markdown(t) for t in tables)
+    if fmt == "csv":
+        return _render_csv(tables)
+    if fmt == "json":
+        return _render_json(tables)
+    raise ConfigError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+
+
+def _render_texts(tables: Sequence[Table], width: int | None, narrow_hint: str) -> str:
+    shared = [
+        line
+        for line in dict.fromkeys(line for t in tables for line in t.legend)
+        if sum(line in t.legend for t in tables) > 1
+    ]
+    parts = [
+        _render_text(
+            replace(t, legend=tuple(x for x in t.legend if x not in shared)), width, narrow_hint
+        )
+        for t in tables
+    ]
+    text = "\n\n".join(parts)
+    if shared:
+        text += "\n\n" + "\n".join(line for x in shared for line in wrap(x, width))
+    return text

@@ -1,0 +1,67 @@
+"""Options declared once: flag, ini twin, parser, destination, default; help from registries."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pytest_llmenergy.figures import FIGURES
+from pytest_llmenergy.llm.grid import TINY_MODEL_NAMES
+from pytest_llmenergy.meters import BUILTIN_BACKENDS
+from pytest_llmenergy.plugin.options import _SECTION_OF, OPTIONS, PluginOptions
+
+
+def test_every_option_has_one_flag_one_ini_twin_and_a_real_destination() -> None:
+    assert len({o.flag for o in OPTIONS}) == len(OPTIONS)
+    assert len({o.ini for o in OPTIONS}) == len(OPTIONS)
+    assert all(o.ini.startswith("llmenergy_") for o in OPTIONS)
+    for option in OPTIONS:
+        cls = _SECTION_OF[option.section]
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert option.field_name in names, option.to
+    sections = {f.name for f in dataclasses.fields(PluginOptions)} - {"record"}
+    assert sections == set(_SECTION_OF)
+
+
+def test_defaults_come_from_the_settings_not_from_the_help_text() -> None:
+    by_flag = {o.flag: o for o in OPTIONS}
+    assert by_flag["--energy-max-trials"].default == 25
+    assert by_flag["--energy-max-trials"].full_help().endswith("(default: 25)")
+    assert by_flag["--energy-ci-target"].full_help().endswith("(default: time_s:0.5s)")
+    assert by_flag["--energy-storage"].full_help().endswith("(default: .llmenergy)")
+
+
+def test_help_lists_choices_from_the_registries(pytester: pytest.Pytester) -> None:
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    for backend in BUILTIN_BACKENDS:
+        assert backend in text
+    for model in TINY_MODEL_NAMES:
+        assert model in text
+    columns = text.split("--energy-columns=LIST", 1)[1].split("--energy-group-by", 1)[0]
+    for key in FIGURES:
+        assert key.replace("_", "") in columns.replace("_", "").replace(" ", "")
+    assert "ini: llmenergy_columns" in text
+
+
+def test_every_option_is_in_the_readme() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for option in OPTIONS:
+        assert f"`{option.flag}" in readme, option.flag
+        assert f"`{option.ini}`" in readme, option.ini
+
+
+def test_ini_twins_of_list_options_take_comma_lists(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nllmenergy_compare_fail = j_per_token:5%, time_s:1s\n")
+    pytester.makepyfile(
+        """
+        def test_x(pytestconfig):
+            from pytest_llmenergy.plugin import KEEPER
+            gates = pytestconfig.stash[KEEPER].settings.gates
+            assert [str(g) for g in gates] == ["j_per_token:5%", "time_s:1s"]
+            assert pytestconfig.stash[KEEPER].settings.compare == "latest"
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)

@@ -1,0 +1,130 @@
+"""Generic tables: fitting the terminal, legends, number formats, wrapping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_llmenergy.stats import Summary
+from pytest_llmenergy.tables import Table, fmt_mean_ci, render, terminal_width, wrap
+
+
+def wide_table(**kwargs: object) -> Table:
+    """Eight columns of 12-character cells; priorities 0, 0, 1, 2, 3, 4, 5, 5."""
+    keys = tuple(f"k{i}" for i in range(8))
+    headers = tuple(f"col{i}" for i in range(8))
+    rows = tuple(tuple(float(r * 10 + i) for i in range(8)) for r in range(3))
+    cells = tuple(tuple(f"{v:012.3f}" for v in row) for row in rows)
+    defaults: dict[str, object] = {
+        "title": "a title that is fairly long " * 4,
+        "keys": keys,
+        "headers": headers,
+        "rows": rows,
+        "cells": cells,
+        "priorities": (0, 0, 1, 2, 3, 4, 5, 5),
+    }
+    defaults.update(kwargs)
+    return Table(**defaults)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("width", [30, 60, 80, 100, 200])
+def test_every_line_fits_the_width(width: int) -> None:
+    text = render([wide_table()], "table", width=width, narrow_hint="choose with --columns")
+    assert all(len(line) <= width for line in text.splitlines()), text
+
+
+def test_the_highest_priorities_go_first_and_are_named_in_table_order() -> None:
+    # every column is 12 wide plus 2 of separation: 8 columns need 110 characters
+    text = render([wide_table()], "table", width=60)
+    header = next(line for line in text.splitlines() if "col0" in line)
+    assert header.split() == ["col0", "col1", "col2", "col3"]  # 4 x 12 + 3 x 2 = 54
+    assert "columns left out to fit 60 characters: col4, col5, col6, col7" in text.replace(
+        "\n  ", " "
+    )
+    # the two priority-5 columns tie: the rightmost went first
+    text = render([wide_table()], "table", width=97)
+    header = next(line for line in text.splitlines() if "col0" in line)
+    assert header.split() == ["col0", "col1", "col2", "col3", "col4", "col5", "col6"]
+    assert "left out to fit 97 characters: col7" in text
+
+
+def test_priority_zero_columns_stay_even_when_nothing_fits() -> None:
+    text = render([wide_table()], "table", width=20)
+    header = next(line for line in text.splitlines() if "col0" in line)
+    assert header.split() == ["col0", "col1"]  # 26 wide: over, but priority 0 stays
+    assert "col2, col3, col4, col5, col6, col7" in text.replace("\n  ", " ")
+
+
+def test_the_hint_says_how_to_choose() -> None:
+    text = render([wide_table()], "table", width=70, narrow_hint="choose with --columns")
+    assert "; choose with --columns" in text.replace("\n  ", " ")
+    assert "choose with" not in render([wide_table()], "table", width=200)
+
+
+def test_hidden_columns_stay_hidden_and_data_formats_keep_every_column() -> None:
+    table = wide_table(hidden=("k1",))
+    assert "col1" not in render([table], "table", width=200)
+    for fmt in ("csv", "json", "markdown"):
+        assert render([table], fmt, width=40) == render([table], fmt)
+    data = json.loads(render([table], "json", width=40))
+    assert data["tables"][0]["columns"] == [f"k{i}" for i in range(8)]
+
+
+def test_without_a_width_the_text_is_the_plain_table() -> None:
+    table = Table(
+        title="t",
+        keys=("a", "b"),
+        headers=("name", "J"),
+        rows=(("x", 1.5), ("yy", 12.0)),
+        cells=(("x", "1.5"), ("yy", "12")),
+        notes=("a note",),
+    )
+    assert render([table]) == "t\nname      J\n------  ---\nx       1.5\nyy       12\na note"
+
+
+def test_a_legend_is_printed_under_its_table_and_once_when_shared() -> None:
+    one = Table("one", ("a",), ("A",), ((1,),), (("1",),), notes=("n1",), legend=("L", "only1"))
+    two = Table("two", ("a",), ("A",), ((2,),), (("2",),), legend=("L",))
+    text = render([one, two])
+    assert text.count("L\n") + text.endswith("L") == 1  # shared: once, at the end
+    assert text.endswith("\n\nL")
+    assert text.index("only1") < text.index("n1") < text.index("two")  # legend, then notes
+    markdown = render([one], "markdown")
+    assert "> L" in markdown and "> only1" in markdown
+
+
+def test_wrap() -> None:
+    assert wrap("short", 80) == ["short"]
+    assert wrap("x" * 200, None) == ["x" * 200]
+    lines = wrap("llmenergy: " + "word " * 30, 40, indent="    ")
+    assert all(len(line) <= 40 for line in lines) and len(lines) > 1
+    assert all(line.startswith("    ") for line in lines[1:])
+    long = "a-very-long-hyphenated-word-that-does-not-fit-in-twenty"
+    assert wrap(f"see {long} here", 20) == ["see", f"  {long}", "  here"]
+
+
+def test_terminal_width_honours_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "123")
+    assert terminal_width() == 123
+    monkeypatch.setenv("COLUMNS", "10")
+    assert terminal_width() == 40
+
+
+@pytest.mark.parametrize(
+    ("mean", "half_width", "text"),
+    [
+        (0.009282, 0.00096, "0.00928 ± 0.00096"),  # digits below the CI's are noise
+        (10.17, 0.41, "10.17 ± 0.41"),
+        (0.51, 0.022, "0.510 ± 0.022"),  # the CI's precision, trailing zero kept
+        (2.024, 0.0042, "2.024 ± 0.0042"),  # never more than four significant digits
+        (250.3, 12.0, "250 ± 12"),
+        (1.0, 0.0, "1 ± 0"),
+    ],
+)
+def test_a_mean_is_rounded_where_its_interval_is(mean: float, half_width: float, text: str):
+    assert fmt_mean_ci(Summary(3, mean, 0.0, half_width, 0.95)) == text
+
+
+def test_a_lone_trial_has_no_interval() -> None:
+    assert fmt_mean_ci(Summary(1, 2.5, float("nan"), float("inf"), 0.95)) == "2.5"
