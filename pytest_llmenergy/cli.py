@@ -29,7 +29,14 @@ from .compare import (
     verdict_line,
 )
 from .errors import ConfigError, LLMEnergyError
-from .figures import DEFAULT_GATE_METRIC, DeprecatedName, describe, figure, per_trial_keys
+from .figures import (
+    DEFAULT_GATE_METRIC,
+    FIGURES,
+    DeprecatedName,
+    describe,
+    figure,
+    per_trial_keys,
+)
 from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
@@ -69,11 +76,29 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", parents=[common], help="one run's energy tables")
     show.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
-    show.add_argument("--columns", type=_checked(report.parse_columns), metavar="LIST")
     show.add_argument(
-        "--group-by", type=_checked(report.parse_group_by), default=report.DEFAULT_GROUP_BY
+        "--columns",
+        type=_checked(report.parse_columns),
+        metavar="LIST",
+        help=f"figures to show, comma-separated, from: {', '.join(FIGURES)} "
+        "(default: the default columns that have values; llmenergy metrics explains them)",
     )
-    show.add_argument("--sort", type=_checked(report.parse_sort), default=report.DEFAULT_SORT)
+    show.add_argument(
+        "--group-by",
+        type=_checked(report.parse_group_by),
+        default=report.DEFAULT_GROUP_BY,
+        metavar="KEYS",
+        help=f"one table per: {', '.join(report.GROUP_CHOICES)} "
+        f"(default: {','.join(report.DEFAULT_GROUP_BY)})",
+    )
+    show.add_argument(
+        "--sort",
+        type=_checked(report.parse_sort),
+        default=report.DEFAULT_SORT,
+        metavar="FIGURE",
+        help=f"row order: tokens, name or a figure; -FIGURE descending "
+        f"(default: {report.DEFAULT_SORT})",
+    )
 
     cmp_ = sub.add_parser(
         "compare",

@@ -27,6 +27,14 @@ BUILTIN_BACKENDS: dict[str, str] = {
 }
 
 
+def sample_interval_defaults() -> dict[str, float]:
+    """Each sampling meter's own sampling period, for help texts (imports no vendor
+    library: the vendor modules import theirs when a meter opens)."""
+    from . import nvml, powermetrics
+
+    return {"nvml": nvml.DEFAULT_INTERVAL_S, "powermetrics": powermetrics.DEFAULT_INTERVAL_S}
+
+
 def backend_names(extra: Mapping[str, MeterFactory] | None = None) -> list[str]:
     return [*BUILTIN_BACKENDS, *(extra or {})]
 
@@ -81,4 +89,5 @@ __all__ = [
     "mark_phase",
     "open_meter",
     "resolve_factory",
+    "sample_interval_defaults",
 ]

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..figures import FIGURES
 from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_token_list
 from ..llm.loader import DTYPES
-from ..meters import BUILTIN_BACKENDS, MeterOptions
+from ..meters import BUILTIN_BACKENDS, MeterOptions, sample_interval_defaults
 from ..report import DEFAULT_GROUP_BY, DEFAULT_SORT, GROUP_CHOICES, parse_group_by, parse_sort
 from ..report import parse_columns as parse_report_columns
 from ..routing import BY_CHOICES, INPUT
@@ -154,7 +154,7 @@ class Option:
     metavar: str
     help: str
     choices: Callable[[], Sequence[str]] | None = None
-    default_text: str | None = None
+    default_text: str | Callable[[], str] | None = None
     multiple: bool = False  # repeatable on the command line; comma lists in the ini
     const: str | None = None  # the value of the bare flag (``--energy-shuffle``)
     ini_name: str | None = None  # only where 0.1.0 named the ini key otherwise
@@ -196,7 +196,7 @@ class Option:
 
     def describe_default(self) -> str:
         if self.default_text is not None:
-            return self.default_text
+            return self.default_text if isinstance(self.default_text, str) else self.default_text()
         value = self.default
         if isinstance(value, bool):
             return "on" if value else "off"
@@ -266,7 +266,10 @@ OPTIONS: tuple[Option, ...] = (
         values.seconds,
         "SECONDS",
         "seconds between power samples of sampling meters, e.g. 0.1 or 100ms",
-        default_text="the backend's own: 0.1 s for NVML, 0.2 s for powermetrics",
+        default_text=lambda: (
+            "the backend's own: "
+            + ", ".join(f"{s:g} s for {b}" for b, s in sample_interval_defaults().items())
+        ),
     ),
     Option(
         "--energy-idle",
