@@ -47,7 +47,7 @@ from .routing.tables import ROUTE_FORMATS, render_routed
 from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
 from .storage.runfile import COMPLETE, Run, RunFileError
 from .storage.store import DEFAULT_STORAGE, Storage
-from .tables import FORMATS, Raw, Table, render, terminal_width
+from .tables import FORMATS, Raw, Table, render, terminal_width, wrap
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 DEFAULT_CONFIDENCE = 0.95
@@ -339,7 +339,9 @@ def _list(storage: Storage, hardware: str | None, fmt: str) -> str:
         also = f" (hardware with runs: {', '.join(known)})" if known else ""
         return f"no saved runs in {where}{also}"
     cells = tuple(tuple("—" if v is None else str(v) for v in row) for row in rows)
-    table = Table("saved runs", keys, keys, tuple(rows), cells, ())
+    table = Table(
+        "saved runs", keys, keys, tuple(rows), cells, (), priorities=(0, 0, 2, 1, 2, 1, 3)
+    )
     return render([table], fmt, width=_width(fmt))
 
 
@@ -400,6 +402,8 @@ def _show(run: Run, args: argparse.Namespace) -> str:
     header = _run_header(run)
     if args.format == "markdown":  # one line each, not one paragraph
         header = [f"- {line}" for line in header]
+    else:
+        header = [part for line in header for part in wrap(line, _width(args.format))]
     return "\n".join([*header, "", body or "no cases in this run"])
 
 

@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import tabulate as tabulate_module
 from tabulate import tabulate
 
 from .errors import ConfigError
@@ -126,8 +127,16 @@ def _visible(
 
 
 def _body(table: Table, left_out: Sequence[int] = ()) -> str:
+    """tabulate pads every header by two characters; a column as wide as its widest cell
+    or header is enough beside the two spaces between columns, and a narrow terminal
+    keeps another column for it."""
     headers, cells, align = _visible(table, left_out)
-    return tabulate(cells, headers, tablefmt="simple", disable_numparse=True, colalign=align)
+    padding = tabulate_module.MIN_PADDING
+    tabulate_module.MIN_PADDING = 0
+    try:
+        return tabulate(cells, headers, tablefmt="simple", disable_numparse=True, colalign=align)
+    finally:
+        tabulate_module.MIN_PADDING = padding
 
 
 def _narrowed(table: Table, width: int) -> tuple[str, list[int]]:

@@ -249,8 +249,8 @@ def test_table_options(project: pytest.Pytester) -> None:
     result.stdout.re_match_lines(
         [
             r"^all cases$",
-            r"^\s+in\s+J/token\s+avg W$",
-            r"^\s+64\s+\S+\s+200$",
+            r"^\s*in\s+J/token\s+avg W$",
+            r"^\s*64\s+\S+\s+200$",
             r"^\s+8\s+\S+\s+200$",
         ]
     )

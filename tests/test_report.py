@@ -442,7 +442,7 @@ def test_render_table() -> None:
     for h in ("in", "out", "trials", "s ± CI", "J ± CI", "J/token", "prefill J/in", "GPU J"):
         assert h in header
     assert "estimated" not in header and "name" not in header  # csv/json only
-    assert lines[3].startswith("   8     32")  # figures right-aligned
+    assert lines[3].startswith("   8   32")  # figures right-aligned under "  in", " out"
     assert "sweep output · model m" in lines
     assert lines[lines.index("sweep output · model m") - 1] == ""  # tables apart
     assert ESTIMATED_NOTE in lines

@@ -80,7 +80,8 @@ def test_without_a_width_the_text_is_the_plain_table() -> None:
         cells=(("x", "1.5"), ("yy", "12")),
         notes=("a note",),
     )
-    assert render([table]) == "t\nname      J\n------  ---\nx       1.5\nyy       12\na note"
+    # columns as wide as their widest cell or header, two spaces apart
+    assert render([table]) == "t\nname    J\n----  ---\nx     1.5\nyy     12\na note"
 
 
 def test_a_legend_is_printed_under_its_table_and_once_when_shared() -> None:
