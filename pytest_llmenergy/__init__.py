@@ -29,7 +29,7 @@ from .meters import (
 )
 from .results import CaseResult, Trial
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "CaseResult",

@@ -8,11 +8,9 @@ difference is significant at the configured confidence: noise must not fail CI.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import ConfigError
 from .figures import (
     DEFAULT_COMPARE_METRICS,
     FIGURES,
@@ -24,6 +22,7 @@ from .figures import (
 from .results import CaseResult
 from .stats import Summary, summarize, welch_t_test
 from .tables import Table, clean, fmt_mean_ci, fmt_number
+from .values import words
 
 GATE_EXAMPLES = "j_per_token:5%, energy_j:10%, time_s:0.5s"
 
@@ -63,12 +62,7 @@ def parse_gate(text: str) -> Gate:
 
 def parse_gates(texts: str | Iterable[str]) -> tuple[Gate, ...]:
     """Comma- or space-separated gates, or a list of them."""
-    if isinstance(texts, str):
-        texts = [texts]
-    parts = [p for text in texts for p in re.split(r"[,\s]+", text) if p]
-    if not parts:
-        raise ConfigError(f"no gate given: expected one or more of {GATE_EXAMPLES}")
-    return tuple(parse_gate(p) for p in parts)
+    return tuple(parse_gate(p) for p in words(texts, "gate", GATE_EXAMPLES))
 
 
 # -- one case, one metric --------------------------------------------------------------

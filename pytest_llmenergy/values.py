@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -128,6 +128,17 @@ def names(text: str) -> tuple[str, ...]:
     found = tuple(dict.fromkeys(n for n in re.split(r"[,\s]+", text) if n))
     if not found:
         raise ConfigError(f"expected one or more names, got {text!r}")
+    return found
+
+
+def words(texts: str | Iterable[str], what: str, examples: str) -> list[str]:
+    """Comma- or space-separated words of one text or of several (a repeated option);
+    none at all is a ConfigError naming ``what`` was expected."""
+    if isinstance(texts, str):
+        texts = [texts]
+    found = [p for text in texts for p in re.split(r"[,\s]+", text) if p]
+    if not found:
+        raise ConfigError(f"no {what} given: expected one or more of {examples}")
     return found
 
 

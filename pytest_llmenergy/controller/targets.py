@@ -8,13 +8,12 @@ target (``llmenergy metrics`` lists them); several targets must all hold.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..errors import ConfigError
 from ..figures import FIGURES, canonical, format_amount, parse_figure_threshold
 from ..stats import Summary
+from ..values import words
 
 EXAMPLES = "time_s:0.5s, time_s:2%, energy_j:1J, energy_j:2%"
 
@@ -55,9 +54,4 @@ def parse_ci_target(text: str) -> CITarget:
 
 def parse_ci_targets(texts: str | Iterable[str]) -> tuple[CITarget, ...]:
     """Comma- or space-separated targets, or a list of them; duplicates of a metric allowed."""
-    if isinstance(texts, str):
-        texts = [texts]
-    parts = [p for text in texts for p in re.split(r"[,\s]+", text) if p]
-    if not parts:
-        raise ConfigError(f"no CI target given: expected one or more of {EXAMPLES}")
-    return tuple(parse_ci_target(p) for p in parts)
+    return tuple(parse_ci_target(p) for p in words(texts, "CI target", EXAMPLES))

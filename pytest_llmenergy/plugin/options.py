@@ -125,15 +125,11 @@ class PluginOptions:
     record: Mapping[str, Any] = field(default_factory=dict)  # for the run file, by option name
 
 
+# The sections of PluginOptions, by field name: where an Option's ``to`` points.
 _SECTION_OF: dict[str, type] = {
-    "measure": MeasureSettings,
-    "meter": MeterOptions,
-    "controller": ControllerOptions,
-    "order": OrderSettings,
-    "report": ReportSettings,
-    "keep": KeepSettings,
-    "route": RouteOptions,
-    "llm": LLMSettings,
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(PluginOptions)
+    if f.name != "record"
 }
 
 
@@ -414,7 +410,6 @@ OPTIONS: tuple[Option, ...] = (
         "fail the session when a case regresses beyond a gate and significantly, e.g. "
         f"{GATE_EXAMPLES} (any per-trial figure; repeatable; implies --energy-compare)",
         multiple=True,
-        ini_name="llmenergy_compare_fail",
     ),
     # -- deciding ----------------------------------------------------------------------
     Option(
