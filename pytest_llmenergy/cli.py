@@ -45,8 +45,10 @@ from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
 from .routing.tables import ROUTE_FORMATS, render_routed
 from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
-from .storage.runfile import COMPLETE, Run, RunFileError
-from .storage.store import DEFAULT_STORAGE, Storage
+from .storage.pool import pool_runs
+from .storage.recorder import check_json_target
+from .storage.runfile import COMPLETE, Run, RunFileError, dumps
+from .storage.store import DEFAULT_STORAGE, AtomicFile, Storage, check_run_name
 from .tables import FORMATS, Raw, Table, render, terminal_width, wrap
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
@@ -136,6 +138,22 @@ def _parser() -> argparse.ArgumentParser:
         help="confidence of the significance test, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
+
+    merge = sub.add_parser(
+        "merge",
+        help="pool runs of the same cases on the same hardware into one run (e.g. a pull "
+        "request's base measured twice, alternating with its head), to compare or gate",
+    )
+    merge.add_argument(
+        "runs", nargs="+", action=_TwoOrMore, metavar="RUN", help="two or more runs to pool"
+    )
+    merge.add_argument(
+        "--out", required=True, metavar="FILE", help="the pooled run file (must not exist)"
+    )
+    merge.add_argument(
+        "--name", default="pooled", type=_checked(check_run_name), help="the pooled run's name"
+    )
+    merge.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
 
     metrics = sub.add_parser(
         "metrics",
@@ -264,8 +282,10 @@ class _TwoOrMore(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         if len(values) < 2:
+            command = parser.prog.split()[-1]
+            why = {"compare": ": the baseline first, then the others", "merge": " to pool"}
             raise argparse.ArgumentError(
-                self, "compare needs at least two runs: the baseline first, then the others"
+                self, f"{command} needs at least two runs{why.get(command, '')}"
             )
         setattr(namespace, self.dest, list(values))
 
@@ -451,6 +471,19 @@ def _labels(runs: Sequence[Run]) -> tuple[str, ...]:
     return tuple(f"run {label}" if label in _RESERVED_LABELS else label for label in labels)
 
 
+def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
+    """Write the pooled run; stdout gets its path (for scripts), stderr what was pooled."""
+    pooled = pool_runs(runs, name=args.name)
+    target = check_json_target(args.out)
+    try:
+        AtomicFile(target).write(dumps(pooled))
+    except FileExistsError:
+        raise ConfigError(f"{target} already exists; runs are never overwritten") from None
+    trials = sum(len(c.trials) for c in pooled.cases)
+    note = f"pooled {len(runs)} runs into {target}: {len(pooled.cases)} case(s), {trials} trials"
+    return str(target), [note]
+
+
 def _metrics(fmt: str) -> str:
     records = describe()
     keys = tuple(records[0])
@@ -618,6 +651,8 @@ def _main(argv: Sequence[str] | None) -> int:
             out = _list(storage, args.hardware, args.format)
         elif args.command == "metrics":
             out = _metrics(args.format)
+        elif args.command == "merge":
+            out, notes = _merge([storage.load(spec) for spec in args.runs], args)
         elif args.command == "show":
             out = _show(storage.load(args.run), args)
         elif args.command == "route":

@@ -21,28 +21,81 @@ def workflow(name: str) -> dict[str, Any]:
     return yaml.safe_load((WORKFLOWS / name).read_text())
 
 
-def commands(flow: dict[str, Any]) -> list[list[str]]:
-    """Every shell command of every step, split into words (line continuations joined)."""
+def commands(flow: dict[str, Any], job_name: str | None = None) -> list[list[str]]:
+    """Every shell command of every step (of one job), split into words, line continuations
+    joined; shell keywords and subshell parentheses left out."""
     found = []
-    for job in flow["jobs"].values():
+    for name, job in flow["jobs"].items():
+        if job_name is not None and name != job_name:
+            continue
         for step in job["steps"]:
             script = step.get("run", "").replace("\\\n", " ")
             for line in script.splitlines():
-                line = line.split(" >>")[0].strip()
-                if line and not line.startswith(("#", "if ", "fi", "else", "then")):
-                    found.append(shlex.split(line))
+                line = line.split(" >>")[0].strip().lstrip("(").rstrip(")")
+                keywords = ("#", "if ", "fi", "else", "then", "for ", "done", "echo ", "mkdir ")
+                if line and not line.startswith(keywords):
+                    words = shlex.split(line)
+                    if words[:2] == ["cd", words[1]] and "&&" in words:
+                        words = words[words.index("&&") + 1 :]
+                    found.append(words)
     return found
 
 
-def test_energy_gate_runs_on_main_and_pull_requests_only_when_enabled() -> None:
+def guarded(condition: str) -> bool:
+    """A pull request job runs a fork's code only after a maintainer's label."""
+    return (
+        "github.event.pull_request.head.repo.full_name == github.repository" in condition
+        and "github.event.label.name == 'energy-gate:run'" in condition
+        and "github.event.action != 'labeled'" in condition
+    )
+
+
+def test_energy_gate_runs_only_when_enabled_and_forks_only_after_a_label() -> None:
     flow = workflow("energy-gate.yml")
     triggers = flow[True]  # YAML reads the key `on` as true
-    assert triggers["push"]["branches"] == ["main"] and "pull_request" in triggers
-    job = flow["jobs"]["energy"]
-    assert job["if"] == "vars.LLMENERGY_ENERGY_GATE == 'on'"
-    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
-    uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload")]
+    assert triggers["push"]["branches"] == ["main"]
+    assert "labeled" in triggers["pull_request"]["types"]
+    assert "pull_request_target" not in triggers  # never the base's secrets for a fork's code
+    jobs = flow["jobs"]
+    for name, job in jobs.items():
+        assert "vars.LLMENERGY_ENERGY_GATE == 'on'" in job["if"], name
+        assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    assert guarded(jobs["alternate"]["if"]) and guarded(jobs["against-baseline"]["if"])
+    assert "github.event_name == 'push'" in jobs["baseline"]["if"]
+    uploads = [s for s in jobs["baseline"]["steps"] if "upload-artifact" in s.get("uses", "")]
     assert uploads[0]["with"]["name"] == "energy-baseline"
+    header = (WORKFLOWS / "energy-gate.yml").read_text().split("\nname:")[0]
+    assert "fork" in header and "energy-gate:run" in header
+
+
+def test_the_default_job_measures_base_and_head_alternately_then_pools() -> None:
+    job = workflow("energy-gate.yml")["jobs"]["alternate"]
+    refs = [s["with"]["ref"] for s in job["steps"] if "checkout" in s.get("uses", "")]
+    assert refs == [
+        "${{ github.event.pull_request.base.sha }}",
+        "${{ github.event.pull_request.head.sha }}",
+    ]
+    measure = next(s["run"] for s in job["steps"] if s.get("name", "").startswith("Measure"))
+    assert "for side in base head" in measure and 'seq 1 "$ROUNDS"' in measure
+    calls = [w for w in commands(workflow("energy-gate.yml"), "alternate") if w[0] == "llmenergy"]
+    assert [c[1] for c in calls] == ["merge", "merge", "compare"]
+    assert calls[0][2] == "runs/base-*.json" and calls[1][2] == "runs/head-*.json"
+    assert calls[2][2:4] == ["runs/base.json", "runs/head.json"] and "--fail-on" in calls[2]
+
+
+def test_actions_are_pinned_least_privileged_and_keep_no_credentials() -> None:
+    for name in ("energy-gate.yml", "ci.yml"):
+        text = (WORKFLOWS / name).read_text()
+        for line in text.splitlines():
+            if "uses:" in line:
+                assert re.search(r"uses: [\w/-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), line
+        flow = workflow(name)
+        assert flow["permissions"] == {}
+        for job in flow["jobs"].values():
+            assert "permissions" in job and "write" not in str(job["permissions"])
+            for step in job["steps"]:
+                if "actions/checkout" in step.get("uses", ""):
+                    assert step["with"]["persist-credentials"] is False
 
 
 def test_every_pytest_option_in_the_workflows_exists() -> None:
@@ -57,16 +110,27 @@ def test_every_pytest_option_in_the_workflows_exists() -> None:
 def test_every_gate_and_cli_call_in_the_workflows_parses() -> None:
     from pytest_llmenergy.compare import parse_gate
 
-    calls = 0
+    calls = []
     for words in commands(workflow("energy-gate.yml")):
         for w in words:
             if w.startswith("--energy-compare-fail="):
                 parse_gate(w.split("=", 1)[1])
         if words[0] == "llmenergy":
-            args = _parser().parse_args(words[1:])
-            assert args.command == "compare" and args.format == "markdown"
-            calls += 1
-    assert calls == 1
+            # the shell expands runs/base-*.json into one file per round
+            rounds = [w.replace("*", str(i)) for w in words[1:] for i in (1, 2) if "*" in w]
+            args = _parser().parse_args([w for w in words[1:] if "*" not in w] + rounds)
+            calls.append(args.command)
+            if args.command == "compare":
+                assert args.format == "markdown"
+    assert sorted(calls) == ["compare", "compare", "merge", "merge"]
+
+
+def test_the_workflow_linter_runs_in_ci_and_tox() -> None:
+    assert "zizmor --offline .github/workflows" in (ROOT / ".ci" / "run").read_text()
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini")
+    assert "zizmor --offline .github/workflows" in tox["testenv:lint"]["commands"]
+    assert ["zizmor", "--offline", ".github/workflows"] in commands(workflow("ci.yml"))
 
 
 def test_own_ci_installs_torch_pinned_before_the_package() -> None:

@@ -1,0 +1,99 @@
+"""Pooling runs of the same cases (base, head, base, head) into one run per side."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.figures import value
+from pytest_llmenergy.results import CONVERGED, LIMIT
+from pytest_llmenergy.storage.pool import pool_runs
+from pytest_llmenergy.storage.runfile import COMPLETE, INTERRUPTED, load
+from tests.casefactory import make_case
+from tests.test_cli import HW_A, HW_B, cli, save
+from tests.test_storage_runfile import sample_run
+
+
+def test_pooling_keeps_every_trial_of_every_case() -> None:
+    one = sample_run((make_case([0.10, 0.11, 0.12]), make_case([0.2, 0.2], input_tokens=64)))
+    two = sample_run((make_case([0.13, 0.14], status=LIMIT), make_case([0.3], output_tokens=9)))
+    pooled = pool_runs([one, two], name="base")
+    assert pooled.name == "base" and pooled.status == COMPLETE
+    assert [c.nodeid for c in pooled.cases] == [
+        one.cases[0].nodeid,
+        one.cases[1].nodeid,
+        two.cases[1].nodeid,  # only in the second run: kept as it is
+    ]
+    first = pooled.cases[0]
+    assert [t.seconds for t in first.trials] == [0.10, 0.11, 0.12, 0.13, 0.14]
+    assert [t.index for t in first.trials] == [1, 2, 3, 4, 5]
+    assert first.status == LIMIT  # the least settled part: one run hit its trial limit
+    # 100 W throughout: the pooled mean is the mean of all five trials
+    assert value(first, "energy_j") == pytest.approx(100 * sum([0.10, 0.11, 0.12, 0.13, 0.14]) / 5)
+    assert pooled.cases[1].status == CONVERGED and len(pooled.cases[1].trials) == 2
+
+
+def test_an_unfinished_run_leaves_the_pool_unfinished() -> None:
+    one, two = sample_run((make_case([0.1, 0.1]),)), sample_run((make_case([0.1, 0.1]),))
+    assert pool_runs([one, replace(two, status=INTERRUPTED)]).status == INTERRUPTED
+
+
+def test_runs_of_other_hardware_or_confidence_are_not_pooled() -> None:
+    one = sample_run((make_case([0.1, 0.1]),))
+    with pytest.raises(ConfigError, match="different hardware cannot be pooled"):
+        pool_runs([one, replace(one, hardware="elsewhere")])
+    other = make_case([0.1, 0.1])
+    other = replace(other, options=ControllerOptions(confidence=0.99))
+    with pytest.raises(ConfigError, match=r"different confidence levels \(0.95, 0.99\)"):
+        pool_runs([one, replace(one, cases=(other,))])
+    with pytest.raises(ConfigError, match="at least two runs"):
+        pool_runs([one])
+
+
+def test_pooled_sides_give_the_gate_more_trials_than_either_round() -> None:
+    """Two rounds of three trials each side: too noisy alone, significant pooled."""
+    base = [sample_run((make_case(s),)) for s in ([0.10, 0.12, 0.08], [0.11, 0.09, 0.10])]
+    head = [sample_run((make_case(s),)) for s in ([0.12, 0.14, 0.10], [0.13, 0.11, 0.12])]
+    gates = parse_gates("j_per_token:5%")
+    alone = compare_cases(base[0].cases, head[0].cases, gates=gates)
+    pooled = compare_cases(pool_runs(base).cases, pool_runs(head).cases, gates=gates)
+    assert not alone.failed and alone.deltas[0].p_value > 0.05
+    assert pooled.failed and pooled.deltas[0].p_value < 0.05
+
+
+def test_llmenergy_merge_writes_a_new_run_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(tmp_path, [make_case([0.1, 0.11, 0.12])], name="base")
+    save(tmp_path, [make_case([0.13, 0.12, 0.11])], name="base")
+    out = tmp_path / "pooled.json"
+    code, stdout, stderr = cli(capsys, "--storage", tmp_path, "merge", "1", "2", "--out", out)
+    assert code == 0 and stdout.strip() == str(out)
+    assert "pooled 2 runs" in stderr and "6 trials" in stderr
+    run = load(out)
+    assert len(run.cases[0].trials) == 6 and run.command[:2] == ("llmenergy", "merge")
+    assert json.loads(out.read_text())["schema_version"] == 2
+    before = out.read_text()
+    code, _, stderr = cli(capsys, "--storage", tmp_path, "merge", "1", "2", "--out", out)
+    assert code == 2 and "already exists" in stderr and out.read_text() == before
+    save(tmp_path, [make_case([0.1, 0.1])], name="gpu", hardware=HW_B)
+    code, _, stderr = cli(
+        capsys,
+        "--storage",
+        tmp_path,
+        "merge",
+        f"{HW_A}/1",
+        f"{HW_B}/1",
+        "--out",
+        tmp_path / "x.json",
+    )
+    assert code == 2 and "different hardware" in stderr and not (tmp_path / "x.json").exists()
+    with pytest.raises(SystemExit):
+        cli(capsys, "merge", "1", "--out", tmp_path / "y.json")
+    assert "merge needs at least two runs to pool" in capsys.readouterr().err
