@@ -75,7 +75,9 @@ class RoutingSection:
             for line in header_lines(config, [self.note]):
                 write(line, yellow=True)
         if self.plots:
-            write(f"llmenergy: {len(self.plots)} figure(s) written to {self.plots[0].parent}")
+            where = f"{len(self.plots)} figure(s) written to {self.plots[0].parent}"
+            for line in header_lines(config, [where]):
+                write(line)
         if self.plots_note:
             for line in header_lines(config, [self.plots_note]):
                 write(line, yellow=True)

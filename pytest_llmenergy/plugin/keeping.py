@@ -80,16 +80,19 @@ class Keeper:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        write = terminalreporter.write_line
+        def write(line: str, **markup: bool) -> None:  # one logical line, fitted
+            for part in header_lines(self.config, [line]):
+                terminalreporter.write_line(part, **markup)
+
         for path in self.saved_paths:
-            write(f"llmenergy: saved {len(self.results)} case(s) to {path}")
+            write(f"saved {len(self.results)} case(s) to {path}")
         if self.recorder is not None:
             if not self.results:
-                write("llmenergy: no energy benchmark case ran; no run saved")
+                write("no energy benchmark case ran; no run saved")
             for error in self.recorder.errors:
-                write(f"llmenergy: {error}", red=True)
+                write(error, red=True)
         if self.baseline_note:
-            write(f"llmenergy: {self.baseline_note}", yellow=True)
+            write(self.baseline_note, yellow=True)
         comparison = self.comparison
         if comparison is None:
             return
@@ -98,15 +101,11 @@ class Keeper:
         terminalreporter.section(title if len(title) < width - 10 else "llmenergy: compared")
         baseline = self.baseline
         if baseline is not None and baseline.hardware != self.hardware:
-            for line in header_lines(
-                self.config, [f"the baseline ran on other hardware: {baseline.hardware}"]
-            ):
-                write(line)
+            write(f"the baseline ran on other hardware: {baseline.hardware}")
         for line in render([comparison_table(comparison)], "table", width=width).splitlines():
-            write(line)
+            terminalreporter.write_line(line)
         failed = comparison.failed
-        for line in header_lines(self.config, [verdict_line(comparison)]):
-            write(line, red=failed, green=not failed, bold=True)
+        write(verdict_line(comparison), red=failed, green=not failed, bold=True)
 
     # -- saving and comparing ------------------------------------------------------
     def _open(self) -> None:
