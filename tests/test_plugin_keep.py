@@ -181,8 +181,9 @@ def test_interrupted_session_keeps_the_cases_it_finished(project: pytest.Pyteste
             raise KeyboardInterrupt
         """
     )
+    # the interrupt is the last test: see the crash test below about pytest-randomly
     result = project.runpytest_subprocess(
-        "--energy-backend=trace", "--energy-shuffle=off", "--energy-save=cut"
+        "--energy-backend=trace", "--energy-shuffle=off", "--energy-save=cut", "-p", "no:randomly"
     )
     assert result.ret == pytest.ExitCode.INTERRUPTED
     [path] = saved(project)
@@ -199,8 +200,10 @@ def test_crashed_session_keeps_the_cases_it_finished(project: pytest.Pytester) -
             os.kill(os.getpid(), signal.SIGKILL)
         """
     )
+    # the crash is the last test of the session: pytest-randomly, if installed, would move
+    # it (it is not an energy case, so its order is randomly's, not this plugin's)
     result = project.runpytest_subprocess(
-        "--energy-backend=trace", "--energy-shuffle=off", "--energy-save=crash"
+        "--energy-backend=trace", "--energy-shuffle=off", "--energy-save=crash", "-p", "no:randomly"
     )
     assert result.ret == -9
     [path] = saved(project)

@@ -295,3 +295,29 @@ def test_a_model_that_cannot_load_stops_the_session_at_start(
     assert_one_line_usage_error(result, "--llm-model=./not/here", "no such directory")
     result = suite.runpytest_subprocess("--llm-model=tiny-llama", "--llm-device=cuda")
     assert_one_line_usage_error(result, "--llm-model=tiny-llama", "cuda")
+
+
+REORDERING_PLUGIN = """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    # a stand-in for pytest-randomly: moves every test before the energy plugin orders
+    items.reverse()
+"""
+
+
+def test_another_plugin_reordering_tests_does_not_change_the_energy_cases_order(
+    suite: pytest.Pytester,
+) -> None:
+    """What the header says holds even when a plugin such as pytest-randomly moved the tests
+    first: the file order with --energy-shuffle=off, the seed's order with a seed."""
+
+    def order(*args: str) -> list[str]:
+        return collected_ids(suite.runpytest("--collect-only", "-q", "--llm-grid=quick", *args))
+
+    plain_off, plain_seeded = order("--energy-shuffle=off"), order("--energy-seed=5")
+    suite.makeconftest(suite.path.joinpath("conftest.py").read_text() + REORDERING_PLUGIN)
+    assert order("--energy-shuffle=off") == plain_off
+    assert order("--energy-seed=5") == plain_seeded
+    assert plain_off[0].endswith("[tiny-llama-in8-out32]") and plain_off != plain_seeded

@@ -33,12 +33,21 @@ def shuffled_in_groups(
 
 def shuffle_in_place(
     items: list[T],
-    seed: int,
+    seed: int | None,
     selected: Callable[[T], bool],
     group: Callable[[T], Hashable] = lambda _: None,
+    file_order: Callable[[T], int] | None = None,
 ) -> None:
-    """Shuffle the selected items among the positions they occupy; others stay put."""
+    """Order the selected items among the positions they occupy; others stay put.
+
+    ``file_order`` first puts them back in the order they were collected (another plugin,
+    such as pytest-randomly, may have moved them); ``seed`` None keeps that order, so the
+    result depends on the seed alone, never on what reordered them before.
+    """
     positions = [i for i, item in enumerate(items) if selected(item)]
-    new_order = shuffled_in_groups([items[i] for i in positions], seed, group)
+    chosen = [items[i] for i in positions]
+    if file_order is not None:
+        chosen.sort(key=file_order)
+    new_order = chosen if seed is None else shuffled_in_groups(chosen, seed, group)
     for position, item in zip(positions, new_order):
         items[position] = item

@@ -62,6 +62,7 @@ class CasePlan:
         self.shuffled = False
         self.n_llm_cases = 0
         self._controllers: dict[str, ControllerOptions] = {}
+        self._collected: dict[str, int] = {}  # node id -> position in collection (file) order
 
     def controller_for(self, item: pytest.Item) -> ControllerOptions:
         return self._controllers.get(item.nodeid, self.controller)
@@ -76,10 +77,16 @@ class CasePlan:
                 cases = self.llm.grid.cases(sweep)
                 metafunc.parametrize(name, cases, ids=[case.id for case in cases])
 
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        self._collected.setdefault(item.nodeid, len(self._collected))
+
+    @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        """Check every test's marker now (not mid-run), then put the cases in order."""
+        """Check every test's marker now (not mid-run), then put the cases in order: last,
+        after any plugin that reorders tests (pytest-randomly), so that the energy cases run
+        in the order the header states, the seed's or the file's."""
         for item in items:
             marker = item.get_closest_marker(MARKER)
             if marker is None:
@@ -98,13 +105,13 @@ class CasePlan:
         mode = self.order.shuffle
         if mode == "on" or (mode == "auto" and any(uses_energy_benchmark(i) for i in items)):
             self.shuffled = True
-            assert self.order.seed is not None  # OrderSettings chooses one when none is given
-            shuffle_in_place(
-                items,
-                self.order.seed,
-                selected=uses_energy_benchmark,
-                group=lambda item: case_labels(item).get("model"),
-            )
+        shuffle_in_place(
+            items,
+            self.order.seed if self.shuffled else None,
+            selected=uses_energy_benchmark,
+            group=lambda item: case_labels(item).get("model"),
+            file_order=lambda item: self._collected.get(item.nodeid, len(self._collected)),
+        )
 
     def pytest_report_collectionfinish(
         self, config: pytest.Config, items: list[pytest.Item]
@@ -118,6 +125,12 @@ class CasePlan:
             lines.append(
                 f"cases in random order, seed {seed} (repeat with --energy-seed={seed}; "
                 "--energy-shuffle=off keeps the file order)"
+            )
+        if config.pluginmanager.hasplugin("randomly"):
+            lines.append(
+                "pytest-randomly is installed: it orders the other tests; the energy "
+                "benchmark cases run in this plugin's order, "
+                + ("seeded as above" if self.shuffled else "the file's")
             )
         return header_lines(config, lines)
 
