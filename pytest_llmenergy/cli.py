@@ -29,6 +29,7 @@ from .compare import (
     verdict_line,
 )
 from .errors import ConfigError, LLMEnergyError
+from .export import EXPORT_FORMATS, export_text
 from .figures import (
     DEFAULT_GATE_METRIC,
     FIGURES,
@@ -154,6 +155,18 @@ def _parser() -> argparse.ArgumentParser:
         "--name", default="pooled", type=_checked(check_run_name), help="the pooled run's name"
     )
     merge.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+
+    export = sub.add_parser(
+        "export",
+        help="one run's figures for other tools: github-action-benchmark's JSON "
+        "(customSmallerIsBetter) for CI dashboards, or CSV",
+    )
+    export.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
+    export.add_argument("--format", choices=EXPORT_FORMATS, required=True)
+    export.add_argument(
+        "--out", metavar="FILE", help="write there (must not exist) instead of to stdout"
+    )
+    export.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
 
     metrics = sub.add_parser(
         "metrics",
@@ -484,6 +497,18 @@ def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
     return str(target), [note]
 
 
+def _export(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
+    text = export_text(run.cases, args.format)
+    if not args.out:
+        return text, []
+    target = check_json_target(args.out)
+    try:
+        AtomicFile(target).write(text)
+    except FileExistsError:
+        raise ConfigError(f"{target} already exists; runs are never overwritten") from None
+    return str(target), [f"exported {len(run.cases)} case(s) of {run.label} as {args.format}"]
+
+
 def _metrics(fmt: str) -> str:
     records = describe()
     keys = tuple(records[0])
@@ -651,6 +676,8 @@ def _main(argv: Sequence[str] | None) -> int:
             out = _list(storage, args.hardware, args.format)
         elif args.command == "metrics":
             out = _metrics(args.format)
+        elif args.command == "export":
+            out, notes = _export(storage.load(args.run), args)
         elif args.command == "merge":
             out, notes = _merge([storage.load(spec) for spec in args.runs], args)
         elif args.command == "show":

@@ -78,7 +78,7 @@ def test_the_default_job_measures_base_and_head_alternately_then_pools() -> None
     measure = next(s["run"] for s in job["steps"] if s.get("name", "").startswith("Measure"))
     assert "for side in base head" in measure and 'seq 1 "$ROUNDS"' in measure
     calls = [w for w in commands(workflow("energy-gate.yml"), "alternate") if w[0] == "llmenergy"]
-    assert [c[1] for c in calls] == ["merge", "merge", "compare"]
+    assert [c[1] for c in calls] == ["merge", "merge", "compare", "export"]
     assert calls[0][2] == "runs/base-*.json" and calls[1][2] == "runs/head-*.json"
     assert calls[2][2:4] == ["runs/base.json", "runs/head.json"] and "--fail-on" in calls[2]
 
@@ -122,7 +122,7 @@ def test_every_gate_and_cli_call_in_the_workflows_parses() -> None:
             calls.append(args.command)
             if args.command == "compare":
                 assert args.format == "markdown"
-    assert sorted(calls) == ["compare", "compare", "merge", "merge"]
+    assert sorted(calls) == ["compare", "compare", "export", "merge", "merge"]
 
 
 def test_the_workflow_linter_runs_in_ci_and_tox() -> None:

@@ -14,10 +14,11 @@ import pytest
 
 from ..compare import Comparison, compare_cases, comparison_table, verdict_line
 from ..errors import ConfigError
+from ..export import export_text
 from ..results import CaseResult
 from ..storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
 from ..storage.runfile import Run, RunFileError, load
-from ..storage.store import Storage
+from ..storage.store import AtomicFile, Storage
 from ..tables import render
 from .measuring import Metering, header_lines
 from .options import KeepSettings, PluginOptions
@@ -44,11 +45,12 @@ class Keeper:
         self.baseline: Run | None = None
         self.baseline_note = ""
         self.comparison: Comparison | None = None
+        self.exported: list[tuple[str, Path]] = []
+        self.export_errors: list[str] = []
 
     @property
     def active(self) -> bool:
-        s = self.settings
-        return bool(s.saving or s.json_path or s.compare)
+        return self.settings.active
 
     @property
     def saved_paths(self) -> list[Path]:
@@ -75,7 +77,9 @@ class Keeper:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         failed = self.finish(exitstatus)
-        save_failed = self.recorder is not None and bool(self.recorder.errors)
+        save_failed = bool(self.export_errors) or (
+            self.recorder is not None and bool(self.recorder.errors)
+        )
         if (failed or save_failed) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -86,6 +90,10 @@ class Keeper:
 
         for path in self.saved_paths:
             write(f"saved {len(self.results)} case(s) to {path}")
+        for fmt, path in self.exported:
+            write(f"exported {len(self.results)} case(s) as {fmt} to {path}")
+        for error in self.export_errors:
+            write(error, red=True)
         if self.recorder is not None:
             if not self.results:
                 write("no energy benchmark case ran; no run saved")
@@ -120,6 +128,11 @@ class Keeper:
         storage = Storage(keep.storage)
         if keep.compare:
             self._load_baseline(storage, keep.compare)
+        for fmt, path in keep.exports:
+            try:
+                check_json_target(str(path))
+            except ConfigError as exc:
+                raise pytest.UsageError(f"--energy-export={fmt}:{path}: {exc}") from None
         if self.config.option.collectonly or not (keep.saving or keep.json_path):
             return
         commit = commit_info(self.config.rootpath)
@@ -178,6 +191,7 @@ class Keeper:
                 current_label="this run",
             )
             failed = self.comparison.failed
+        self._export()
         if self.recorder is not None:
             final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
             self.recorder.finish(
@@ -186,6 +200,19 @@ class Keeper:
                 exit_status=final,
             )
         return failed
+
+    def _export(self) -> None:
+        """Each export once, atomically, never over an existing file."""
+        if not self.results or self.config.option.collectonly:
+            return
+        for fmt, path in self.settings.exports:
+            try:
+                AtomicFile(path).write(export_text(self.results, fmt))
+                self.exported.append((fmt, path))
+            except OSError as exc:
+                self.export_errors.append(
+                    f"could not export {fmt} to {path}: {exc.strerror or exc}"
+                )
 
 
 KEEPER = pytest.StashKey[Keeper]()

@@ -13,6 +13,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,6 +24,7 @@ from ..controller.rule import MARKER_KWARGS, ControllerOptions
 from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
 from ..controller.targets import parse_ci_targets
 from ..errors import ConfigError
+from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, parse_exports
 from ..figures import FIGURES
 from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_token_list
 from ..llm.loader import DTYPES
@@ -74,6 +76,7 @@ class KeepSettings:
     storage: str = DEFAULT_STORAGE
     compare: str | None = None  # a run spec, or "latest"
     gates: tuple[Gate, ...] = ()
+    exports: tuple[tuple[str, Path], ...] = ()  # (format, path) written at the end
 
     def __post_init__(self) -> None:
         if self.gates and self.compare is None:  # a gate needs something to compare with
@@ -82,6 +85,11 @@ class KeepSettings:
     @property
     def saving(self) -> bool:
         return bool(self.save or self.autosave)
+
+    @property
+    def active(self) -> bool:
+        """Anything to keep or compare: only then is the machine read at start."""
+        return bool(self.saving or self.json_path or self.compare or self.exports)
 
 
 @dataclass(frozen=True)
@@ -410,6 +418,17 @@ OPTIONS: tuple[Option, ...] = (
         "fail the session when a case regresses beyond a gate and significantly, e.g. "
         f"{GATE_EXAMPLES} (any per-trial figure; repeatable; implies --energy-compare)",
         multiple=True,
+    ),
+    Option(
+        "--energy-export",
+        "keep.exports",
+        parse_exports,
+        "FORMAT:PATH",
+        "also write this run's figures for other tools, e.g. "
+        f"{EXPORT_EXAMPLES}: {{choices}} (repeatable; PATH must not exist yet)",
+        choices=lambda: EXPORT_FORMATS,
+        multiple=True,
+        record=lambda exports: [f"{fmt}:{path}" for fmt, path in exports],
     ),
     # -- deciding ----------------------------------------------------------------------
     Option(

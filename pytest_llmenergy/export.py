@@ -1,0 +1,78 @@
+"""A run's figures for other tools: CI dashboards (github-action-benchmark) and CSV.
+
+``github-action-benchmark`` is the JSON that the GitHub Action of the same name reads with
+``tool: customSmallerIsBetter``: one entry per case and figure, with the mean as the value
+and the confidence interval as the range, so a repository gets a chart per case over its
+commits and an alert when energy per token rises.  Every figure exported there is one of
+the registry's lower-is-better figures; CSV carries every figure of every case.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import ConfigError
+from .figures import FIGURES
+from .report import case_tables
+from .results import CaseResult
+from .tables import fmt_number, render
+
+GITHUB_ACTION_BENCHMARK = "github-action-benchmark"
+CSV = "csv"
+EXPORT_FORMATS = (GITHUB_ACTION_BENCHMARK, CSV)
+# What a dashboard charts per case: the research's energy per token, then per query.
+DASHBOARD_FIGURES = ("j_per_token", "energy_j", "time_s")
+EXPORT_EXAMPLES = "github-action-benchmark:energy.json, csv:energy.csv"
+
+
+def dashboard_entries(results: Sequence[CaseResult]) -> list[dict[str, object]]:
+    """``customSmallerIsBetter`` entries: name, unit, value, range, extra."""
+    entries: list[dict[str, object]] = []
+    for case in results:
+        for key in DASHBOARD_FIGURES:
+            f = FIGURES[key]
+            summary = f.summary(case)
+            if summary is None:
+                continue
+            estimated = " (estimated: no energy sensor)" if case.estimated and f.energy else ""
+            entries.append(
+                {
+                    "name": f"{case.name} {key}",
+                    "unit": f.label if "/" in f.label else f.unit,
+                    "value": summary.mean,
+                    "range": f"± {fmt_number(summary.half_width, 2)}",
+                    "extra": f"{summary.n} trials, {summary.confidence:.0%} CI half-width; "
+                    f"meter {case.backend or 'unknown'}{estimated}",
+                }
+            )
+    return entries
+
+
+def export_text(results: Sequence[CaseResult], fmt: str) -> str:
+    if fmt == GITHUB_ACTION_BENCHMARK:
+        return json.dumps(dashboard_entries(results), indent=2, allow_nan=False) + "\n"
+    if fmt == CSV:
+        return render(case_tables(results, columns=list(FIGURES), group_by=()), "csv")
+    raise ConfigError(f"unknown export format {fmt!r}; choose from: {', '.join(EXPORT_FORMATS)}")
+
+
+def parse_exports(text: str) -> tuple[tuple[str, Path], ...]:
+    """Comma-separated ``FORMAT:PATH`` exports (a repeated option arrives joined)."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ConfigError(f"no export given: expected FORMAT:PATH such as {EXPORT_EXAMPLES}")
+    return tuple(parse_export(p) for p in parts)
+
+
+def parse_export(text: str) -> tuple[str, Path]:
+    """``FORMAT:PATH``, e.g. ``github-action-benchmark:energy.json``."""
+    fmt, sep, path = text.strip().partition(":")
+    if not sep or not path.strip():
+        raise ConfigError(f"bad export {text!r}: expected FORMAT:PATH such as {EXPORT_EXAMPLES}")
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(
+            f"bad export {text!r}: unknown format {fmt!r}; choose from: {', '.join(EXPORT_FORMATS)}"
+        )
+    return fmt, Path(path.strip())
