@@ -8,7 +8,8 @@ features, each owning its state, its hooks and its terminal-summary section:
 - ``cases.CasePlan``: parametrization over the grid, markers, models, case order;
 - ``results.CaseResults``: the measured cases and the energy-per-token tables;
 - ``keeping.Keeper``: the run file, the baseline, the comparison and gates;
-- ``deciding.RoutingSection``: routing between two systems, and figures.
+- ``deciding.RoutingSection``: routing between two systems, and figures;
+- ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
 meter opens before the keeper claims the run file, and the energy tables print before
@@ -73,6 +74,10 @@ def pytest_configure(config: pytest.Config) -> None:
     routing = RoutingSection(options.route, keeper, results.results)
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
+    if manager.hasplugin("benchmark"):  # pytest-benchmark: its tests get energy too
+        from .benchmark_energy import BenchmarkEnergy
+
+        manager.register(BenchmarkEnergy(metering), "llmenergy-pytest-benchmark")
     for name, feature in (
         ("routing", routing),
         ("keeper", keeper),
