@@ -114,7 +114,7 @@ def test_compare_with_the_latest_named_or_missing_run(project: pytest.Pytester) 
     none = run(project, "--energy-compare")
     none.assert_outcomes(passed=2)
     assert none.ret == 0
-    none.stdout.fnmatch_lines(["llmenergy: nothing to compare with: no run saved in *"])
+    none.stdout.fnmatch_lines(["llmenergy: nothing to compare with: no complete run saved in *"])
     run(project, "--energy-save=base").assert_outcomes(passed=2)
     result = run(project, "--energy-compare")
     assert result.ret == 0
@@ -190,6 +190,23 @@ def test_interrupted_session_keeps_the_cases_it_finished(project: pytest.Pyteste
     data = json.loads(path.read_text())
     assert data["run"]["status"] == "interrupted"
     assert [c["name"] for c in data["cases"]] == ["test_case[8]", "test_case[64]"]
+
+
+def test_the_latest_baseline_is_the_latest_complete_run(project: pytest.Pytester) -> None:
+    """An interrupted or unreadable run is skipped, and the session says which."""
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    [base] = saved(project)
+    (base.parent / "0002_cut.json").write_text(
+        base.read_text().replace('"status": "complete"', '"status": "interrupted"')
+    )
+    (base.parent / "0003_junk.json").write_text('{"format": "pytest-llmenergy-run", "sch')
+    result = run(project, "--energy-compare")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["llmenergy: comparing with *0001_base.json"])
+    text = " ".join(result.stdout.str().split())  # the note wraps to the terminal
+    assert "llmenergy: baseline: skipped 0003_junk.json (unreadable: not a readable" in text
+    assert "delete the file), 0002_cut.json (interrupted)" in text
+    result.stdout.fnmatch_lines(["*compared with 0001_base*"])
 
 
 def test_crashed_session_keeps_the_cases_it_finished(project: pytest.Pytester) -> None:

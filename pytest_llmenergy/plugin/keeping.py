@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..export import export_text
 from ..results import CaseResult
 from ..storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
-from ..storage.runfile import Run, RunFileError, load
+from ..storage.runfile import COMPLETE, Run, RunFileError, load
 from ..storage.store import AtomicFile, Storage
 from ..tables import render
 from .measuring import Metering, header_lines
@@ -160,23 +160,41 @@ class Keeper:
 
     def _load_baseline(self, storage: Storage, spec: str) -> None:
         if spec == "latest":
-            latest = storage.latest(self.hardware)
-            if latest is None:
-                self.baseline_note = (
-                    f"nothing to compare with: no run saved in {storage.root / self.hardware} "
-                    "yet (save one with --energy-autosave or --energy-save=NAME)"
-                )
-                return
-            path = latest.path
-        else:
-            try:
-                path = storage.resolve(spec, hardware=self.hardware)
-            except ConfigError as exc:
-                raise pytest.UsageError(f"--energy-compare={spec}: {exc}") from None
+            self._load_latest(storage)
+            return
+        try:
+            path = storage.resolve(spec, hardware=self.hardware)
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--energy-compare={spec}: {exc}") from None
         try:
             self.baseline = load(path)
         except RunFileError as exc:
             raise pytest.UsageError(f"--energy-compare: {exc}") from None
+
+    def _load_latest(self, storage: Storage) -> None:
+        """The latest *complete* run on this hardware: an interrupted, still running (or
+        killed) or unreadable run is skipped, and the note says which."""
+        skipped: list[str] = []
+        for stored in reversed(storage.runs(self.hardware)):
+            try:
+                run = load(stored.path)
+            except RunFileError as exc:
+                skipped.append(f"{stored.path.name} (unreadable: {exc.problem})")
+                continue
+            if run.status != COMPLETE:
+                skipped.append(f"{stored.path.name} ({run.status})")
+                continue
+            self.baseline = run
+            break
+        folder = storage.root / self.hardware
+        if self.baseline is None:
+            self.baseline_note = (
+                f"nothing to compare with: no complete run saved in {folder} yet (save one "
+                "with --energy-autosave or --energy-save=NAME)"
+            )
+        if skipped:
+            also = f"; {self.baseline_note}" if self.baseline is None else ""
+            self.baseline_note = f"baseline: skipped {', '.join(skipped)}{also}"
 
     def finish(self, exitstatus: int) -> bool:
         """Compare, then write the run's last state; True when an energy gate failed."""
