@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -513,9 +514,15 @@ def _metrics(fmt: str) -> str:
     records = describe()
     keys = tuple(records[0])
     rows = tuple(tuple(r[k] for k in keys) for r in records)
-    cells = tuple(
-        tuple("yes" if v is True else "" if v is False else str(v) for v in row) for row in rows
-    )
+    meaning = keys.index("meaning")
+    width = _width(fmt)
+
+    def cell(i: int, v: object) -> str:
+        text = "yes" if v is True else "" if v is False else str(v)
+        # a sentence per figure: wrapped on a terminal, so that it fits beside the key
+        return textwrap.fill(text, 44) if i == meaning and width is not None else text
+
+    cells = tuple(tuple(cell(i, v) for i, v in enumerate(row)) for row in rows)
     headers = (
         "key",
         "label",
@@ -540,7 +547,7 @@ def _metrics(fmt: str) -> str:
         ),
         priorities=(0, 1, 1, 0, 2, 2, 3, 3, 4),
     )
-    return render([table], fmt, width=_width(fmt))
+    return render([table], fmt, width=width)
 
 
 def _width(fmt: str) -> int | None:
@@ -658,11 +665,16 @@ def _glue_descending_sort(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecatedName)
-        code = _main(argv)
-    for warning in caught:  # an old figure name: say it once, in one line
-        if issubclass(warning.category, DeprecatedName):
-            print(f"llmenergy: warning: {warning.message}", file=sys.stderr)
-    return code
+        try:
+            return _main(argv)
+        finally:  # also when argparse exits on a usage error
+            for warning in caught:
+                if issubclass(warning.category, DeprecatedName):  # an old name: one line
+                    print(f"llmenergy: warning: {warning.message}", file=sys.stderr)
+                else:  # anything else goes where it would have gone
+                    warnings.showwarning(
+                        warning.message, warning.category, warning.filename, warning.lineno
+                    )
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .errors import ConfigError
-from .figures import DEFAULT_COLUMNS, FIGURES, Figure, canonical
+from .figures import DEFAULT_COLUMNS, FIGURES, REMOVED, Figure, canonical
 from .results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
 from .tables import DASH, Raw, Table, clean, fmt_mean_ci, format_raw
 from .values import items
@@ -93,6 +93,8 @@ def parse_sort(text: str) -> str:
     descending = key.startswith("-")
     bare = key[1:] if descending else key
     if bare not in ("tokens", "name"):
+        if bare in REMOVED:
+            raise ConfigError(f"{bare!r} is gone: {REMOVED[bare]}")
         try:
             bare = canonical(bare)
         except ConfigError:

@@ -320,6 +320,44 @@ def test_show_bad_options_are_usage_errors(root: Path, capsys: pytest.CaptureFix
     assert line.startswith("llmenergy show: error: argument --columns:")
     assert "unknown figure 'x'; choose from: name, tokens_in" in line
     assert "unknown sort" in usage_error(capsys, "--storage", root, "show", "1", "--sort", "x")
+    line = usage_error(capsys, "--storage", root, "show", "1", "--columns", "j_per_out_token")
+    assert "'j_per_out_token' is gone: " in line and "use decode_j_per_out_token" in line
+
+
+def test_show_takes_old_column_names_with_a_warning_on_stderr(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save(root, [make_case([0.1, 0.1])])
+    argv = ("--storage", root, "show", "1", "--columns", "tokens_in,joules", "--format", "csv")
+    code, out, err = cli(capsys, *argv)
+    assert code == 0
+    assert out.splitlines()[0] == "group,tokens_in,energy_j,name,estimated"  # data only
+    assert err.splitlines() == [
+        "llmenergy: warning: figure name 'joules' is deprecated, use 'energy_j' (the old "
+        "name works until pytest-llmenergy 0.3)"
+    ]
+
+
+def test_show_fits_the_table_to_columns_and_says_what_it_left_out(
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    save(root, [make_case([0.1, 0.12, 0.11]), make_case([0.2, 0.21], input_tokens=64)])
+    monkeypatch.setenv("COLUMNS", "60")
+    code, out, _ = cli(capsys, "--storage", root, "show", "1")
+    assert code == 0
+    assert all(len(line) <= 60 for line in out.splitlines()), out
+    joined = out.replace("\n  ", " ")  # wrapped lines continue after two spaces
+    assert "columns left out to fit 60 characters: " in joined
+    assert "avg W, GPU J, CPU J; choose with --columns" in joined
+    assert row_of(out, "8")[:2] == ["8", "4"]  # tokens (priority 0) stay
+    # stdout is no terminal and COLUMNS is unset: a file gets every column
+    monkeypatch.delenv("COLUMNS")
+    code, out, _ = cli(capsys, "--storage", root, "show", "1")
+    assert code == 0 and "left out" not in out
+    header = next(line for line in out.splitlines() if line.startswith("in "))
+    assert len(header) > 100
+    for label in ("J/token", "prefill J/in", "decode J/out", "out tok/s", "avg W", "CPU J"):
+        assert label in header
 
 
 # -- compare -------------------------------------------------------------------------------
@@ -471,6 +509,35 @@ def test_equal_runs_pass_the_gate(root: Path, capsys: pytest.CaptureFixture[str]
         out.splitlines()[-1]
         == "0002_pr: energy gate passed (energy_j:5%): no significant regression"
     )
+
+
+def test_old_gate_and_metric_names_warn_on_stderr_and_still_gate(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
+    code, out, err = cli(capsys, *argv, "--metric", "joules")
+    assert code == 1  # the old name gates j_per_token: +20 %, significant
+    assert out.splitlines()[-1].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
+    assert "J ± CI (energy_j), side by side" in out.splitlines()
+    assert err.splitlines() == [
+        f"llmenergy: warning: figure name {old!r} is deprecated, use {new!r} (the old name "
+        "works until pytest-llmenergy 0.3)"
+        for old, new in (("energy_per_token", "j_per_token"), ("joules", "energy_j"))
+    ]
+
+
+def test_removed_and_unpaired_figures_are_refused_by_compare(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ("--storage", root, "compare", "x", "y")
+    line = usage_error(capsys, *argv, "--metric", "j_per_in_token")
+    assert line.startswith("llmenergy compare: error: argument --metric: 'j_per_in_token' is gone")
+    assert "use prefill_j_per_in_token" in line
+    line = usage_error(capsys, *argv, "--fail-on", "energy_per_output_token:5%")
+    assert "'energy_per_output_token' is gone" in line and "use decode_j_per_out_token" in line
+    line = usage_error(capsys, *argv, "--metric", "tokens_in")
+    assert "'tokens_in' has no value per trial, so it cannot be compared" in line
 
 
 def test_bad_gate_is_refused_before_any_run_is_read(
@@ -645,5 +712,31 @@ def test_metrics_lists_every_figure_with_unit_and_meaning(
     assert by_key["out_tokens_per_s"]["better"] == "higher"
     assert by_key["decode_j_per_out_token"]["needs_phases"] is True
     assert "energy_per_token" in by_key["j_per_token"]["old_names"]
-    code, out, _ = cli(capsys, "metrics")
-    assert code == 0 and "prefill J/in" in out and "per trial" in out
+    # every figure has a unit or is a count or name, and always a meaning
+    assert all(r["meaning"] for r in rows)
+    assert {r["key"]: r["unit"] for r in rows if r["per_trial"]} == {
+        k: f.unit for k, f in FIGURES.items() if f.per_trial
+    }
+    assert by_key["time_s"]["unit"] == "s" and by_key["power_w"]["unit"] == "W"
+    assert by_key["tokens_per_s"]["unit"] == "tokens/s"
+    assert by_key["tokens_in"]["per_trial"] is False  # shown only: no gate, no CI target
+    # removed names are nobody's old name: they are refused, not mapped
+    assert not any("j_per_in_token" in r["old_names"].split(", ") for r in rows)
+
+
+def test_metrics_as_a_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS")  # not a terminal: every column
+    code, out, err = cli(capsys, "metrics")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("figures: columns (--columns), gates and compare")
+    assert lines[1].split()[:3] == ["key", "label", "unit"]
+    keys = [line.split()[0] for line in lines[3 : 3 + len(FIGURES)]]
+    assert keys == list(FIGURES)
+    j_per_token = row_of(out, "j_per_token")
+    assert j_per_token[1:3] == ["J/token", "J"]
+    assert j_per_token[-2:] == ["energy_per_token,", "joules_per_token"]
+    assert "input + output tokens" in next(x for x in lines if x.startswith("j_per_token "))
+    assert lines[-1].startswith("per trial: comparable with Welch's t-test")

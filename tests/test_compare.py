@@ -151,7 +151,19 @@ def test_compare_cases_matches_by_node_id_and_lists_the_rest() -> None:
     )
 
     table = comparison_table(c)
-    assert table.keys[-2:] == ("threshold", "verdict")
+    assert table.title == "current (current) against 0001_base (baseline)"
+    assert table.headers == (
+        "case",
+        "figure",
+        "baseline",
+        "current",
+        "change",
+        "p",
+        "significant",
+        "gate",
+        "verdict",
+    )
+    assert table.keys[-2:] == ("threshold", "verdict")  # csv/json keys
     row = dict(zip(table.keys, table.rows[0]))
     assert row["verdict"] == FAIL and row["significant"] is True
     assert row["change"] == pytest.approx(1.0, rel=1e-2)
@@ -163,7 +175,20 @@ def test_without_gates_the_default_metrics_are_compared() -> None:
     c = compare_cases([make_case(BASE)], [make_case(BASE)])
     assert [d.metric for d in c.deltas] == ["j_per_token", "energy_j", "time_s"]
     assert not c.failed and all(d.verdict == "" for d in c.deltas)
-    assert "verdict" not in comparison_table(c).keys
+    table = comparison_table(c)
+    assert "verdict" not in table.keys
+    assert table.headers == ("case", "figure", "baseline", "current", "change", "p", "significant")
+    assert [r[1] for r in table.rows] == ["j_per_token", "energy_j", "time_s"]
+
+
+def test_compared_figures_by_old_names_warn_and_removed_ones_are_refused() -> None:
+    with pytest.warns(DeprecatedName, match="'joules' is deprecated, use 'energy_j'"):
+        c = compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["joules"])
+    assert [d.metric for d in c.deltas] == ["energy_j"]
+    with pytest.raises(ConfigError, match=r"'j_per_out_token' is gone: .*decode_j_per_out_token"):
+        compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["j_per_out_token"])
+    with pytest.raises(ConfigError, match="'tokens_in' has no value per trial"):
+        compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["tokens_in"])
 
 
 def test_gate_passes_with_note_on_noise() -> None:
@@ -194,6 +219,33 @@ def test_side_by_side_ratios() -> None:
     # the runs' columns are #1 base, #2, named under the table
     assert "#1 base" in text and "#2/#1" in text
     assert text.splitlines()[-2:] == ["#1 base: m1", "#2: a100"]
+
+
+def test_lineup_short_labels_and_their_legend() -> None:
+    a = [make_case([0.1, 0.1])]
+    b = [make_case([0.05, 0.05], watts=50.0)]
+    c = [make_case([0.2, 0.2])]
+    labels = ("cpu-x__no-gpu__rapl/0001_main", "cpu-y__1x-a100__nvml/0002_pr", "0003_other")
+    lineup = Lineup(labels, (tuple(a), tuple(b), tuple(c)))
+    assert lineup.short == ("#1 base", "#2", "#3")
+    assert lineup.legend == (f"#1 base: {labels[0]}", f"#2: {labels[1]}", f"#3: {labels[2]}")
+    with pytest.warns(DeprecatedName, match="'energy_per_token' is deprecated"):
+        table = side_by_side(lineup, "energy_per_token")
+    assert table.title == "J/token (j_per_token), side by side"
+    assert table.headers[4:] == ("#1 base", "#2", "#3", "#2/#1", "#3/#1")
+    assert table.legend == lineup.legend
+    # csv and json keep the whole labels as keys
+    assert table.keys[4:] == (*labels, f"{labels[1]}/{labels[0]}", f"{labels[2]}/{labels[0]}")
+    (row,) = json.loads(render([table], "json"))["tables"][0]["rows"]
+    # J/token: 100 W x 0.1 s / 12 tokens; 50 W x 0.05 s / 12; 100 W x 0.2 s / 12
+    assert row[labels[0]] == pytest.approx(10 / 12) and row[labels[1]] == pytest.approx(2.5 / 12)
+    assert row[f"{labels[1]}/{labels[0]}"] == pytest.approx(0.25)
+    assert row[f"{labels[2]}/{labels[0]}"] == pytest.approx(2.0)
+    header = render([table], "csv").splitlines()[0]
+    assert header.endswith(f"{labels[2]},{labels[1]}/{labels[0]},{labels[2]}/{labels[0]}")
+    text = render([table])
+    assert labels[1] not in text.splitlines()[1]  # the header row uses the short labels
+    assert text.splitlines()[-3:] == list(lineup.legend)
 
 
 def test_a_gate_that_compares_nothing_says_so() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +14,7 @@ from pytest_llmenergy import mark_phase, open_meter
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.controller.targets import parse_ci_targets
-from pytest_llmenergy.errors import LLMEnergyError
+from pytest_llmenergy.errors import ConfigError, LLMEnergyError
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
 from tests.fakes.fake_pynvml import NVML_DEVICE_ARCH_PASCAL, FakeGPU, install_fake_pynvml
@@ -71,6 +73,40 @@ def test_target_runs_exactly_warmup_plus_trials_and_trials_are_recorded() -> Non
     assert value(result, "tokens_per_s") == pytest.approx(tokens_per_s)
     assert result.methods == {"gpu:0": "counter"} and not result.estimated
     assert result.resources is not None and result.resources.wall_seconds >= 0.03
+
+
+def test_old_result_properties_still_work_with_a_deprecation_warning() -> None:
+    bench, _, _ = make_bench(constant_meter(), warmup=0)
+    result = bench(time.sleep, 0.01, input_tokens=8, output_tokens=4)
+    with pytest.warns(DeprecationWarning, match=r"value\(result, 'power_w'\)"):
+        assert result.power_w == pytest.approx(100.0)
+    with pytest.warns(DeprecationWarning, match="'j_per_token'"):
+        assert result.joules_per_token == pytest.approx(result.energy.mean / 12)
+    with pytest.warns(DeprecationWarning, match="'tokens_per_s'"):
+        assert result.tokens_per_s == pytest.approx(sum(12 / t.seconds for t in result.trials) / 3)
+    # gone: the whole query's joules per input/output token, and the decode helpers
+    for gone in (
+        "joules_per_input_token",
+        "joules_per_output_token",
+        "decode_tokens",
+        "output_tokens_per_s",
+    ):
+        assert not hasattr(result, gone), gone
+    with pytest.raises(ConfigError, match=r"'j_per_in_token' is gone: .*prefill_j_per_in_token"):
+        value(result, "j_per_in_token")
+    with pytest.raises(ConfigError, match=r"'j_per_out_token' is gone: .*decode_j_per_out_token"):
+        value(result, "j_per_out_token")
+
+
+def test_the_old_results_module_still_imports_with_a_deprecation_warning() -> None:
+    name = "pytest_llmenergy.controller.results"
+    sys.modules.pop(name, None)  # the warning is given on import
+    try:
+        with pytest.warns(DeprecationWarning, match="moved to pytest_llmenergy.results"):
+            old = importlib.import_module(name)
+        assert old.CaseResult is CaseResult and (old.CONVERGED, old.OOM) == (CONVERGED, OOM)
+    finally:
+        sys.modules.pop(name, None)
 
 
 def test_idle_baseline_gives_net_energy() -> None:
@@ -183,6 +219,13 @@ def test_prefill_decode_split_on_a_counter_meter_is_exact() -> None:
     assert value(result, "prefill_j_per_in_token") == pytest.approx(
         sum(p.joules / 8 for p in pre) / 3
     )
+    # 0.1.0's phase properties: the same means, with a deprecation warning
+    with pytest.warns(DeprecationWarning, match="'ttft_s'"):
+        assert result.prefill_seconds == pytest.approx(value(result, "ttft_s"))
+    with pytest.warns(DeprecationWarning, match="'decode_j'"):
+        assert result.decode_joules == pytest.approx(sum(d.joules for d in decode) / 3)
+    for gone in ("decode_tokens_per_s", "joules_per_decode_token"):
+        assert not hasattr(result, gone), gone
 
 
 def test_prefill_decode_split_on_a_sampled_meter(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,27 +3,50 @@
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 
 from pytest_llmenergy.controller.order import shuffle_in_place, shuffled_in_groups
 from pytest_llmenergy.controller.rule import (
     ControllerOptions,
+    StopDecision,
     decide,
     progress_line,
     with_overrides,
 )
-from pytest_llmenergy.controller.targets import CITarget, parse_ci_target, parse_ci_targets
+from pytest_llmenergy.controller.targets import (
+    EXAMPLES,
+    CITarget,
+    parse_ci_target,
+    parse_ci_targets,
+)
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import DeprecatedName
-from pytest_llmenergy.results import Trial
+from pytest_llmenergy.results import PhaseRecord, Trial
 from pytest_llmenergy.stats import summarize
 
 
-def trials(seconds: list[float], joules: list[float]) -> list[Trial]:
-    """Trials of 8 input and 4 output tokens with these runtimes and energies."""
+def trials(seconds: list[float], joules: list[float], *, phases: bool = False) -> list[Trial]:
+    """Trials of 8 input and 4 output tokens with these runtimes and energies; with
+    ``phases``, the first 20 % of each trial (time and energy) is its prefill pass."""
     return [
-        Trial(i + 1, s, j, j, {"gpu:0": j}, {"gpu:0": j}, 8, 4)
+        Trial(
+            i + 1,
+            s,
+            j,
+            j,
+            {"gpu:0": j},
+            {"gpu:0": j},
+            8,
+            4,
+            phases={
+                "prefill": PhaseRecord(0.2 * s, 0.2 * j, {"gpu:0": 0.2 * j}),
+                "decode": PhaseRecord(0.8 * s, 0.8 * j, {"gpu:0": 0.8 * j}),
+            }
+            if phases
+            else {},
+        )
         for i, (s, j) in enumerate(zip(seconds, joules))
     ]
 
@@ -68,6 +91,38 @@ def test_old_target_names_still_parse_with_a_deprecation_note() -> None:
         assert str(parse_ci_target("time:0.5s")) == "time_s:0.5s"
     with pytest.warns(DeprecatedName, match="'energy' is deprecated, use 'energy_j'"):
         assert str(parse_ci_target("energy:2%")) == "energy_j:2%"
+
+
+def test_old_names_in_a_saved_run_are_read_silently() -> None:
+    """0.1.0 run files say "time" and "energy": CITarget reads them as the figures they
+    meant, without a warning about a file the user did not write by hand."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert CITarget("time", 0.5).metric == "time_s"
+        assert CITarget("energy", 0.02, relative=True) == CITarget("energy_j", 0.02, True)
+        assert str(CITarget("time", 0.5)) == "time_s:0.5s"
+
+
+@pytest.mark.parametrize(
+    ("text", "replacement"),
+    [
+        ("j_per_in_token:5%", "prefill_j_per_in_token"),
+        ("energy_per_input_token:5%", "prefill_j_per_in_token"),
+        ("j_per_out_token:5%", "decode_j_per_out_token"),
+        ("energy_per_output_token:5%", "decode_j_per_out_token"),
+    ],
+)
+def test_removed_names_are_refused_naming_the_replacement(text: str, replacement: str) -> None:
+    name = text.split(":")[0]
+    with pytest.raises(ConfigError, match=rf"'{name}' is gone: .* use {replacement} "):
+        parse_ci_target(text)
+
+
+def test_the_examples_parse_without_a_deprecation_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an old name in the help text would warn here
+        got = [str(t) for t in parse_ci_targets(EXAMPLES)]
+    assert got == ["time_s:0.5s", "time_s:2%", "energy_j:1J", "energy_j:2%"]
 
 
 def test_several_targets_in_one_text_or_a_list() -> None:
@@ -132,6 +187,37 @@ def test_all_targets_must_hold() -> None:
     assert decide(time_only, trials(seconds[:3], joules[:3])).converged
 
 
+def test_the_decision_summarizes_each_targeted_figure_by_its_key() -> None:
+    options = ControllerOptions(
+        targets=parse_ci_targets("time_s:0.5s, energy_j:1J, j_per_token:5%, time_s:10%")
+    )
+    d = decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
+    assert isinstance(d, StopDecision)
+    assert list(d.summaries) == ["time_s", "energy_j", "j_per_token"]  # one per figure
+    assert d.summaries["time_s"].mean == pytest.approx(1.1)
+    assert d.summaries["energy_j"].mean == pytest.approx(5.5)
+    # per trial: joules / (8 + 4) tokens, so 5/12, 6/12 and 5.5/12
+    assert d.summaries["j_per_token"].mean == pytest.approx(5.5 / 12)
+    assert d.summaries["j_per_token"].n == 3
+    # energy sd 0.5, t(0.975, 2) = 4.303: half-width 4.303 * 0.5 / sqrt(3) = 1.242 J,
+    # over 1 J and 22.6 % of the mean; time's 0.248 s is within 0.5 s and 22.6 % > 10 %
+    assert d.summaries["energy_j"].half_width == pytest.approx(1.242, abs=1e-3)
+    assert [str(t) for t in d.unmet] == ["energy_j:1J", "j_per_token:5%", "time_s:10%"]
+    assert not d.stop and not d.converged
+
+
+def test_a_prefill_target_holds_only_on_trials_split_into_phases() -> None:
+    options = ControllerOptions(targets=parse_ci_targets("ttft_s:0.5s"), max_trials=4)
+    split = decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5], phases=True))
+    assert split.converged and split.summaries["ttft_s"].mean == pytest.approx(0.2 * 1.1)
+    unsplit = decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
+    assert not unsplit.stop and unsplit.summaries["ttft_s"].n == 0
+    assert [str(t) for t in unsplit.unmet] == ["ttft_s:0.5s"]
+    assert progress_line(options, 3, unsplit) == "trial 3: ttft_s: not measured by these trials"
+    at_limit = decide(options, trials([1.0] * 4, [5.0] * 4))
+    assert at_limit.stop and not at_limit.converged  # the limit, never convergence
+
+
 def test_min_trials_is_respected_even_when_the_target_holds_earlier() -> None:
     options = ControllerOptions(min_trials=5)
     for n in range(2, 5):
@@ -170,6 +256,10 @@ def test_progress_line_shows_half_width_against_target() -> None:
     line = progress_line(options, 3, decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5])))
     assert line.startswith("trial 3: time_s 1.1 s ±0.248 (<= 0.5 s)")
     assert "no CI yet" in progress_line(options, 1, decide(options, trials([1.0], [5.0])))
+    # a relative target: its limit in the figure's unit, 2 % of the 5.5 J mean = 0.11 J
+    relative = ControllerOptions(targets=parse_ci_targets("energy_j:2%"))
+    d = decide(relative, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
+    assert progress_line(relative, 3, d) == "trial 3: energy_j 5.5 J ±1.24 (> 0.11 J)"
 
 
 def test_shuffle_is_reproducible_and_keeps_groups_together() -> None:

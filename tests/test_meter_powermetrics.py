@@ -320,7 +320,9 @@ def test_end_to_end_window_marks_and_attribution(
         a = m.t_start + phase.offset_s
         for domain in (CPU_PROCESS, GPU):
             truth = _truth_j(log, a, a + phase.seconds, truth_w(domain))
-            assert phase.by_domain[domain] == pytest.approx(truth, rel=0.02), (phase.name, domain)
+            # Samples are stamped on arrival (as with the real tool): on a loaded machine the
+            # reader thread's delay shifts a phase edge by tens of ms, i.e. a few per cent.
+            assert phase.by_domain[domain] == pytest.approx(truth, rel=0.05), (phase.name, domain)
     assert list(m.phases) == ["prefill", "decode"]
     assert sum(p.by_domain[GPU] for p in m.phases.values()) == pytest.approx(m.by_domain[GPU])
     i = inner.measurement

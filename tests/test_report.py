@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -18,6 +19,8 @@ from pytest_llmenergy.report import (
     ESTIMATED_NOTE,
     TRIALS_LEGEND,
     case_tables,
+    cell,
+    default_columns,
     parse_columns,
     parse_group_by,
     parse_sort,
@@ -142,6 +145,14 @@ def cells_of(table: Table) -> list[dict[str, str]]:
     return [dict(zip(table.keys, row)) for row in table.cells]
 
 
+def header_of(line: str) -> list[str]:
+    """A rendered header line's labels (labels have single spaces, columns two or more)."""
+    return re.split(r"\s{2,}", line.strip())
+
+
+CI_LEGEND = "s ± CI, J ± CI: per query, mean ± half-width of the 95% confidence interval"
+
+
 # -- raw values ----------------------------------------------------------------
 
 
@@ -172,6 +183,25 @@ def test_raw_values_of_a_measured_case() -> None:
     assert row["peak_rss_mib"] == 3.0
     assert row["cpu_s"] == 0.75
     assert row["estimated"] is False
+
+
+def test_column_headers_are_the_figures_labels() -> None:
+    (table,) = case_tables([make_case()], columns=list(FIGURES))
+    assert table.keys[:-1] == tuple(FIGURES)  # then "estimated", for csv/json only
+    assert table.headers[:-1] == tuple(f.label for f in FIGURES.values())
+    assert table.priorities[:-1] == tuple(f.priority for f in FIGURES.values())
+
+
+def test_cell_formats_one_figure_of_one_case() -> None:
+    case = make_case()
+    assert cell(FIGURES["trials"], case) == "3 ✓"
+    assert cell(FIGURES["time_s"], case) == "1.20 ± 0.50"
+    assert cell(FIGURES["j_per_token"], case) == "0.3"  # 12 J / 40 tokens
+    assert cell(FIGURES["tokens_in"], case) == "8"
+    assert cell(FIGURES["ttft_s"], make_case(phases=False)) == "—"
+    estimated = cpu_case("est", (8, 32), estimated=True)
+    assert cell(FIGURES["j_per_token"], estimated) == "~0.5"  # 20 J / 40 tokens, marked
+    assert cell(FIGURES["time_s"], estimated) == "1.20 ± 0.50"  # not energy: no mark
 
 
 def test_domain_families_count_only_counted_domains() -> None:
@@ -350,14 +380,29 @@ def test_estimated_cases_are_marked_and_noted() -> None:
     assert not any(c.startswith("~") for c in real.values())
     assert [r["estimated"] for r in rows_of(table)] == [True, False]
     assert rows_of(table)[0]["energy_j"] == 20.0  # the raw figure stays a number
-    assert ESTIMATED_NOTE in table.legend
+    # power is the mean of the trials' own J/s (20 J in 1.0, 1.2 and 1.4 s): 16.98 W,
+    # not the ratio of the means (20 J / 1.2 s = 16.67 W)
+    assert rows_of(table)[0]["power_w"] == pytest.approx((20 / 1.0 + 20 / 1.2 + 20 / 1.4) / 3)
+    assert est["power_w"] == "~16.98"
+    assert ESTIMATED_NOTE in table.legend and ESTIMATED_NOTE not in table.notes
 
 
 def test_measured_cases_carry_no_estimate_note() -> None:
     (table,) = case_tables([make_case()])
     assert ESTIMATED_NOTE not in table.legend
-    assert TRIALS_LEGEND in table.legend  # ✓ is explained under the table
-    assert not any("~" in cell for row in table.cells for cell in row)
+    assert table.legend == (CI_LEGEND, TRIALS_LEGEND)  # ± and ✓ explained under the table
+    assert table.notes == ()  # notes are for cases that were not measured
+    assert not any("~" in text for row in table.cells for text in row)
+    # pedantic rounds: no ✓ or ✗ to explain
+    (rounds,) = case_tables([make_case(status=ROUNDS)])
+    assert TRIALS_LEGEND not in rounds.legend
+
+
+def test_a_gated_figure_is_always_a_default_column() -> None:
+    assert default_columns() == DEFAULT_COLUMNS
+    assert default_columns(("ttft_s", "j_per_token")) == (*DEFAULT_COLUMNS, "ttft_s")
+    (table,) = case_tables([make_case()], gated=("ttft_s",))
+    assert [k for k in table.keys if k not in table.hidden][-1] == "ttft_s"
 
 
 def test_an_oom_case_is_a_row_of_dashes_with_its_reason_in_the_notes() -> None:
@@ -390,6 +435,30 @@ def test_parse_columns() -> None:
         parse_columns(" , ")
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("seconds", "time_s"),
+        ("joules_per_token", "j_per_token"),
+        ("watts", "power_w"),
+        ("prefill_s", "ttft_s"),
+        ("decode_tokens_per_s", "out_tokens_per_s"),
+    ],
+)
+def test_old_column_names_still_work_with_a_deprecation_warning(old: str, new: str) -> None:
+    with pytest.warns(DeprecatedName, match=f"'{old}' is deprecated, use '{new}'"):
+        (table,) = case_tables([make_case()], columns=["tokens_in", old])
+    assert table.keys[:2] == ("tokens_in", new)
+    assert rows_of(table)[0][new] == FIGURES[new].value(make_case())
+
+
+def test_removed_column_names_are_refused_naming_the_replacement() -> None:
+    with pytest.raises(ConfigError, match=r"'j_per_out_token' is gone: .*decode_j_per_out_token"):
+        parse_columns("tokens_in,j_per_out_token")
+    with pytest.raises(ConfigError, match=r"'energy_per_input_token' is gone: .*prefill_j_per_in"):
+        case_tables([make_case()], columns=["energy_per_input_token"])
+
+
 def test_parse_group_by() -> None:
     assert parse_group_by("model, param:batch") == ("model", "param:batch")
     assert parse_group_by(" none ") == ()
@@ -412,6 +481,11 @@ def test_parse_sort() -> None:
         parse_sort("enrgy")
     with pytest.raises(ConfigError, match="unknown sort 'status'"):  # not a figure
         parse_sort("status")
+
+
+def test_a_removed_sort_name_is_refused_naming_the_replacement() -> None:
+    with pytest.raises(ConfigError, match=r"'j_per_out_token' is gone: .*decode_j_per_out_token"):
+        parse_sort("-j_per_out_token")
 
 
 def test_case_tables_checks_its_arguments() -> None:
@@ -447,6 +521,47 @@ def test_render_table() -> None:
     assert lines[lines.index("sweep output · model m") - 1] == ""  # tables apart
     assert ESTIMATED_NOTE in lines
     assert any(line.startswith("test_input_tokens[tiny-llama-in8192-out32]: OOM") for line in lines)
+
+
+def test_a_legend_shared_by_tables_is_printed_once_after_the_last() -> None:
+    lines = render(two_tables()).splitlines()
+    assert lines.count(CI_LEGEND) == 1 and lines.count(TRIALS_LEGEND) == 1
+    assert lines[-2:] == [CI_LEGEND, TRIALS_LEGEND]
+    # the estimate note belongs to the second table only: right under it
+    assert lines.index(ESTIMATED_NOTE) < lines.index(CI_LEGEND)
+    assert lines.index("sweep output · model m") < lines.index(ESTIMATED_NOTE)
+
+
+def test_a_width_leaves_out_the_lowest_priority_columns_and_says_which() -> None:
+    tables = case_tables([make_case("in8", (8, 32)), make_case("in16", (16, 32))])
+    full = render(tables)
+    assert max(map(len, full.splitlines())) > 100  # every default column: 118 wide
+    assert "left out" not in full
+    text = render(tables, width=80, narrow_hint="choose with --columns")
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    # GPU/CPU/DRAM J (priority 5), avg W and tok/s (4), out tok/s (3) go; the rest fits
+    assert header_of(text.splitlines()[1]) == [
+        "in",
+        "out",
+        "trials",
+        "s ± CI",
+        "J ± CI",
+        "J/token",
+        "prefill J/in",
+        "decode J/out",
+    ]
+    assert (
+        "columns left out to fit 80 characters: tok/s, out tok/s, avg W, GPU J, CPU J, "
+        "DRAM J; choose with --columns"
+    ) in text.replace("\n  ", " ")
+    # narrower: trials and the prefill | decode figures (2) go, then J ± CI (1, the
+    # rightmost of its priority); in, out and J/token (0) would stay even if nothing fit
+    text = render(tables, width=40)
+    assert all(len(line) <= 40 for line in text.splitlines()), text
+    assert header_of(text.splitlines()[1]) == ["in", "out", "s ± CI", "J/token"]
+    # the data formats keep every column whatever the width
+    assert render(tables, "csv", width=40) == render(tables, "csv")
+    assert render(tables, "json", width=40) == render(tables, "json")
 
 
 def test_render_markdown() -> None:

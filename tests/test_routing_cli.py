@@ -84,6 +84,62 @@ def test_route_between_two_saved_runs(capsys, two_runs: Path, workload: Path) ->
     assert routed["systems"][0]["average_power_w"] == pytest.approx(10.0)
 
 
+def _route_json(capsys, store: Path, workload: Path, *extra: str) -> dict:
+    code, out, err = cli(capsys, "--storage", store, "route", "--profile", f"{HW_A}/1",
+                         "--profile", f"{HW_B}/1", "--workload", workload, "--format", "json",
+                         *extra)  # fmt: skip
+    assert code == 0 and err == ""
+    [routed] = json.loads(out)
+    return routed
+
+
+@pytest.mark.parametrize("text", ["400W", "400 W", "400w", "400"])
+def test_p_ref_takes_watts_with_or_without_the_unit(
+    capsys, two_runs: Path, workload: Path, text: str
+) -> None:
+    assert _route_json(capsys, two_runs, workload)["p_ref_w"] == 100.0  # B's 100 W, the largest
+    assert _route_json(capsys, two_runs, workload, "--p-ref", text)["p_ref_w"] == 400.0
+
+
+@pytest.mark.parametrize(
+    ("p_ref", "crossing"),
+    [
+        # cost = 0.5 E + 0.5 p_ref T with E_A = 5 + 0.1 n, T_A = 0.5 + 0.01 n,
+        # E_B = 10 + 0.05 n, T_B = 0.1 + 0.0005 n (see _seconds):
+        # 1 W: 2.75 + 0.055 n = 5.05 + 0.02525 n at n = 2.3 / 0.02975 = 77.3
+        ("1W", 77.3),
+        # 5 W: 3.75 + 0.075 n = 5.25 + 0.02625 n at n = 1.5 / 0.04875 = 30.8
+        ("5W", 30.8),
+    ],
+)
+def test_p_ref_prices_runtime_against_energy(
+    capsys, two_runs: Path, workload: Path, p_ref: str, crossing: float
+) -> None:
+    routed = _route_json(capsys, two_runs, workload, "--lambda", "0.5", "--p-ref", p_ref)
+    first = routed["policy"]["rules"][0]
+    assert first["system"] == HW_A
+    # a whole token below the crossing, from fitted power laws: within 2 tokens of it
+    assert crossing - 2 <= first["max_input_tokens"] <= crossing
+    # at the default 100 W a second costs so much that B, 5x faster, takes everything
+    default = _route_json(capsys, two_runs, workload, "--lambda", "0.5")
+    assert default["policy"]["rules"] == [{"system": HW_B}]
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("inf", "argument --p-ref: expected watts > 0 such as 65 or 65W, got 'inf'"),
+        ("nan", "got 'nan'"),
+        ("0", "got '0'"),
+        ("400kW", "got '400kW'"),
+        ("lots", "got 'lots'"),
+    ],
+)
+def test_p_ref_refuses_what_is_not_a_finite_power(capsys, text: str, expect: str) -> None:
+    line = usage_error(capsys, "route", "--profile", PAPER, "--p-ref", text)
+    assert line.startswith("llmenergy route: error: ") and expect in line
+
+
 def test_a_profile_csv_gives_the_same_decision(
     capsys, two_runs: Path, workload: Path, tmp_path: Path
 ) -> None:

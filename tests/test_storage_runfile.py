@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.controller.targets import CITarget
 from pytest_llmenergy.figures import value
+from pytest_llmenergy.plugin.options import OPTIONS
 from pytest_llmenergy.results import OOM, CaseResult
 from pytest_llmenergy.storage.recorder import jsonable, new_run
 from pytest_llmenergy.storage.runfile import (
@@ -24,6 +27,10 @@ from pytest_llmenergy.storage.runfile import (
 )
 from tests.casefactory import make_case
 
+# What the plugin writes as a run's options (schema 2) when every option is at its default:
+# one entry per option by its name, e.g. "confidence": 0.95, "ci_target": ["time_s:0.5s"].
+DEFAULT_OPTIONS = {o.name: o.to_record(o.default) for o in OPTIONS}
+
 
 def sample_run(cases: tuple[CaseResult, ...]) -> Run:
     run = new_run(
@@ -31,7 +38,7 @@ def sample_run(cases: tuple[CaseResult, ...]) -> Run:
         hardware="cpu-x__no-gpu__trace",
         machine={"cpu": {"model": "CPU X", "logical_cores": 2}, "gpus": []},
         commit={"id": "abc", "dirty": False},
-        options={"controller": ControllerOptions()},
+        options=DEFAULT_OPTIONS,
         meter={"backend": "trace", "domains": {"gpu:0": {"method": "counter"}}},
         command=["benchmarks/", "--energy-save=baseline"],
     )
@@ -66,9 +73,53 @@ def test_round_trip_keeps_every_trial_and_derived_figure(tmp_path: Path) -> None
     assert back.cases == cases  # every field, every trial, phases and resources
     assert value(back.cases[0], "j_per_token") == value(cases[0], "j_per_token")
     assert back.cases[2].options.targets[0].value == 0.0123456789
+    # built as "energy" (0.1.0's name): written and read back as the figure key
+    assert back.cases[2].options.targets[0].metric == "energy_j"
+    text = path.read_text()
+    assert '"metric": "energy_j"' in text and '"metric": "energy"' not in text
     assert back.name == "baseline" and back.status == COMPLETE and back.path == path
-    assert back.options["controller"]["confidence"] == 0.95
+    assert back.options == DEFAULT_OPTIONS  # the explicit record, as written
+    assert back.options["confidence"] == 0.95 and back.confidence == 0.95
+    assert back.schema_version == SCHEMA_VERSION == 2
     assert back.label == "run"
+
+
+@pytest.mark.parametrize(
+    ("schema_version", "options", "confidence"),
+    [
+        (2, {"confidence": 0.99}, 0.99),
+        (2, {"confidence": 95}, None),  # not a level in (0, 1)
+        (2, {"confidence": True}, None),
+        (2, {"confidence": "high"}, None),
+        (2, {"controller": {"confidence": 0.99}}, None),  # version 1's place, in a version 2 file
+        (2, {}, None),
+        (1, {"controller": {"confidence": 0.9}}, 0.9),  # 0.1.0 kept it in its controller dump
+        (1, {"controller": "odd"}, None),
+        (1, {"confidence": 0.99}, None),
+    ],
+)
+def test_confidence_is_read_where_each_schema_keeps_it(
+    schema_version: int, options: dict[str, object], confidence: float | None
+) -> None:
+    run = replace(sample_run(()), options=options, schema_version=schema_version)
+    assert run.confidence == confidence
+
+
+def test_a_version_1_file_loads_with_its_old_target_names_silently(tmp_path: Path) -> None:
+    data = json.loads(dumps(sample_run((make_case([0.1, 0.12]),))))
+    data["schema_version"] = 1
+    data["options"] = {"controller": {"confidence": 0.9}}  # 0.1.0's dump of its settings
+    data["cases"][0]["controller"]["targets"] = [
+        {"metric": "time", "value": 0.5, "relative": False},
+        {"metric": "energy", "value": 0.02, "relative": True},
+    ]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a saved file is not the user's typing: no warning
+        run = load(path)
+    assert run.schema_version == 1 and run.confidence == 0.9
+    assert [str(t) for t in run.cases[0].options.targets] == ["time_s:0.5s", "energy_j:2%"]
 
 
 def test_files_are_strict_json_even_with_nan_figures(tmp_path: Path) -> None:
@@ -82,16 +133,25 @@ def test_files_are_strict_json_even_with_nan_figures(tmp_path: Path) -> None:
         raise AssertionError(f"{name} in a run file")
 
     data = json.loads(text, parse_constant=refuse)
-    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["schema_version"] == SCHEMA_VERSION == 2
     assert data["cases"][0]["resources"]["iowait_share"] is None
     assert len(data["cases"][0]["trials"]) == 2
 
 
 def test_jsonable_turns_options_into_plain_values() -> None:
-    value = jsonable({"o": ControllerOptions(), "n": float("inf"), "s": {3}})
-    assert value["o"]["targets"] == [{"metric": "time_s", "value": 0.5, "relative": False}]
-    assert value["n"] is None and value["s"] == [3]
-    json.dumps(value, allow_nan=False)
+    plain = jsonable({"o": ControllerOptions(), "n": float("inf"), "s": {3}})
+    assert plain["o"]["targets"] == [{"metric": "time_s", "value": 0.5, "relative": False}]
+    assert plain["n"] is None and plain["s"] == [3]
+    json.dumps(plain, allow_nan=False)
+
+
+def test_the_options_record_is_written_as_given(tmp_path: Path) -> None:
+    options = {**DEFAULT_OPTIONS, "ci_target": ["j_per_token:2%"], "compare_fail": ["time_s:5%"]}
+    path = tmp_path / "run.json"
+    path.write_text(dumps(replace(sample_run(()), options=options)))
+    data = json.loads(path.read_text())
+    assert data["options"] == options and set(data["options"]) == {o.name for o in OPTIONS}
+    assert load(path).options == options
 
 
 @pytest.fixture
@@ -118,6 +178,10 @@ def good_text() -> str:
         (lambda t: t.replace('"seconds": 0.2,', '"seconds": NaN,', 1), "NaN"),
         (lambda t: t.replace('"index": 3,', "", 1), "cases[0].trials[2].index is missing"),
         (lambda t: t.replace('"min_trials": 3', '"min_trials": 0'), "min_trials"),
+        (
+            lambda t: t.replace('"metric": "time_s"', '"metric": "j_per_in_token"', 1),
+            "'j_per_in_token' is gone",
+        ),
         (
             lambda t: t.replace('"joules_by_domain": {', '"joules_by_domain": {"x": true, ', 1),
             "should be a number",

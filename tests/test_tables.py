@@ -112,6 +112,62 @@ def test_terminal_width_honours_columns(monkeypatch: pytest.MonkeyPatch) -> None
     assert terminal_width() == 40
 
 
+def test_the_width_is_a_bound_not_a_target() -> None:
+    # 8 columns of 12 with 2 between: exactly 110 fits whole, 109 loses the rightmost 5
+    whole = render([wide_table()], "table", width=110)
+    assert "left out" not in whole
+    assert max(len(line) for line in whole.splitlines()) == 110
+    lines = render([wide_table(title="t")], "table", width=109).splitlines()
+    assert lines[-1] == "columns left out to fit 109 characters: col7"
+
+
+def test_marks_in_cells_count_as_one_character() -> None:
+    headers = ("case", "J ± CI", "ok", "approx", "trend")
+    cells = tuple(
+        (f"case-{i}", f"{i}.25 ± 0.0{i}", "\u2713", f"~{i}00", "\u2014") for i in range(1, 4)
+    )
+    rows = tuple((c[0], float(i), True, float(i), None) for i, c in enumerate(cells))
+    keys = ("c", "j", "ok", "ap", "tr")
+    table = Table("marks", keys, headers, rows, cells, priorities=(0, 0, 1, 2, 3))
+    full = max(len(line) for line in render([table]).splitlines())
+    assert "left out" not in render([table], width=full)
+    narrowed = render([table], width=full - 1)
+    assert all(len(line) <= full - 1 for line in narrowed.splitlines()), narrowed
+    assert "columns left out to fit" in narrowed and "trend" in narrowed.splitlines()[-1]
+
+
+def test_legend_and_notes_are_wrapped_under_the_table() -> None:
+    legend = ("\u2713 means the case passed; " + "a legend that goes on " * 5,)
+    notes = ("a note that goes on and on " * 5,)
+    table = wide_table(title="t", legend=legend, notes=notes)
+    for width in (40, 60, 80):
+        text = render([table], width=width, narrow_hint="choose with --energy-columns")
+        lines = text.splitlines()
+        assert all(len(line) <= width for line in lines), text
+        body_end = max(i for i, line in enumerate(lines) if line.startswith("0000"))
+        legend_at = next(i for i, line in enumerate(lines) if line.startswith("\u2713"))
+        left_out_at = next(i for i, line in enumerate(lines) if line.startswith("columns left"))
+        notes_at = next(i for i, line in enumerate(lines) if line.startswith("a note"))
+        assert body_end < legend_at < left_out_at < notes_at
+        assert all(line.startswith("  ") for line in lines[legend_at + 1 : left_out_at])
+        assert all(line.startswith("  ") for line in lines[notes_at + 1 :])
+
+
+def test_a_hidden_column_is_neither_shown_nor_named_as_left_out() -> None:
+    table = wide_table(title="t", hidden=("k7",))
+    text = render([table], width=60)
+    assert "col7" not in text
+    assert text.splitlines()[-1] == "columns left out to fit 60 characters: col4, col5, col6"
+
+
+def test_each_table_is_narrowed_on_its_own() -> None:
+    small = Table("small", ("a", "b"), ("A", "B"), ((1, 2),), (("1", "2"),), priorities=(0, 9))
+    text = render([wide_table(title="wide"), small], width=60)
+    assert all(len(line) <= 60 for line in text.splitlines()), text
+    assert text.count("columns left out") == 1
+    assert text.endswith("small\nA  B\n-  -\n1  2")
+
+
 @pytest.mark.parametrize(
     ("mean", "half_width", "text"),
     [
