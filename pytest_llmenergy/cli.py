@@ -27,6 +27,7 @@ from .compare import (
     comparison_table,
     parse_gates,
     side_by_side,
+    unlike_meters,
     verdict_line,
 )
 from .errors import ConfigError, LLMEnergyError
@@ -132,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="EXPR",
         help=f"exit 1 when a run regresses against the first beyond a gate, significantly: "
         f"{GATE_EXAMPLES}".replace("%", "%%"),
+    )
+    cmp_.add_argument(
+        "--strict",
+        action="store_true",
+        help="also exit 1 when a gate is inconclusive: a case looks worse but the machine "
+        "was busy, or the runs' meters differ (energies not comparable)",
     )
     cmp_.add_argument(
         "--confidence",
@@ -459,10 +466,14 @@ def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str],
                 confidence=confidence,
                 baseline_label=lineup.labels[0],
                 current_label=label,
+                not_comparable=unlike_meters(
+                    runs[0].meter_identity, run.meter_identity, current_label=label
+                ),
             )
             tables.append(comparison_table(comparison))
             verdicts.append(f"{label}: {verdict_line(comparison)}")
-            failed = failed or comparison.failed
+            unsure = bool(comparison.inconclusive or comparison.not_comparable)
+            failed = failed or comparison.failed or (args.strict and unsure)
     return render(tables, args.format, width=_width(args.format)), verdicts, failed
 
 

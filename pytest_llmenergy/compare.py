@@ -8,7 +8,7 @@ difference is significant at the configured confidence: noise must not fail CI.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .figures import (
@@ -69,6 +69,7 @@ def parse_gates(texts: str | Iterable[str]) -> tuple[Gate, ...]:
 FAIL = "FAIL"
 NOT_SIGNIFICANT = "not significant"
 TOO_FEW = "too few trials"
+BUSY = "inconclusive: machine busy"
 OK = "ok"
 
 
@@ -84,6 +85,9 @@ class Delta:
     p_value: float | None  # Welch, two-sided; None with fewer than two trials on a side
     confidence: float
     gate: Gate | None = None
+    # Either run had trials of this case disturbed by other work on the machine: what
+    # looks like a regression may be the machine, so it cannot fail a gate.
+    busy: bool = False
 
     @property
     def change(self) -> float:
@@ -103,7 +107,12 @@ class Delta:
 
     @property
     def failed(self) -> bool:
-        return self.exceeded and self.significant
+        return self.exceeded and self.significant and not self.busy
+
+    @property
+    def inconclusive(self) -> bool:
+        """It would have failed, but the machine was busy."""
+        return self.exceeded and self.significant and self.busy
 
     @property
     def verdict(self) -> str:
@@ -113,7 +122,9 @@ class Delta:
             return OK
         if self.p_value is None:
             return TOO_FEW
-        return FAIL if self.significant else NOT_SIGNIFICANT
+        if not self.significant:
+            return NOT_SIGNIFICANT
+        return BUSY if self.busy else FAIL
 
 
 def delta(
@@ -139,6 +150,29 @@ def delta(
         p_value=p,
         confidence=confidence,
         gate=gate,
+        busy=baseline.busy or current.busy,
+    )
+
+
+def unlike_meters(
+    baseline: Mapping[str, str],
+    current: Mapping[str, str],
+    *,
+    baseline_label: str = "baseline",
+    current_label: str = "this run",
+) -> str:
+    """Empty when two runs' meters measure alike, else one line saying how they differ,
+    e.g. ``baseline: TDP 20 W, this run: TDP 40 W; energies not comparable``."""
+    keys = [k for k in dict.fromkeys([*baseline, *current]) if baseline.get(k) != current.get(k)]
+    if not keys:
+        return ""
+
+    def side(identity: Mapping[str, str]) -> str:
+        return ", ".join(f"{k} {identity.get(k) or 'none'}" for k in keys)
+
+    return (
+        f"{baseline_label}: {side(baseline)}, {current_label}: {side(current)}; "
+        "energies not comparable"
     )
 
 
@@ -152,10 +186,17 @@ class Comparison:
     deltas: tuple[Delta, ...]
     only_in_baseline: tuple[str, ...] = ()
     only_in_current: tuple[str, ...] = ()
+    # Why the two runs' figures cannot be compared at all (other meter settings): then
+    # the figures are shown but nothing is gated.
+    not_comparable: str = ""
 
     @property
     def failures(self) -> list[Delta]:
         return [d for d in self.deltas if d.failed]
+
+    @property
+    def inconclusive(self) -> list[Delta]:
+        return [d for d in self.deltas if d.inconclusive]
 
     @property
     def failed(self) -> bool:
@@ -171,12 +212,15 @@ def compare_cases(
     confidence: float = 0.95,
     baseline_label: str = "baseline",
     current_label: str = "current",
+    not_comparable: str = "",
 ) -> Comparison:
-    """Cases are matched by node id.  With gates, their metrics are compared; else ``metrics``."""
+    """Cases are matched by node id.  With gates, their metrics are compared; else
+    ``metrics``.  ``not_comparable`` (why the runs' energies differ in kind) shows the
+    gates' figures without gating them."""
     before = {c.nodeid: c for c in baseline if c.measured}
     after = sorted((c for c in current if c.measured), key=_case_order)
     checks: list[tuple[str, Gate | None]] = (
-        [(g.metric, g) for g in gates]
+        [(g.metric, None if not_comparable else g) for g in gates]
         if gates
         else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
     )
@@ -198,6 +242,7 @@ def compare_cases(
         deltas=tuple(deltas),
         only_in_baseline=tuple(sorted(set(before) - now)),
         only_in_current=tuple(sorted(now - set(before))),
+        not_comparable=not_comparable,
     )
 
 
@@ -287,6 +332,8 @@ def comparison_table(c: Comparison) -> Table:
 
 def verdict_line(c: Comparison) -> str:
     failures = c.failures
+    if c.not_comparable:
+        return f"not gated: {c.not_comparable}"
     if not c.deltas:
         return (
             f"nothing compared: no case of this run has the compared figures in "
@@ -306,6 +353,13 @@ def verdict_line(c: Comparison) -> str:
     extra = f"; {noise} over the threshold but not significant" if noise else ""
     if untested:
         extra += f"; {untested} over the threshold with too few trials to test"
+    if c.inconclusive:
+        cases = sorted({d.name for d in c.inconclusive})
+        return (
+            f"energy gate inconclusive ({gates}): the machine was busy with other work "
+            f"during {len(cases)} case(s) that look worse: {', '.join(cases)}; rerun on a "
+            f"quiet machine (--energy-strict fails the session on this){extra}"
+        )
     return f"energy gate passed ({gates}): no significant regression{extra}"
 
 

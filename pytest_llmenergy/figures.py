@@ -214,6 +214,26 @@ FIGURES: dict[str, Figure] = {
             numeric=False,
             priority=9,
         ),
+        Figure(
+            "disturbed",
+            "busy trials",
+            "",
+            "trials taken while other processes kept the CPUs busy (over "
+            "--energy-max-background): kept in the run, left out of every figure",
+            case=lambda r: len(r.disturbed) if r.measured or r.disturbed else None,
+            lower_is_better=None,
+            priority=9,
+        ),
+        Figure(
+            "background_cpu",
+            "background CPU",
+            "",
+            "the most other processes used of the machine's CPUs during one of the "
+            "case's trials, as a share (0.5: half the CPUs)",
+            case=lambda r: r.max_background_cpu,
+            lower_is_better=None,
+            priority=9,
+        ),
         # -- the whole query ----------------------------------------------------------
         Figure(
             "time_s",

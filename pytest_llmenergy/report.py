@@ -35,6 +35,11 @@ _STATUS_MARKS = {CONVERGED: " \u2713", LIMIT: " \u2717", ROUNDS: ""}
 TRIALS_LEGEND = (
     "trials: \u2713 the CI targets held, \u2717 stopped at the trial limit without meeting them"
 )
+BUSY_MARK = "b"
+BUSY_LEGEND = (
+    "+Nb: N more trials were taken while other processes kept the CPUs busy; they are kept "
+    "in the run file but left out of every figure, and no gate fails on such a case"
+)
 # Carried in csv/json only; see the module docstring.
 _ESTIMATED_KEY = "estimated"
 
@@ -45,7 +50,8 @@ def cell(f: Figure, r: CaseResult) -> str:
     if f.key == "trials":
         if r.status == OOM or not r.measured:
             return DASH
-        return f"{len(r.trials)}{_STATUS_MARKS.get(r.status, '')}"
+        busy = f" +{len(r.disturbed)}{BUSY_MARK}" if r.disturbed else ""
+        return f"{len(r.trials)}{_STATUS_MARKS.get(r.status, '')}{busy}"
     summary = f.summary(r) if f.with_ci else None
     text = fmt_mean_ci(summary) if summary is not None else format_raw(clean(f.value(r)))
     if f.energy and r.estimated and text != DASH:
@@ -150,7 +156,19 @@ def _sorted(results: list[CaseResult], sort: str) -> list[CaseResult]:
 def _note_for(r: CaseResult) -> str | None:
     if r.measured and r.status != OOM:
         return None
+    if not r.reason and r.disturbed:
+        return f"{r.name}: not measured: {busy_reason(r)}"
     return f"{r.name}: {r.reason or 'not measured'}"
+
+
+def busy_reason(r: CaseResult) -> str:
+    """Why a case has no undisturbed trial, and what to do."""
+    share = r.max_background_cpu or 0.0
+    return (
+        f"all {len(r.disturbed)} trials were disturbed by other processes (up to "
+        f"{share:.0%} of the CPUs); rerun on a quiet machine, or allow more with "
+        "--energy-max-background"
+    )
 
 
 def _build_table(
@@ -181,6 +199,8 @@ def _build_table(
         )
     if "trials" in shown and any(r.status in (CONVERGED, LIMIT) for r in results):
         legend.append(TRIALS_LEGEND)
+    if "trials" in shown and any(r.busy for r in results):
+        legend.append(BUSY_LEGEND)
     if any(r.estimated for r in results) and any(FIGURES[k].energy for k in shown):
         legend.append(ESTIMATED_NOTE)
     notes = [n for n in map(_note_for, results) if n is not None]

@@ -51,10 +51,17 @@ class Trial:
     input_tokens: int
     output_tokens: int
     phases: Mapping[str, PhaseRecord] = field(default_factory=dict)
+    # Share of the machine's CPU capacity other processes used meanwhile (None: not read).
+    background_cpu: float | None = None
 
     @classmethod
     def from_measurement(
-        cls, index: int, m: Measurement, input_tokens: int, output_tokens: int
+        cls,
+        index: int,
+        m: Measurement,
+        input_tokens: int,
+        output_tokens: int,
+        background_cpu: float | None = None,
     ) -> Trial:
         return cls(
             index=index,
@@ -71,6 +78,7 @@ class Trial:
             }
             if len(m.phases) > 1
             else {},
+            background_cpu=background_cpu,
         )
 
 
@@ -98,6 +106,9 @@ class CaseResult:
     backend: str = ""
     reason: str = ""  # for OOM and other non-measurements
     resources: ResourceUsage | None = None
+    # Trials taken while the machine was busy with other work: kept, but out of every
+    # figure and test (``trials`` holds the undisturbed ones).
+    disturbed: tuple[Trial, ...] = ()
 
     # -- status --------------------------------------------------------------
     @property
@@ -107,6 +118,18 @@ class CaseResult:
     @property
     def measured(self) -> bool:
         return bool(self.trials)
+
+    @property
+    def busy(self) -> bool:
+        """Some trials were disturbed by other work on the machine: its figures may be
+        too, so a gate cannot fail on them."""
+        return bool(self.disturbed)
+
+    @property
+    def max_background_cpu(self) -> float | None:
+        shares = [t.background_cpu for t in (*self.trials, *self.disturbed)]
+        known = [s for s in shares if s is not None]
+        return max(known) if known else None
 
     @property
     def estimated(self) -> bool:

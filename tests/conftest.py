@@ -17,3 +17,13 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sessions run by pytester print every column; tests of narrowing set COLUMNS."""
     monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """Sessions run by pytester do not judge trials by the machine's load (these tests run
+    beside each other, e.g. under xdist); tests of the busy-machine check turn it on with
+    ``--energy-max-background``, which comes later on the command line and wins.  (Set
+    here, after pytester cleared PYTEST_ADDOPTS.)"""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--energy-max-background=off")
+    return pytester

@@ -31,6 +31,7 @@ class Gen:
 def make_bench(meter: Any, **options: Any) -> tuple[EnergyBenchmark, list[CaseResult], list[str]]:
     results: list[CaseResult] = []
     lines: list[str] = []
+    options.setdefault("rule", "research")  # the trial counts below are the research rule's
     bench = EnergyBenchmark(
         meter,
         ControllerOptions(**options),

@@ -159,7 +159,7 @@ def test_stops_exactly_when_the_target_first_holds(sd: float, seed: int) -> None
     rng = random.Random(seed * 100 + int(sd * 1000))
     seconds = [rng.gauss(5.0, sd) for _ in range(25)]
     joules = [100.0 * s for s in seconds]
-    options = ControllerOptions()
+    options = ControllerOptions(rule="research")
     stop = rule_stop_point(options, seconds, joules)
 
     def half_width(n: int) -> float:
@@ -278,3 +278,33 @@ def test_shuffle_in_place_moves_only_selected_items() -> None:
     shuffle_in_place(items, 3, selected=lambda x: x.startswith("b"))
     assert [items[i] for i in (0, 2, 5)] == ["keep0", "keep1", "keep2"]
     assert sorted(x for x in items if x.startswith("b")) == ["b1", "b2", "b3", "b4"]
+
+
+@pytest.mark.parametrize("mean_s", [0.05, 0.2, 3.0])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_default_rule_also_wants_relative_intervals_and_a_second_measured(
+    mean_s: float, seed: int
+) -> None:
+    """The default stops at the first n >= 3 where the runtime interval is within 0.5 s
+    and 5 %, the energy interval within 5 %, and the trials add up to 1 s; computed
+    independently here.  Short cases therefore take more trials than the research rule."""
+    rng = random.Random(seed)
+    seconds = [max(1e-4, rng.gauss(mean_s, mean_s * 0.06)) for _ in range(25)]
+    joules = [30.0 * s * rng.uniform(0.97, 1.03) for s in seconds]
+    options = ControllerOptions()
+    assert options.rule == "default" and options.min_time == 1.0
+
+    def ok(n: int) -> bool:
+        t, e = summarize(seconds[:n]), summarize(joules[:n])
+        return (
+            t.half_width <= 0.5
+            and t.half_width <= 0.05 * t.mean
+            and e.half_width <= 0.05 * e.mean
+            and sum(seconds[:n]) >= 1.0
+        )
+
+    expected = next((n for n in range(3, 26) if ok(n)), 25)
+    assert rule_stop_point(options, seconds, joules) == expected
+    research = rule_stop_point(ControllerOptions(rule="research"), seconds, joules)
+    if mean_s < 0.5:
+        assert research == 3 and expected >= min(25, int(1.0 / mean_s))

@@ -6,6 +6,7 @@ import dataclasses
 import gc
 import json
 import shutil
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import huggingface_hub.constants
 import pytest
 import torch
+import transformers
 from transformers import DynamicCache
 
 from pytest_llmenergy import ConfigError
@@ -24,7 +26,10 @@ from pytest_llmenergy.llm import (
     ensure_tiny_model,
     load_model,
 )
+from pytest_llmenergy.llm.grid import GRIDS, INPUT_SWEEP, OUTPUT_SWEEP
+from pytest_llmenergy.llm.loader import ALIBI, LEARNED, ROTARY, check_model, position_kind
 from pytest_llmenergy.llm.tiny import SAMPLE_TEXT
+from pytest_llmenergy.plugin.cases import beyond_context
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace
 
@@ -204,6 +209,103 @@ def test_too_long_for_the_model(lm: LoadedModel) -> None:
         lm.generate(lm.prompt_ids(8), 0)
 
 
+def test_beyond_the_context_only_when_allowed_and_computed(lm: LoadedModel) -> None:
+    assert lm.position_kind == ROTARY and not lm.allow_beyond_context
+    short = dataclasses.replace(lm, max_positions=16)
+    with pytest.raises(ConfigError, match="a prompt of 17 tokens exceeds the 16 positions") as e:
+        short.prompt_ids(17)
+    assert "allow_beyond_context=True" in str(e.value) and "\n" not in str(e.value)
+    start = time.monotonic()
+    with pytest.raises(ConfigError):
+        short.prompt_ids(10**12)  # refused before a single id is built
+    assert time.monotonic() - start < 1
+    allowed = dataclasses.replace(lm, max_positions=16, allow_beyond_context=True)
+    assert allowed.prompt_ids(24).shape == (1, 24)
+    assert allowed.generate(allowed.prompt_ids(12), 12).output_tokens == 12  # 24 > 16
+    learned = dataclasses.replace(allowed, position_kind=LEARNED)
+    with pytest.raises(ConfigError, match="use fewer tokens: its positions are a learned table"):
+        learned.prompt_ids(17)
+    with pytest.raises(ValueError, match="12 input \\+ 12 output tokens exceed the 16"):
+        learned.generate(learned.prompt_ids(12), 12)
+
+
+def test_check_model_reads_the_context_without_weights(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    default = GRIDS["default"]
+    cases = default.cases(INPUT_SWEEP) + default.cases(OUTPUT_SWEEP)
+    assert max(c.positions for c in cases) == 32 + 4096
+    for name in NAMES:
+        info = check_model(name, cache_dir=cache)
+        assert (info.name, info.max_positions, info.position_kind) == (name, 8192, ROTARY)
+        mine = [c for c in cases if c.model == name]
+        assert beyond_context(info, mine, allow=False) is None  # the default grid runs whole
+        short = dataclasses.replace(info, max_positions=4096)
+        problem = beyond_context(short, mine, allow=False)
+        assert problem is not None and problem.startswith(
+            f"1 of 19 cases needs more than the model's context of 4096 positions "
+            f"(input + output tokens): {name}-in32-out4096 (4128);"
+        )
+        assert beyond_context(short, mine, allow=True) is None
+
+
+@pytest.mark.parametrize(
+    ("config", "kind"),
+    [
+        (transformers.LlamaConfig(), ROTARY),
+        (transformers.MistralConfig(), ROTARY),
+        (transformers.FalconConfig(alibi=False), ROTARY),
+        (transformers.FalconConfig(alibi=True), ALIBI),
+        (transformers.GPTJConfig(), ROTARY),
+        (transformers.GPTNeoXConfig(), ROTARY),
+        (transformers.BloomConfig(), ALIBI),
+        (transformers.MptConfig(), ALIBI),
+        (transformers.GPT2Config(), LEARNED),
+        (transformers.OPTConfig(), LEARNED),
+        (transformers.BertConfig(), LEARNED),
+    ],
+    ids=lambda v: v if isinstance(v, str) else type(v).__name__,
+)
+def test_position_kind(config: Any, kind: str) -> None:
+    assert position_kind(config) == kind
+
+
+def test_a_folder_without_tokenizer_is_one_line(cache: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "weights-only"
+    shutil.copytree(ensure_tiny_model("tiny-llama", cache), folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    for load in (check_model, load_model):
+        with pytest.raises(ConfigError, match="has no tokenizer files") as info:
+            load(str(folder))
+        assert str(info.value).startswith(f"model folder {folder} has no tokenizer files (")
+        assert str(info.value).endswith(": copy the tokenizer next to the weights")
+
+
+def test_an_unreachable_hub_fails_fast_and_suggests_a_built_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Nothing listens on port 9; without the probe the hub client retries for 30 s.
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for load in (check_model, load_model):
+        start = time.monotonic()
+        with pytest.raises(ConfigError) as info:
+            load("tiny-lama")
+        assert time.monotonic() - start < 10
+        msg = str(info.value)
+        assert msg.startswith(
+            "cannot load model 'tiny-lama': it is not in the Hugging Face cache and "
+            "http://127.0.0.1:9 cannot be reached: "
+        )
+        assert "did you mean tiny-llama? Else use a local checkpoint directory" in msg
+        assert "\n" not in msg
+
+
 def test_checkpoint_sampling_defaults_do_not_leak(
     cache: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -327,8 +429,9 @@ def test_pool_holds_one_model_at_a_time(cache: Path) -> None:
 
 
 def test_pool_passes_its_options(cache: Path) -> None:
-    pool = ModelPool(dtype="bfloat16", device="cpu", cache_dir=cache)
+    pool = ModelPool(dtype="bfloat16", device="cpu", cache_dir=cache, allow_beyond_context=True)
     assert pool.get("tiny-falcon").dtype == torch.bfloat16
+    assert pool.current is not None and pool.current.allow_beyond_context
     pool.close()
     with pytest.raises(ConfigError):
         ModelPool(dtype="half", cache_dir=cache).get("tiny-falcon")

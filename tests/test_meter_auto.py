@@ -9,6 +9,7 @@ import pytest
 
 from pytest_llmenergy import Method, open_meter
 from pytest_llmenergy.meters.auto import CompositeMeter
+from pytest_llmenergy.meters.base import duration_text
 from tests.fakes.fake_pynvml import (
     NVML_DEVICE_ARCH_AMPERE,
     FakeGPU,
@@ -56,6 +57,42 @@ def test_gpu_from_nvml_and_cpu_from_rapl(tmp_path: Path, monkeypatch: pytest.Mon
         "gpu:0": Method.COUNTER, "cpu:package-0": Method.COUNTER, "cpu:dram-0": Method.COUNTER
     }  # fmt: skip
     meter.close()
+
+
+def test_resolution_is_the_coarsest_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 20 ms GPU counter next to 1 ms RAPL counters: the window resolves 20 ms."""
+    gpu = FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, PowerTrace([(60, 100.0)]))
+    gpu.counter_period_s = 0.02
+    install_fake_pynvml(monkeypatch, [gpu])
+    FakePowercap(tmp_path, {0: (FakeZone("package-0", PowerTrace([(10, 60.0)])), [])})
+    monkeypatch.setenv("LLMENERGY_POWERCAP_ROOT", str(tmp_path))
+    with open_meter("auto") as meter:
+        assert meter.backend == "auto(nvml+rapl)"
+        assert [m.resolution_s for m in meter.meters] == [pytest.approx(0.02, rel=0.1), 0.001]
+        assert meter.resolution_s == pytest.approx(0.02, rel=0.1)
+        line = meter.describe()
+        gpu_period = duration_text(meter.meters[0].resolution_s or 0.0)
+        assert f"counter (NVML total energy, mJ), updates every {gpu_period}" in line
+        assert "rapl: cpu:package-0 (counter); resolution 1 ms" in line
+    gpu.trace = PowerTrace([(60, 0.0)])  # a counter that never moves: its period is unknown
+    with open_meter("auto") as meter:
+        assert meter.meters[0].resolution_s is None and meter.resolution_s is None
+
+
+def test_counters_without_a_sampler_need_no_start_or_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML counters and the estimate: nothing to start, so windows skip the bookkeeping."""
+    install_fake_pynvml(
+        monkeypatch,
+        [FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, PowerTrace([(60, 50.0)]))],
+    )
+    with open_meter("auto", powercap_root=str(tmp_path / "none")) as meter:
+        assert meter.backend == "auto(nvml+estimate)"
+        assert not meter._uses_start_stop
+        with meter.measure() as m:
+            time.sleep(0.01)
+        assert set(m.by_domain) == {"gpu:0", "cpu:process"}
 
 
 def test_with_no_sensors_auto_falls_back_to_the_estimate(

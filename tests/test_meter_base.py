@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
 from pytest_llmenergy import Method
+from pytest_llmenergy.meters.base import Measurement, Phase, duration_text
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace
 
@@ -163,3 +165,80 @@ def test_mark_ending_cannot_reuse_a_name() -> None:
         m.mark("b")
         with pytest.raises(ValueError, match="already marked"):
             m.mark("c", ending="main")
+
+
+# -- resolution ------------------------------------------------------------------------
+
+
+def test_resolution_is_unknown_unless_the_meter_says_and_describe_shows_it() -> None:
+    meter = TraceMeter({"gpu:0": PowerTrace([(10, 1.0)])})
+    assert meter.resolution_s is None
+    assert meter.describe() == "trace: gpu:0 (counter)"
+    meter._resolution_s = 0.1
+    assert meter.resolution_s == 0.1
+    assert meter.describe() == "trace: gpu:0 (counter); resolution 100 ms"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(2.0, "2 s"), (0.1, "100 ms"), (0.001, "1 ms"), (0.0156, "15.6 ms"), (1e-6, "1 us")],
+)
+def test_duration_text(seconds: float, text: str) -> None:
+    assert duration_text(seconds) == text
+
+
+# -- what the fast window close builds --------------------------------------------------
+
+
+def test_a_closed_window_carries_every_field_of_its_dataclasses() -> None:
+    """Results are built without their __init__: none of their fields may be left out."""
+    meter = TraceMeter({"gpu:0": PowerTrace([(10, 100.0)])})
+    with meter.measure() as single:
+        pass
+    with meter.measure(phase="prefill") as split:
+        split.mark("decode")
+    for window in (single, split):
+        m = window.measurement
+        assert {f.name for f in dataclasses.fields(Measurement)} == set(vars(m))
+        for phase in m.phases.values():
+            assert {f.name for f in dataclasses.fields(Phase)} == set(vars(phase))
+        rebuilt = Measurement(**{f.name: getattr(m, f.name) for f in dataclasses.fields(m)})
+        assert rebuilt == m
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            m.seconds = 0.0  # type: ignore[misc]
+
+
+def test_phases_of_a_single_phase_window_behave_as_a_mapping() -> None:
+    meter = TraceMeter({"gpu:0": PowerTrace([(10, 100.0)])})
+    with meter.measure(phase="generate") as m:
+        time.sleep(0.01)
+    phases = m.phases
+    assert len(phases) == 1 and list(phases) == ["generate"]
+    assert "generate" in phases and "main" not in phases
+    phase = phases["generate"]
+    assert phase.name == "generate" and phase.offset_s == 0.0
+    assert phase.seconds == m.seconds and phase.by_domain == m.by_domain
+    assert phase.by_domain is not m.by_domain  # each its own dict, as before
+    assert phases["generate"] is phase  # made once
+    assert phases == {"generate": phase} and dict(phases) == {"generate": phase}
+    assert phases.get("other") is None
+    assert repr(phases).startswith("{'generate': Phase(")
+    with pytest.raises(KeyError):
+        phases["other"]
+
+
+def test_counter_meters_without_background_work_skip_start_and_stop() -> None:
+    class Started(TraceMeter):
+        starts = 0
+
+        def _start(self) -> None:
+            self.starts += 1
+
+    plain = TraceMeter({"gpu:0": PowerTrace([(10, 1.0)])})
+    started = Started({"gpu:0": PowerTrace([(10, 1.0)])})
+    assert not plain._uses_start_stop and started._uses_start_stop
+    for meter in (plain, started):
+        with meter.measure(), meter.measure():
+            pass
+        assert meter._active == 0
+    assert started.starts == 1  # nested windows start it once

@@ -19,7 +19,14 @@ from pytest_llmenergy import (
     Method,
     open_meter,
 )
-from pytest_llmenergy.meters.nvml import SAMPLER_THREAD_NAME, NvmlMeter, create
+from pytest_llmenergy.meters.base import duration_text
+from pytest_llmenergy.meters.nvml import (
+    PERIOD_PROBE_MAX_S,
+    SAMPLER_THREAD_NAME,
+    NvmlMeter,
+    counter_periods_s,
+    create,
+)
 from tests.fakes.fake_pynvml import (
     NVML_DEVICE_ARCH_AMPERE,
     NVML_DEVICE_ARCH_HOPPER,
@@ -135,6 +142,81 @@ def test_counter_is_quantized_to_its_refresh_period(monkeypatch: pytest.MonkeyPa
         for j in seen
     ), seen
     assert min(seen) == pytest.approx(0.0, abs=0.002)
+
+
+# -- resolution ------------------------------------------------------------------------
+
+
+def test_counter_resolution_is_its_measured_update_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two counters refreshed every 100 ms and 20 ms: each is timed, the meter is the coarser."""
+    gpus = [make_gpu(0, counter_period_s=0.1), make_gpu(1, counter_period_s=0.02)]
+    install_fake_pynvml(monkeypatch, gpus)
+    for selected, period_s in (((0,), 0.1), ((1,), 0.02)):
+        started = time.perf_counter()
+        with open_meter("nvml", gpus=selected) as meter:
+            opened_s = time.perf_counter() - started
+            assert meter.resolution_s == pytest.approx(period_s, rel=0.1)
+        assert opened_s < PERIOD_PROBE_MAX_S + 0.3  # timing the counter stays within its cap
+    with open_meter("nvml") as meter:
+        assert [d.resolution_s for d in meter.devices] == [
+            pytest.approx(0.1, rel=0.1),
+            pytest.approx(0.02, rel=0.1),
+        ]
+        assert meter.resolution_s == pytest.approx(0.1, rel=0.1)
+        line = meter.describe()
+        for device in meter.devices:  # e.g. "updates every 100 ms", as timed
+            period = duration_text(device.resolution_s or 0.0)
+            assert f"{device.name}: counter (NVML total energy, mJ), updates every {period}" in line
+
+
+def test_a_fast_counter_is_timed_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 5 ms counter needs only a few updates: opening does not wait for the cap."""
+    install_fake_pynvml(monkeypatch, [make_gpu(0, counter_period_s=0.005)])
+    started = time.perf_counter()
+    with open_meter("nvml") as meter:
+        assert time.perf_counter() - started < PERIOD_PROBE_MAX_S / 2
+        assert meter.resolution_s == pytest.approx(0.005, rel=0.2)
+
+
+def test_a_counter_that_never_moves_has_no_known_resolution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    install_fake_pynvml(monkeypatch, [make_gpu(0, trace=PowerTrace([(60.0, 0.0)]))])
+    with open_meter("nvml") as meter:
+        assert meter.domains["gpu:0"].method is Method.COUNTER
+        assert meter.resolution_s is None and meter.devices[0].resolution_s is None
+        assert "update period unknown" in meter.describe()
+
+
+def test_sampled_resolution_is_the_sampling_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = [make_gpu(0, NVML_DEVICE_ARCH_PASCAL), make_gpu(1, counter_period_s=0.02)]
+    install_fake_pynvml(monkeypatch, gpus)
+    with open_meter("nvml", gpus=(0,), sample_interval_s=0.05) as meter:
+        assert meter.resolution_s == 0.05
+    with open_meter("nvml", sample_interval_s=0.01) as meter:  # the 20 ms counter is coarser
+        assert [d.resolution_s for d in meter.devices] == [0.01, pytest.approx(0.02, rel=0.1)]
+        assert meter.resolution_s == pytest.approx(0.02, rel=0.1)
+    with open_meter("nvml", sample_interval_s=0.2) as meter:  # now the sampler is
+        assert meter.resolution_s == 0.2
+
+
+def test_counter_periods_on_a_scripted_clock() -> None:
+    """Counters of 7 ms and 13 ms, and one that never changes, polled in one loop."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.0002  # each look at the clock moves it on
+        return now[0]
+
+    def read_mj(period_s: float) -> int:
+        return int(now[0] // period_s)
+
+    periods = counter_periods_s(read_mj, [0.007, 0.013, 1e9], max_s=0.2, clock=clock)
+    assert periods[0] == pytest.approx(0.007, abs=0.0005)
+    assert periods[1] == pytest.approx(0.013, abs=0.0005)
+    assert periods[2] is None
+    assert now[0] == pytest.approx(0.2, abs=0.001)  # the never-changing one kept it to the cap
+    assert counter_periods_s(read_mj, []) == []
 
 
 # -- sampled GPUs ----------------------------------------------------------------------

@@ -189,6 +189,13 @@ def _fed_meter(batch: int) -> tuple[PowermetricsMeter, list[float]]:
     return meter, ends
 
 
+@pytest.mark.parametrize("interval_s", [0.2, 1.0])
+def test_resolution_is_the_sampling_interval(interval_s: float) -> None:
+    meter = PowermetricsMeter(interval_s, command=["unused"])
+    assert meter.resolution_s == interval_s
+    assert f"every {interval_s * 1000:.0f} ms" in meter.describe()
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_window_energy_is_the_exact_integral_of_the_interval_averages(batch: int) -> None:
     meter, ends = _fed_meter(batch)

@@ -40,6 +40,9 @@ def test_energy_matches_the_trace(tmp_path: Path) -> None:
         truth = zone.trace.energy_between(res.t_start, res.t_end)
         assert abs(res.by_domain[domain] - truth) <= 2 * zone.trace.max_power() * fake.max_gap_s
     assert res.joules == pytest.approx(res.by_domain["cpu:package-0"] + res.by_domain["cpu:dram-0"])
+    # RAPL registers only: they update about every millisecond.
+    assert meter.resolution_s == 0.001
+    assert meter.describe().endswith("; resolution 1 ms")
 
 
 def test_a_wrap_inside_the_window_is_an_error_not_a_negative_number(tmp_path: Path) -> None:

@@ -47,7 +47,14 @@ def run(p: pytest.Pytester, *args: str, sleeps: str | None = None) -> pytest.Run
     if sleeps is not None:
         os.environ["SLEEPS"] = sleeps
     try:
-        return p.runpytest("--energy-backend=trace", "--energy-shuffle=off", *args)
+        # the research rule: the scripted sleeps below decide the trial counts
+        return p.runpytest(
+            "--energy-backend=trace",
+            "--energy-shuffle=off",
+            "--energy-rule=research",
+            "--energy-max-background=off",  # scripted trials: no busy-machine check
+            *args,
+        )
     finally:
         os.environ.pop("SLEEPS", None)
 
@@ -220,7 +227,13 @@ def test_crashed_session_keeps_the_cases_it_finished(project: pytest.Pytester) -
     # the crash is the last test of the session: pytest-randomly, if installed, would move
     # it (it is not an energy case, so its order is randomly's, not this plugin's)
     result = project.runpytest_subprocess(
-        "--energy-backend=trace", "--energy-shuffle=off", "--energy-save=crash", "-p", "no:randomly"
+        "--energy-backend=trace",
+        "--energy-shuffle=off",
+        "--energy-save=crash",
+        "--energy-rule=research",
+        "--energy-max-background=off",
+        "-p",
+        "no:randomly",
     )
     assert result.ret == -9
     [path] = saved(project)

@@ -125,10 +125,10 @@ def test_small_grid_runs_and_prints_a_table_per_sweep_and_model(suite: pytest.Py
             r"^sweep input · model tiny-llama$",
             r"^\s*in\s+out\s+trials\s+s ± CI\s+J ± CI\s+J/token\s+prefill J/in\s+"
             r"decode J/out\s+tok/s\s+out tok/s\s+avg W\s+GPU J$",
-            r"^\s+8\s+32\s+\d+ ✓\s+",
-            r"^\s*64\s+32\s+\d+ ✓\s+",
+            r"^\s+8\s+32\s+\d+ [✓✗]\s+",  # converged, or not on a busy machine
+            r"^\s*64\s+32\s+\d+ [✓✗]\s+",
             r"^sweep output · model tiny-llama$",
-            r"^\s*32\s+4\s+\d+ ✓\s+.*\s200(\.0+)?\s+\S+$",  # avg W: the meter's 200 W
+            r"^\s*32\s+4\s+\d+ [✓✗]\s+.*\s200(\.0+)?\s+\S+$",  # avg W: the meter's 200 W
         ]
     )
     assert "~" not in result.stdout.str()  # a counter meter: nothing marked estimated
@@ -140,7 +140,7 @@ def test_small_grid_runs_and_prints_a_table_per_sweep_and_model(suite: pytest.Py
         "test_output_tokens[tiny-llama-in32-out4]",
     }
     for case in cases.values():
-        assert case["status"] == "converged" and 3 <= len(case["trials"]) <= 25
+        assert case["status"] in ("converged", "limit") and 3 <= len(case["trials"]) <= 25
         for trial in case["trials"]:
             assert set(trial["phases"]) == {"prefill", "decode"}
             assert trial["joules"] == pytest.approx(200.0 * trial["seconds"], rel=1e-3)
@@ -157,14 +157,15 @@ def test_verbose_shows_trials_converging(suite: pytest.Pytester) -> None:
         "input",
         "-v",
         "--energy-ci-target=time_s:1ns",
+        "--energy-min-time=100",
         "--energy-max-trials=4",
     )
     result.assert_outcomes(passed=1)
     case = r"test_input_tokens\[tiny-falcon-in8-out32\]"
     result.stdout.re_match_lines(
         [
-            rf"\s+{case}: trial 1: time_s \S+ s \(no CI yet\)$",
-            rf"\s+{case}: trial 4: time_s \S+ s ±\S+ \(> 1e-09 s\)$",
+            rf"\s+{case}: trial 1: time_s \S+ s \(no CI yet\); measured \S+ s \(< 100 s\)$",
+            rf"\s+{case}: trial 4: time_s \S+ s ±\S+ \(> 1e-09 s\); measured \S+ s \(< 100 s\)$",
             r"^\s+8\s+32\s+4 ✗\s+",  # stopped at the limit: not converged
         ]
     )
@@ -184,8 +185,9 @@ def test_marker_overrides_and_rejects_unknown_kwargs(pytester: pytest.Pytester) 
             assert len(r.trials) == 2 and r.status == "limit" and len(calls) == 2
 
         def test_default(energy_benchmark):
+            # the default rule wants 1 s measured: 1 ms trials run to the trial limit
             r = energy_benchmark(time.sleep, 0.001, input_tokens=1, output_tokens=1)
-            assert len(r.trials) == 3 and r.converged
+            assert len(r.trials) == 25 and r.status == "limit"
         """
     )
     pytester.runpytest("--energy-backend=trace").assert_outcomes(passed=2)
@@ -221,7 +223,9 @@ def test_out_of_memory_case_is_skipped_and_the_sweep_goes_on(pytester: pytest.Py
             energy_benchmark(Model().generate, n_in, 32, input_tokens=n_in, output_tokens=32)
         """
     )
-    result = pytester.runpytest("--energy-backend=trace", "-rs", "--energy-shuffle=off")
+    result = pytester.runpytest(
+        "--energy-backend=trace", "-rs", "--energy-shuffle=off", "--energy-rule=research"
+    )
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.re_match_lines(
         [

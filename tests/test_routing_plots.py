@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import xml.etree.ElementTree as ET
 from importlib.util import find_spec
@@ -10,15 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.routing.fit import SystemModel, build_model
 from pytest_llmenergy.routing.optimize import Router, pareto
 from pytest_llmenergy.routing.plots import (
     DEFAULT_LAMS,
+    ESTIMATED,
     FORMATS,
     PlotError,
     energy_per_token_figure,
     front_notes,
+    measured_points,
     pareto_figure,
     runtime_figure,
     slug,
@@ -26,8 +31,16 @@ from pytest_llmenergy.routing.plots import (
     write_profile_plots,
     write_routing_plots,
 )
-from pytest_llmenergy.routing.profile import Profile, read_profile_csv, select
+from pytest_llmenergy.routing.profile import (
+    Profile,
+    pool_models,
+    profiles_from_cases,
+    read_profile_csv,
+    select,
+)
 from pytest_llmenergy.routing.workload import Workload, load_workload
+from pytest_llmenergy.stats import summarize
+from tests.casefactory import make_case
 
 CSV = Path(__file__).resolve().parents[1] / "examples" / "wilkins2024" / "wilkins2024.csv"
 TWO = ["M1-Pro", "Swing AMD+A100"]
@@ -73,6 +86,24 @@ def _line(ax, prefix: str):
     found = [line for line in ax.get_lines() if line.get_label().startswith(prefix)]
     assert len(found) == 1, [line.get_label() for line in ax.get_lines()]
     return found[0]
+
+
+def _means(ax, prefix: str):
+    """The one error-bar container of ``ax`` (measured means ± CI) whose legend label
+    starts with ``prefix``."""
+    found = [c for c in ax.containers if c.get_label().startswith(prefix)]
+    assert len(found) == 1, [c.get_label() for c in ax.containers]
+    return found[0]
+
+
+def _half_widths(container) -> list[float]:
+    """Half the length of each drawn error bar; NaN where no bar is drawn."""
+    (bars,) = container.lines[2]
+    return [(seg[1][1] - seg[0][1]) / 2 if len(seg) else np.nan for seg in bars.get_segments()]
+
+
+def _legend_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
 
 
 def _xy(decision) -> tuple[float, float]:
@@ -142,10 +173,15 @@ def test_energy_per_token_markers_are_the_measured_means(llama: list[SystemModel
             p for p in model.profile.points if p.sweep == "input" and p.output_tokens == fixed
         ]
         assert len(measured) >= 5
-        marks = _line(ax, f"{model.system}: measured")
+        means = _means(ax, f"{model.system}: measured mean ± 95 % CI")
+        marks = means.lines[0]
         assert list(marks.get_xdata()) == [p.input_tokens for p in measured]
         expected = [p.mean_joules / (p.input_tokens + p.output_tokens) for p in measured]
-        np.testing.assert_allclose(marks.get_ydata(), expected, rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(marks.get_ydata(), float), expected, rtol=1e-12)
+        tokens = [p.input_tokens + p.output_tokens for p in measured]
+        half = [summarize(p.joules).half_width / n for p, n in zip(measured, tokens)]
+        assert all(h > 0 for h in half)
+        np.testing.assert_allclose(_half_widths(means), half, rtol=1e-9)
         curve = _line(ax, f"{model.system}: interpolated")
         n = np.asarray(curve.get_xdata())
         np.testing.assert_allclose(
@@ -157,15 +193,21 @@ def test_energy_per_token_markers_are_the_measured_means(llama: list[SystemModel
 @drawing
 def test_runtime_figure_plots_seconds_per_query(llama: list[SystemModel]) -> None:
     fig = runtime_figure(llama)
-    left, right = fig.axes
+    by_input, by_output = fig.axes
     model = llama[0]
-    marks = _line(right, f"{model.system}: measured")
+    means = _means(by_output, f"{model.system}: measured mean ± 95 % CI")
+    marks = means.lines[0]
     fixed = model.output_sweep.fixed
     measured = [p for p in model.profile.points if p.sweep == "output" and p.input_tokens == fixed]
     assert list(marks.get_xdata()) == [p.output_tokens for p in measured]
-    np.testing.assert_allclose(marks.get_ydata(), [p.mean_seconds for p in measured])
-    assert left.get_xlabel() == "input tokens per query"
-    assert right.get_ylabel() == "runtime (s per query)"
+    np.testing.assert_allclose(
+        np.asarray(marks.get_ydata(), float), [p.mean_seconds for p in measured]
+    )
+    np.testing.assert_allclose(
+        _half_widths(means), [summarize(p.seconds).half_width for p in measured], rtol=1e-9
+    )
+    assert by_input.get_xlabel() == "input tokens per query"
+    assert by_output.get_ylabel() == "runtime (s per query)\nmean ± 95 % CI"
 
 
 @drawing
@@ -241,10 +283,11 @@ def test_one_system_profile_plots(llama: list[SystemModel], tmp_path: Path) -> N
         "llama-2-7b-energy-per-token-output.png",
         "llama-2-7b-runtime.png",
     ]
-    labels = [
-        line.get_label() for line in energy_per_token_figure(llama[:1], "input").axes[0].lines
+    labels = _legend_labels(energy_per_token_figure(llama[:1], "input").axes[0])
+    assert labels == [
+        "M1-Pro: measured mean ± 95 % CI (output = 32 tokens)",
+        "M1-Pro: interpolated",
     ]
-    assert labels == ["M1-Pro: measured (output = 32 tokens)", "M1-Pro: interpolated"]
 
 
 @drawing
@@ -256,8 +299,8 @@ def test_systems_without_a_sweep_are_skipped(llama: list[SystemModel], tmp_path:
     assert input_only.output_sweep is None
     fig = energy_per_token_figure([input_only, llama[1]], "output")
     fixed = llama[1].output_sweep.fixed
-    assert [line.get_label() for line in fig.axes[0].lines] == [
-        f"Swing AMD+A100: measured (input = {fixed} tokens)",
+    assert _legend_labels(fig.axes[0]) == [
+        f"Swing AMD+A100: measured mean ± 95 % CI (input = {fixed} tokens)",
         "Swing AMD+A100: interpolated",
     ]
     paths = write_profile_plots([input_only], tmp_path)  # nothing to draw for output
@@ -328,3 +371,169 @@ def test_unwritable_out_dir(router: Router, tmp_path: Path) -> None:
     message = str(info.value)
     assert "\n" not in message
     assert str(blocker / "figures") in message and "cannot write figures" in message
+
+
+# -- uncertainty: confidence intervals, estimated energy, legends beside the data --------
+
+SIZES = (8, 16, 32, 64)
+TRIALS = {8: (1.0, 1.2, 0.9), 16: (1.5, 1.9, 1.6, 1.4), 32: (2.0, 2.8, 2.3), 64: (4.0, 4.1, 5.0)}
+
+
+def _cases(confidence: float = 0.95, method: str = "counter") -> list[CaseResult]:
+    """An input sweep of one model with known, unequal trials at each size."""
+    options = ControllerOptions(confidence=confidence)
+    return [
+        dataclasses.replace(
+            make_case(TRIALS[n], input_tokens=n, output_tokens=4, watts=50.0 + n, method=method),
+            options=options,
+        )
+        for n in SIZES
+    ]
+
+
+def _model(cases: list[CaseResult], system: str = "box") -> SystemModel:
+    (profile,) = profiles_from_cases(cases, system, "test")
+    return build_model(profile)
+
+
+@drawing
+@pytest.mark.parametrize("confidence", [0.95, 0.9])
+def test_error_bars_are_the_cases_confidence_intervals(confidence: float) -> None:
+    cases = _cases(confidence)
+    model = _model(cases)
+    assert model.profile.confidence == confidence
+    level = f"{confidence * 100:g} %"
+    fig = energy_per_token_figure([model], "input")
+    ax = fig.axes[0]
+    means = _means(ax, f"box: measured mean ± {level} CI (output = 4 tokens)")
+    assert list(means.lines[0].get_xdata()) == list(SIZES)
+    tokens = [c.total_tokens for c in cases]
+    expected_mean = [c.energy.mean / n for c, n in zip(cases, tokens)]
+    expected_half = [c.energy.half_width / n for c, n in zip(cases, tokens)]
+    np.testing.assert_allclose(np.asarray(means.lines[0].get_ydata(), float), expected_mean)
+    np.testing.assert_allclose(_half_widths(means), expected_half, rtol=1e-9)
+    # the level matters: the bars are not the 95 % ones when the run asked for 90 %
+    at_95 = [summarize([t.joules for t in c.trials]).half_width / n for c, n in zip(cases, tokens)]
+    assert np.allclose(expected_half, at_95) == (confidence == 0.95)
+    assert ax.get_ylabel().endswith(f"mean ± {level} CI")
+    time_ax = runtime_figure([model]).axes[0]
+    runtime = _means(time_ax, f"box: measured mean ± {level} CI")
+    np.testing.assert_allclose(_half_widths(runtime), [c.time.half_width for c in cases])
+
+
+@drawing
+def test_one_trial_gets_no_error_bar() -> None:
+    cases = _cases()
+    cases[1] = make_case((1.5,), input_tokens=16, output_tokens=4)  # one trial: no interval
+    fig = energy_per_token_figure([_model(cases)], "input")
+    means = _means(fig.axes[0], "box: measured mean ± 95 % CI (output = 4 tokens; 1 trial")
+    half = _half_widths(means)
+    assert np.isnan(half[1]) and all(h > 0 for h in np.delete(half, 1))
+
+
+def test_profiles_carry_confidence_and_estimated() -> None:
+    measured = profiles_from_cases(_cases(0.9), "box", "test")
+    estimated = profiles_from_cases(_cases(method="estimated"), "laptop", "test")
+    assert [(p.confidence, p.estimated) for p in measured] == [(0.9, False)]
+    assert [(p.confidence, p.estimated) for p in estimated] == [(0.95, True)]
+    other = profiles_from_cases(
+        [make_case(TRIALS[n], model="other", input_tokens=n) for n in SIZES], "box", "test"
+    )
+    pooled = {p.system: p for p in pool_models([*measured, *other, *estimated])}
+    assert (pooled["box"].confidence, pooled["box"].estimated) == (0.9, False)
+    assert (pooled["laptop"].confidence, pooled["laptop"].estimated) == (0.95, True)
+    assert Profile("A", "m", ()).confidence == 0.95  # CSV profiles: the default level
+    assert not read_profile_csv(CSV)[0].estimated
+
+
+@drawing
+def test_estimated_energy_is_marked() -> None:
+    measured = _model(_cases(), "box")
+    estimated = _model(_cases(method="estimated"), "laptop")
+    assert estimated.profile.estimated and not measured.profile.estimated
+    ax = energy_per_token_figure([measured, estimated], "input").axes[0]
+    assert "energy of laptop (estimated)" in ax.get_title() and "box" not in ax.get_title()
+    hollow = _means(ax, f"laptop {ESTIMATED}: mean ± 95 % CI").lines[0]
+    filled = _means(ax, "box: measured mean ± 95 % CI").lines[0]
+    assert hollow.get_markerfacecolor() == "none" and filled.get_markerfacecolor() != "none"
+    assert _line(ax, f"laptop {ESTIMATED}: interpolated").get_linestyle() == "--"
+    assert _line(ax, "box: interpolated").get_linestyle() == "-"
+    labels = _legend_labels(ax)
+    assert sum(ESTIMATED in label for label in labels) == 2
+    # the estimate meter estimates energy only: the runtime is timed, and not marked
+    runtime = runtime_figure([measured, estimated])
+    drawn = [ax for ax in runtime.axes if ax.get_legend() is not None]
+    assert drawn and not [t for ax in drawn for t in _legend_labels(ax) if ESTIMATED in t]
+    assert ESTIMATED not in runtime.get_suptitle()
+
+
+@drawing
+def test_routing_figures_mark_estimated_systems(
+    llama: list[SystemModel], workload: Workload
+) -> None:
+    m1 = build_model(dataclasses.replace(llama[0].profile, estimated=True))
+    router = Router([m1, llama[1]], workload, by="input")
+    energy_ax, time_ax = threshold_figure(router).axes
+    curve = _line(energy_ax, "≤ threshold → M1-Pro, rest → Swing AMD+A100")
+    assert curve.get_label().endswith(ESTIMATED) and curve.get_linestyle() == "--"
+    assert _line(time_ax, "≤ threshold").get_linestyle() == "-"  # runtime is measured
+    ax = pareto_figure(router, LAMS).axes[0]
+    assert "energy of M1-Pro (estimated)" in ax.get_title()
+    assert _line(ax, f"all on M1-Pro {ESTIMATED}").get_markerfacecolor() == "none"
+    assert _line(ax, "all on Swing AMD+A100").get_markerfacecolor() != "none"
+    assert _line(ax, f"Pareto front {ESTIMATED}").get_linestyle() == "--"
+    measured = pareto_figure(Router(llama, workload, by="input"), LAMS).axes[0]
+    assert ESTIMATED not in measured.get_title()
+    assert not [t for t in _legend_labels(measured) if ESTIMATED in t]
+
+
+def _data_points(ax) -> np.ndarray:
+    """Display coordinates of every point drawn in ``ax``: lines, markers, error bars."""
+    xy = [line.get_xydata() for line in ax.get_lines()]
+    for collection in ax.collections:
+        xy += [np.asarray(s).reshape(-1, 2) for s in collection.get_segments() if len(s)]
+    data = np.concatenate([np.asarray(a, dtype=float) for a in xy])
+    data = data[np.isfinite(data).all(axis=1)]
+    return ax.transData.transform(data)
+
+
+def _figures(llama: list[SystemModel], router: Router):
+    estimated = build_model(dataclasses.replace(llama[0].profile, estimated=True))
+    return {
+        "energy-input": energy_per_token_figure(llama, "input"),
+        "energy-output-estimated": energy_per_token_figure([estimated, llama[1]], "output"),
+        "runtime": runtime_figure(llama),
+        "threshold": threshold_figure(router),
+        "pareto": pareto_figure(router, LAMS),
+    }
+
+
+@drawing
+def test_legends_never_cover_data(llama: list[SystemModel], router: Router) -> None:
+    for name, fig in _figures(llama, router).items():
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        assert legends, name
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), name
+            for ax in fig.axes:
+                points = _data_points(ax)
+                assert len(points) >= 5, name
+                inside = (
+                    (points[:, 0] >= box.x0)
+                    & (points[:, 0] <= box.x1)
+                    & (points[:, 1] >= box.y0)
+                    & (points[:, 1] <= box.y1)
+                )
+                assert not inside.any(), (name, points[inside][:3])
+                assert not box.overlaps(ax.get_window_extent(renderer)), name
+
+
+@drawing
+def test_saved_figures_keep_the_legend(llama: list[SystemModel], tmp_path: Path) -> None:
+    (path,) = write_profile_plots(llama, tmp_path, formats=("svg",))[:1]
+    text = _svg_text(path)
+    assert "mean ± 95 % CI" in text and "Swing AMD+A100: interpolated" in text
+    assert len(measured_points(llama[0], "input")) >= 5

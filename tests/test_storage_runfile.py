@@ -139,7 +139,7 @@ def test_files_are_strict_json_even_with_nan_figures(tmp_path: Path) -> None:
 
 
 def test_jsonable_turns_options_into_plain_values() -> None:
-    plain = jsonable({"o": ControllerOptions(), "n": float("inf"), "s": {3}})
+    plain = jsonable({"o": ControllerOptions(rule="research"), "n": float("inf"), "s": {3}})
     assert plain["o"]["targets"] == [{"metric": "time_s", "value": 0.5, "relative": False}]
     assert plain["n"] is None and plain["s"] == [3]
     json.dumps(plain, allow_nan=False)

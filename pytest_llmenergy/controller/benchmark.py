@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ..errors import LLMEnergyError
+from ..meters.background import BackgroundCpu
 from ..meters.base import Meter
 from ..meters.resources import ResourceProbe
 from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
@@ -50,8 +51,10 @@ class EnergyBenchmark:
         labels: Mapping[str, str],
         on_result: Callable[[CaseResult], None],
         progress: Callable[[str], None] | None = None,
+        background: BackgroundCpu | None = None,
     ) -> None:
         self.meter = meter
+        self.background = background  # None: trials are not checked for a busy machine
         self.options = options
         self.nodeid = nodeid
         self.name = name
@@ -134,7 +137,11 @@ class EnergyBenchmark:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("input_tokens and output_tokens must be >= 0")
         trials: list[Trial] = []
+        disturbed: list[Trial] = []
         status = ROUNDS
+        background = self.background
+        # readings of what the rest of the machine did, from before the warm-up on
+        history = [background.read()] if background is not None else []
         try:
             for _ in range(warmup):
                 args, kwargs = call_args()
@@ -142,19 +149,33 @@ class EnergyBenchmark:
             with ResourceProbe() as probe:
                 while True:
                     args, kwargs = call_args()
+                    if background is not None:
+                        history.append(background.read())
                     with self.meter.measure() as window:
                         out = self._call(fn, args, kwargs)
+                    share = None
+                    if background is not None:
+                        share = background.share_around(history, background.read())
                     n_in, n_out = self._check_tokens(out, input_tokens, output_tokens)
-                    trials.append(
-                        Trial.from_measurement(len(trials) + 1, window.measurement, n_in, n_out)
+                    index = len(trials) + len(disturbed) + 1
+                    trial = Trial.from_measurement(
+                        index, window.measurement, n_in, n_out, background_cpu=share
                     )
+                    busy = self.options.disturbed(share)
+                    (disturbed if busy else trials).append(trial)
                     if rounds is not None:
-                        if len(trials) >= rounds:
+                        if index >= rounds:
                             break
                         continue
-                    decision = decide(self.options, trials)
+                    decision = decide(self.options, trials, len(disturbed))
                     if self._progress is not None:
-                        self._progress(progress_line(self.options, len(trials), decision))
+                        line = progress_line(self.options, len(trials), decision)
+                        if busy and share is not None:
+                            line += (
+                                f" [trial {index} disturbed: other processes used "
+                                f"{share:.0%} of the CPUs; repeated]"
+                            )
+                        self._progress(line)
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
                         break
@@ -164,9 +185,18 @@ class EnergyBenchmark:
             del exc
             _free_memory()
             reason = f"OOM at {input_tokens} input tokens ({output_tokens} output tokens)"
-            self._finish(input_tokens, output_tokens, OOM, trials, reason=reason)
+            self._finish(
+                input_tokens, output_tokens, OOM, trials, reason=reason, disturbed=disturbed
+            )
             pytest.skip(reason)
-        return self._finish(input_tokens, output_tokens, status, trials, resources=probe.usage)
+        return self._finish(
+            input_tokens,
+            output_tokens,
+            status,
+            trials,
+            resources=probe.usage,
+            disturbed=disturbed,
+        )
 
     def _call(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         self.calls += 1
@@ -196,6 +226,7 @@ class EnergyBenchmark:
         *,
         reason: str = "",
         resources: Any = None,
+        disturbed: list[Trial] | None = None,
     ) -> CaseResult:
         domains = self.meter.domains
         self.result = CaseResult(
@@ -212,6 +243,7 @@ class EnergyBenchmark:
             backend=self.meter.backend,
             reason=reason,
             resources=resources,
+            disturbed=tuple(disturbed or ()),
         )
         self._on_result(self.result)
         return self.result

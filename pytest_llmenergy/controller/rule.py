@@ -1,7 +1,10 @@
 """The stopping rule: repeat a case until every CI target holds, within a trial budget.
 
 The research behind this project repeated each case until the runtime's 95 %
-confidence interval was within 0.5 s of the mean, or 25 trials; those are the defaults.
+confidence interval was within 0.5 s of the mean, or 25 trials: the ``research`` rule.
+On its own that lets a 0.2 s case stop after 3 trials with an interval wider than its
+mean, so the ``default`` rule also asks for intervals within 5 % of the runtime and the
+energy, and for at least 1 s of measured time per case (within the trial limit).
 """
 
 from __future__ import annotations
@@ -17,18 +20,68 @@ from ..results import Trial
 from ..stats import Summary, summarize
 from .targets import CITarget, parse_ci_targets
 
-DEFAULT_TARGETS: tuple[CITarget, ...] = (CITarget("time_s", 0.5),)
+
+@dataclass(frozen=True)
+class Rule:
+    """A named stopping rule: CI targets that must all hold, and the measured time a
+    case needs at least, before it may stop (it always stops at the trial limit)."""
+
+    name: str
+    targets: tuple[CITarget, ...]
+    min_time_s: float
+    meaning: str
+
+
+RULES: dict[str, Rule] = {
+    r.name: r
+    for r in (
+        Rule(
+            "default",
+            (
+                CITarget("time_s", 0.5),
+                CITarget("time_s", 0.05, True),
+                CITarget("energy_j", 0.05, True),
+            ),
+            1.0,
+            "runtime CI within 0.5 s and 5 %, energy CI within 5 %, at least 1 s measured",
+        ),
+        Rule(
+            "research",
+            (CITarget("time_s", 0.5),),
+            0.0,
+            "the research's: runtime CI within 0.5 s of the mean",
+        ),
+    )
+}
+DEFAULT_RULE = "default"
+# A trial during which other processes used more than this share of the machine's CPU
+# capacity is disturbed: kept, left out of the statistics, and repeated.
+DEFAULT_MAX_BACKGROUND = 0.25
 
 
 @dataclass(frozen=True)
 class ControllerOptions:
+    """How cases are repeated.  Empty ``targets`` and a ``min_time_s`` of None take the
+    ``rule``'s; given ones replace them."""
+
     min_trials: int = 3
     max_trials: int = 25
     confidence: float = 0.95
     warmup: int = 1
-    targets: tuple[CITarget, ...] = DEFAULT_TARGETS
+    targets: tuple[CITarget, ...] = ()
+    max_background: float | None = DEFAULT_MAX_BACKGROUND  # None: never judged busy
+    rule: str = DEFAULT_RULE
+    min_time_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ConfigError(
+                f"unknown stopping rule {self.rule!r}; choose from: {', '.join(RULES)}"
+            )
+        if not self.targets:
+            object.__setattr__(self, "targets", RULES[self.rule].targets)
+        if self.min_time_s is None:
+            object.__setattr__(self, "min_time_s", RULES[self.rule].min_time_s)
         if not (isinstance(self.min_trials, int) and self.min_trials >= 1):
             raise ConfigError(f"min_trials must be an integer >= 1, got {self.min_trials!r}")
         if not (isinstance(self.max_trials, int) and self.max_trials >= self.min_trials):
@@ -42,14 +95,32 @@ class ControllerOptions:
             )
         if not (isinstance(self.warmup, int) and self.warmup >= 0):
             raise ConfigError(f"warmup must be an integer >= 0, got {self.warmup!r}")
-        if not self.targets:
-            raise ConfigError("at least one CI target is needed, e.g. time_s:0.5s")
+        if self.max_background is not None and not 0 < self.max_background <= 1:
+            raise ConfigError(
+                "max_background must be a share in (0, 1] such as 0.25, "
+                f"got {self.max_background!r}"
+            )
+        if not (self.min_time_s is not None and self.min_time_s >= 0):
+            raise ConfigError(f"min_time_s must be >= 0 seconds, got {self.min_time_s!r}")
+
+    @property
+    def min_time(self) -> float:
+        return self.min_time_s or 0.0
+
+    def disturbed(self, background_cpu: float | None) -> bool:
+        """Was a trial with this background CPU share taken on a busy machine?"""
+        return (
+            self.max_background is not None
+            and background_cpu is not None
+            and background_cpu > self.max_background
+        )
 
     def describe(self) -> str:
         targets = " and ".join(str(t) for t in self.targets)
+        least = f", at least {self.min_time:g} s measured" if self.min_time else ""
         return (
             f"{self.min_trials}-{self.max_trials} trials after {self.warmup} warm-up, "
-            f"until the {self.confidence:.0%} CI half-width meets {targets}"
+            f"until the {self.confidence:.0%} CI half-width meets {targets}{least}"
         )
 
 
@@ -81,11 +152,13 @@ class StopDecision:
     converged: bool  # every target holds
     summaries: Mapping[str, Summary] = field(default_factory=dict)  # figure key -> summary
     unmet: tuple[CITarget, ...] = ()
+    measured_s: float = 0.0  # runtime of the counted trials, for the rule's minimum
 
 
-def decide(options: ControllerOptions, trials: Sequence[Trial]) -> StopDecision:
+def decide(options: ControllerOptions, trials: Sequence[Trial], disturbed: int = 0) -> StopDecision:
     """Stop when, and only when, there are ``min_trials`` and every target holds, or at
-    ``max_trials``.  A target whose figure a trial lacks (no phases) never holds."""
+    ``max_trials`` measured in all (``disturbed`` ones count against the limit but not
+    in the statistics).  A target whose figure a trial lacks (no phases) never holds."""
     n = len(trials)
     summaries: dict[str, Summary] = {}
     for target in options.targets:
@@ -98,9 +171,12 @@ def decide(options: ControllerOptions, trials: Sequence[Trial]) -> StopDecision:
             clean if len(clean) == len(values) else [], options.confidence
         )
     unmet = tuple(t for t in options.targets if not t.holds(summaries[t.metric]))
-    converged = not unmet and n >= max(2, options.min_trials)
-    stop = converged or n >= options.max_trials
-    return StopDecision(stop=stop, converged=converged, summaries=summaries, unmet=unmet)
+    measured_s = math.fsum(t.seconds for t in trials)
+    converged = not unmet and n >= max(2, options.min_trials) and measured_s >= options.min_time
+    stop = converged or n + disturbed >= options.max_trials
+    return StopDecision(
+        stop=stop, converged=converged, summaries=summaries, unmet=unmet, measured_s=measured_s
+    )
 
 
 def progress_line(options: ControllerOptions, n: int, decision: StopDecision) -> str:
@@ -119,4 +195,6 @@ def progress_line(options: ControllerOptions, n: int, decision: StopDecision) ->
                 f"{target.metric} {s.mean:.4g} {unit} ±{s.half_width:.3g} "
                 f"({relation} {target.limit(s):.3g} {unit})"
             )
+    if decision.measured_s < options.min_time:
+        parts.append(f"measured {decision.measured_s:.3g} s (< {options.min_time:g} s)")
     return f"trial {n}: " + "; ".join(parts)

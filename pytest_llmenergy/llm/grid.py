@@ -90,6 +90,11 @@ class LLMCase:
         short = self.model.rstrip("/").rsplit("/", 1)[-1]
         return f"{short}-in{self.input_tokens}-out{self.output_tokens}"
 
+    @property
+    def positions(self) -> int:
+        """Positions the case occupies at its last token: what the model's context must hold."""
+        return self.input_tokens + self.output_tokens
+
     def labels(self) -> dict[str, str]:
         return {"sweep": self.sweep, "model": self.model}
 

@@ -8,6 +8,7 @@ marked on the innermost open measurement window at the first output token.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import gc
 import os
@@ -29,6 +30,51 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 # for nearly every causal LM of the last years.
 _FALLBACK_MAX_POSITIONS = 2048
 _TINY_HINT = "a built-in tiny model: " + ", ".join(TINY_MODELS)
+# Any one of these in a model folder means it ships a tokenizer (fast, SentencePiece,
+# BPE or WordPiece vocabularies).
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.tiktoken",
+)
+# How a model encodes positions: computed ones (rotary, ALiBi) can run past the context
+# the model was trained for; a learned table has no row beyond its last.
+ROTARY, ALIBI, LEARNED = "rotary", "alibi", "learned"
+_ROTARY_ATTRS = (
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "rotary_dim",
+    "rotary_pct",
+    "rotary_emb_base",
+    "partial_rotary_factor",
+)
+_ALIBI_MODEL_TYPES = ("bloom",)  # ALiBi always, with no setting that says so
+# Without an answer by then the hub counts as unreachable (its client retries for 30 s).
+_HUB_PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``check_model`` learns from a model's config, before any weights load."""
+
+    name: str
+    max_positions: int  # the context: input + output tokens of one case
+    position_kind: str  # ROTARY, ALIBI or LEARNED (also when the config does not say)
+
+    @property
+    def can_exceed_context(self) -> bool:
+        """Computed positions can go past ``max_positions``; a learned table cannot."""
+        return self.position_kind != LEARNED
+
+    @property
+    def positions_text(self) -> str:
+        """``its positions are rotary (RoPE)``: why it can or cannot run past its context."""
+        return positions_text(self.position_kind)
 
 
 @dataclass(frozen=True)
@@ -50,6 +96,10 @@ class LoadedModel:
     device: Any  # torch.device of the input embeddings: where input ids must go
     dtype: Any  # torch.dtype of the weights
     max_positions: int
+    position_kind: str = LEARNED  # ROTARY, ALIBI or LEARNED (see ModelInfo)
+    # Let cases run past max_positions (computed positions only): the research measured
+    # Llama-2-7B (context 4096) at 32 + 4096 tokens.
+    allow_beyond_context: bool = False
     _text_ids: list[int] | None = field(default=None, init=False, repr=False)
     _start: list[int] | None = field(default=None, init=False, repr=False)
 
@@ -63,6 +113,12 @@ class LoadedModel:
 
         if n < 1:
             raise ValueError(f"a prompt needs at least 1 token, got {n}")
+        if n > self.max_positions and not self._may_exceed_context:
+            # Checked before building it: a count such as 10**9 would fill the memory.
+            raise ConfigError(
+                f"a prompt of {n} tokens exceeds the {self.max_positions} positions of model "
+                f"{self.name!r}; {self._beyond_context_fix()}"
+            )
         if self._text_ids is None or self._start is None:
             self._text_ids = self._build_text_ids()
             self._start = self._start_ids()
@@ -89,10 +145,10 @@ class LoadedModel:
         if output_tokens < 1:
             raise ValueError(f"output_tokens must be at least 1, got {output_tokens}")
         n_in = int(input_ids.shape[1])
-        if n_in + output_tokens > self.max_positions:
+        if n_in + output_tokens > self.max_positions and not self._may_exceed_context:
             raise ValueError(
                 f"{n_in} input + {output_tokens} output tokens exceed the {self.max_positions} "
-                f"positions of model {self.name!r}"
+                f"positions of model {self.name!r}; {self._beyond_context_fix()}"
             )
         input_ids = input_ids.to(self.device)
         streamer = _streamer_class()(self._synchronize)
@@ -113,6 +169,19 @@ class LoadedModel:
         )
 
     # -- helpers -----------------------------------------------------------------
+    @property
+    def _may_exceed_context(self) -> bool:
+        return self.allow_beyond_context and self.position_kind != LEARNED
+
+    def _beyond_context_fix(self) -> str:
+        why = positions_text(self.position_kind)
+        if self.position_kind == LEARNED:
+            return f"use fewer tokens: {why}"
+        return (
+            "use fewer tokens, or load it with allow_beyond_context=True "
+            f"(--llm-allow-beyond-context): {why}"
+        )
+
     def _build_text_ids(self) -> list[int]:
         ids = self.tokenizer(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
         if not ids:
@@ -232,17 +301,32 @@ def check_model(
     device: str = "auto",
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
-) -> None:
+) -> ModelInfo:
     """Fail now, with load_model's one-line ConfigError, if the model cannot be loaded:
-    the device and dtype are checked and the model's config is read (no weights)."""
+    the device and dtype are checked, the config and tokenizer are read (no weights).
+
+    Seconds, so a session finds a bad model, or a case beyond the returned context,
+    before the first case rather than after the others' measurements.
+    """
     _checked_target(dtype, device)
     source = _resolve_source(name_or_path, cache_dir)
+    unreachable = _hub_unreachable(name_or_path)
+    hub: dict[str, Any] = {"local_files_only": True} if unreachable else {}
     try:
-        from transformers import AutoConfig
+        from transformers import AutoConfig, AutoTokenizer
 
-        AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **hub)
+        _check_tokenizer_files(name_or_path, source)  # after the config: is it a model folder
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, trust_remote_code=trust_remote_code, **hub
+        )
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-        raise _cannot_load(name_or_path, exc) from exc
+        raise _cannot_load(name_or_path, exc, unreachable) from exc
+    return ModelInfo(
+        name=name_or_path,
+        max_positions=_max_positions(config, tokenizer),
+        position_kind=position_kind(config),
+    )
 
 
 def load_model(
@@ -252,6 +336,7 @@ def load_model(
     device: str = "auto",
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
+    allow_beyond_context: bool = False,
 ) -> LoadedModel:
     """Load a built-in tiny model, a local checkpoint directory or a Hugging Face id.
 
@@ -260,30 +345,39 @@ def load_model(
     in half precision on a GPU (bfloat16 becomes float16 where the GPU lacks bfloat16)
     and uses float32 on the CPU, where half-precision kernels are slow or missing.
     ``cache_dir`` is where built-in tiny models are kept (see ``ensure_tiny_model``).
+    ``allow_beyond_context`` lets a model with rotary or ALiBi positions run prompts and
+    generations longer than its context; a model with learned positions never does.
+    A hub id is read from the HF cache alone when the hub cannot be reached.
     """
     import torch
 
     target = _checked_target(dtype, device)
     source = _resolve_source(name_or_path, cache_dir)
+    unreachable = _hub_unreachable(name_or_path)
+    hub: dict[str, Any] = {"local_files_only": True} if unreachable else {}
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **hub)
+        _check_tokenizer_files(name_or_path, source)  # after the config: is it a model folder
         torch_dtype = _resolve_dtype(dtype, target, config)
         kwargs: dict[str, Any] = {
             "trust_remote_code": trust_remote_code,
             _dtype_kwarg(): torch_dtype,
+            **hub,
         }
         if target == "auto":
             kwargs["device_map"] = "auto"
         elif target != "cpu":
             kwargs["device_map"] = {"": target}
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, trust_remote_code=trust_remote_code, **hub
+        )
         model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
     except _out_of_memory_error(torch):
         raise  # a real model too big for the device: not a configuration problem
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-        raise _cannot_load(name_or_path, exc) from exc
+        raise _cannot_load(name_or_path, exc, unreachable) from exc
     model.eval()
     embeddings = model.get_input_embeddings()
     weight = next(embeddings.parameters(), None) if embeddings is not None else None
@@ -295,6 +389,8 @@ def load_model(
         device=first.device,
         dtype=first.dtype,
         max_positions=_max_positions(model.config, tokenizer),
+        position_kind=position_kind(model.config),
+        allow_beyond_context=allow_beyond_context,
     )
 
 
@@ -308,11 +404,13 @@ class ModelPool:
         device: str = "auto",
         trust_remote_code: bool = False,
         cache_dir: Path | None = None,
+        allow_beyond_context: bool = False,
     ) -> None:
         self.dtype = dtype
         self.device = device
         self.trust_remote_code = trust_remote_code
         self.cache_dir = cache_dir
+        self.allow_beyond_context = allow_beyond_context
         self._current: LoadedModel | None = None
 
     @property
@@ -330,6 +428,7 @@ class ModelPool:
             device=self.device,
             trust_remote_code=self.trust_remote_code,
             cache_dir=self.cache_dir,
+            allow_beyond_context=self.allow_beyond_context,
         )
         return self._current
 
@@ -410,6 +509,74 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
+def _is_hub_id(name_or_path: str) -> bool:
+    """Neither a built-in model nor a directory (``_resolve_source`` refused other paths)."""
+    return not is_tiny(name_or_path) and not Path(name_or_path).expanduser().is_dir()
+
+
+def _check_tokenizer_files(name_or_path: str, source: str) -> None:
+    """A local folder without tokenizer files fails here, in words, not deep in transformers."""
+    if _is_hub_id(name_or_path):
+        return
+    folder = Path(source)
+    if any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        return
+    raise ConfigError(
+        f"model folder {name_or_path} has no tokenizer files ({' / '.join(_TOKENIZER_FILES)}): "
+        f"copy the tokenizer next to the weights"
+    )
+
+
+def _hub_unreachable(name_or_path: str) -> str | None:
+    """Why the hub cannot be reached for a hub id (None: reachable, offline mode or local).
+
+    One request without retries: unanswered, the hub client retries each file for 30 s
+    before it looks in its cache, so the loaders then read the cache alone.
+    """
+    if not _is_hub_id(name_or_path):
+        return None
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return None  # the hub client already reads its cache alone, at once
+    try:
+        get_session().head(constants.ENDPOINT, timeout=_HUB_PROBE_TIMEOUT_S)
+    except Exception as exc:  # the client's HTTP library decides the class (httpx, requests)
+        return f"{constants.ENDPOINT} cannot be reached: {_short_reason(exc)}"
+    return None
+
+
+def position_kind(config: Any) -> str:
+    """ROTARY or ALIBI when the config computes positions, else LEARNED (also unknown)."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    declared = getattr(text_config, "position_embedding_type", None)
+    if isinstance(declared, str) and declared.lower() in ("rotary", "rope"):
+        return ROTARY
+    attn_config = getattr(text_config, "attn_config", None)
+    alibi = getattr(text_config, "alibi", None)
+    if alibi is None and attn_config is not None:  # MPT keeps it with the attention settings
+        alibi = (
+            attn_config.get("alibi")
+            if isinstance(attn_config, dict)
+            else getattr(attn_config, "alibi", None)
+        )
+    if alibi is True or getattr(text_config, "model_type", None) in _ALIBI_MODEL_TYPES:
+        return ALIBI
+    if any(getattr(text_config, attr, None) is not None for attr in _ROTARY_ATTRS):
+        return ROTARY
+    return LEARNED
+
+
+def positions_text(kind: str) -> str:
+    """Why a model of this position kind can or cannot run past its context, for messages."""
+    if kind == ROTARY:
+        return "its positions are rotary (RoPE), computed for any length"
+    if kind == ALIBI:
+        return "its positions are ALiBi biases, computed for any length"
+    return "its positions are a learned table (no rotary or ALiBi settings in its config)"
+
+
 def _resolve_dtype(dtype: str, target: str, config: Any) -> Any:
     import torch
 
@@ -442,7 +609,13 @@ def _dtype_kwarg() -> str:
 
 def _max_positions(config: Any, tokenizer: Any) -> int:
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    for attr in (
+        "max_position_embeddings",
+        "n_positions",
+        "max_sequence_length",
+        "seq_length",
+        "max_seq_len",
+    ):
         value = getattr(text_config, attr, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -452,9 +625,16 @@ def _max_positions(config: Any, tokenizer: Any) -> int:
     return _FALLBACK_MAX_POSITIONS
 
 
-def _cannot_load(name_or_path: str, exc: BaseException) -> ConfigError:
+def _cannot_load(
+    name_or_path: str, exc: BaseException, unreachable: str | None = None
+) -> ConfigError:
+    reason = _short_reason(exc)
+    if unreachable and isinstance(exc, OSError):
+        reason = f"it is not in the Hugging Face cache and {unreachable}"
+    close = difflib.get_close_matches(name_or_path, list(TINY_MODELS), n=1)
+    guess = f"did you mean {close[0]}? Else " if close else ""
     return ConfigError(
-        f"cannot load model {name_or_path!r}: {_short_reason(exc)}; use a local checkpoint "
+        f"cannot load model {name_or_path!r}: {reason}; {guess}use a local checkpoint "
         f"directory, a Hugging Face id that is downloadable or already in the HF cache, "
         f"or {_TINY_HINT}"
     )

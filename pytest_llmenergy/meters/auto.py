@@ -49,10 +49,29 @@ class CompositeMeter(Meter):
         for meter in meters:
             notes.extend(meter.notes)
         self.notes = tuple(notes)
+        # Only a part with background work needs the start/stop bookkeeping.
+        self._uses_start_stop = any(m._uses_start_stop for m in meters)
 
     @property
     def domains(self) -> Mapping[str, Domain]:
         return self._domains
+
+    @property
+    def kind(self) -> str:
+        return "+".join(m.kind for m in self.meters)
+
+    def settings(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for meter in self.meters:
+            out.update(meter.settings())
+        return out
+
+    @property
+    def resolution_s(self) -> float | None:
+        """The coarsest part's: a window's total is only as fine as its coarsest domain."""
+        parts = [m.resolution_s for m in self.meters]
+        known = [r for r in parts if r is not None]
+        return max(known) if len(known) == len(parts) else None
 
     def _read(self) -> Reading:
         states = tuple(m._read() for m in self.meters)

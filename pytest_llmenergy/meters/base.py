@@ -13,11 +13,13 @@ import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 class Method(str, Enum):
@@ -141,6 +143,14 @@ class Meter(ABC):
         self.idle_power_w: dict[str, float] = {}
         self._active = 0
         self._active_lock = threading.Lock()
+        # Set by subclasses that know it once they are open; see ``resolution_s``.
+        self._resolution_s: float | None = None
+        # Whether windows must call _start/_stop: a meter that overrides neither has no
+        # background work, and its windows skip the lock that orders them (a subclass
+        # that overrides them may still clear this when, once open, they do nothing).
+        self._uses_start_stop = (
+            type(self)._start is not Meter._start or type(self)._stop is not Meter._stop
+        )
 
     # -- what subclasses provide -------------------------------------------------
     @property
@@ -166,10 +176,37 @@ class Meter(ABC):
         """Power samples taken within [t0, t1]; counter meters have none."""
         return ()
 
+    @property
+    def kind(self) -> str:
+        """The meter that actually measures, whatever name chose it: ``auto`` resolving to
+        the estimate is the estimate.  Runs of different kinds are not comparable."""
+        return self.backend
+
+    def settings(self) -> dict[str, str]:
+        """Settings that change the figures themselves (the estimate's TDP), by label."""
+        return {}
+
+    def identity(self) -> dict[str, str]:
+        """What two runs must share for their energies to be compared."""
+        counted = [name for name, d in self.domains.items() if d.counted]
+        return {"meter": self.kind, "domains": ", ".join(counted), **self.settings()}
+
+    @property
+    def resolution_s(self) -> float | None:
+        """The shortest stretch of time whose energy this meter can tell apart.
+
+        A counter's update period, a sampler's interval; None when unknown.  A window
+        much shorter than this sees the energy of whole update periods or none at all.
+        """
+        return self._resolution_s
+
     def describe(self) -> str:
         """One line for the report header: what measures which domain, and how."""
         doms = ", ".join(f"{d.name} ({d.method})" for d in self.domains.values())
-        return f"{self.backend}: {doms}"
+        resolution_s = self.resolution_s
+        if resolution_s is None:
+            return f"{self.backend}: {doms}"
+        return f"{self.backend}: {doms}; resolution {duration_text(resolution_s)}"
 
     def close(self) -> None:
         """Release the library or device handles."""
@@ -191,6 +228,8 @@ class Meter(ABC):
         return dict(self.idle_power_w)
 
     def _acquire(self) -> None:
+        if not self._uses_start_stop:
+            return
         with self._active_lock:
             self._active += 1
             if self._active == 1:
@@ -201,6 +240,8 @@ class Meter(ABC):
                     raise
 
     def _release(self) -> None:
+        if not self._uses_start_stop:
+            return
         with self._active_lock:
             self._active -= 1
             if self._active == 0:
@@ -213,8 +254,19 @@ class Meter(ABC):
         self.close()
 
 
+def duration_text(seconds: float) -> str:
+    """A short duration for people: ``100 ms``, ``1 ms``, ``15.6 ms``, ``1 us``, ``2 s``."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
 class Window:
     """One measurement window; after the ``with`` block it carries the result."""
+
+    __slots__ = ("_first_phase", "_marks", "_meter", "_result", "_token")  # cheaper per window
 
     def __init__(self, meter: Meter, phase: str) -> None:
         self._meter = meter
@@ -226,11 +278,15 @@ class Window:
     def __enter__(self) -> Window:
         if self._marks:
             raise RuntimeError("a measurement window can be entered only once")
-        self._meter._acquire()
+        meter = self._meter
+        uses_start_stop = meter._uses_start_stop
+        if uses_start_stop:
+            meter._acquire()
         try:
-            self._marks.append((self._first_phase, self._meter._read()))
+            self._marks.append((self._first_phase, meter._read()))
         except BaseException:
-            self._meter._release()
+            if uses_start_stop:
+                meter._release()
             raise
         self._token = _innermost.set(self)
         return self
@@ -263,6 +319,9 @@ class Window:
         if self._token is not None:
             _innermost.reset(self._token)
             self._token = None
+        if not meter._uses_start_stop:
+            self._result = _build(meter, self._marks, meter._read())
+            return
         try:
             end = meter._read()
             self._result = _build(meter, self._marks, end)
@@ -324,33 +383,109 @@ def mark_phase(phase: str, *, ending: str | None = None) -> bool:
     return True
 
 
+_object_new = object.__new__
+_object_setattr = object.__setattr__
+
+
+def _frozen(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass ``cls`` made from every one of its fields.
+
+    A window's close builds a measurement (and a phase per mark, when read); the frozen
+    ``__init__`` sets each field through ``object.__setattr__``, which costs more than
+    the counter reads themselves.  ``fields`` must name them all (a test checks it).
+    """
+    obj = _object_new(cls)
+    _object_setattr(obj, "__dict__", fields)
+    return obj
+
+
+class _Phases(Mapping[str, Phase]):
+    """A window's phases, made into :class:`Phase` objects the first time one is read.
+
+    Their energies are computed when the window closes (a sampling meter forgets its
+    samples soon after); only the objects wait.  Most windows have a single phase whose
+    figures are the window's own and that no one reads: building it would cost as much
+    as a counter read.
+    """
+
+    __slots__ = ("_built", "_domains", "_idle", "_spans", "_start_t")
+
+    def __init__(
+        self,
+        spans: list[tuple[str, float, float, dict[str, float]]],
+        domains: dict[str, Domain],
+        idle: dict[str, float],
+        start_t: float,
+    ) -> None:
+        self._spans = spans  # (name, t0, t1, joules by domain), in time order
+        self._domains = domains
+        self._idle = idle
+        self._start_t = start_t
+        self._built: dict[str, Phase] | None = None
+
+    def _phases(self) -> dict[str, Phase]:
+        built = self._built
+        if built is None:
+            domains, idle, start_t = self._domains, self._idle, self._start_t
+            built = {
+                name: _frozen(
+                    Phase,
+                    {
+                        "seconds": t1 - t0,
+                        "by_domain": by_domain,
+                        "domains": domains,
+                        "idle_power_w": idle,
+                        "name": name,
+                        "offset_s": t0 - start_t,
+                    },
+                )
+                for name, t0, t1, by_domain in self._spans
+            }
+            self._built = built
+        return built
+
+    def __getitem__(self, name: str) -> Phase:
+        return self._phases()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return (span[0] for span in self._spans)
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def __contains__(self, name: object) -> bool:
+        return any(span[0] == name for span in self._spans)
+
+    def __repr__(self) -> str:
+        return repr(self._phases())
+
+
 def _build(meter: Meter, marks: list[tuple[str, Reading]], end: Reading) -> Measurement:
     domains = dict(meter.domains)
     idle = dict(meter.idle_power_w)
     start = marks[0][1]
-    edges = [*marks, ("", end)]
-    phases: dict[str, Phase] = {}
-    for (name, a), (_, b) in itertools.pairwise(edges):
-        phases[name] = Phase(
-            seconds=b.t - a.t,
-            by_domain=meter._energy_j(a, b),
-            domains=domains,
-            idle_power_w=idle,
-            name=name,
-            offset_s=a.t - start.t,
-        )
-    if len(phases) == 1:
-        by_domain = dict(next(iter(phases.values())).by_domain)
+    energy_j = meter._energy_j
+    spans: list[tuple[str, float, float, dict[str, float]]]
+    if len(marks) == 1:  # no mark: one phase, the whole window
+        by_domain = energy_j(start, end)
+        spans = [(marks[0][0], start.t, end.t, dict(by_domain))]
     else:
-        by_domain = {name: sum(p.by_domain[name] for p in phases.values()) for name in domains}
-    return Measurement(
-        seconds=end.t - start.t,
-        by_domain=by_domain,
-        domains=domains,
-        idle_power_w=idle,
-        phases=phases,
-        samples=meter._samples(start.t, end.t),
-        t_start=start.t,
-        t_end=end.t,
-        backend=meter.backend,
+        edges = [*marks, ("", end)]
+        spans = [
+            (name, a.t, b.t, energy_j(a, b)) for (name, a), (_, b) in itertools.pairwise(edges)
+        ]
+        by_domain = {name: sum(span[3][name] for span in spans) for name in domains}
+    return _frozen(
+        Measurement,
+        {
+            "seconds": end.t - start.t,
+            "by_domain": by_domain,
+            "domains": domains,
+            "idle_power_w": idle,
+            "phases": _Phases(spans, domains, idle, start.t),
+            "samples": meter._samples(start.t, end.t),
+            "t_start": start.t,
+            "t_end": end.t,
+            "backend": meter.backend,
+        },
     )

@@ -1,7 +1,8 @@
 """The ``estimate`` backend: CPU energy from TDP x utilization, for machines without sensors.
 
-There is no power reading at all: the process's CPU time is a counter, and each
-CPU-second is charged ``TDP / logical CPUs`` joules, i.e. a process keeping every
+There is no power reading at all: the CPU time of this process and its children
+(live or finished, see ``process_tree.py``) is a counter, and each CPU-second is
+charged ``TDP / logical CPUs`` joules, i.e. a process tree keeping every
 available CPU busy draws the full TDP and an idle one draws nothing.  This is the
 CodeCarbon-style model; it ignores memory, GPU, turbo and idle power, so every
 joule it gives is marked :attr:`~.base.Method.ESTIMATED`.
@@ -19,28 +20,12 @@ from ..errors import MeterUnavailable
 from .base import Domain, Meter, Method, Reading
 from .cpu_tdp import TdpLookup, cpu_brand, resolve_tdp
 from .options import MeterOptions
+from .process_tree import ProcessTreeCpu
 
 DOMAIN = "cpu:process"
 
 CpuSecondsSource = Callable[[], float]
 Clock = Callable[[], float]
-
-
-def process_cpu_seconds(
-    process_time: Callable[[], float] = time.process_time,
-    times: Callable[[], Any] = os.times,
-) -> CpuSecondsSource:
-    """User + system CPU seconds of this process and of its children that were waited for.
-
-    ``time.process_time`` has nanosecond resolution (psutil's /proc figures come in
-    10 ms ticks, too coarse for a 30 ms trial); children are rare and use ``os.times``.
-    """
-
-    def read() -> float:
-        t = times()
-        return process_time() + t.children_user + t.children_system
-
-    return read
 
 
 def machine_logical_cpus(psutil_module: Any = None) -> int:
@@ -75,11 +60,13 @@ class EstimateMeter(Meter):
         self.watts_per_cpu = tdp.watts / logical_cpus  # joules per CPU-second
         self._cpu_seconds = cpu_seconds
         self._clock = clock
+        self._resolution_s = time.get_clock_info("process_time").resolution  # CPU-time tick
         self._domains: Mapping[str, Domain] = MappingProxyType(
             {DOMAIN: Domain(DOMAIN, Method.ESTIMATED)}
         )
         self.notes: list[str] = [
-            "estimated, not measured: CPU TDP x this process's CPU utilization"
+            "estimated, not measured: CPU TDP x the CPU utilization of this process and"
+            " its children"
             " (memory, GPU and idle power are not included)",
             f"TDP {tdp.watts:g} W ({tdp.source})",
             f"CPU {brand!r}, {logical_cpus} logical CPUs on the machine"
@@ -97,10 +84,13 @@ class EstimateMeter(Meter):
         cpu_s = b.state - a.state
         return {DOMAIN: self.watts_per_cpu * cpu_s}
 
+    def settings(self) -> dict[str, str]:
+        return {"TDP": f"{self.tdp.watts:g} W"}
+
     def describe(self) -> str:
         return (
             f"{self.backend}: {DOMAIN} ({Method.ESTIMATED}), TDP {self.tdp.watts:g} W"
-            f" [{self.tdp.source}] x process CPU-seconds / {self.logical_cpus} logical CPUs"
+            f" [{self.tdp.source}] x process-tree CPU-seconds / {self.logical_cpus} logical CPUs"
         )
 
 
@@ -113,4 +103,5 @@ def create(options: MeterOptions) -> EstimateMeter:
     logical_cpus = machine_logical_cpus(psutil)
     brand = cpu_brand()
     tdp = resolve_tdp(brand, logical_cpus, options.cpu_tdp_w)
-    return EstimateMeter(tdp, logical_cpus, process_cpu_seconds(), time.perf_counter, brand)
+    tree = ProcessTreeCpu()
+    return EstimateMeter(tdp, logical_cpus, tree.read, time.perf_counter, brand)

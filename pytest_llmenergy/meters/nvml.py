@@ -1,7 +1,9 @@
 """NVIDIA GPUs through NVML (the ``nvidia-ml-py`` package, module ``pynvml``).
 
 Volta and newer GPUs keep a total-energy counter in millijoules: reading it at the
-window's edges costs two calls and no thread.  Older GPUs (or boards whose counter is
+window's edges costs two calls and no thread.  The driver refreshes it only every few
+to a hundred milliseconds, so the meter times that period once when it opens and
+reports it as its resolution.  Older GPUs (or boards whose counter is
 unsupported) are sampled for power in a background thread, only while a window is
 open.  The GPUs measured are the ones CUDA sees, numbered as CUDA numbers them, so
 ``gpu:i`` is what torch calls ``cuda:i``.
@@ -12,17 +14,19 @@ open.  The GPUs measured are the ones CUDA sees, numbered as CUDA numbers them, 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
+import statistics
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from time import perf_counter
 from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
-from .base import Domain, Meter, Method, PowerSample, Reading
+from .base import Domain, Meter, Method, PowerSample, Reading, _frozen, duration_text
 from .options import MeterOptions
 from .sampling import PowerSampler, integrate_instant
 
@@ -31,6 +35,11 @@ DEFAULT_INTERVAL_S = 0.1
 INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'pytest-llmenergy[nvml]'"
 FALLBACK_HINT = "use --energy-backend=auto or estimate"
 SAMPLER_THREAD_NAME = "llmenergy-nvml-sampler"
+# Timing the counters' update period at open: every counter GPU is polled in turn in one
+# tight loop, which stops once each has shown this many updates, or after the cap (so
+# opening stays well under a second even with a 100 ms counter on every GPU).
+PERIOD_PROBE_MAX_S = 0.3
+PERIOD_PROBE_INTERVALS = 3
 
 # Fallbacks for the pynvml constants we use, in case an old nvidia-ml-py lacks one.
 _ARCH_VOLTA = 5
@@ -70,6 +79,7 @@ _INIT_HINTS = {
 }
 
 _INT_ENTRY = re.compile(r"([+-]?)(\d+)")
+_modules = sys.modules  # read at every reading: is torch (and so maybe CUDA) in use?
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,44 @@ class NvmlGpu:
     name: str
     method: Method
     note: str
+    # Counter: the measured update period; sampled: the sampling interval; None: unknown.
+    resolution_s: float | None = None
+
+
+def counter_periods_s(
+    read_mj: Callable[[Any], int],
+    handles: Sequence[Any],
+    max_s: float = PERIOD_PROBE_MAX_S,
+    intervals: int = PERIOD_PROBE_INTERVALS,
+    clock: Callable[[], float] = perf_counter,
+) -> list[float | None]:
+    """Each counter's update period: the median time between changes of its value.
+
+    A window shorter than the period sees either nothing or a whole period's energy,
+    so the period is what the meter can resolve.  The counters are polled in turn, all
+    within ``max_s``; one that changed fewer than twice in that time gets None.
+    """
+    last = [read_mj(handle) for handle in handles]
+    changes: list[list[float]] = [[] for _ in handles]
+    pending = list(range(len(handles)))
+    deadline = clock() + max_s
+    while pending and clock() < deadline:
+        for i in pending:
+            value = read_mj(handles[i])
+            if value != last[i]:
+                last[i] = value
+                changes[i].append(clock())
+        pending = [i for i in pending if len(changes[i]) <= intervals]
+    return [
+        statistics.median(b - a for a, b in itertools.pairwise(times)) if len(times) > 1 else None
+        for times in changes
+    ]
+
+
+def _period_text(period_s: float | None) -> str:
+    if period_s is None:
+        return f"update period unknown (fewer than 2 updates in {PERIOD_PROBE_MAX_S:g} s)"
+    return f"updates every {duration_text(period_s)}"
 
 
 def create(options: MeterOptions) -> NvmlMeter:
@@ -262,23 +310,41 @@ class NvmlMeter(Meter):
             name = _text(nvml.nvmlDeviceGetName(handle))
             uuid = _text(nvml.nvmlDeviceGetUUID(handle))
             why_sampled = self._counter_problem(handle)
+            resolution_s: float | None
             if why_sampled is None:
                 method = Method.COUNTER
                 note = f"{domain} {name}: counter (NVML total energy, mJ)"
                 counter_handles.append(handle)
                 counter_names.append(domain)
+                resolution_s = None  # timed below, with the other counters
             else:
                 method = Method.SAMPLED
                 read, source = self._power_reader(handle, domain, name)
                 note = f"{domain} {name}: sampled ({why_sampled}; {source} every {interval_s:g} s)"
                 readers.append((domain, read))
+                resolution_s = interval_s
             if index in visible.mig_entries:
                 note += (
                     f"; CUDA sees MIG device(s) {', '.join(visible.mig_entries[index])} of it, "
                     "but the energy is the whole GPU's, other MIG instances' work included"
                 )
-            devices.append(NvmlGpu(domain, index, uuid, name, method, note))
-            self.notes.append(note)
+            devices.append(NvmlGpu(domain, index, uuid, name, method, note, resolution_s))
+
+        periods = counter_periods_s(nvml.nvmlDeviceGetTotalEnergyConsumption, counter_handles)
+        period_of = dict(zip(counter_names, periods))
+        for i, device in enumerate(devices):
+            if device.domain in period_of:
+                period_s = period_of[device.domain]
+                note = device.note.replace(
+                    "counter (NVML total energy, mJ)",
+                    f"counter (NVML total energy, mJ), {_period_text(period_s)}",
+                    1,
+                )
+                devices[i] = replace(device, note=note, resolution_s=period_s)
+            self.notes.append(devices[i].note)
+        # The coarsest GPU sets what the meter resolves; one unknown makes it unknown.
+        known_s = [d.resolution_s for d in devices if d.resolution_s is not None]
+        self._resolution_s = max(known_s) if len(known_s) == len(devices) else None
 
         names = {d.name for d in devices}
         if len(names) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
@@ -301,6 +367,8 @@ class NvmlMeter(Meter):
                 return {name: read() for name, read in read_all}
 
             self._sampler = PowerSampler(read_power_w, interval_s, SAMPLER_THREAD_NAME)
+        else:
+            self._uses_start_stop = False  # counters only: no sampler to start or stop
 
     def _counter_problem(self, handle: Any) -> str | None:
         """Why this GPU cannot use the energy counter, or None when it can."""
@@ -370,7 +438,7 @@ class NvmlMeter(Meter):
         return self._domains
 
     def _read(self) -> Reading:
-        torch = sys.modules.get("torch")
+        torch = _modules.get("torch")
         if torch is not None:
             self._sync_cuda(torch)
         try:
@@ -379,13 +447,12 @@ class NvmlMeter(Meter):
             state = tuple(map(self._energy_mj, self._counter_handles))
         except self._nvml_error as exc:
             raise MeterError(f"NVML reading failed: {_one_line(exc)}") from exc
-        return Reading(t, state)
+        return _frozen(Reading, {"t": t, "state": state})  # Reading(t, state), a bit cheaper
 
     def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
-        out = {
-            name: (mj_b - mj_a) / 1000.0
-            for name, mj_a, mj_b in zip(self._counter_names, a.state, b.state)
-        }
+        out: dict[str, float] = {}
+        for name, mj_a, mj_b in zip(self._counter_names, a.state, b.state):
+            out[name] = (mj_b - mj_a) / 1000.0
         if self._sampler is not None:
             samples = self._sampler.bracket(a.t, b.t)
             out.update(integrate_instant(samples, a.t, b.t, self._sampled_names))

@@ -336,6 +336,7 @@ class PowermetricsMeter(Meter):
         if not interval_s > 0:
             raise ValueError(f"sample interval must be > 0 s, got {interval_s}")
         self.interval_s = interval_s
+        self._resolution_s = interval_s  # one mean power per interval: nothing finer
         self.command = list(command) if command is not None else default_command()
         self.start_timeout_s = start_timeout_s
         self._cond = threading.Condition()

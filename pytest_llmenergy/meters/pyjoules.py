@@ -18,6 +18,11 @@ from .options import MeterOptions
 from .rapl import PERMISSION_HINT
 
 BACKEND = "pyjoules"
+# What pyJoules' counters resolve: RAPL registers update about every 1 ms; NVML's GPU
+# counter every 20 to 100 ms depending on the board (the nvml meter times it; through
+# pyJoules we cannot, so the coarse end is assumed).
+RAPL_UPDATE_PERIOD_S = 0.001
+NVML_UPDATE_PERIOD_S = 0.1
 _RAPL_RE = re.compile(r"^(package|dram|core|uncore)_(\d+)$")
 _GPU_RE = re.compile(r"^nvidia_gpu_(\d+)$")
 
@@ -44,6 +49,8 @@ class PyJoulesMeter(Meter):
         self._domains = {dom.name: dom for dom, _ in mapped}
         self._names = [dom.name for dom, _ in mapped]
         self._scale = [scale for _, scale in mapped]
+        gpu = any(name.startswith("gpu:") for name in self._names)
+        self._resolution_s = NVML_UPDATE_PERIOD_S if gpu else RAPL_UPDATE_PERIOD_S
         self.notes = (
             "pyjoules: " + ", ".join(f"{n} as {d}" for n, d in zip(names, self._names)),
             "pyjoules: counters are read at the window's edges; pyJoules does not handle "

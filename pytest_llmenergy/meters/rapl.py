@@ -26,6 +26,7 @@ _ZONE_RE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
 _ASSUMED_MAX_POWER_W = 1000.0
 _GUARD_MAX_S = 1.0
 _GUARD_MIN_S = 0.001
+RAPL_UPDATE_PERIOD_S = 0.001  # the registers update about every millisecond: the resolution
 
 PERMISSION_HINT = (
     "energy_uj is readable only by root on most kernels since 2020 (CVE-2020-8694); "
@@ -150,6 +151,7 @@ class RaplMeter(Meter):
         self._lock = threading.Lock()
         self._guard = PeriodicThread(self._poll, guard_s, "rapl wrap guard")
         self.guard_s = guard_s
+        self._resolution_s = RAPL_UPDATE_PERIOD_S
         self.notes = (
             f"rapl: {len(zones)} zones under {root}, read every {guard_s:g} s "
             "while a window is open so that no counter wrap is missed",

@@ -37,6 +37,11 @@ class PeriodicThread:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
+    @property
+    def interval_s(self) -> float:
+        """Time between calls: what a sampler built on it can resolve."""
+        return self._interval_s
+
     def start(self) -> None:
         self._stop_event.clear()
         self._error = None
@@ -129,6 +134,11 @@ class PowerSampler:
         self._clock = clock
         self._buffer = SampleBuffer()
         self._thread = PeriodicThread(self.sample_now_discard, interval_s, name)
+
+    @property
+    def interval_s(self) -> float:
+        """The sampling interval: the meter's resolution for the domains it samples."""
+        return self._thread.interval_s
 
     def start(self) -> None:
         self._thread.start()

@@ -133,14 +133,18 @@ def energy_benchmark(request: pytest.FixtureRequest, energy_meter: Meter) -> Ene
     ``energy_benchmark(fn, *args, input_tokens=N, output_tokens=M)``."""
     config = request.config
     node = request.node
+    controller = config.stash[CASE_PLAN].controller_for(node)
     return EnergyBenchmark(
         energy_meter,
-        config.stash[CASE_PLAN].controller_for(node),
+        controller,
         nodeid=node.nodeid,
         name=node.name,
         labels=case_labels(node),
         on_result=config.stash[CASE_RESULTS].add,
         progress=_progress_writer(request),
+        background=(
+            config.stash[METERING].background if controller.max_background is not None else None
+        ),
     )
 
 

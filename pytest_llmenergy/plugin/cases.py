@@ -2,11 +2,14 @@
 
 The grid's cases parametrize the tests that ask for ``llm_input_case`` or
 ``llm_output_case``; every ``@pytest.mark.llmenergy`` is checked at collection (not
-mid-run); models that cannot load stop the session before the first case; energy
-benchmark cases run in a random order whose seed the header prints.
+mid-run); models that cannot load, and cases longer than their model's context, stop
+the session before the first case; energy benchmark cases run in a random order whose
+seed the header prints.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +19,9 @@ from ..errors import ConfigError
 from ..llm.grid import INPUT_SWEEP, OUTPUT_SWEEP, LLMCase
 from .measuring import header_lines
 from .options import LLMSettings, OrderSettings
+
+if TYPE_CHECKING:
+    from ..llm.loader import ModelInfo
 
 MARKER = "llmenergy"
 BENCHMARK_FIXTURE = "energy_benchmark"
@@ -135,15 +141,21 @@ class CasePlan:
         return header_lines(config, lines)
 
     def _check_models(self, items: list[pytest.Item]) -> None:
-        """A model that cannot load stops the session now, not once per case."""
-        models = sorted({case_labels(i).get("model", "") for i in items if is_llm_case(i)})
-        if not models:
+        """A model that cannot load, or a case longer than its model's context, stops the
+        session now: before any weights load, not once per case or after hours of others."""
+        by_model: dict[str, list[LLMCase]] = {}
+        for item in items:
+            case = llm_case(item)
+            if case is not None:
+                by_model.setdefault(case.model, []).append(case)
+        if not by_model:
             return
         from ..llm.loader import check_model
 
-        for model in models:
+        problems: list[tuple[str, str]] = []  # (model, what is wrong and how to fix it)
+        for model in sorted(by_model):
             try:
-                check_model(
+                info = check_model(
                     model,
                     dtype=self.llm.dtype,
                     device=self.llm.device,
@@ -151,6 +163,51 @@ class CasePlan:
                 )
             except ConfigError as exc:
                 raise pytest.UsageError(f"--llm-model={model}: {exc}") from None
+            problem = beyond_context(info, by_model[model], self.llm.allow_beyond_context)
+            if problem:
+                problems.append((model, problem))
+        if problems:
+            (model, problem), others = problems[0], [m for m, _ in problems[1:]]
+            also = f" (and the same for {', '.join(others)})" if others else ""
+            raise pytest.UsageError(f"--llm-model={model}: {problem}{also}")
+
+
+def llm_case(item: pytest.Item) -> LLMCase | None:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return next((v for v in params if isinstance(v, LLMCase)), None)
+
+
+_SHOWN_CASES = 2  # the first few offending cases in the message; the count says the rest
+_TOKEN_FIX = "lower --llm-input-tokens/--llm-output-tokens"
+
+
+def beyond_context(info: ModelInfo, cases: list[LLMCase], allow: bool) -> str | None:
+    """What is wrong with the cases longer than the model's context, and the fixes; None
+    when they all fit (or may run past it: computed positions and ``allow``)."""
+    if allow and info.can_exceed_context:
+        return None
+    over = sorted(
+        {c for c in cases if c.positions > info.max_positions}, key=lambda c: (c.positions, c.id)
+    )
+    if not over:
+        return None
+    total = len(set(cases))
+    shown = ", ".join(f"{c.id} ({c.positions})" for c in over[:_SHOWN_CASES])
+    more = ", ..." if len(over) > _SHOWN_CASES else ""
+    verb = "needs" if len(over) == 1 else "need"
+    what = (
+        f"{len(over)} of {total} cases {verb} more than the model's context of "
+        f"{info.max_positions} positions (input + output tokens): {shown}{more}"
+    )
+    if not info.can_exceed_context:
+        flag = " (--llm-allow-beyond-context cannot help)" if allow else ""
+        return f"{what}; {_TOKEN_FIX}: {info.positions_text}{flag}"
+    return (
+        f"{what}; {_TOKEN_FIX}, or add --llm-allow-beyond-context to run past the context: "
+        f"{info.positions_text} (the research measured Llama-2-7B, context 4096, at 4128 "
+        "positions this way)"
+    )
 
 
 CASE_PLAN = pytest.StashKey[CasePlan]()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..compare import Comparison, compare_cases, comparison_table, verdict_line
+from ..compare import Comparison, compare_cases, comparison_table, unlike_meters, verdict_line
 from ..errors import ConfigError
 from ..export import export_text
 from ..results import CaseResult
@@ -113,7 +113,14 @@ class Keeper:
         for line in render([comparison_table(comparison)], "table", width=width).splitlines():
             terminalreporter.write_line(line)
         failed = comparison.failed
-        write(verdict_line(comparison), red=failed, green=not failed, bold=True)
+        unsure = bool(comparison.inconclusive or comparison.not_comparable)
+        write(
+            verdict_line(comparison),
+            red=failed or (unsure and self.settings.strict),
+            yellow=unsure and not failed,
+            green=not (failed or unsure),
+            bold=True,
+        )
 
     # -- saving and comparing ------------------------------------------------------
     def _open(self) -> None:
@@ -124,7 +131,7 @@ class Keeper:
         assert meter is not None
         keep = self.settings
         machine = machine_info()
-        self.hardware = hardware_key(machine, meter.backend)
+        self.hardware = hardware_key(machine, meter.kind)
         storage = Storage(keep.storage)
         if keep.compare:
             self._load_baseline(storage, keep.compare)
@@ -200,6 +207,8 @@ class Keeper:
         """Compare, then write the run's last state; True when an energy gate failed."""
         failed = False
         if self.baseline is not None and self.results:
+            meter = self.metering.meter
+            identity = meter.identity() if meter is not None else {}
             self.comparison = compare_cases(
                 self.baseline.cases,
                 self.results,
@@ -207,8 +216,12 @@ class Keeper:
                 confidence=self.options.controller.confidence,
                 baseline_label=self.baseline.label,
                 current_label="this run",
+                not_comparable=unlike_meters(self.baseline.meter_identity, identity),
             )
-            failed = self.comparison.failed
+            unsure = bool(self.comparison.inconclusive) or bool(
+                self.settings.gates and self.comparison.not_comparable
+            )
+            failed = self.comparison.failed or (self.settings.strict and unsure)
         self._export()
         if self.recorder is not None:
             final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)

@@ -12,6 +12,7 @@ import pytest
 
 from ..errors import ConfigError, LLMEnergyError, MeterUnavailable
 from ..meters import BUILTIN_BACKENDS, Meter, MeterFactory, MeterOptions, backend_names, open_meter
+from ..meters.background import BackgroundCpu
 from ..tables import wrap
 from .options import MeasureSettings
 
@@ -36,6 +37,15 @@ class Metering:
         self.options = options
         self.meter: Meter | None = None
         self.extra_backends: dict[str, MeterFactory] = {}
+        self._background: BackgroundCpu | None = None
+
+    @property
+    def background(self) -> BackgroundCpu:
+        """What the rest of the machine does: read around every trial (made on first use,
+        so a session without energy cases does not pay for it)."""
+        if self._background is None:
+            self._background = BackgroundCpu()
+        return self._background
 
     # -- hooks ---------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -98,6 +108,7 @@ class Metering:
         return {
             "backend": self.meter.backend,
             "requested": self.settings.backend,
+            "identity": self.meter.identity(),
             "description": self.meter.describe(),
             "notes": list(self.meter.notes),
             "domains": {

@@ -20,7 +20,7 @@ import pytest
 
 from .. import values
 from ..compare import GATE_EXAMPLES, Gate, parse_gates
-from ..controller.rule import MARKER_KWARGS, ControllerOptions
+from ..controller.rule import DEFAULT_MAX_BACKGROUND, MARKER_KWARGS, RULES, ControllerOptions
 from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
 from ..controller.targets import parse_ci_targets
 from ..errors import ConfigError
@@ -77,6 +77,7 @@ class KeepSettings:
     compare: str | None = None  # a run spec, or "latest"
     gates: tuple[Gate, ...] = ()
     exports: tuple[tuple[str, Path], ...] = ()  # (format, path) written at the end
+    strict: bool = False  # an inconclusive gate (busy machine) fails the session
 
     def __post_init__(self) -> None:
         if self.gates and self.compare is None:  # a gate needs something to compare with
@@ -111,6 +112,7 @@ class LLMSettings:
     dtype: str = "auto"
     device: str = "auto"
     trust_remote_code: bool = False
+    allow_beyond_context: bool = False  # rotary/ALiBi models may run cases past their context
     grid: Grid = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +229,15 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _background_share(text: str) -> float | None:
+    if text.strip().lower() in ("off", "none", "no"):
+        return None
+    value = values.fraction(text, "a share of the CPUs")
+    if value == 0:
+        raise ConfigError(f"expected a share above 0 such as 25%, or off, got {text!r}")
+    return value
+
+
 def _columns(text: str) -> tuple[str, ...]:
     return parse_report_columns(text)
 
@@ -320,6 +331,23 @@ OPTIONS: tuple[Option, ...] = (
         "unmeasured warm-up runs before a case's trials",
     ),
     Option(
+        "--energy-rule",
+        "controller.rule",
+        values.choice(tuple(RULES), {"paper": "research"}),
+        "NAME",
+        "stopping rule: {choices}; --energy-ci-target and --energy-min-time replace its parts",
+        choices=lambda: [f"{r.name} ({r.meaning})" for r in RULES.values()],
+    ),
+    Option(
+        "--energy-min-time",
+        "controller.min_time_s",
+        values.non_negative_seconds,
+        "SECONDS",
+        "measured runtime a case needs before it may stop (within --energy-max-trials)",
+        default_text="the rule's: "
+        + ", ".join(f"{r.min_time_s:g} s for {r.name}" for r in RULES.values()),
+    ),
+    Option(
         "--energy-ci-target",
         "controller.targets",
         parse_ci_targets,
@@ -327,6 +355,21 @@ OPTIONS: tuple[Option, ...] = (
         "repeat a case until the CI half-width of every TARGET holds, e.g. "
         f"{CI_TARGET_EXAMPLES}; any per-trial figure (llmenergy metrics); repeatable",
         multiple=True,
+        default_text=lambda: (
+            "the rule's: "
+            + "; ".join(
+                f"{' and '.join(str(t) for t in r.targets)} for {r.name}" for r in RULES.values()
+            )
+        ),
+    ),
+    Option(
+        "--energy-max-background",
+        "controller.max_background",
+        _background_share,
+        "SHARE",
+        "a trial during which other processes used more than SHARE of the machine's CPUs "
+        "(e.g. 25%) is disturbed: kept, left out of the figures and repeated; off: never",
+        default_text=lambda: f"{DEFAULT_MAX_BACKGROUND:.0%}",
     ),
     Option(
         "--energy-shuffle",
@@ -385,6 +428,14 @@ OPTIONS: tuple[Option, ...] = (
         values.switch,
         "on|off",
         "save this run in the storage folder, named after the commit and the time",
+        const="on",
+    ),
+    Option(
+        "--energy-strict",
+        "keep.strict",
+        values.switch,
+        "on|off",
+        "fail the session when a gate is inconclusive because the machine was busy",
         const="on",
     ),
     Option(
@@ -523,6 +574,16 @@ OPTIONS: tuple[Option, ...] = (
         values.switch,
         "on|off",
         "allow models whose repository ships Python code to run it",
+        const="on",
+    ),
+    Option(
+        "--llm-allow-beyond-context",
+        "llm.allow_beyond_context",
+        values.switch,
+        "on|off",
+        "let models with rotary (RoPE) or ALiBi positions run cases whose input + output "
+        "tokens exceed their context (the research ran Llama-2-7B at 4128 of 4096); "
+        "off: such a case stops the session at start",
         const="on",
     ),
 )

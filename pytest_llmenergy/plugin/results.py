@@ -14,6 +14,7 @@ import pytest
 from ..report import case_tables
 from ..results import CaseResult
 from ..tables import render
+from .measuring import header_lines
 from .options import ReportSettings
 
 SECTION = "llmenergy: energy per token"
@@ -45,6 +46,24 @@ class CaseResults:
         text = render(tables, "table", width=width, narrow_hint="choose with --energy-columns")
         for line in text.splitlines():
             terminalreporter.write_line(line)
+        line = busy_line(self.results)
+        if line:
+            for part in header_lines(terminalreporter.config, [line]):
+                terminalreporter.write_line(part, yellow=True)
+
+
+def busy_line(results: Sequence[CaseResult]) -> str:
+    """The session's one line about a busy machine, or nothing."""
+    busy = [r for r in results if r.busy]
+    if not busy:
+        return ""
+    trials = sum(len(r.disturbed) for r in busy)
+    share = max(r.max_background_cpu or 0.0 for r in busy)
+    return (
+        f"machine busy: other processes used up to {share:.0%} of the CPUs during {trials} "
+        f"trial(s) of {len(busy)} case(s); those trials were repeated and left out of the "
+        "figures, and no gate fails on these cases"
+    )
 
 
 CASE_RESULTS = pytest.StashKey[CaseResults]()

@@ -3,8 +3,9 @@
 Per model (``write_profile_plots``):
 
 - ``energy-per-token-input`` / ``-output``: joules per token (input + output) along each
-  sweep, measured means as markers and the interpolated curve as a line, per system;
-- ``runtime``: seconds per query along the input and the output sweep.
+  sweep, measured means as markers with their confidence intervals as error bars, and
+  the interpolated curve as a line, per system;
+- ``runtime``: seconds per query along the input and the output sweep, the same way.
 
 Per router (``write_routing_plots``):
 
@@ -12,6 +13,11 @@ Per router (``write_routing_plots``):
   the optimum marked (routing by input or output only);
 - ``pareto``: energy against runtime of the policies over a sweep of lambda, the Pareto
   front, and every query on one system as the baselines.
+
+Uncertainty is shown, never hidden: every measured mean carries its confidence interval
+at the profile's level (``mean ± 95 % CI`` in the legend), and energy from the
+``estimate`` meter is marked as such (hollow markers, dashed lines, "(estimated)" in the
+legend and the title).  Legends sit outside the axes, so they never cover data.
 
 Each figure has one small function that returns its ``matplotlib.figure.Figure``; the
 ``write_*`` functions save them as ``<model slug>-<figure>.<format>`` and never overwrite
@@ -23,6 +29,7 @@ globally and no figure is left open.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +39,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..figures import FIGURES
+from ..stats import Summary, summarize
 from . import BOTH, INPUT, OUTPUT
 from .fit import Sweep, SystemModel
 from .optimize import Baseline, Capacity, Decision, Router, pareto
@@ -54,6 +62,8 @@ MISSING = "matplotlib is not installed: pip install 'pytest-llmenergy[plots]'"
 _MARKERS = ("s", "^", "D", "v", "P", "X")  # the single-system baselines, one per system
 _NEAR = 0.03  # front points this close (share of the axis span) share one note
 _CURVE_POINTS = 200  # samples of an interpolated curve between its first and last size
+ESTIMATED = "(estimated)"  # in the legend label of every estimated energy
+_CAPSIZE_PT = 3.0
 
 
 class PlotError(ConfigError):
@@ -70,11 +80,22 @@ def energy_per_token_figure(models: Sequence[SystemModel], axis: str) -> Figure 
     """
     if all(_sweep_of(m, axis) is None for m in models):
         return None
-    fig, axes = _new_figure()
+    fig, axes = _new_figure(width=10.5)
     ax = axes[0][0]
-    _draw_sweeps(ax, models, axis, energy_per_token, lambda s, n: s.energy(n) / (n + s.fixed))
-    ax.set_ylabel(f"energy per token ({_J_PER_TOKEN.label}, input + output)")
-    ax.set_title(f"{models[0].profile.model}: energy per token, {axis} sweep")
+    _draw_sweeps(
+        ax,
+        models,
+        axis,
+        energy_per_token_summary,
+        lambda s, n: s.energy(n) / (n + s.fixed),
+        energy=True,
+    )
+    ax.set_ylabel(
+        f"energy per token ({_J_PER_TOKEN.label}, input + output){_ci_note(models, axis)}"
+    )
+    ax.set_title(
+        f"{models[0].profile.model}: energy per token, {axis} sweep{_estimated_note(models)}"
+    )
     return fig
 
 
@@ -83,11 +104,12 @@ def runtime_figure(models: Sequence[SystemModel]) -> Figure | None:
     (None: no system measured either sweep).  Energy alone hides a slow system."""
     if all(_sweep_of(m, a) is None for m in models for a in (INPUT, OUTPUT)):
         return None
-    fig, axes = _new_figure(ncols=2, width=11.0)
-    for ax, axis in zip(axes[0], (INPUT, OUTPUT)):
-        _draw_sweeps(ax, models, axis, lambda p: p.mean_seconds, lambda s, n: s.time(n))
-        ax.set_ylabel("runtime (s per query)")
+    fig, axes = _new_figure(nrows=2, width=10.5, height=8.0)  # room for legends beside
+    for ax, axis in zip(axes[:, 0], (INPUT, OUTPUT)):
+        _draw_sweeps(ax, models, axis, runtime_summary, lambda s, n: s.time(n), energy=False)
+        ax.set_ylabel(f"runtime (s per query){_ci_note(models, axis)}")
         ax.set_title(f"{axis} sweep")
+    # the estimate meter estimates energy; the runtime is timed, so nothing is marked here
     fig.suptitle(f"{models[0].profile.model}: runtime per query")
     return fig
 
@@ -96,31 +118,54 @@ def _draw_sweeps(
     ax: Axes,
     models: Sequence[SystemModel],
     axis: str,
-    measured: Callable[[Point], float],
+    measured: Callable[[Point, float], Summary],
     curve: Callable[[Sweep, np.ndarray], np.ndarray],
+    energy: bool,
 ) -> None:
-    """Per system with this sweep, its measured points as markers and its interpolated
-    curve as a line, in the system's colour, on log-log axes."""
+    """Per system with this sweep, its measured means as markers with their confidence
+    intervals as error bars, and its interpolated curve as a line, in the system's colour,
+    on log-log axes.  With ``energy``, an estimated system's markers are hollow, its curve
+    dashed and its labels say "(estimated)"."""
     drawn = [(i, m) for i, m in enumerate(models) if _sweep_of(m, axis) is not None]
+    handles: list[Any] = []  # per system: its means, then its curve
     for i, model in drawn:
         sweep = _sweep_of(model, axis)
         points = measured_points(model, axis)
+        summaries = [measured(p, model.profile.confidence) for p in points]
+        estimated = energy and model.profile.estimated
+        name = f"{model.system} {ESTIMATED}" if estimated else model.system
+        what = "" if estimated else "measured "
+        lonely = any(not math.isfinite(s.half_width) for s in summaries)
+        note = "; 1 trial: no CI" if lonely else ""
         n = _dense(sweep)
-        ax.plot(
+        means = ax.errorbar(
             [_size(p, axis) for p in points],
-            [measured(p) for p in points],
+            [s.mean for s in summaries],
+            yerr=[_drawn_half_width(s) for s in summaries],
             ls="none",
             marker="o",
+            mfc="none" if estimated else _colour(i),
             color=_colour(i),
-            label=f"{model.system}: measured ({_other(axis)} = {sweep.fixed} tokens)",
+            capsize=_CAPSIZE_PT,
+            label=(
+                f"{name}: {what}mean ± {_percent(model.profile.confidence)} CI "
+                f"({_other(axis)} = {sweep.fixed} tokens{note})"
+            ),
         )
-        ax.plot(n, curve(sweep, n), color=_colour(i), label=f"{model.system}: interpolated")
+        (line,) = ax.plot(
+            n,
+            curve(sweep, n),
+            color=_colour(i),
+            ls="--" if estimated else "-",
+            label=f"{name}: interpolated",
+        )
+        handles += [means, line]
     ax.set_xlabel(f"{axis} tokens per query")
     if not drawn:
         ax.text(0.5, 0.5, f"no {axis} sweep measured", ha="center", transform=ax.transAxes)
         return
     _log_log(ax)
-    ax.legend(fontsize="small")
+    _legend_outside(ax, handles)
 
 
 # -- figures: routing ------------------------------------------------------------------
@@ -135,15 +180,22 @@ def threshold_figure(router: Router, capacities: Sequence[Capacity] = ()) -> Fig
     """
     if router.by == BOTH:
         raise PlotError("a threshold figure is for routing by input or by output, not both")
-    fig, axes = _new_figure(nrows=2, sharex=True, height=7.0)
+    fig, axes = _new_figure(nrows=2, sharex=True, width=10.5, height=7.5)
     energy_ax, time_ax = axes[0][0], axes[1][0]
     smallest = np.inf
     for k, (low, high) in enumerate(threshold_pairs(router)):
         thresholds, energy, runtime = router.threshold_curve(low, high)
         keep = thresholds >= 0  # -1 (nothing to low) has no place on a token axis
         label = f"≤ threshold → {router.systems[low]}, rest → {router.systems[high]}"
+        estimated = _is_estimated(router.models[low]) or _is_estimated(router.models[high])
         style = {"color": _colour(k), "drawstyle": "steps-post"}
-        energy_ax.plot(thresholds[keep], energy[keep], label=label, **style)
+        energy_ax.plot(
+            thresholds[keep],
+            energy[keep],
+            label=f"{label} {ESTIMATED}" if estimated else label,
+            ls="--" if estimated else "-",
+            **style,
+        )
         time_ax.plot(thresholds[keep], runtime[keep], label=label, **style)
         smallest = min(smallest, thresholds[keep].min())
     _mark_optimum(router, router.solve(1.0, capacities), energy_ax, time_ax)
@@ -151,11 +203,12 @@ def threshold_figure(router: Router, capacities: Sequence[Capacity] = ()) -> Fig
     time_ax.set_xlabel(f"threshold ({router.by} tokens)")
     energy_ax.set_ylabel("workload energy (J)")
     time_ax.set_ylabel("workload runtime (s, summed over systems)")
-    energy_ax.legend(fontsize="small")
+    _legend_outside(energy_ax)
     note = "; curves without the capacity limits" if capacities else ""
     fig.suptitle(
         f"{router.model}: workload energy and runtime against the threshold\n"
         f"workload {router.workload.name} ({router.n} queries), routed by {router.by}{note}"
+        f"{_from_means_note(router.models)}{_estimated_note(router.models)}"
     )
     return fig
 
@@ -192,22 +245,32 @@ def pareto_figure(
         raise PlotError("a Pareto figure needs one or more lambdas between 0 and 1")
     decisions = router.sweep(lams, capacities)
     front = pareto(decisions)
-    fig, axes = _new_figure()
+    fig, axes = _new_figure(width=10.5, height=5.5)
     ax = axes[0][0]
+    mixed = any(_is_estimated(m) for m in router.models)  # some policies' energy estimated
+    tag = f" {ESTIMATED}" if mixed else ""
     ax.plot(
         *_totals(decisions),
         ls="none",
         marker="o",
         mfc="none",
         color="0.6",
-        label=f"best policy at each of {len(decisions)} λ",
+        label=f"best policy at each of {len(decisions)} λ{tag}",
     )
-    ax.plot(*_totals(front), marker="o", color="black", label="Pareto front")
+    ax.plot(
+        *_totals(front),
+        marker="o",
+        color="black",
+        ls="--" if mixed else "-",
+        mfc="none" if mixed else "black",
+        label=f"Pareto front{tag}",
+    )
     for (x, y), text in front_notes(front, decisions):
         ax.annotate(text, (x, y), textcoords="offset points", xytext=(6, 6), fontsize="small")
     for k, baseline in enumerate(_single_system(decisions[0])):
         system = baseline.name.removeprefix("all on ")
         i = router.systems.index(system) if system in router.systems else k
+        estimated = i < len(router.models) and _is_estimated(router.models[i])
         ax.plot(
             [baseline.totals.energy_j],
             [baseline.totals.runtime_s],
@@ -215,15 +278,17 @@ def pareto_figure(
             marker=_MARKERS[k % len(_MARKERS)],
             ms=10,
             color=_colour(i),
-            label=baseline.name,
+            mfc="none" if estimated else _colour(i),
+            label=f"{baseline.name} {ESTIMATED}" if estimated else baseline.name,
         )
     ax.set_xlabel("workload energy (J)")
     ax.set_ylabel("workload runtime (s, summed over systems)")
     ax.set_title(
         f"{router.model}: energy against runtime, λ = weight of energy\n"
         f"workload {router.workload.name} ({router.n} queries), routed by {router.by}"
+        f"{_from_means_note(router.models)}{_estimated_note(router.models)}"
     )
-    ax.legend(fontsize="small")
+    _legend_outside(ax)
     return fig
 
 
@@ -381,7 +446,7 @@ def _write_new(fig: Figure, path: Path, fmt: str) -> None:
     try:
         # text stays text in SVG: searchable and editable
         with file, mpl.rc_context({"svg.fonttype": "none"}):
-            fig.savefig(file, format=fmt, dpi=120)
+            fig.savefig(file, format=fmt, dpi=120, bbox_inches="tight")
     except BaseException as exc:
         path.unlink(missing_ok=True)  # our own half-written file
         if isinstance(exc, OSError):
@@ -438,6 +503,67 @@ def _pool(points: list[Point]) -> Point:
 def energy_per_token(point: Point) -> float:
     """Mean joules of a query over all its tokens, input and output."""
     return point.mean_joules / (point.input_tokens + point.output_tokens)
+
+
+def energy_per_token_summary(point: Point, confidence: float = 0.95) -> Summary:
+    """Joules per token (input + output) of the point's trials: their mean and its
+    confidence interval, as the figure draws them."""
+    tokens = point.input_tokens + point.output_tokens
+    return summarize([j / tokens for j in point.joules], confidence)
+
+
+def runtime_summary(point: Point, confidence: float = 0.95) -> Summary:
+    """Seconds per query of the point's trials: their mean and its confidence interval."""
+    return summarize(point.seconds, confidence)
+
+
+def _drawn_half_width(summary: Summary) -> float:
+    """The error bar's half-length; NaN (no bar) for one trial, whose interval is
+    infinite: one trial says nothing about spread."""
+    return summary.half_width if math.isfinite(summary.half_width) else math.nan
+
+
+def _percent(confidence: float) -> str:
+    return f"{confidence * 100:g} %"
+
+
+def _ci_note(models: Sequence[SystemModel], axis: str) -> str:
+    """What the error bars are, for the axis label: one level for every system drawn,
+    else the legend gives each system's level."""
+    levels = {m.profile.confidence for m in models if _sweep_of(m, axis) is not None}
+    if len(levels) == 1:
+        return f"\nmean ± {_percent(levels.pop())} CI"
+    return "\nmean ± CI (level per system in the legend)" if levels else ""
+
+
+def _is_estimated(model: SystemModel) -> bool:
+    return model.profile.estimated
+
+
+def _estimated_note(models: Sequence[SystemModel]) -> str:
+    """A title line naming the systems whose energy was estimated, not measured."""
+    systems = [m.system for m in models if _is_estimated(m)]
+    if not systems:
+        return ""
+    return f"\nenergy of {', '.join(systems)} {ESTIMATED}: the estimate meter, not measured"
+
+
+def _from_means_note(models: Sequence[SystemModel]) -> str:
+    """Routing figures price queries with the curves through the measured means; where
+    the measured intervals are drawn, so a reader can judge a small difference."""
+    levels = sorted({m.profile.confidence for m in models})
+    level = "/".join(_percent(c) for c in levels)
+    return f"\nfrom the interpolated means; their {level} CIs: the energy-per-token figures"
+
+
+def _legend_outside(ax: Axes, handles: Sequence[Any] = ()) -> None:
+    """The legend right of the axes, where it cannot cover data; the constrained layout
+    (and ``bbox_inches="tight"`` on saving) keeps it inside the figure."""
+    where = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0}
+    if handles:
+        ax.legend(handles=list(handles), fontsize="small", **where)
+    else:
+        ax.legend(fontsize="small", **where)
 
 
 def _sweep_of(model: SystemModel, axis: str) -> Sweep | None:

@@ -16,7 +16,7 @@ import csv
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -62,6 +62,8 @@ class Profile:
     model: str
     points: tuple[Point, ...]
     source: str = ""
+    confidence: float = 0.95  # the level its measurements' intervals are drawn at
+    estimated: bool = False  # energy from the estimate meter, not measured: figures say so
 
     @property
     def average_power_w(self) -> float:
@@ -192,7 +194,17 @@ def profiles_from_cases(cases: Sequence[CaseResult], system: str, source: str) -
     ]
     if not rows:
         raise ProfileError(f"{source}: no measured trials")
-    return _group(rows, source)
+    by_model: dict[str, list[CaseResult]] = defaultdict(list)
+    for case in cases:
+        by_model[case.labels.get("model") or case.name.split("[")[0]].append(case)
+    return [
+        replace(
+            p,
+            confidence=min(c.options.confidence for c in by_model[p.model]),
+            estimated=any(c.estimated for c in by_model[p.model]),
+        )
+        for p in _group(rows, source)
+    ]
 
 
 def pool_models(profiles: Sequence[Profile]) -> list[Profile]:
@@ -203,7 +215,16 @@ def pool_models(profiles: Sequence[Profile]) -> list[Profile]:
         for pt in p.points
         for s, j in zip(pt.seconds, pt.joules)
     ]
-    return _group(rows, ", ".join(sorted({p.source for p in profiles})))
+    pooled = _group(rows, ", ".join(sorted({p.source for p in profiles})))
+    of_system = {s: [p for p in profiles if p.system == s] for s in {p.system for p in profiles}}
+    return [
+        replace(
+            p,
+            confidence=min(q.confidence for q in of_system[p.system]),
+            estimated=any(q.estimated for q in of_system[p.system]),
+        )
+        for p in pooled
+    ]
 
 
 def select(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +27,9 @@ FORMAT = "pytest-llmenergy-run"
 # 2: "options" is an explicit record, one entry per option by its name (the ini key without
 #    "llmenergy_"), e.g. {"backend": "auto", "confidence": 0.95, "compare_fail": [...]};
 #    CI targets name figures ("time_s", not "time").  Version 1 files are read as they are.
+#    Added since, optional when read: a trial's "background_cpu", a case's
+#    "disturbed_trials" and its controller's "max_background" (absent: never checked),
+#    "rule" and "min_time_s" (absent: no minimum).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -84,6 +88,29 @@ class Run:
     def backend(self) -> str:
         return str(self.meter.get("backend", ""))
 
+    @property
+    def meter_identity(self) -> dict[str, str]:
+        """What another run's meter must share for energies to be comparable (see
+        ``Meter.identity``); runs saved before it was recorded get it from their record."""
+        saved = self.meter.get("identity")
+        if isinstance(saved, Mapping) and all(isinstance(v, str) for v in saved.values()):
+            return {str(k): v for k, v in saved.items()}
+        backend = self.backend
+        if backend.startswith("auto(") and backend.endswith(")"):
+            backend = backend[len("auto(") : -1]
+        identity = {"meter": backend}
+        domains = self.meter.get("domains")
+        if isinstance(domains, Mapping):
+            identity["domains"] = ", ".join(
+                str(name)
+                for name, d in domains.items()
+                if not isinstance(d, Mapping) or d.get("counted", True)
+            )
+        tdp = re.search(r"TDP (\d+(?:\.\d+)?) W", str(self.meter.get("description", "")))
+        if tdp:
+            identity["TDP"] = f"{float(tdp.group(1)):g} W"
+        return identity
+
 
 # -- writing ---------------------------------------------------------------------------
 def _finite(value: float) -> float | None:
@@ -108,6 +135,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
             }
             for name, p in t.phases.items()
         },
+        "background_cpu": t.background_cpu,
     }
 
 
@@ -117,6 +145,9 @@ def _controller_dict(o: ControllerOptions) -> dict[str, Any]:
         "max_trials": o.max_trials,
         "confidence": o.confidence,
         "warmup": o.warmup,
+        "max_background": o.max_background,
+        "rule": o.rule,
+        "min_time_s": o.min_time,
         "targets": [
             {"metric": t.metric, "value": t.value, "relative": t.relative} for t in o.targets
         ],
@@ -147,6 +178,7 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
             "wall_seconds": u.wall_seconds,
         },
         "trials": [_trial_dict(t) for t in r.trials],
+        "disturbed_trials": [_trial_dict(t) for t in r.disturbed],
     }
 
 
@@ -236,8 +268,8 @@ class _Reader:
         value = self.get(key, dict, optional=optional)
         return None if value is None else _Reader(value, self._at(key))
 
-    def objs(self, key: str) -> list[_Reader]:
-        items = self.get(key, list)
+    def objs(self, key: str, *, optional: bool = False) -> list[_Reader]:
+        items = self.get(key, list, optional=optional) or []
         return [_Reader(item, f"{self._at(key)}[{i}]") for i, item in enumerate(items)]
 
     def numbers(self, key: str) -> dict[str, float]:
@@ -289,6 +321,7 @@ def _trial(r: _Reader) -> Trial:
         input_tokens=r.get("input_tokens", int),
         output_tokens=r.get("output_tokens", int),
         phases=phases,
+        background_cpu=r.get("background_cpu", float, optional=True),
     )
 
 
@@ -304,6 +337,10 @@ def _controller(r: _Reader) -> ControllerOptions:
             confidence=r.get("confidence", float),
             warmup=r.get("warmup", int),
             targets=targets,
+            # runs of 0.1.0 and 0.2.0.dev0 before the busy-machine check: never judged
+            max_background=r.get("max_background", float, optional=True),
+            rule=r.get("rule", str, optional=True) or "default",
+            min_time_s=r.get("min_time_s", float, optional=True) or 0.0,
         )
     except ConfigError as exc:
         raise _Bad(f"{r.where}: {exc}") from None
@@ -336,6 +373,7 @@ def _case(r: _Reader) -> CaseResult:
         backend=r.get("backend", str),
         reason=r.get("reason", str),
         resources=_resources(r.obj("resources", optional=True)),
+        disturbed=tuple(_trial(t) for t in r.objs("disturbed_trials", optional=True)),
     )
 
 

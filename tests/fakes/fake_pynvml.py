@@ -6,6 +6,9 @@ raise ``Uninitialized``, ``nvmlDeviceGetHandleByUUID`` wants ``bytes``, the ener
 counter is an integer in mJ that the driver refreshes only every ``counter_period_s``
 and does not exist before Volta, ``nvmlDeviceGetPowerUsage`` is a 1 s average on
 Ampere and newer, and ``nvmlDeviceGetFieldValues`` reports failure per field.
+What other NVML clients (Zeus) probe is there too: ``_nvmlGetFunctionPointer``,
+which the official bindings have and unofficial ones lack, and the C2C (Grace Hopper)
+query, unsupported on other boards.
 """
 
 from __future__ import annotations
@@ -105,12 +108,17 @@ NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_CLOCK_VIDEO = 3
 
+NVML_POWER_SCOPE_GPU = 0
+NVML_POWER_SCOPE_MODULE = 1
+NVML_POWER_SCOPE_MEMORY = 2
+
 _CONSTANT_PREFIXES = (
     "NVML_SUCCESS",
     "NVML_DEVICE_ARCH_",
     "NVML_FI_",
     "NVML_VALUE_",
     "NVML_CLOCK_",
+    "NVML_POWER_SCOPE_",
 )
 
 
@@ -173,7 +181,8 @@ class FakeGPU:
 
     ``architecture=None`` makes nvmlDeviceGetArchitecture unsupported (old drivers);
     ``energy_counter=False`` makes a Volta+ board without a usable counter (some vGPUs);
-    ``lost=True`` makes every query raise ``GPU is lost``.
+    ``lost=True`` makes every query raise ``GPU is lost``;
+    ``c2c_enabled=None`` makes the C2C mode query unsupported (every board but Grace Hopper).
     The static facts (memory, power limits in mW, max SM clock in MHz) are what
     ``nvidia-smi -q`` would show; a limit or clock of None makes its query unsupported.
     """
@@ -192,6 +201,7 @@ class FakeGPU:
     power_limit_mw: int | None = 400_000
     default_power_limit_mw: int | None = 400_000
     max_sm_clock_mhz: int | None = 1410
+    c2c_enabled: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,13 @@ class FakeValue:
     sllVal: int = 0
     siVal: int = 0
     usVal: int = 0
+
+
+@dataclass
+class FakeC2cModeInfo:
+    """``c_nvmlC2cModeInfo_v1_t``: whether the chip-to-chip link (Grace Hopper) is on."""
+
+    isC2cEnabled: int
 
 
 @dataclass
@@ -259,6 +276,7 @@ class FakeNvml:
         "nvmlDeviceGetPowerManagementLimit",
         "nvmlDeviceGetPowerManagementDefaultLimit",
         "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetC2cModeInfoV",
     )
 
     def __init__(
@@ -446,6 +464,26 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu.max_sm_clock_mhz
 
+    def nvmlDeviceGetC2cModeInfoV(self, handle: FakeHandle) -> FakeC2cModeInfo:
+        """Grace Hopper's chip-to-chip mode; NOT_SUPPORTED on boards without the link."""
+        self._enter("nvmlDeviceGetC2cModeInfoV")
+        gpu = self._gpu(handle)
+        if gpu.c2c_enabled is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return FakeC2cModeInfo(int(gpu.c2c_enabled))
+
+    def nvmlGetFunctionPointer(self, name: str) -> Callable[..., Any]:
+        """The official bindings' ``_nvmlGetFunctionPointer``: a library entry point by name.
+
+        Here the entry points are the fake's own functions; like the real one it needs
+        the library loaded (nvmlInit) and raises FUNCTION_NOT_FOUND for unknown names.
+        """
+        if self.init_count == 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        if name not in self.API:
+            raise NVMLError(ERROR_CODES["NVML_ERROR_FUNCTION_NOT_FOUND"])
+        return getattr(self, name)
+
 
 def build_fake_pynvml(
     gpus: Sequence[FakeGPU],
@@ -466,6 +504,7 @@ def build_fake_pynvml(
         setattr(module, error_class.__name__, error_class)
     for name in FakeNvml.API:
         setattr(module, name, getattr(fake, name))
+    module._nvmlGetFunctionPointer = fake.nvmlGetFunctionPointer  # type: ignore[attr-defined]
     module.fake = fake  # type: ignore[attr-defined]
     module.calls = fake.calls  # type: ignore[attr-defined]
     return module

@@ -1,0 +1,154 @@
+"""CPU time of a process tree, and of the machine around it.
+
+Two counters the CPU-based meters and the busy-machine check share:
+
+* :class:`ProcessTreeCpu` counts the CPU seconds of a process *and its descendants*,
+  live or finished, so that a model run in a worker process is charged, and charged
+  only for CPU time inside a window.  A live descendant counts with its own CPU time
+  plus what it collected from its children; when a process is collected, its whole
+  lifetime moves into its parent's "children" times at the moment the process leaves
+  the list of live ones, so the sum stays continuous: a child that ran before a window
+  and is collected inside it adds only its CPU time since the window opened.
+* :func:`machine_busy_cpu_seconds` is the machine-wide non-idle CPU time; minus the
+  tree's, it is what the rest of the machine did (see ``meters/background.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+_PROC = Path("/proc")
+
+
+def _proc_children(pid: int) -> list[int] | None:
+    """Direct children from /proc/PID/task/*/children (Linux): far cheaper than scanning
+    every process; None where the kernel has no such files."""
+    try:
+        tasks = os.listdir(_PROC / str(pid) / "task")
+    except OSError:
+        return None
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            text = (_PROC / str(pid) / "task" / tid / "children").read_text()
+        except FileNotFoundError:
+            if tid == tasks[0]:
+                return None  # CONFIG_PROC_CHILDREN is off
+            continue  # the thread ended meanwhile
+        except OSError:
+            continue
+        found.extend(int(p) for p in text.split())
+    return found
+
+
+def _descendants(root: psutil.Process) -> list[int]:
+    """PIDs of every live (or not yet collected) descendant of ``root``."""
+    first = _proc_children(root.pid)
+    if first is None:
+        try:
+            return [p.pid for p in root.children(recursive=True)]
+        except psutil.Error:
+            return []
+    out: list[int] = []
+    todo = first
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(_proc_children(pid) or ())
+    return out
+
+
+def _total_cpu_s(times: Any) -> float:
+    """Own plus collected children's user and system time of one psutil process."""
+    return float(
+        times.user
+        + times.system
+        + getattr(times, "children_user", 0.0)
+        + getattr(times, "children_system", 0.0)
+    )
+
+
+class ProcessTreeCpu:
+    """``read()`` gives CPU seconds of a process and all its descendants, as a counter.
+
+    ``pid=None`` is this process, whose own time comes from ``time.process_time``
+    (nanoseconds; /proc has 10 ms ticks, too coarse for a 30 ms trial).  Another PID
+    (a serving engine) is read through psutil.  The counter never goes back: a process
+    that leaves the tree without being collected (re-parented) keeps what it used.
+    """
+
+    def __init__(
+        self,
+        pid: int | None = None,
+        *,
+        own_cpu_s: Callable[[], float] = time.process_time,
+        waited_cpu_s: Callable[[], float] | None = None,
+    ) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self._self = pid is None or pid == os.getpid()
+        self._root = psutil.Process(self.pid)
+        self._own_cpu_s = own_cpu_s
+        self._waited_cpu_s = waited_cpu_s or _os_children_cpu_s
+        self._procs: dict[int, psutil.Process] = {}
+        self._last_s = 0.0
+
+    def _root_cpu_s(self) -> tuple[float, float]:
+        """(own, collected children's) CPU seconds of the root."""
+        if self._self:
+            return self._own_cpu_s(), self._waited_cpu_s()
+        t = self._root.cpu_times()
+        return t.user + t.system, t.children_user + t.children_system
+
+    def _live_cpu_s(self) -> float:
+        total = 0.0
+        pids = _descendants(self._root)
+        for pid in pids:
+            proc = self._procs.get(pid)
+            try:
+                if proc is None or not proc.is_running():  # new, or the PID was reused
+                    proc = self._procs[pid] = psutil.Process(pid)
+                total += _total_cpu_s(proc.cpu_times())
+            except psutil.Error:  # gone meanwhile: its time is in its parent's by now
+                self._procs.pop(pid, None)
+        for pid in set(self._procs) - set(pids):
+            del self._procs[pid]
+        return total
+
+    def read(self) -> float:
+        """Root plus live descendants.  A child collected during the scan would count
+        twice (live, and in the root's collected time), so the scan is repeated until
+        the collected time did not change across it."""
+        value = 0.0
+        for _ in range(3):
+            _, waited_before = self._root_cpu_s()
+            live = self._live_cpu_s()
+            own, waited = self._root_cpu_s()
+            value = own + waited + live
+            if waited == waited_before:
+                break
+        self._last_s = max(self._last_s, value)
+        return self._last_s
+
+    @property
+    def has_children(self) -> bool:
+        return bool(_descendants(self._root))
+
+
+def _os_children_cpu_s() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def machine_busy_cpu_seconds(cpu_times: Callable[[], Any] = psutil.cpu_times) -> float:
+    """Non-idle CPU seconds of the whole machine, summed over all CPUs (10 ms ticks on
+    Linux).  Guest time is already part of user time, and I/O wait is idle."""
+    t = cpu_times()
+    idle = float(t.idle) + float(getattr(t, "iowait", 0.0))
+    total = sum(float(getattr(t, f)) for f in t._fields if f not in ("guest", "guest_nice"))
+    return total - idle
