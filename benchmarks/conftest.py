@@ -33,6 +33,8 @@ def run_case(
             case.output_tokens,
             input_tokens=case.input_tokens,
             output_tokens=case.output_tokens,
+            # repeated back to back where one prefill is too short for the meter
+            prefill_pass=lambda: model.prefill(prompt),
         )
 
     return run

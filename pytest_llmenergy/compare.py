@@ -18,6 +18,7 @@ from .figures import (
     figure,
     format_amount,
     parse_figure_threshold,
+    resolved,
 )
 from .results import CaseResult
 from .stats import Summary, summarize, welch_t_test
@@ -70,6 +71,7 @@ FAIL = "FAIL"
 NOT_SIGNIFICANT = "not significant"
 TOO_FEW = "too few trials"
 BUSY = "inconclusive: machine busy"
+UNRESOLVED = "below resolution"
 OK = "ok"
 
 
@@ -88,6 +90,9 @@ class Delta:
     # Either run had trials of this case disturbed by other work on the machine: what
     # looks like a regression may be the machine, so it cannot fail a gate.
     busy: bool = False
+    # Measured, on either side, over stretches shorter than the meter resolves: the
+    # figure is shown but never gated.
+    unresolved: bool = False
 
     @property
     def change(self) -> float:
@@ -107,7 +112,7 @@ class Delta:
 
     @property
     def failed(self) -> bool:
-        return self.exceeded and self.significant and not self.busy
+        return self.exceeded and self.significant and not self.busy and not self.unresolved
 
     @property
     def inconclusive(self) -> bool:
@@ -118,6 +123,8 @@ class Delta:
     def verdict(self) -> str:
         if self.gate is None:
             return ""
+        if self.unresolved:
+            return UNRESOLVED
         if not self.exceeded:
             return OK
         if self.p_value is None:
@@ -151,6 +158,7 @@ def delta(
         confidence=confidence,
         gate=gate,
         busy=baseline.busy or current.busy,
+        unresolved=not (resolved(f, baseline) and resolved(f, current)),
     )
 
 
@@ -348,11 +356,14 @@ def verdict_line(c: Comparison) -> str:
             f"energy gate FAILED ({gates}): {len(failures)} significant regression(s) in "
             f"{len(cases)} case(s): {', '.join(cases)}"
         )
+    below = sum(1 for d in c.deltas if d.verdict == UNRESOLVED)
     noise = sum(1 for d in c.deltas if d.verdict == NOT_SIGNIFICANT)
     untested = sum(1 for d in c.deltas if d.verdict == TOO_FEW)
     extra = f"; {noise} over the threshold but not significant" if noise else ""
     if untested:
         extra += f"; {untested} over the threshold with too few trials to test"
+    if below:
+        extra += f"; {below} not gated: shorter than the meter resolves"
     if c.inconclusive:
         cases = sorted({d.name for d in c.inconclusive})
         return (

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .results import DECODE, PREFILL, CaseResult, Trial
+from .meters.base import PROCESS_DOMAIN
+from .results import DECODE, PREFILL, PREFILL_PASSES, CaseResult, Trial
 from .stats import Summary, summarize
 
 Value = int | float | str | bool | None
@@ -59,6 +60,12 @@ class Figure:
     with_ci: bool = False  # shown as mean ± CI half-width
     priority: int = 5
     numeric: bool = True
+    # the stretch an energy figure comes from: None the whole trial, else a phase's name;
+    # a stretch shorter than the meter resolves is marked and never gated (``resolved``)
+    phase: str | None = None
+    # "trials", or "prefill_passes": prefill-only passes repeated back to back in windows
+    # long enough for the meter, one value per window
+    source: str = "trials"
 
     @property
     def per_trial(self) -> bool:
@@ -67,9 +74,10 @@ class Figure:
 
     def trial_values(self, r: CaseResult) -> list[float] | None:
         """Every trial's value; None when a trial lacks it or there are no trials."""
-        if self.trial is None or not r.trials:
+        trials = r.prefill_passes if self.source == PREFILL_PASSES else r.trials
+        if self.trial is None or not trials:
             return None
-        values = [self.trial(t) for t in r.trials]
+        values = [self.trial(t) for t in trials]
         if any(v is None or not math.isfinite(v) for v in values):
             return None
         return [float(v) for v in values if v is not None]
@@ -301,6 +309,7 @@ FIGURES: dict[str, Figure] = {
             trial=_prefill_j_per_in_token,
             energy=True,
             needs_phases=True,
+            phase=PREFILL,
             priority=2,
         ),
         Figure(
@@ -312,6 +321,7 @@ FIGURES: dict[str, Figure] = {
             trial=_decode_j_per_out_token,
             energy=True,
             needs_phases=True,
+            phase=DECODE,
             priority=2,
         ),
         Figure(
@@ -351,6 +361,7 @@ FIGURES: dict[str, Figure] = {
             trial=lambda t: _phase(PREFILL, "joules")(t) if _both_phases(t) else None,
             energy=True,
             needs_phases=True,
+            phase=PREFILL,
             priority=6,
         ),
         Figure(
@@ -361,6 +372,30 @@ FIGURES: dict[str, Figure] = {
             trial=lambda t: _phase(DECODE, "joules")(t) if _both_phases(t) else None,
             energy=True,
             needs_phases=True,
+            phase=DECODE,
+            priority=6,
+        ),
+        Figure(
+            "prefill_pass_j",
+            "prefill-pass J",
+            "J",
+            "joules of one prefill pass, measured as many passes back to back in one "
+            "window divided by their count: for prefills shorter than the meter resolves",
+            trial=lambda t: t.joules,
+            energy=True,
+            with_ci=True,
+            source=PREFILL_PASSES,
+            priority=6,
+        ),
+        Figure(
+            "prefill_pass_j_per_in_token",
+            "prefill-pass J/in",
+            "J",
+            "prefill joules per input token from repeated prefill-only passes "
+            "(prefill_pass_j / input tokens)",
+            trial=lambda t: _per(t.joules, t.input_tokens),
+            energy=True,
+            source=PREFILL_PASSES,
             priority=6,
         ),
         # -- where the energy went, and what the process used ---------------------------
@@ -407,6 +442,17 @@ FIGURES: dict[str, Figure] = {
             case=_resource("cpu_seconds"),
             priority=7,
         ),
+        Figure(
+            "process_j",
+            "process J",
+            "J",
+            "joules per query attributed to this process tree: the CPU packages' energy x "
+            "its share of the machine's CPU time (rapl), or of all tasks' energy impact "
+            "(powermetrics); the rest of the package is other processes' and idle",
+            trial=lambda t: t.joules_by_domain.get(PROCESS_DOMAIN),
+            energy=True,
+            priority=6,
+        ),
     )
 }
 
@@ -426,6 +472,35 @@ DEFAULT_COLUMNS: tuple[str, ...] = (
     "cpu_j",
     "dram_j",
 )
+# An energy figure is resolved when its stretch lasts at least this many times the
+# meter's resolution: a counter that updates every 100 ms reads a 30 ms prefill as 0 or
+# as 100 ms worth.  Longer stretches still carry up to one update's worth of error, but
+# it is random from trial to trial, so the confidence interval shows it.
+RESOLVED_MULTIPLE = 2.0
+# Repeated prefill passes fill windows this many times the resolution: within ~10 %.
+PASS_WINDOW_MULTIPLE = 10.0
+
+
+def stretch_s(f: Figure, r: CaseResult) -> float | None:
+    """Mean seconds of the stretch an energy figure's joules were measured over."""
+    if f.source == PREFILL_PASSES:
+        windows = [t.seconds * t.passes for t in r.prefill_passes]
+    elif f.phase is not None:
+        windows = [t.phases[f.phase].seconds for t in r.trials if f.phase in t.phases]
+    else:
+        windows = [t.seconds for t in r.trials]
+    return math.fsum(windows) / len(windows) if windows else None
+
+
+def resolved(f: Figure, r: CaseResult) -> bool:
+    """False for an energy figure measured over stretches shorter than the meter can
+    tell apart (``RESOLVED_MULTIPLE`` x its resolution): shown marked, never gated."""
+    if not f.energy or r.resolution_s is None:
+        return True
+    seconds = stretch_s(f, r)
+    return seconds is None or seconds >= RESOLVED_MULTIPLE * r.resolution_s
+
+
 DEFAULT_GATE_METRIC = "j_per_token"
 DEFAULT_COMPARE_METRICS: tuple[str, ...] = ("j_per_token", "energy_j", "time_s")
 

@@ -17,7 +17,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .errors import ConfigError
-from .figures import DEFAULT_COLUMNS, FIGURES, REMOVED, Figure, canonical
+from .figures import (
+    DEFAULT_COLUMNS,
+    FIGURES,
+    REMOVED,
+    RESOLVED_MULTIPLE,
+    Figure,
+    canonical,
+    resolved,
+)
 from .results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
 from .tables import DASH, Raw, Table, clean, fmt_mean_ci, format_raw
 from .values import items
@@ -35,6 +43,17 @@ _STATUS_MARKS = {CONVERGED: " \u2713", LIMIT: " \u2717", ROUNDS: ""}
 TRIALS_LEGEND = (
     "trials: \u2713 the CI targets held, \u2717 stopped at the trial limit without meeting them"
 )
+UNRESOLVED_MARK = "\u2020"  # dagger
+
+
+def unresolved_legend(resolution_s: float) -> str:
+    return (
+        f"\u2020 measured over stretches shorter than {RESOLVED_MULTIPLE:g}x the meter's "
+        f"resolution ({resolution_s * 1e3:.3g} ms): not resolved, never gated"
+        " (prefill_pass_j measures a short prefill properly)"
+    )
+
+
 BUSY_MARK = "b"
 BUSY_LEGEND = (
     "+Nb: N more trials were taken while other processes kept the CPUs busy; they are kept "
@@ -55,7 +74,9 @@ def cell(f: Figure, r: CaseResult) -> str:
     summary = f.summary(r) if f.with_ci else None
     text = fmt_mean_ci(summary) if summary is not None else format_raw(clean(f.value(r)))
     if f.energy and r.estimated and text != DASH:
-        return ESTIMATED_MARK + text
+        text = ESTIMATED_MARK + text
+    if text != DASH and not resolved(f, r):
+        text += UNRESOLVED_MARK
     return text
 
 
@@ -201,6 +222,13 @@ def _build_table(
         legend.append(TRIALS_LEGEND)
     if "trials" in shown and any(r.busy for r in results):
         legend.append(BUSY_LEGEND)
+    coarse = [
+        r.resolution_s
+        for r in results
+        if r.resolution_s is not None and not all(resolved(FIGURES[k], r) for k in shown)
+    ]
+    if coarse:
+        legend.append(unresolved_legend(max(coarse)))
     if any(r.estimated for r in results) and any(FIGURES[k].energy for k in shown):
         legend.append(ESTIMATED_NOTE)
     notes = [n for n in map(_note_for, results) if n is not None]

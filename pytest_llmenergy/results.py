@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .meters.resources import ResourceUsage
 
 PREFILL, DECODE = "prefill", "decode"
+PREFILL_PASSES = "prefill_passes"
 
 
 class RepeatSettings(Protocol):
@@ -53,6 +54,8 @@ class Trial:
     phases: Mapping[str, PhaseRecord] = field(default_factory=dict)
     # Share of the machine's CPU capacity other processes used meanwhile (None: not read).
     background_cpu: float | None = None
+    # Back-to-back runs in the window this trial stands for; its figures are per run.
+    passes: int = 1
 
     @classmethod
     def from_measurement(
@@ -109,6 +112,12 @@ class CaseResult:
     # Trials taken while the machine was busy with other work: kept, but out of every
     # figure and test (``trials`` holds the undisturbed ones).
     disturbed: tuple[Trial, ...] = ()
+    # The meter's resolution (``Meter.resolution_s``): energy over shorter stretches than
+    # it resolves is marked and never gated.  None: unknown.
+    resolution_s: float | None = None
+    # Prefill-only passes repeated back to back, one Trial per window, per pass: the
+    # prefill's energy where a single prefill is too short for the meter.
+    prefill_passes: tuple[Trial, ...] = ()
 
     # -- status --------------------------------------------------------------
     @property

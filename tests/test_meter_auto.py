@@ -37,9 +37,11 @@ def test_gpu_from_nvml_and_cpu_from_rapl(tmp_path: Path, monkeypatch: pytest.Mon
     meter = open_meter("auto")
     assert isinstance(meter, CompositeMeter)
     assert meter.backend == "auto(nvml+rapl)"
-    assert set(meter.domains) == {"gpu:0", "cpu:package-0", "cpu:dram-0"}
+    # cpu:process: the package's energy attributed to this process tree, not counted
+    assert set(meter.domains) == {"gpu:0", "cpu:package-0", "cpu:dram-0", "cpu:process"}
+    assert not meter.domains["cpu:process"].counted
     assert "used (GPUs: gpu:0)" in status(meter, "nvml")
-    assert "used (CPU: cpu:package-0, cpu:dram-0)" in status(meter, "rapl")
+    assert "used (CPU: cpu:package-0, cpu:dram-0, cpu:process)" in status(meter, "rapl")
     assert "CPU already measured by rapl" in status(meter, "estimate")
     assert any("CPU already measured" in note for note in meter.notes)
     with fake, meter.measure() as m:
@@ -52,9 +54,11 @@ def test_gpu_from_nvml_and_cpu_from_rapl(tmp_path: Path, monkeypatch: pytest.Mon
     assert res.by_domain["cpu:package-0"] == pytest.approx(60.0 * res.seconds, abs=resolution_j), (
         f"fake counter gap {fake.max_gap_s * 1e3:.1f} ms"
     )
-    assert res.joules == pytest.approx(sum(res.by_domain.values()))
+    counted = [j for d, j in res.by_domain.items() if d != "cpu:process"]
+    assert res.joules == pytest.approx(sum(counted))
     assert res.methods == {
-        "gpu:0": Method.COUNTER, "cpu:package-0": Method.COUNTER, "cpu:dram-0": Method.COUNTER
+        "gpu:0": Method.COUNTER, "cpu:package-0": Method.COUNTER, "cpu:dram-0": Method.COUNTER,
+        "cpu:process": Method.ATTRIBUTED,
     }  # fmt: skip
     meter.close()
 
@@ -73,7 +77,7 @@ def test_resolution_is_the_coarsest_part(tmp_path: Path, monkeypatch: pytest.Mon
         line = meter.describe()
         gpu_period = duration_text(meter.meters[0].resolution_s or 0.0)
         assert f"counter (NVML total energy, mJ), updates every {gpu_period}" in line
-        assert "rapl: cpu:package-0 (counter); resolution 1 ms" in line
+        assert "rapl: cpu:package-0 (counter), cpu:process (attributed); resolution 1 ms" in line
     gpu.trace = PowerTrace([(60, 0.0)])  # a counter that never moves: its period is unknown
     with open_meter("auto") as meter:
         assert meter.meters[0].resolution_s is None and meter.resolution_s is None

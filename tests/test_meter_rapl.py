@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy import MeterUnavailable, Method, open_meter
-from pytest_llmenergy.meters.rapl import CounterUnwrapper, discover_zones, guard_interval_s
+from pytest_llmenergy.meters.rapl import (
+    PROCESS,
+    CounterUnwrapper,
+    RaplMeter,
+    attributed_share,
+    discover_zones,
+    guard_interval_s,
+)
 from tests.fakes.powercap import FakePowercap, FakeZone
 from tests.fakes.trace import PowerTrace
 
@@ -141,3 +148,36 @@ def test_unreadable_energy_uj_says_how_to_grant_access(tmp_path: Path) -> None:
     assert "OPENED" not in out.stdout
     assert "energy_uj is readable only by root" in out.stdout
     assert "chmod a+r" in out.stdout
+
+
+def test_the_process_share_of_the_packages_is_attributed(tmp_path: Path) -> None:
+    """Scripted CPU counters: this tree used a quarter of the machine's busy CPU time, so
+    it is attributed a quarter of both packages' energy, beside (not in) the totals."""
+    fake = two_socket_tree(tmp_path)
+    cpu = {"tree": 0.0, "machine": 0.0}
+    zones = discover_zones(str(tmp_path))
+    meter = RaplMeter(
+        zones,
+        guard_interval_s(zones, None),
+        str(tmp_path),
+        tree_cpu_s=lambda: cpu["tree"],
+        machine_busy_s=lambda: cpu["machine"],
+    )
+    assert meter.domains[PROCESS].method is Method.ATTRIBUTED
+    assert not meter.domains[PROCESS].counted
+    with fake, meter.measure() as m:
+        time.sleep(0.2)
+        cpu["tree"] += 0.1
+        cpu["machine"] += 0.4
+    res = m.measurement
+    packages = res.by_domain["cpu:package-0"] + res.by_domain["cpu:package-1"]
+    assert res.by_domain[PROCESS] == pytest.approx(0.25 * packages)
+    counted = ["cpu:package-0", "cpu:dram-0", "cpu:package-1", "cpu:dram-1"]
+    assert res.joules == pytest.approx(sum(res.by_domain[d] for d in counted))
+
+
+def test_the_share_within_a_tick() -> None:
+    assert attributed_share(0.1, 0.4) == 0.25
+    assert attributed_share(0.5, 0.4) == 1.0  # tick rounding: never more than all
+    assert attributed_share(0.001, 0.0) == 1.0  # no tick passed, but this tree ran
+    assert attributed_share(0.0, 0.0) == 0.0

@@ -28,9 +28,13 @@ def test_defaults_come_from_the_settings_not_from_the_help_text() -> None:
     by_flag = {o.flag: o for o in OPTIONS}
     assert by_flag["--energy-max-trials"].default == 25
     assert by_flag["--energy-max-trials"].full_help().endswith("(default: 25)")
-    assert by_flag["--energy-ci-target"].full_help().endswith(
-        "(default: the rule's: time_s:0.5s and time_s:5% and energy_j:5% for default; "
-        "time_s:0.5s for research)"
+    assert (
+        by_flag["--energy-ci-target"]
+        .full_help()
+        .endswith(
+            "(default: the rule's: time_s:0.5s and time_s:5% and energy_j:5% for default; "
+            "time_s:0.5s for research)"
+        )
     )
     assert by_flag["--energy-rule"].default == "default"
     assert by_flag["--energy-max-background"].full_help().endswith("(default: 25%)")

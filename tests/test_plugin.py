@@ -106,7 +106,8 @@ def test_energy_meter_fixture_measures_a_user_test(
         def test_measure(energy_meter):
             with energy_meter.measure() as m:
                 time.sleep(0.2)
-            assert set(m.by_domain) == {"cpu:package-0", "cpu:dram-0"}
+            assert set(m.by_domain) == {"cpu:package-0", "cpu:dram-0", "cpu:process"}
+            assert m.methods["cpu:process"] == "attributed"  # beside the totals
             assert m.methods["cpu:package-0"] == "counter"
             print(f"MEASURED {m.joules!r} {m.seconds!r}")
         """

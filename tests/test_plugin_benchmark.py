@@ -23,8 +23,10 @@ def test_plain():
 
 
 def test_benchmark_json_carries_joules_and_energy_cases_are_not_skipped(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # run under xdist, pytest-benchmark would take the inner session for a worker too
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     pytester.makeconftest(TRACE_CONFTEST)
     pytester.makepyfile(test_b=TESTS)
     result = pytester.runpytest(

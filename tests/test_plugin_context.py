@@ -33,20 +33,6 @@ def _refuse(*args, **kwargs):
 transformers.AutoModelForCausalLM.from_pretrained = _refuse
 """
 
-# The session's pool with the option (as plugin/__init__.py's llm_pool is to pass it).
-POOL_WITH_OPTION = """
-import pytest
-from pytest_llmenergy.llm.loader import ModelPool
-from pytest_llmenergy.plugin.cases import CASE_PLAN
-
-@pytest.fixture(scope="session")
-def llm_pool(pytestconfig):
-    settings = pytestconfig.stash[CASE_PLAN].llm
-    pool = ModelPool(device="cpu", allow_beyond_context=settings.allow_beyond_context)
-    yield pool
-    pool.close()
-"""
-
 
 def add_to_conftest(pytester: pytest.Pytester, code: str) -> None:
     conftest = pytester.path / "conftest.py"
@@ -87,7 +73,6 @@ def test_a_rope_model_runs_past_its_context_only_when_allowed(
     suite: pytest.Pytester, model_cache: Path
 ) -> None:
     model = tiny_llama_copy(model_cache, suite.path / "short-llama", max_position_embeddings=64)
-    add_to_conftest(suite, POOL_WITH_OPTION)
     counts = ["--llm-input-tokens=8", "--llm-output-tokens=16,64"]
     result = suite.runpytest_subprocess(f"--llm-model={model}", *counts)
     assert_one_line_usage_error(

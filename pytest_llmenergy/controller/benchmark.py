@@ -7,6 +7,7 @@ target runs exactly ``warmup + trials`` times, never more, and every trial is ke
 from __future__ import annotations
 
 import gc
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,10 +15,11 @@ from typing import Any
 import pytest
 
 from ..errors import LLMEnergyError
+from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
 from ..meters.background import BackgroundCpu
 from ..meters.base import Meter
 from ..meters.resources import ResourceProbe
-from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
+from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, Trial
 from .rule import ControllerOptions, decide, progress_line
 
 
@@ -36,6 +38,10 @@ def _free_memory() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+# A bound on the prefill passes of one window (a 10 µs "prefill" on a 1 s counter).
+MAX_PREFILL_PASSES = 10_000
 
 
 class EnergyBenchmark:
@@ -70,9 +76,16 @@ class EnergyBenchmark:
         *args: Any,
         input_tokens: int,
         output_tokens: int,
+        prefill_pass: Callable[[], Any] | None = None,
         **kwargs: Any,
     ) -> CaseResult:
-        """Warm up, then repeat ``fn(*args, **kwargs)`` until the stopping rule says so."""
+        """Warm up, then repeat ``fn(*args, **kwargs)`` until the stopping rule says so.
+
+        ``prefill_pass`` runs the case's prefill alone (one forward pass over the prompt,
+        no cache kept).  When the trials' prefill is shorter than the meter resolves, it
+        is repeated back to back inside windows long enough, and their joules divided by
+        the count give the prefill's energy (figure ``prefill_pass_j``).
+        """
         return self._run(
             fn,
             lambda: (args, kwargs),
@@ -80,6 +93,7 @@ class EnergyBenchmark:
             output_tokens=output_tokens,
             warmup=self.options.warmup,
             rounds=None,
+            prefill_pass=prefill_pass,
         )
 
     def pedantic(
@@ -131,6 +145,7 @@ class EnergyBenchmark:
         output_tokens: int,
         warmup: int,
         rounds: int | None,
+        prefill_pass: Callable[[], Any] | None = None,
     ) -> CaseResult:
         if self.result is not None or self.calls:
             raise LLMEnergyError("energy_benchmark can be used only once per test")
@@ -179,6 +194,7 @@ class EnergyBenchmark:
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
                         break
+                passes = self._prefill_passes(prefill_pass, trials, input_tokens)
         except BaseException as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -196,7 +212,43 @@ class EnergyBenchmark:
             trials,
             resources=probe.usage,
             disturbed=disturbed,
+            prefill_passes=passes,
         )
+
+    def _prefill_passes(
+        self, prefill_pass: Callable[[], Any] | None, trials: list[Trial], input_tokens: int
+    ) -> tuple[Trial, ...]:
+        """Windows of back-to-back prefill passes, when a single prefill is too short for
+        the meter: each window lasts at least PASS_WINDOW_MULTIPLE x the resolution."""
+        resolution_s = self.meter.resolution_s
+        prefills = [t.phases[PREFILL].seconds for t in trials if PREFILL in t.phases]
+        if prefill_pass is None or resolution_s is None or not prefills:
+            return ()
+        one_s = max(sum(prefills) / len(prefills), 1e-6)
+        if one_s >= RESOLVED_MULTIPLE * resolution_s:
+            return ()
+        needed_s = PASS_WINDOW_MULTIPLE * resolution_s
+        count = min(MAX_PREFILL_PASSES, math.ceil(needed_s / one_s))
+        windows: list[Trial] = []
+        for index in range(1, max(2, self.options.min_trials) + 1):
+            with self.meter.measure() as window:
+                for _ in range(count):
+                    prefill_pass()
+            m = window.measurement
+            windows.append(
+                Trial(
+                    index=index,
+                    seconds=m.seconds / count,
+                    joules=m.joules / count,
+                    net_joules=m.net_joules / count,
+                    joules_by_domain={d: j / count for d, j in m.by_domain.items()},
+                    net_joules_by_domain={d: j / count for d, j in m.net_by_domain.items()},
+                    input_tokens=input_tokens,
+                    output_tokens=0,
+                    passes=count,
+                )
+            )
+        return tuple(windows)
 
     def _call(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         self.calls += 1
@@ -227,6 +279,7 @@ class EnergyBenchmark:
         reason: str = "",
         resources: Any = None,
         disturbed: list[Trial] | None = None,
+        prefill_passes: tuple[Trial, ...] = (),
     ) -> CaseResult:
         domains = self.meter.domains
         self.result = CaseResult(
@@ -244,6 +297,8 @@ class EnergyBenchmark:
             reason=reason,
             resources=resources,
             disturbed=tuple(disturbed or ()),
+            resolution_s=self.meter.resolution_s,
+            prefill_passes=prefill_passes,
         )
         self._on_result(self.result)
         return self.result

@@ -168,6 +168,23 @@ class LoadedModel:
             first_token_at=streamer.first_token_at,
         )
 
+    def prefill(self, input_ids: Any) -> None:
+        """The prefill alone: one forward pass over the prompt into a new, empty cache,
+        and the first token's choice.  What ``generate`` does before its first token, to
+        be repeated back to back where one prefill is too short for the meter."""
+        import torch
+
+        input_ids = input_ids.to(self.device)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                past_key_values=self._new_cache(),
+                use_cache=True,
+            )
+            out.logits[:, -1, :].argmax(dim=-1)
+        self._synchronize()
+
     # -- helpers -----------------------------------------------------------------
     @property
     def _may_exceed_context(self) -> bool:

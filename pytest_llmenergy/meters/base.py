@@ -28,9 +28,16 @@ class Method(str, Enum):
     COUNTER = "counter"  # a hardware energy counter read at the edges
     SAMPLED = "sampled"  # power samples integrated over time
     ESTIMATED = "estimated"  # a model (TDP x utilization), not a sensor
+    # a measured total shared out by CPU time (RAPL package x this tree's share)
+    ATTRIBUTED = "attributed"
 
     def __str__(self) -> str:
         return self.value
+
+
+# The domain of energy that belongs to this process tree alone (estimated, attributed,
+# or sampled per process), whatever the meter.
+PROCESS_DOMAIN = "cpu:process"
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import MeterUnavailable
-from .base import Domain, Meter, Method, Reading
+from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .cpu_tdp import TdpLookup, cpu_brand, resolve_tdp
 from .options import MeterOptions
 from .process_tree import ProcessTreeCpu
 
-DOMAIN = "cpu:process"
+DOMAIN = PROCESS_DOMAIN
 
 CpuSecondsSource = Callable[[], float]
 Clock = Callable[[], float]

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from ..errors import MeterError, MeterUnavailable
-from .base import Domain, Meter, Method, PowerSample, Reading
+from .base import PROCESS_DOMAIN, Domain, Meter, Method, PowerSample, Reading
 from .options import MeterOptions
 from .sampling import SampleBuffer, integrate_intervals
 
@@ -48,7 +48,7 @@ END_WAIT_INTERVALS = 3  # a window's end waits this many intervals (+ 1 s) for i
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # one sample is ~50-500 kB; more means a broken stream
 STDERR_TAIL_BYTES = 8192
 
-CPU_PROCESS = "cpu:process"
+CPU_PROCESS = PROCESS_DOMAIN
 GPU = "gpu:0"
 CPU_ALL = "cpu:all"
 PACKAGE = "cpu:package"

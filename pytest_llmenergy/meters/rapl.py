@@ -11,12 +11,13 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import MeterUnavailable
-from .base import Domain, Meter, Method, Reading
+from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .options import MeterOptions
+from .process_tree import ProcessTreeCpu, machine_busy_cpu_seconds
 from .sampling import PeriodicThread
 
 BACKEND = "rapl"
@@ -138,13 +139,46 @@ def guard_interval_s(zones: list[Zone], requested_s: float | None) -> float:
     return max(interval, _GUARD_MIN_S)
 
 
+PROCESS = PROCESS_DOMAIN
+
+
+def attributed_share(tree_s: float, machine_s: float) -> float:
+    """This process tree's share of the machine's busy CPU time over a window.  The
+    machine counts 10 ms ticks, so a window shorter than a tick may see none: then the
+    tree had it all if it used any."""
+    if machine_s <= 0:
+        return 1.0 if tree_s > 0 else 0.0
+    return min(1.0, max(0.0, tree_s / machine_s))
+
+
 class RaplMeter(Meter):
+    """Package, core, uncore and DRAM counters; with CPU-time sources, also ``cpu:process``:
+    the packages' energy x this process tree's share of the machine's CPU time, as the
+    research attributed CPU energy to the process on macOS.  It is reported beside the
+    package figures, not added to them (marked ``attributed``)."""
+
     backend = BACKEND
 
-    def __init__(self, zones: list[Zone], guard_s: float, root: str) -> None:
+    def __init__(
+        self,
+        zones: list[Zone],
+        guard_s: float,
+        root: str,
+        *,
+        tree_cpu_s: Callable[[], float] | None = None,
+        machine_busy_s: Callable[[], float] | None = None,
+    ) -> None:
         super().__init__()
         self._zones = zones
         self._domains = {z.domain.name: z.domain for z in zones}
+        self._packages = [z.domain.name for z in zones if z.domain.name.startswith("cpu:package-")]
+        self._cpu_time = (
+            (tree_cpu_s, machine_busy_s)
+            if tree_cpu_s is not None and machine_busy_s is not None and self._packages
+            else None
+        )
+        if self._cpu_time is not None:
+            self._domains[PROCESS] = Domain(PROCESS, Method.ATTRIBUTED, counted=False)
         self._names = [z.domain.name for z in zones]
         self._paths = [z.energy_path for z in zones]
         self._unwrappers = [CounterUnwrapper(z.max_range_uj) for z in zones]
@@ -170,11 +204,19 @@ class RaplMeter(Meter):
 
     def _read(self) -> Reading:
         totals = self._totals_uj()
-        return Reading(t=time.perf_counter(), state=totals)
+        if self._cpu_time is None:
+            return Reading(t=time.perf_counter(), state=(totals, None))
+        tree, machine = self._cpu_time
+        return Reading(t=time.perf_counter(), state=(totals, (tree(), machine())))
 
     def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
         self._guard.check()
-        return {n: (tb - ta) / 1e6 for n, ta, tb in zip(self._names, a.state, b.state)}
+        (ta, cpu_a), (tb, cpu_b) = a.state, b.state
+        out = {n: (vb - va) / 1e6 for n, va, vb in zip(self._names, ta, tb)}
+        if cpu_a is not None and cpu_b is not None:
+            share = attributed_share(cpu_b[0] - cpu_a[0], cpu_b[1] - cpu_a[1])
+            out[PROCESS] = share * sum(out[p] for p in self._packages)
+        return out
 
     def _start(self) -> None:
         self._guard.start()
@@ -205,4 +247,10 @@ def create(options: MeterOptions) -> RaplMeter:
             raise MeterUnavailable(
                 BACKEND, f"cannot read {zone.energy_path}: {PERMISSION_HINT}"
             ) from exc
-    return RaplMeter(zones, guard_interval_s(zones, options.sample_interval_s), root)
+    return RaplMeter(
+        zones,
+        guard_interval_s(zones, options.sample_interval_s),
+        root,
+        tree_cpu_s=ProcessTreeCpu().read,
+        machine_busy_s=machine_busy_cpu_seconds,
+    )

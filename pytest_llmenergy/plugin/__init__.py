@@ -161,7 +161,10 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
 
     settings = pytestconfig.stash[CASE_PLAN].llm
     pool = ModelPool(
-        dtype=settings.dtype, device=settings.device, trust_remote_code=settings.trust_remote_code
+        dtype=settings.dtype,
+        device=settings.device,
+        trust_remote_code=settings.trust_remote_code,
+        allow_beyond_context=settings.allow_beyond_context,
     )
     yield pool
     pool.close()

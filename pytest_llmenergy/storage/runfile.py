@@ -29,7 +29,8 @@ FORMAT = "pytest-llmenergy-run"
 #    CI targets name figures ("time_s", not "time").  Version 1 files are read as they are.
 #    Added since, optional when read: a trial's "background_cpu", a case's
 #    "disturbed_trials" and its controller's "max_background" (absent: never checked),
-#    "rule" and "min_time_s" (absent: no minimum).
+#    "rule" and "min_time_s" (absent: no minimum); a case's "resolution_s" (the meter's)
+#    and "prefill_passes" (trials of repeated prefill-only passes, each with "passes").
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -136,6 +137,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
             for name, p in t.phases.items()
         },
         "background_cpu": t.background_cpu,
+        "passes": t.passes,
     }
 
 
@@ -179,6 +181,8 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         },
         "trials": [_trial_dict(t) for t in r.trials],
         "disturbed_trials": [_trial_dict(t) for t in r.disturbed],
+        "resolution_s": r.resolution_s,
+        "prefill_passes": [_trial_dict(t) for t in r.prefill_passes],
     }
 
 
@@ -322,6 +326,7 @@ def _trial(r: _Reader) -> Trial:
         output_tokens=r.get("output_tokens", int),
         phases=phases,
         background_cpu=r.get("background_cpu", float, optional=True),
+        passes=r.get("passes", int, optional=True) or 1,
     )
 
 
@@ -374,6 +379,8 @@ def _case(r: _Reader) -> CaseResult:
         reason=r.get("reason", str),
         resources=_resources(r.obj("resources", optional=True)),
         disturbed=tuple(_trial(t) for t in r.objs("disturbed_trials", optional=True)),
+        resolution_s=r.get("resolution_s", float, optional=True),
+        prefill_passes=tuple(_trial(t) for t in r.objs("prefill_passes", optional=True)),
     )
 
 

@@ -1,0 +1,325 @@
+"""A busy machine is detected, not measured; unlike meters are not compared (issue 12).
+
+The background share is checked against scripted CPU counters whose truth is known; the
+controller, the gates and the tables against scripted shares; and the whole thing once
+for real, with CPU-bound processes beside a session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmenergy.compare import BUSY, FAIL, compare_cases, unlike_meters, verdict_line
+from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
+from pytest_llmenergy.plugin.results import busy_line
+from pytest_llmenergy.report import case_tables
+from pytest_llmenergy.results import CaseResult
+from pytest_llmenergy.storage.runfile import Run, dumps, loads
+from pytest_llmenergy.tables import render
+from tests.casefactory import make_case
+from tests.fakes.scripted import TraceMeter
+from tests.fakes.trace import PowerTrace
+from tests.test_plugin_keep import REPO
+from tests.test_plugin_suite import TRACE_METER
+
+
+class FakeTree:
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+
+    def read(self) -> float:
+        return self.cpu_s
+
+
+class Machine:
+    """A scripted clock and CPU counters: this tree and the rest of a 4-CPU machine."""
+
+    def __init__(self) -> None:
+        self.t_s = 100.0
+        self.others_s = 0.0
+        self.tree = FakeTree()
+
+    def busy_s(self) -> float:
+        return self.tree.cpu_s + self.others_s
+
+    def run(self, wall_s: float, tree_cpus: float, other_cpus: float) -> None:
+        self.t_s += wall_s
+        self.tree.cpu_s += wall_s * tree_cpus
+        self.others_s += wall_s * other_cpus
+
+    def background(self, tick_s: float = 0.0) -> BackgroundCpu:
+        return BackgroundCpu(
+            self.tree,  # type: ignore[arg-type]
+            logical_cpus=4,
+            machine_busy_s=self.busy_s,
+            clock=lambda: self.t_s,
+            tick_s=tick_s,
+        )
+
+
+# -- the share ---------------------------------------------------------------------------
+def test_the_share_is_what_other_processes_used_of_the_machine() -> None:
+    m = Machine()
+    bg = m.background()
+    a = bg.read()
+    m.run(2.0, tree_cpus=2.0, other_cpus=1.0)  # we use 2 of 4 CPUs, someone else 1
+    assert bg.share(a, bg.read()) == pytest.approx(0.25)
+    a = bg.read()
+    m.run(1.0, tree_cpus=4.0, other_cpus=0.0)  # our own load is never background
+    assert bg.share(a, bg.read()) == 0.0
+
+
+def test_tick_rounding_is_allowed_for() -> None:
+    m = Machine()
+    bg = m.background(tick_s=0.01)
+    a = bg.read()
+    m.run(1.0, tree_cpus=1.0, other_cpus=0.0)
+    m.others_s += 0.03  # three ticks of rounding on a 4-CPU machine: nothing happened
+    assert bg.share(a, bg.read()) == 0.0
+    a = bg.read()
+    m.run(1.0, tree_cpus=1.0, other_cpus=2.0)
+    assert bg.share(a, bg.read()) == pytest.approx((2.0 - 0.04) / 4)
+
+
+def test_a_short_trial_is_judged_over_the_last_quarter_second() -> None:
+    m = Machine()
+    bg = m.background()
+    history: list[CpuActivity] = [bg.read()]
+    m.run(0.5, tree_cpus=1.0, other_cpus=4.0)  # busy long before
+    history.append(bg.read())
+    m.run(0.3, tree_cpus=1.0, other_cpus=0.0)  # quiet since
+    history.append(bg.read())
+    m.run(0.02, tree_cpus=1.0, other_cpus=1.0)  # a 20 ms trial
+    end = bg.read()
+    # from the last reading at least MIN_SPAN_S before the end: 0.32 s, not the 0.82 s
+    assert MIN_SPAN_S <= 0.32
+    assert bg.share_around(history, end) == pytest.approx(0.02 / (0.32 * 4))
+
+
+# -- the controller ----------------------------------------------------------------------
+class ScriptedBackground:
+    """Shares per trial, in order: what the rest of the machine did."""
+
+    def __init__(self, shares: list[float]) -> None:
+        self.shares = iter(shares)
+        self.t_s = 0.0
+
+    def read(self) -> CpuActivity:
+        self.t_s += 1.0
+        return CpuActivity(self.t_s, 0.0, 0.0)
+
+    def share_around(self, history: object, end: CpuActivity) -> float:
+        return next(self.shares)
+
+
+def run_case(shares: list[float], **options: Any) -> CaseResult:
+    results: list[CaseResult] = []
+    bench = EnergyBenchmark(
+        TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
+        ControllerOptions(**{"rule": "research", "warmup": 0, **options}),
+        nodeid="t.py::test_case[x]",
+        name="test_case[x]",
+        labels={},
+        on_result=results.append,
+        background=ScriptedBackground(shares),  # type: ignore[arg-type]
+    )
+    return bench(time.sleep, 0.002, input_tokens=8, output_tokens=4)
+
+
+def test_disturbed_trials_are_kept_out_of_the_figures_and_repeated() -> None:
+    r = run_case([0.0, 0.6, 0.0, 0.9, 0.1, 0.0])
+    assert [t.index for t in r.trials] == [1, 3, 5] and r.converged
+    assert [t.index for t in r.disturbed] == [2, 4]
+    assert [t.background_cpu for t in r.disturbed] == [0.6, 0.9]
+    assert r.busy and r.max_background_cpu == 0.9
+    assert r.time.n == 3  # the figures use the undisturbed trials only
+
+
+def test_disturbed_trials_count_against_the_trial_limit() -> None:
+    r = run_case([0.9] * 4 + [0.0] * 2, max_trials=6)
+    assert len(r.trials) == 2 and len(r.disturbed) == 4 and r.status == "limit"
+    r = run_case([0.9] * 5, max_trials=5)
+    assert not r.measured and len(r.disturbed) == 5
+    [table] = case_tables([r])
+    text = render([table], "table")
+    assert "all 5 trials were disturbed by other processes (up to 90% of the CPUs)" in text
+
+
+def test_the_check_can_be_turned_off() -> None:
+    r = run_case([0.9, 0.9, 0.9], max_background=None)
+    assert len(r.trials) == 3 and not r.disturbed
+
+
+def test_tables_mark_busy_cases_and_the_session_says_so_once() -> None:
+    r = run_case([0.0, 0.6, 0.0, 0.0])
+    text = render(case_tables([r]), "table")
+    assert "3 ✓ +1b" in text and "+Nb: N more trials" in text
+    line = busy_line([r, run_case([0.0, 0.0, 0.0])])
+    assert line.startswith("machine busy: other processes used up to 60% of the CPUs during 1")
+    assert "1 case(s)" in line
+    assert busy_line([run_case([0.0, 0.0, 0.0])]) == ""
+
+
+def test_disturbed_trials_survive_the_run_file(tmp_path: Path) -> None:
+    r = run_case([0.0, 0.6, 0.0, 0.0])
+    run = Run("", "x", "2026-01-01T00:00:00Z", "complete", "hw", {}, {}, {}, {}, cases=(r,))
+    back = loads(dumps(run), tmp_path / "x.json").cases[0]
+    assert back.disturbed == r.disturbed and back.trials == r.trials
+    assert back.options.max_background == 0.25 and back.options.rule == "research"
+
+
+# -- gates -------------------------------------------------------------------------------
+def with_disturbed(case: CaseResult, share: float = 0.7) -> CaseResult:
+    extra = replace(case.trials[0], index=99, background_cpu=share)
+    return replace(case, disturbed=(extra,))
+
+
+def test_a_gate_never_fails_on_a_busy_case() -> None:
+    from pytest_llmenergy.compare import parse_gates
+
+    base = [make_case([1.0, 1.01, 0.99])]
+    worse = [make_case([1.5, 1.51, 1.49])]
+    gates = parse_gates("j_per_token:5%")
+    quiet = compare_cases(base, worse, gates=gates)
+    assert quiet.failed and quiet.deltas[0].verdict == FAIL
+    busy = compare_cases(base, [with_disturbed(worse[0])], gates=gates)
+    assert not busy.failed and busy.deltas[0].verdict == BUSY
+    assert verdict_line(busy).startswith("energy gate inconclusive (j_per_token:5%): the machine")
+    # a busy baseline is no better
+    assert not compare_cases([with_disturbed(base[0])], worse, gates=gates).failed
+
+
+# -- meter identity ----------------------------------------------------------------------
+def test_unlike_meters_are_named_in_one_line() -> None:
+    a = {"meter": "estimate", "domains": "cpu:process", "TDP": "20 W"}
+    b = {**a, "TDP": "40 W"}
+    assert unlike_meters(a, a) == ""
+    assert unlike_meters(a, b) == (
+        "baseline: TDP 20 W, this run: TDP 40 W; energies not comparable"
+    )
+
+
+def test_runs_saved_before_the_identity_get_it_from_their_record() -> None:
+    run = Run(
+        "",
+        "x",
+        "",
+        "complete",
+        "hw",
+        {},
+        {},
+        {},
+        {
+            "backend": "auto(estimate)",
+            "description": "estimate: cpu:process (estimated), TDP 20 W [--energy-cpu-tdp=20]",
+            "domains": {"cpu:process": {"method": "estimated", "counted": True}},
+        },
+    )
+    assert run.meter_identity == {"meter": "estimate", "domains": "cpu:process", "TDP": "20 W"}
+
+
+def test_auto_resolving_to_the_estimate_is_the_estimate() -> None:
+    from pytest_llmenergy.meters import open_meter
+
+    with open_meter("estimate", cpu_tdp_w=20) as est, open_meter("auto", cpu_tdp_w=20) as auto:
+        if "estimate" not in auto.backend or "+" in auto.kind:
+            pytest.skip(f"auto resolves to {auto.backend} on this machine")
+        assert auto.kind == est.kind == "estimate"
+        assert auto.identity() == est.identity()
+
+
+# -- the way users run it ----------------------------------------------------------------
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.setenv("PYTHONPATH", str(REPO), prepend=os.pathsep)
+    pytester.makeconftest(TRACE_METER)
+    pytester.makepyfile(
+        test_cases="""
+        import time, pytest
+
+        @pytest.mark.parametrize("n", [8, 64])
+        def test_case(energy_benchmark, n):
+            energy_benchmark(time.sleep, 0.02, input_tokens=n, output_tokens=4)
+        """
+    )
+    return pytester
+
+
+def test_the_tdp_scenario_is_not_gated(project: pytest.Pytester) -> None:
+    """The issue's: a run with --energy-cpu-tdp=40 against one with 20 W must not report
+    -52 % "significant" on every case."""
+    common = ("--energy-backend=estimate", "--energy-rule=research", "--energy-shuffle=off")
+    project.makepyfile(
+        test_cases="""
+        import time, pytest
+
+        def spin(s):
+            end = time.process_time() + s
+            while time.process_time() < end:
+                pass
+
+        @pytest.mark.parametrize("n", [8, 64])
+        def test_case(energy_benchmark, n):
+            energy_benchmark(spin, 0.02, input_tokens=n, output_tokens=4)
+        """
+    )
+    project.runpytest(*common, "--energy-cpu-tdp=20", "--energy-save=base").assert_outcomes(
+        passed=2
+    )
+    result = project.runpytest(
+        *common, "--energy-cpu-tdp=40", "--energy-compare-fail=j_per_token:5%"
+    )
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        ["llmenergy: not gated: baseline: TDP 20 W, this run: TDP 40 W; energies not comparable"]
+    )
+    result.stdout.no_fnmatch_line("*FAIL*")
+    strict = project.runpytest(
+        *common, "--energy-cpu-tdp=40", "--energy-compare-fail=j_per_token:5%", "--energy-strict"
+    )
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def two_cpu_hogs() -> Iterator[None]:
+    """The issue's busy runner: two CPU-bound processes beside the session."""
+    code = "while True: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
+def test_two_cpu_hogs_are_detected_for_real(project: pytest.Pytester, two_cpu_hogs: None) -> None:
+    cpus = os.cpu_count() or 1
+    if cpus > 8:
+        pytest.skip("two processes do not make a big machine busy")
+    result = project.runpytest_subprocess(
+        "--energy-backend=trace",
+        "--energy-rule=research",
+        "--energy-max-background=25%",
+        "--energy-max-trials=5",
+        "--energy-json=run.json",
+    )
+    result.assert_outcomes(passed=2)
+    data = json.loads((project.path / "run.json").read_text())
+    shares = [t["background_cpu"] for c in data["cases"] for t in c["disturbed_trials"]]
+    assert shares and min(shares) > 0.25  # 2 hogs on <= 8 CPUs: over a quarter
+    result.stdout.fnmatch_lines(["llmenergy: machine busy: other processes used up to *"])
