@@ -32,7 +32,7 @@ def test_defaults_come_from_the_settings_not_from_the_help_text() -> None:
         by_flag["--energy-ci-target"]
         .full_help()
         .endswith(
-            "(default: the rule's: time_s:0.5s and time_s:5% and energy_j:5% for default; "
+            "(default: the rule's: time_s:0.5s and time_s:10% and energy_j:10% for default; "
             "time_s:0.5s for research)"
         )
     )

@@ -3,8 +3,11 @@
 The research behind this project repeated each case until the runtime's 95 %
 confidence interval was within 0.5 s of the mean, or 25 trials: the ``research`` rule.
 On its own that lets a 0.2 s case stop after 3 trials with an interval wider than its
-mean, so the ``default`` rule also asks for intervals within 5 % of the runtime and the
-energy, and for at least 1 s of measured time per case (within the trial limit).
+mean, so the ``default`` rule also asks for intervals within 10 % of the runtime and the
+energy, and for at least 1 s of measured time per case (within the trial limit).  Long
+cases on a noisy machine would then take 25 trials of many seconds, so the ``default``
+rule also stops a case once 15 s are measured (and ``min_trials`` are done), like
+pytest-benchmark's ``--benchmark-max-time``; such a case is marked as not converged.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class Rule:
     name: str
     targets: tuple[CITarget, ...]
     min_time_s: float
+    max_time_s: float | None  # None: only the trial limit
     meaning: str
 
 
@@ -39,16 +43,19 @@ RULES: dict[str, Rule] = {
             "default",
             (
                 CITarget("time_s", 0.5),
-                CITarget("time_s", 0.05, True),
-                CITarget("energy_j", 0.05, True),
+                CITarget("time_s", 0.10, True),
+                CITarget("energy_j", 0.10, True),
             ),
             1.0,
-            "runtime CI within 0.5 s and 5 %, energy CI within 5 %, at least 1 s measured",
+            15.0,
+            "runtime CI within 0.5 s and 10 %, energy CI within 10 %, at least 1 s and at "
+            "most 15 s measured",
         ),
         Rule(
             "research",
             (CITarget("time_s", 0.5),),
             0.0,
+            None,
             "the research's: runtime CI within 0.5 s of the mean",
         ),
     )
@@ -72,6 +79,9 @@ class ControllerOptions:
     max_background: float | None = DEFAULT_MAX_BACKGROUND  # None: never judged busy
     rule: str = DEFAULT_RULE
     min_time_s: float | None = None
+    # Stop once this much runtime is measured (after min_trials), converged or not.
+    # None takes the rule's; 0 means no such limit.
+    max_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -82,6 +92,8 @@ class ControllerOptions:
             object.__setattr__(self, "targets", RULES[self.rule].targets)
         if self.min_time_s is None:
             object.__setattr__(self, "min_time_s", RULES[self.rule].min_time_s)
+        if self.max_time_s is None:
+            object.__setattr__(self, "max_time_s", RULES[self.rule].max_time_s or 0.0)
         if not (isinstance(self.min_trials, int) and self.min_trials >= 1):
             raise ConfigError(f"min_trials must be an integer >= 1, got {self.min_trials!r}")
         if not (isinstance(self.max_trials, int) and self.max_trials >= self.min_trials):
@@ -102,10 +114,17 @@ class ControllerOptions:
             )
         if not (self.min_time_s is not None and self.min_time_s >= 0):
             raise ConfigError(f"min_time_s must be >= 0 seconds, got {self.min_time_s!r}")
+        if not (self.max_time_s is not None and self.max_time_s >= 0):
+            raise ConfigError(f"max_time_s must be >= 0 seconds, got {self.max_time_s!r}")
 
     @property
     def min_time(self) -> float:
         return self.min_time_s or 0.0
+
+    @property
+    def max_time(self) -> float | None:
+        """The measured-time budget of a case; None: none."""
+        return self.max_time_s or None
 
     def disturbed(self, background_cpu: float | None) -> bool:
         """Was a trial with this background CPU share taken on a busy machine?"""
@@ -118,6 +137,8 @@ class ControllerOptions:
     def describe(self) -> str:
         targets = " and ".join(str(t) for t in self.targets)
         least = f", at least {self.min_time:g} s measured" if self.min_time else ""
+        if self.max_time:
+            least += f", stopping at {self.max_time:g} s measured"
         return (
             f"{self.min_trials}-{self.max_trials} trials after {self.warmup} warm-up, "
             f"until the {self.confidence:.0%} CI half-width meets {targets}{least}"
@@ -173,7 +194,12 @@ def decide(options: ControllerOptions, trials: Sequence[Trial], disturbed: int =
     unmet = tuple(t for t in options.targets if not t.holds(summaries[t.metric]))
     measured_s = math.fsum(t.seconds for t in trials)
     converged = not unmet and n >= max(2, options.min_trials) and measured_s >= options.min_time
-    stop = converged or n + disturbed >= options.max_trials
+    over_budget = (
+        options.max_time is not None
+        and measured_s >= options.max_time
+        and n >= max(2, options.min_trials)
+    )
+    stop = converged or over_budget or n + disturbed >= options.max_trials
     return StopDecision(
         stop=stop, converged=converged, summaries=summaries, unmet=unmet, measured_s=measured_s
     )

@@ -348,6 +348,16 @@ OPTIONS: tuple[Option, ...] = (
         + ", ".join(f"{r.min_time_s:g} s for {r.name}" for r in RULES.values()),
     ),
     Option(
+        "--energy-max-time",
+        "controller.max_time_s",
+        values.non_negative_seconds,
+        "SECONDS",
+        "stop repeating a case once this much runtime is measured (after "
+        "--energy-min-trials), converged or not; 0: only the trial limit",
+        default_text="the rule's: "
+        + ", ".join(f"{r.max_time_s or 0:g} s for {r.name}" for r in RULES.values()),
+    ),
+    Option(
         "--energy-ci-target",
         "controller.targets",
         parse_ci_targets,

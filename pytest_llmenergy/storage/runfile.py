@@ -29,7 +29,7 @@ FORMAT = "pytest-llmenergy-run"
 #    CI targets name figures ("time_s", not "time").  Version 1 files are read as they are.
 #    Added since, optional when read: a trial's "background_cpu", a case's
 #    "disturbed_trials" and its controller's "max_background" (absent: never checked),
-#    "rule" and "min_time_s" (absent: no minimum); a case's "resolution_s" (the meter's)
+#    "rule", "min_time_s" and "max_time_s" (absent: none); a case's "resolution_s" (the meter's)
 #    and "prefill_passes" (trials of repeated prefill-only passes, each with "passes").
 SCHEMA_VERSION = 2
 
@@ -150,6 +150,7 @@ def _controller_dict(o: ControllerOptions) -> dict[str, Any]:
         "max_background": o.max_background,
         "rule": o.rule,
         "min_time_s": o.min_time,
+        "max_time_s": o.max_time,
         "targets": [
             {"metric": t.metric, "value": t.value, "relative": t.relative} for t in o.targets
         ],
@@ -346,6 +347,7 @@ def _controller(r: _Reader) -> ControllerOptions:
             max_background=r.get("max_background", float, optional=True),
             rule=r.get("rule", str, optional=True) or "default",
             min_time_s=r.get("min_time_s", float, optional=True) or 0.0,
+            max_time_s=r.get("max_time_s", float, optional=True) or 0.0,
         )
     except ConfigError as exc:
         raise _Bad(f"{r.where}: {exc}") from None
