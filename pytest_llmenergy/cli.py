@@ -40,6 +40,7 @@ from .figures import (
     figure,
     per_trial_keys,
 )
+from .meters.reference import speed_drift
 from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
@@ -469,12 +470,19 @@ def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str],
                 not_comparable=unlike_meters(
                     runs[0].meter_identity, run.meter_identity, current_label=label
                 ),
+                drift=speed_drift(_speed(runs[0]), _speed(run), None),
             )
             tables.append(comparison_table(comparison))
             verdicts.append(f"{label}: {verdict_line(comparison)}")
             unsure = bool(comparison.inconclusive or comparison.not_comparable)
             failed = failed or comparison.failed or (args.strict and unsure)
     return render(tables, args.format, width=_width(args.format)), verdicts, failed
+
+
+def _speed(run: Run) -> float | None:
+    """The reference workload's time at the run's start (runs since 0.2.0), if any."""
+    value = run.machine.get("speed_reference_s")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _labels(runs: Sequence[Run]) -> tuple[str, ...]:

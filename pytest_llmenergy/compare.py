@@ -71,6 +71,7 @@ FAIL = "FAIL"
 NOT_SIGNIFICANT = "not significant"
 TOO_FEW = "too few trials"
 BUSY = "inconclusive: machine busy"
+DRIFT = "inconclusive: machine speed"
 UNRESOLVED = "below resolution"
 OK = "ok"
 
@@ -93,6 +94,9 @@ class Delta:
     # Measured, on either side, over stretches shorter than the meter resolves: the
     # figure is shown but never gated.
     unresolved: bool = False
+    # How much the machine's own speed differed (a fraction, see meters/reference.py): a
+    # regression within the gate plus this is one the machine could explain.
+    drift: float = 0.0
 
     @property
     def change(self) -> float:
@@ -111,13 +115,25 @@ class Delta:
         return self.gate is not None and self.gate.exceeded(self.baseline.mean, self.current.mean)
 
     @property
+    def drifted(self) -> bool:
+        """Worse beyond the gate, but not beyond the gate plus the machine's speed drift."""
+        if self.gate is None or self.drift <= 0:
+            return False
+        worse = self.gate.worsening(self.baseline.mean, self.current.mean)
+        return worse <= self.gate.allowed(self.baseline.mean) + self.drift * abs(self.baseline.mean)
+
+    @property
     def failed(self) -> bool:
-        return self.exceeded and self.significant and not self.busy and not self.unresolved
+        return (
+            self.exceeded
+            and self.significant
+            and not (self.busy or self.unresolved or self.drifted)
+        )
 
     @property
     def inconclusive(self) -> bool:
-        """It would have failed, but the machine was busy."""
-        return self.exceeded and self.significant and self.busy
+        """It would have failed, but the machine was busy or ran at another speed."""
+        return self.exceeded and self.significant and (self.busy or self.drifted)
 
     @property
     def verdict(self) -> str:
@@ -131,7 +147,9 @@ class Delta:
             return TOO_FEW
         if not self.significant:
             return NOT_SIGNIFICANT
-        return BUSY if self.busy else FAIL
+        if self.busy:
+            return BUSY
+        return DRIFT if self.drifted else FAIL
 
 
 def delta(
@@ -141,6 +159,7 @@ def delta(
     *,
     confidence: float = 0.95,
     gate: Gate | None = None,
+    drift: float = 0.0,
 ) -> Delta | None:
     """None when either case lacks the metric (no trials, or no prefill/decode split)."""
     f = figure(metric_key, per_trial=True, warn=False)
@@ -159,6 +178,7 @@ def delta(
         gate=gate,
         busy=baseline.busy or current.busy,
         unresolved=not (resolved(f, baseline) and resolved(f, current)),
+        drift=drift,
     )
 
 
@@ -197,6 +217,8 @@ class Comparison:
     # Why the two runs' figures cannot be compared at all (other meter settings): then
     # the figures are shown but nothing is gated.
     not_comparable: str = ""
+    drift: float = 0.0  # the machine's speed difference the gates allowed for
+    drift_note: str = ""  # how it was measured, for the verdict line
 
     @property
     def failures(self) -> list[Delta]:
@@ -221,6 +243,8 @@ def compare_cases(
     baseline_label: str = "baseline",
     current_label: str = "current",
     not_comparable: str = "",
+    drift: float = 0.0,
+    drift_note: str = "",
 ) -> Comparison:
     """Cases are matched by node id.  With gates, their metrics are compared; else
     ``metrics``.  ``not_comparable`` (why the runs' energies differ in kind) shows the
@@ -238,7 +262,7 @@ def compare_cases(
         if base is None:
             continue
         for key, gate in checks:
-            d = delta(base, case, key, confidence=confidence, gate=gate)
+            d = delta(base, case, key, confidence=confidence, gate=gate, drift=drift)
             if d is not None:
                 deltas.append(d)
     now = {c.nodeid for c in after}
@@ -251,6 +275,8 @@ def compare_cases(
         only_in_baseline=tuple(sorted(set(before) - now)),
         only_in_current=tuple(sorted(now - set(before))),
         not_comparable=not_comparable,
+        drift=drift,
+        drift_note=drift_note,
     )
 
 
@@ -364,12 +390,25 @@ def verdict_line(c: Comparison) -> str:
         extra += f"; {untested} over the threshold with too few trials to test"
     if below:
         extra += f"; {below} not gated: shorter than the meter resolves"
-    if c.inconclusive:
-        cases = sorted({d.name for d in c.inconclusive})
+    busy = sorted({d.name for d in c.inconclusive if d.busy})
+    drifted = sorted({d.name for d in c.inconclusive if not d.busy})
+    if busy or drifted:
+        why = []
+        if busy:
+            why.append(
+                f"the machine was busy with other work during {len(busy)} case(s) that "
+                f"look worse: {', '.join(busy)}; rerun on a quiet machine"
+            )
+        if drifted:
+            why.append(
+                f"{len(drifted)} case(s) are worse by less than the gate plus the "
+                f"machine's own speed difference ({c.drift:.0%}{c.drift_note}): "
+                f"{', '.join(drifted)}; compare runs made in one job (the example "
+                "workflow alternates them)"
+            )
         return (
-            f"energy gate inconclusive ({gates}): the machine was busy with other work "
-            f"during {len(cases)} case(s) that look worse: {', '.join(cases)}; rerun on a "
-            f"quiet machine (--energy-strict fails the session on this){extra}"
+            f"energy gate inconclusive ({gates}): {'; '.join(why)} "
+            f"(--energy-strict fails the session on this){extra}"
         )
     return f"energy gate passed ({gates}): no significant regression{extra}"
 

@@ -323,3 +323,51 @@ def test_two_cpu_hogs_are_detected_for_real(project: pytest.Pytester, two_cpu_ho
     shares = [t["background_cpu"] for c in data["cases"] for t in c["disturbed_trials"]]
     assert shares and min(shares) > 0.25  # 2 hogs on <= 8 CPUs: over a quarter
     result.stdout.fnmatch_lines(["llmenergy: machine busy: other processes used up to *"])
+
+
+# -- the machine's own speed -------------------------------------------------------------
+def test_speed_drift_is_the_largest_relative_difference() -> None:
+    from pytest_llmenergy.meters.reference import reference_s, speed_drift
+
+    assert speed_drift(None, None, None) == 0.0
+    assert speed_drift(0.010, 0.012, 0.012) == pytest.approx(0.2)
+    assert speed_drift(0.010, 0.010, 0.013) == pytest.approx(0.3)  # slowed down meanwhile
+    assert speed_drift(None, 0.010, 0.009) == pytest.approx(0.1)
+    ticks = iter([0.0, 0.004, 1.0, 1.006, 2.0, 2.005])
+    assert reference_s(3, work=lambda: None, clock=lambda: next(ticks)) == pytest.approx(0.005)
+
+
+def test_a_regression_the_machine_speed_could_explain_is_inconclusive() -> None:
+    from pytest_llmenergy.compare import DRIFT, parse_gates
+
+    base = [make_case([1.0, 1.01, 0.99])]
+    gates = parse_gates("j_per_token:5%")
+    worse_20 = [make_case([1.2, 1.21, 1.19])]
+    worse_50 = [make_case([1.5, 1.51, 1.49])]
+    c = compare_cases(base, worse_20, gates=gates, drift=0.25)
+    assert not c.failed and c.deltas[0].verdict == DRIFT
+    assert "machine's own speed difference (25%" in verdict_line(c)
+    # a regression beyond the gate plus the drift still fails
+    assert compare_cases(base, worse_50, gates=gates, drift=0.25).failed
+    assert compare_cases(base, worse_20, gates=gates, drift=0.0).failed
+
+
+def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytester) -> None:
+    """A saved baseline whose reference workload ran 3x faster than this machine does now:
+    its cases look 30 % worse, which the machine's speed explains."""
+    common = ("--energy-backend=trace", "--energy-rule=research", "--energy-shuffle=off")
+    project.runpytest(*common, "--energy-save=base").assert_outcomes(passed=2)
+    [path] = sorted((project.path / ".llmenergy").glob("*/*.json"))
+    data = json.loads(path.read_text())
+    assert data["machine"]["speed_reference_s"] > 0
+    data["machine"]["speed_reference_s"] /= 3
+    for case in data["cases"]:
+        for t in case["trials"]:
+            t["joules"] /= 1.3
+            t["seconds"] /= 1.3
+    path.write_text(json.dumps(data))
+    result = project.runpytest(*common, "--energy-compare-fail=j_per_token:5%")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*energy gate inconclusive*machine's own speed difference*"])
+    strict = project.runpytest(*common, "--energy-compare-fail=j_per_token:5%", "--energy-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED

@@ -15,6 +15,7 @@ import pytest
 from ..compare import Comparison, compare_cases, comparison_table, unlike_meters, verdict_line
 from ..errors import ConfigError
 from ..export import export_text
+from ..meters.reference import reference_s, speed_drift
 from ..results import CaseResult
 from ..storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
 from ..storage.runfile import COMPLETE, Run, RunFileError, load
@@ -47,6 +48,7 @@ class Keeper:
         self.comparison: Comparison | None = None
         self.exported: list[tuple[str, Path]] = []
         self.export_errors: list[str] = []
+        self.reference_start_s: float | None = None  # the machine's speed at start
 
     @property
     def active(self) -> bool:
@@ -69,6 +71,11 @@ class Keeper:
             lines.append(f"saving this run to {', '.join(str(p) for p in self.recorder.paths)}")
         if self.baseline is not None:
             lines.append(f"comparing with {self.baseline.path}")
+        if self.reference_start_s is not None:
+            lines.append(
+                f"machine speed: a reference workload takes {self.reference_start_s * 1e3:.1f}"
+                " ms of CPU (a difference from the baseline's widens the gates)"
+            )
         return lines
 
     def on_case(self, results: list[CaseResult]) -> None:
@@ -131,6 +138,8 @@ class Keeper:
         assert meter is not None
         keep = self.settings
         machine = machine_info()
+        self.reference_start_s = reference_s()
+        machine[SPEED_KEY] = self.reference_start_s
         self.hardware = hardware_key(machine, meter.kind)
         storage = Storage(keep.storage)
         if keep.compare:
@@ -209,6 +218,7 @@ class Keeper:
         if self.baseline is not None and self.results:
             meter = self.metering.meter
             identity = meter.identity() if meter is not None else {}
+            drift, drift_note = self._speed_drift()
             self.comparison = compare_cases(
                 self.baseline.cases,
                 self.results,
@@ -217,6 +227,8 @@ class Keeper:
                 baseline_label=self.baseline.label,
                 current_label="this run",
                 not_comparable=unlike_meters(self.baseline.meter_identity, identity),
+                drift=drift,
+                drift_note=drift_note,
             )
             unsure = bool(self.comparison.inconclusive) or bool(
                 self.settings.gates and self.comparison.not_comparable
@@ -231,6 +243,24 @@ class Keeper:
                 exit_status=final,
             )
         return failed
+
+    def _speed_drift(self) -> tuple[float, str]:
+        """How much the machine's speed differed from the baseline's and within this
+        session, and the reference times that say so."""
+        assert self.baseline is not None
+        base = self.baseline.machine.get(SPEED_KEY)
+        base_s = float(base) if isinstance(base, int | float) and base > 0 else None
+        start_s = self.reference_start_s
+        end_s = reference_s() if start_s is not None else None
+        drift = speed_drift(base_s, start_s, end_s)
+        if start_s is None or end_s is None:
+            return drift, ""
+        then = f", {base_s * 1e3:.1f} ms at the baseline" if base_s else ""
+        note = (
+            f": a reference workload took {start_s * 1e3:.1f} ms at this session's start, "
+            f"{end_s * 1e3:.1f} ms at its end{then}"
+        )
+        return drift, note
 
     def _export(self) -> None:
         """Each export once, atomically, never over an existing file."""
@@ -247,3 +277,5 @@ class Keeper:
 
 
 KEEPER = pytest.StashKey[Keeper]()
+# Where a run file keeps the machine's speed at the session's start (meters/reference.py).
+SPEED_KEY = "speed_reference_s"

@@ -1,0 +1,48 @@
+"""How fast this machine runs right now: a fixed reference workload, timed.
+
+A virtual machine's CPU speed drifts between sessions (other tenants, frequency), by
+tens of per cent on a shared runner, and a saved baseline was measured at some other
+speed.  The same few milliseconds of fixed work, timed at a session's start and end,
+tell how much of a difference between two runs the machine itself could explain.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+_LOOP = 100_000  # about 5 ms of CPython on a 2020s core
+
+
+def _fixed_work(n: int = _LOOP) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
+
+
+def reference_s(
+    repeats: int = 9,
+    work: Callable[[], object] = _fixed_work,
+    clock: Callable[[], float] = time.process_time,
+) -> float:
+    """Median CPU seconds of the fixed work (CPU time: a busy machine's waiting is not
+    slowness, the busy-machine check is for that)."""
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        work()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def speed_drift(baseline_s: float | None, start_s: float | None, end_s: float | None) -> float:
+    """The largest relative difference in the reference's time: this session against the
+    baseline's, and this session's end against its start (0 where nothing is known)."""
+    drifts = [0.0]
+    if baseline_s and start_s:
+        drifts.append(abs(start_s / baseline_s - 1.0))
+    if start_s and end_s:
+        drifts.append(abs(end_s / start_s - 1.0))
+    return max(drifts)
