@@ -474,8 +474,7 @@ def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str],
             )
             tables.append(comparison_table(comparison))
             verdicts.append(f"{label}: {verdict_line(comparison)}")
-            unsure = bool(comparison.inconclusive or comparison.not_comparable)
-            failed = failed or comparison.failed or (args.strict and unsure)
+            failed = failed or comparison.failed or (args.strict and comparison.unsure)
     return render(tables, args.format, width=_width(args.format)), verdicts, failed
 
 

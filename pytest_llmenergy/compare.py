@@ -219,6 +219,8 @@ class Comparison:
     not_comparable: str = ""
     drift: float = 0.0  # the machine's speed difference the gates allowed for
     drift_note: str = ""  # how it was measured, for the verdict line
+    # Cases of the current run with no undisturbed trial: the machine was busy throughout.
+    busy_unmeasured: tuple[str, ...] = ()
 
     @property
     def failures(self) -> list[Delta]:
@@ -227,6 +229,12 @@ class Comparison:
     @property
     def inconclusive(self) -> list[Delta]:
         return [d for d in self.deltas if d.inconclusive]
+
+    @property
+    def unsure(self) -> bool:
+        """Something a gate could not judge: what ``--energy-strict`` fails on."""
+        gated = bool(self.gates)
+        return gated and bool(self.inconclusive or self.busy_unmeasured or self.not_comparable)
 
     @property
     def failed(self) -> bool:
@@ -277,6 +285,7 @@ def compare_cases(
         not_comparable=not_comparable,
         drift=drift,
         drift_note=drift_note,
+        busy_unmeasured=tuple(c.name for c in current if not c.measured and c.disturbed),
     )
 
 
@@ -368,6 +377,13 @@ def verdict_line(c: Comparison) -> str:
     failures = c.failures
     if c.not_comparable:
         return f"not gated: {c.not_comparable}"
+    if not c.deltas and c.busy_unmeasured:
+        n = len(c.busy_unmeasured)
+        return (
+            f"energy gate inconclusive: other processes kept the machine busy during every "
+            f"trial of {n} case(s), so nothing was compared; rerun on a quiet machine "
+            "(--energy-strict fails the session on this)"
+        )
     if not c.deltas:
         return (
             f"nothing compared: no case of this run has the compared figures in "

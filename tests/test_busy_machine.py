@@ -371,3 +371,13 @@ def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytest
     result.stdout.fnmatch_lines(["*energy gate inconclusive*machine's own speed difference*"])
     strict = project.runpytest(*common, "--energy-compare-fail=j_per_token:5%", "--energy-strict")
     assert strict.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_a_case_busy_throughout_is_inconclusive_not_ignored() -> None:
+    from pytest_llmenergy.compare import parse_gates
+
+    base = [make_case([1.0, 1.01, 0.99])]
+    gone = replace(with_disturbed(base[0]), trials=())
+    c = compare_cases(base, [gone], gates=parse_gates("j_per_token:5%"))
+    assert not c.failed and c.unsure and c.busy_unmeasured == (gone.name,)
+    assert verdict_line(c).startswith("energy gate inconclusive: other processes kept the")

@@ -120,7 +120,7 @@ class Keeper:
         for line in render([comparison_table(comparison)], "table", width=width).splitlines():
             terminalreporter.write_line(line)
         failed = comparison.failed
-        unsure = bool(comparison.inconclusive or comparison.not_comparable)
+        unsure = comparison.unsure
         write(
             verdict_line(comparison),
             red=failed or (unsure and self.settings.strict),
@@ -230,10 +230,7 @@ class Keeper:
                 drift=drift,
                 drift_note=drift_note,
             )
-            unsure = bool(self.comparison.inconclusive) or bool(
-                self.settings.gates and self.comparison.not_comparable
-            )
-            failed = self.comparison.failed or (self.settings.strict and unsure)
+            failed = self.comparison.failed or (self.settings.strict and self.comparison.unsure)
         self._export()
         if self.recorder is not None:
             final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
