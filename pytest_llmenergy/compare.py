@@ -346,8 +346,10 @@ def comparison_table(c: Comparison) -> Table:
             "yes" if d.significant else "no",
         ]
         if gated:
-            raw += [str(d.gate), d.verdict]
-            shown += [str(d.gate), d.verdict]
+            verdict = "not gated" if c.not_comparable else d.verdict
+            gate = "—" if d.gate is None else str(d.gate)
+            raw += [None if d.gate is None else str(d.gate), verdict]
+            shown += [gate, verdict]
         rows.append(tuple(raw))
         cells.append(tuple(shown))
     notes = [

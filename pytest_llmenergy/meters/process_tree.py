@@ -18,32 +18,34 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
-
-_PROC = Path("/proc")
 
 
 def _proc_children(pid: int) -> list[int] | None:
     """Direct children from /proc/PID/task/*/children (Linux): far cheaper than scanning
     every process; None where the kernel has no such files."""
+    tasks_dir = f"/proc/{pid}/task"
     try:
-        tasks = os.listdir(_PROC / str(pid) / "task")
+        tasks = os.listdir(tasks_dir)
     except OSError:
         return None
     found: list[int] = []
-    for tid in tasks:
+    for i, tid in enumerate(tasks):
         try:
-            text = (_PROC / str(pid) / "task" / tid / "children").read_text()
+            with open(f"{tasks_dir}/{tid}/children", "rb") as f:
+                text = f.read()
         except FileNotFoundError:
-            if tid == tasks[0]:
+            if i == 0 and not os.path.exists(f"{tasks_dir}/{tid}"):
+                continue  # the thread ended meanwhile
+            if i == 0:
                 return None  # CONFIG_PROC_CHILDREN is off
-            continue  # the thread ended meanwhile
+            continue
         except OSError:
             continue
-        found.extend(int(p) for p in text.split())
+        if text:
+            found.extend(int(p) for p in text.split())
     return found
 
 

@@ -25,6 +25,9 @@ from tests.fakes.trace import PowerTrace
 # Far above what a window should cost: failing this means something slow crept into
 # the hot path (a thread start, an import, a file read), not a few percent of drift.
 WINDOW_BUDGET_S = 50e-6
+# The estimate reads this process tree's CPU time at both edges: /proc/self/task/*/children
+# and each live child's times (a listing and a file read each, tens of µs on a VM).
+ESTIMATE_WINDOW_BUDGET_S = 500e-6
 # Ours against Zeus's window on the same fake GPU (issue 12): at most this fraction.
 MAX_FRACTION_OF_ZEUS = 0.5
 NVML_GROUP = "nvml window: ours vs zeus vs bare counter reads"
@@ -147,10 +150,11 @@ def test_zeus_window_overhead(benchmark: Any, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_estimate_window_overhead(benchmark: Any) -> None:
-    """TDP x process CPU time: two psutil CPU-time reads (a /proc read on Linux), no thread."""
+    """TDP x process-tree CPU time: two reads of the tree (process_time, os.times and the
+    /proc children lists), no thread."""
     with open_meter("estimate", cpu_tdp_w=65) as meter:
         assert meter.domains["cpu:process"].method is Method.ESTIMATED
         benchmark(one_window, meter)
     mean_s = record_mean(benchmark, "estimate")
     if mean_s is not None:
-        assert mean_s < WINDOW_BUDGET_S
+        assert mean_s < ESTIMATE_WINDOW_BUDGET_S
