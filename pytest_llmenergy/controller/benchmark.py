@@ -6,10 +6,12 @@ target runs exactly ``warmup + trials`` times, never more, and every trial is ke
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -58,9 +60,12 @@ class EnergyBenchmark:
         on_result: Callable[[CaseResult], None],
         progress: Callable[[str], None] | None = None,
         background: BackgroundCpu | None = None,
+        exclusive: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self.meter = meter
         self.background = background  # None: trials are not checked for a busy machine
+        # held from the warm-up to the last trial: other processes sharing the meter wait
+        self._exclusive = exclusive or contextlib.nullcontext
         self.options = options
         self.nodeid = nodeid
         self.name = name
@@ -151,6 +156,28 @@ class EnergyBenchmark:
             raise LLMEnergyError("energy_benchmark can be used only once per test")
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("input_tokens and output_tokens must be >= 0")
+        with self._exclusive():
+            return self._measure(
+                fn,
+                call_args,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                warmup=warmup,
+                rounds=rounds,
+                prefill_pass=prefill_pass,
+            )
+
+    def _measure(
+        self,
+        fn: Callable[..., Any],
+        call_args: Callable[[], tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        warmup: int,
+        rounds: int | None,
+        prefill_pass: Callable[[], Any] | None,
+    ) -> CaseResult:
         trials: list[Trial] = []
         disturbed: list[Trial] = []
         status = ROUNDS

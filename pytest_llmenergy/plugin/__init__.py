@@ -9,7 +9,9 @@ features, each owning its state, its hooks and its terminal-summary section:
 - ``results.CaseResults``: the measured cases and the energy-per-token tables;
 - ``keeping.Keeper``: the run file, the baseline, the comparison and gates;
 - ``deciding.RoutingSection``: routing between two systems, and figures;
-- ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests.
+- ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests;
+- ``workers.Workers`` / ``workers.WorkerSide`` (with pytest-xdist): the controller hands
+  out the seed and the meter's lock and keeps what the workers measured.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
 meter opens before the keeper claims the run file, and the energy tables print before
@@ -20,6 +22,7 @@ through its typed stash key (``config.stash[KEEPER]``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -36,6 +39,7 @@ from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import add_options, marker_help, read_options
 from .results import CASE_RESULTS, CaseResults
+from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
 
 if TYPE_CHECKING:
     from ..llm.loader import ModelPool
@@ -66,14 +70,28 @@ def pytest_configure(config: pytest.Config) -> None:
                 pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
             )
     stash, manager = config.stash, config.pluginmanager
+    seed = worker_seed(config)
+    if seed is not None:  # an xdist worker collects in the controller's order
+        options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(config, options.controller, options.order, options.llm)
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
     keeper = Keeper(config, options.keep, options, metering, results.results)
-    results.listeners.append(keeper.on_case)
     routing = RoutingSection(options.route, keeper, results.results)
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
+    if is_worker(config):  # measure and send; the controller keeps, shows and decides
+        side = WorkerSide(config)
+        stash[WORKER_SIDE] = side
+        results.listeners.append(lambda cases: side.on_case(cases[-1]))
+        manager.register(side, "llmenergy-xdist-worker")
+        manager.register(metering, "llmenergy-metering")
+        manager.register(plan, "llmenergy-cases")
+        return
+    results.listeners.append(keeper.on_case)
+    if manager.hasplugin("xdist"):
+        workers = Workers(options.order.seed or 0, results.add)
+        manager.register(workers, "llmenergy-xdist")
     if manager.hasplugin("benchmark"):  # pytest-benchmark: its tests get energy too
         from .benchmark_energy import BenchmarkEnergy
 
@@ -145,6 +163,7 @@ def energy_benchmark(request: pytest.FixtureRequest, energy_meter: Meter) -> Ene
         background=(
             config.stash[METERING].background if controller.max_background is not None else None
         ),
+        exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
     )
 
 

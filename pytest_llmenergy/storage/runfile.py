@@ -386,6 +386,15 @@ def _case(r: _Reader) -> CaseResult:
     )
 
 
+def decode_case(text: str, where: str = "a worker's report") -> CaseResult:
+    """One case's JSON (``case_dict``), as pytest-xdist workers send it; checked like a
+    run file's cases."""
+    try:
+        return _case(_Reader(json.loads(text, parse_constant=_reject_constant), "case"))
+    except (_Bad, ValueError) as exc:
+        raise RunFileError(where, f"not a case: {exc}") from None
+
+
 def _must(r: _Reader | None) -> _Reader:
     assert r is not None  # obj() without optional=True never returns None
     return r

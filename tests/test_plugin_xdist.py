@@ -1,0 +1,91 @@
+"""pytest-xdist: ``-n 2`` gives one run file with every case, one table, one gate, and the
+workers never measure at the same time on a shared meter (issue 13, item 1)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.test_plugin_keep import REPO
+from tests.test_plugin_suite import TRACE_METER
+
+pytest.importorskip("xdist")
+
+# Each case writes its windows' edges (wall clock) where the test can read them.
+CASES = """
+import json, os, time, pytest
+
+@pytest.mark.parametrize("n", [8, 16, 32, 64, 128, 256])
+def test_case(energy_benchmark, n):
+    edges = []
+
+    def target():
+        t0 = time.time()
+        time.sleep(0.02)
+        edges.append((t0, time.time()))
+
+    energy_benchmark(target, input_tokens=n, output_tokens=4)
+    with open(os.environ["EDGES"], "a") as f:
+        f.write(json.dumps([os.environ.get("PYTEST_XDIST_WORKER", "-"), edges]) + "\\n")
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.setenv("PYTHONPATH", str(REPO), prepend=os.pathsep)
+    monkeypatch.setenv("EDGES", str(pytester.path / "edges.jsonl"))
+    pytester.makeconftest(TRACE_METER)
+    pytester.makepyfile(test_cases=CASES)
+    return pytester
+
+
+def test_two_workers_make_one_run_one_table_one_gate(project: pytest.Pytester) -> None:
+    common = ("-n", "2", "--energy-backend=trace", "--energy-rule=research", "-p", "no:randomly")
+    result = project.runpytest_subprocess(*common, "--energy-save=base")
+    result.assert_outcomes(passed=7)
+    # one run file, complete, with every case; no seed given: the controller chose one
+    [path] = sorted((project.path / ".llmenergy").glob("*/*.json"))
+    data = json.loads(path.read_text())
+    assert data["run"]["status"] == "complete"
+    assert sorted(c["input_tokens"] for c in data["cases"]) == [8, 16, 32, 64, 128, 256]
+    assert all(len(c["trials"]) >= 3 for c in data["cases"])
+    result.stdout.fnmatch_lines(["llmenergy: saved 6 case(s) to *0001_base.json"])
+    assert result.stdout.str().count("llmenergy: energy per token") == 1  # one table
+    # both workers measured, never at the same time
+    lines = [json.loads(x) for x in (project.path / "edges.jsonl").read_text().splitlines()]
+    assert {worker for worker, _ in lines} == {"gw0", "gw1"}
+    windows = sorted(edge for _, edges in lines for edge in edges)
+    for (_, end), (start, _) in itertools.pairwise(windows):
+        assert start >= end, "two workers measured at once"
+    # one gate, by the controller, against that run
+    gated = project.runpytest_subprocess(*common, "--energy-compare-fail=j_per_token:50%")
+    gated.assert_outcomes(passed=7)
+    gated.stdout.fnmatch_lines(["llmenergy: energy gate passed (j_per_token:50%)*"])
+    assert len(sorted((project.path / ".llmenergy").glob("*/*.json"))) == 1  # nothing saved
+
+
+def test_the_workers_collect_the_same_cases_without_a_seed(project: pytest.Pytester) -> None:
+    """Before, each worker shuffled with its own seed: "Different tests were collected"."""
+    result = project.runpytest_subprocess(
+        "-n", "2", "--energy-backend=trace", "--energy-max-trials=3", "--energy-min-trials=3"
+    )
+    result.assert_outcomes(passed=7)
+    result.stdout.no_fnmatch_line("*Different tests were collected*")
+
+
+def test_a_worker_result_is_checked_like_a_run_file(tmp_path: Path) -> None:
+    from pytest_llmenergy.errors import LLMEnergyError
+    from pytest_llmenergy.storage.runfile import case_dict, decode_case
+    from tests.casefactory import make_case
+
+    case = make_case([1.0, 1.1, 0.9])
+    assert decode_case(json.dumps(case_dict(case))).trials == case.trials
+    with pytest.raises(LLMEnergyError, match="not a case"):
+        decode_case('{"nodeid": 3}')
