@@ -73,6 +73,7 @@ TOO_FEW = "too few trials"
 BUSY = "inconclusive: machine busy"
 DRIFT = "inconclusive: machine speed"
 UNRESOLVED = "below resolution"
+OTHER_MODEL = "another model config"
 OK = "ok"
 
 
@@ -97,6 +98,9 @@ class Delta:
     # How much the machine's own speed differed (a fraction, see meters/reference.py): a
     # regression within the gate plus this is one the machine could explain.
     drift: float = 0.0
+    # The two runs' cases ran models of the same name but another config (see
+    # llm.loader.config_hash): shown, never gated.
+    other_model: bool = False
 
     @property
     def change(self) -> float:
@@ -127,7 +131,7 @@ class Delta:
         return (
             self.exceeded
             and self.significant
-            and not (self.busy or self.unresolved or self.drifted)
+            and not (self.busy or self.unresolved or self.drifted or self.other_model)
         )
 
     @property
@@ -139,6 +143,8 @@ class Delta:
     def verdict(self) -> str:
         if self.gate is None:
             return ""
+        if self.other_model:
+            return OTHER_MODEL
         if self.unresolved:
             return UNRESOLVED
         if not self.exceeded:
@@ -179,7 +185,14 @@ def delta(
         busy=baseline.busy or current.busy,
         unresolved=not (resolved(f, baseline) and resolved(f, current)),
         drift=drift,
+        other_model=_other_model(baseline, current),
     )
+
+
+def _other_model(a: CaseResult, b: CaseResult) -> bool:
+    """Both cases know their model's config hash, and the hashes differ."""
+    ha, hb = a.labels.get("model_config"), b.labels.get("model_config")
+    return bool(ha and hb and ha != hb)
 
 
 def unlike_meters(
@@ -408,6 +421,9 @@ def verdict_line(c: Comparison) -> str:
         extra += f"; {untested} over the threshold with too few trials to test"
     if below:
         extra += f"; {below} not gated: shorter than the meter resolves"
+    other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
+    if other:
+        extra += f"; {other} not gated: the model of that name has another config"
     busy = sorted({d.name for d in c.inconclusive if d.busy})
     drifted = sorted({d.name for d in c.inconclusive if not d.busy})
     if busy or drifted:

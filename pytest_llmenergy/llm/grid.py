@@ -6,8 +6,10 @@ output tokens varied at a fixed input length.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import ConfigError
 
@@ -38,14 +40,14 @@ class Grid:
     def cases(self, sweep: str) -> list[LLMCase]:
         if sweep == INPUT_SWEEP:
             return [
-                LLMCase(sweep, m, n, self.fixed_output_tokens)
-                for m in self.models
+                LLMCase(sweep, source, n, self.fixed_output_tokens, name)
+                for name, source in map(split_model, self.models)
                 for n in self.input_tokens
             ]
         if sweep == OUTPUT_SWEEP:
             return [
-                LLMCase(sweep, m, self.fixed_input_tokens, n)
-                for m in self.models
+                LLMCase(sweep, source, self.fixed_input_tokens, n, name)
+                for name, source in map(split_model, self.models)
                 for n in self.output_tokens
             ]
         raise ValueError(f"unknown sweep {sweep!r}")
@@ -76,18 +78,49 @@ GRIDS: dict[str, Grid] = {
 }
 
 
+def split_model(spec: str) -> tuple[str, str]:
+    """``NAME=SOURCE`` -> (name, source); a bare source gets a name that does not depend on
+    where the model lies: a built-in or hub id as given, a folder by the hub id its config
+    was saved from (``_name_or_path``), else by the folder's name.  So the same model in
+    two directories, or on two machines, lines up in comparisons and routing."""
+    name, sep, source = spec.partition("=")
+    if sep and name.strip() and source.strip():
+        return name.strip(), source.strip()
+    return _default_name(spec), spec
+
+
+def _default_name(source: str) -> str:
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        return source  # a built-in name or a hub id
+    try:
+        saved = json.loads((folder / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        saved = None
+    if isinstance(saved, str) and saved.count("/") == 1 and not Path(saved).exists():
+        return saved  # "meta-llama/Llama-2-7b-hf": a hub id, not a path on that machine
+    return folder.resolve().name
+
+
 @dataclass(frozen=True)
 class LLMCase:
-    """One parametrized case; its ``id`` is what pytest shows: ``tiny-llama-in512-out32``."""
+    """One parametrized case; its ``id`` is what pytest shows: ``tiny-llama-in512-out32``.
+
+    ``model`` is where it loads from, ``name`` what it is called (see ``split_model``)."""
 
     sweep: str
     model: str
     input_tokens: int
     output_tokens: int
+    name: str = ""
+
+    @property
+    def model_name(self) -> str:
+        return self.name or self.model
 
     @property
     def id(self) -> str:
-        short = self.model.rstrip("/").rsplit("/", 1)[-1]
+        short = self.model_name.rstrip("/").rsplit("/", 1)[-1]
         return f"{short}-in{self.input_tokens}-out{self.output_tokens}"
 
     @property
@@ -96,7 +129,10 @@ class LLMCase:
         return self.input_tokens + self.output_tokens
 
     def labels(self) -> dict[str, str]:
-        return {"sweep": self.sweep, "model": self.model}
+        labels = {"sweep": self.sweep, "model": self.model_name}
+        if self.model != self.model_name:
+            labels["model_source"] = self.model
+        return labels
 
     def __str__(self) -> str:
         return self.id

@@ -11,6 +11,8 @@ import contextlib
 import difflib
 import functools
 import gc
+import hashlib
+import json
 import os
 import re
 import time
@@ -65,6 +67,7 @@ class ModelInfo:
     name: str
     max_positions: int  # the context: input + output tokens of one case
     position_kind: str  # ROTARY, ALIBI or LEARNED (also when the config does not say)
+    config_sha256: str = ""  # the architecture, wherever the files lie (config_hash)
 
     @property
     def can_exceed_context(self) -> bool:
@@ -343,7 +346,21 @@ def check_model(
         name=name_or_path,
         max_positions=_max_positions(config, tokenizer),
         position_kind=position_kind(config),
+        config_sha256=config_hash(config),
     )
+
+
+# Fields of a config that say where or by which version it was saved, not what the model is.
+_NOT_THE_MODEL = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+
+
+def config_hash(config: Any) -> str:
+    """A short hash of what the config says the model is (architecture, sizes, dtype), so
+    that two runs of "the same" model can tell whether it really was."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    kept = {k: v for k, v in data.items() if k not in _NOT_THE_MODEL}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def load_model(

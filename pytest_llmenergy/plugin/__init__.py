@@ -33,7 +33,7 @@ from ..errors import LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
-from .cases import CASE_PLAN, MARKER, CasePlan, case_labels
+from .cases import CASE_PLAN, MARKER, CasePlan
 from .deciding import ROUTING, RoutingSection
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
@@ -157,7 +157,7 @@ def energy_benchmark(request: pytest.FixtureRequest, energy_meter: Meter) -> Ene
         controller,
         nodeid=node.nodeid,
         name=node.name,
-        labels=case_labels(node),
+        labels=config.stash[CASE_PLAN].labels_for(node),
         on_result=config.stash[CASE_RESULTS].add,
         progress=_progress_writer(request),
         background=(

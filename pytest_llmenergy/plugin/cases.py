@@ -68,7 +68,18 @@ class CasePlan:
         self.shuffled = False
         self.n_llm_cases = 0
         self._controllers: dict[str, ControllerOptions] = {}
+        self.model_configs: dict[str, str] = {}  # model source -> config_hash, once checked
         self._collected: dict[str, int] = {}  # node id -> position in collection (file) order
+
+    def labels_for(self, item: pytest.Item) -> dict[str, str]:
+        """The case's labels, with its model's config hash where the start check read it:
+        runs of the same model name with another config are not compared."""
+        labels = case_labels(item)
+        case = llm_case(item)
+        config = self.model_configs.get(case.model) if case is not None else None
+        if config:
+            labels["model_config"] = config
+        return labels
 
     def controller_for(self, item: pytest.Item) -> ControllerOptions:
         return self._controllers.get(item.nodeid, self.controller)
@@ -163,6 +174,7 @@ class CasePlan:
                 )
             except ConfigError as exc:
                 raise pytest.UsageError(f"--llm-model={model}: {exc}") from None
+            self.model_configs[model] = info.config_sha256
             problem = beyond_context(info, by_model[model], self.llm.allow_beyond_context)
             if problem:
                 problems.append((model, problem))
