@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .conversions import G_PER_KWH, J_PER_KWH, PRICE_PER_KWH
 from .errors import ConfigError
 from .meters.base import PROCESS_DOMAIN
 from .results import DECODE, PREFILL, PREFILL_PASSES, CaseResult, Trial
@@ -66,6 +67,9 @@ class Figure:
     # "trials", or "prefill_passes": prefill-only passes repeated back to back in windows
     # long enough for the meter, one value per window
     source: str = "trials"
+    # A case's factor on every trial value (a session's gCO2e or price per kWh); a case
+    # without it (None) does not have the figure.
+    factor: Callable[[CaseResult], float | None] | None = None
 
     @property
     def per_trial(self) -> bool:
@@ -77,10 +81,16 @@ class Figure:
         trials = r.prefill_passes if self.source == PREFILL_PASSES else r.trials
         if self.trial is None or not trials:
             return None
+        scale = 1.0
+        if self.factor is not None:
+            found = self.factor(r)
+            if found is None:
+                return None
+            scale = found
         values = [self.trial(t) for t in trials]
         if any(v is None or not math.isfinite(v) for v in values):
             return None
-        return [float(v) for v in values if v is not None]
+        return [float(v) * scale for v in values if v is not None]
 
     def summary(self, r: CaseResult) -> Summary | None:
         values = self.trial_values(r)
@@ -158,6 +168,13 @@ def _family_joules(family: str) -> Callable[[CaseResult], float | None]:
         return math.fsum(values) if values else None
 
     return value
+
+
+def _conversion(key: str) -> Callable[[CaseResult], float | None]:
+    def factor(r: CaseResult) -> float | None:
+        return r.conversions.get(key)
+
+    return factor
 
 
 def _resource(attr: str, scale: float = 1.0) -> Callable[[CaseResult], float | None]:
@@ -397,6 +414,48 @@ FIGURES: dict[str, Figure] = {
             energy=True,
             source=PREFILL_PASSES,
             priority=6,
+        ),
+        # -- what the energy costs (--energy-carbon-intensity, --energy-price) -----------
+        Figure(
+            "co2_g",
+            "gCO2e",
+            "g",
+            "grams of CO2-equivalent per query: joules / 3.6e6 x the session's gCO2e/kWh "
+            "(--energy-carbon-intensity)",
+            trial=lambda t: t.joules / J_PER_KWH,
+            factor=_conversion(G_PER_KWH),
+            energy=True,
+            priority=6,
+        ),
+        Figure(
+            "co2_g_per_1k_tokens",
+            "gCO2e/1k tok",
+            "g",
+            "grams of CO2-equivalent per 1,000 tokens (input + output)",
+            trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.input_tokens + t.output_tokens),
+            factor=_conversion(G_PER_KWH),
+            energy=True,
+            priority=5,
+        ),
+        Figure(
+            "cost",
+            "cost",
+            "money",
+            "money per query: joules / 3.6e6 x the session's price per kWh (--energy-price)",
+            trial=lambda t: t.joules / J_PER_KWH,
+            factor=_conversion(PRICE_PER_KWH),
+            energy=True,
+            priority=6,
+        ),
+        Figure(
+            "cost_per_1k_tokens",
+            "cost/1k tok",
+            "money",
+            "money per 1,000 tokens (input + output) at the session's price per kWh",
+            trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.input_tokens + t.output_tokens),
+            factor=_conversion(PRICE_PER_KWH),
+            energy=True,
+            priority=5,
         ),
         # -- where the energy went, and what the process used ---------------------------
         Figure(

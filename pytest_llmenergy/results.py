@@ -118,6 +118,8 @@ class CaseResult:
     # Prefill-only passes repeated back to back, one Trial per window, per pass: the
     # prefill's energy where a single prefill is too short for the meter.
     prefill_passes: tuple[Trial, ...] = ()
+    # The session's factors from joules to gCO2e and money (conversions.py), per kWh.
+    conversions: Mapping[str, float] = field(default_factory=dict)
 
     # -- status --------------------------------------------------------------
     @property

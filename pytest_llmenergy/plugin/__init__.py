@@ -110,7 +110,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     stash = config.stash
     if METERING not in stash:
         return []
-    lines = [*stash[METERING].header(), *stash[CASE_PLAN].header(), *stash[KEEPER].header()]
+    lines = [
+        *stash[METERING].header(),
+        *stash[CASE_RESULTS].header(),
+        *stash[CASE_PLAN].header(),
+        *stash[KEEPER].header(),
+    ]
     return header_lines(config, lines)
 
 

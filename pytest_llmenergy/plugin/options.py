@@ -23,6 +23,7 @@ from ..compare import GATE_EXAMPLES, Gate, parse_gates
 from ..controller.rule import DEFAULT_MAX_BACKGROUND, MARKER_KWARGS, RULES, ControllerOptions
 from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
 from ..controller.targets import parse_ci_targets
+from ..conversions import Intensity, Price, parse_intensity, parse_price
 from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, parse_exports
 from ..figures import FIGURES
@@ -64,6 +65,8 @@ class ReportSettings:
     columns: tuple[str, ...] | None = None  # None: the default columns, empty ones dropped
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
     sort: str = DEFAULT_SORT
+    carbon: Intensity | None = None  # gCO2e per kWh, for the co2 figures
+    price: Price | None = None  # money per kWh, for the cost figures
 
 
 @dataclass(frozen=True)
@@ -425,6 +428,24 @@ OPTIONS: tuple[Option, ...] = (
         "row order of the energy tables: tokens, name or a figure; -FIGURE sorts descending",
     ),
     # -- keeping -----------------------------------------------------------------------
+    Option(
+        "--energy-carbon-intensity",
+        "report.carbon",
+        parse_intensity,
+        "G_OR_CODE",
+        "grid carbon intensity for the gCO2e figures: gCO2e/kWh (e.g. 120) or a country "
+        "(ISO alpha-3, e.g. FRA) or cloud region (e.g. gcp:europe-west1) from the shipped "
+        "table (CodeCarbon's data)",
+        record=lambda v: None if v is None else {"g_per_kwh": v.g_per_kwh, "source": v.source},
+    ),
+    Option(
+        "--energy-price",
+        "report.price",
+        parse_price,
+        "PRICE",
+        "electricity price per kWh for the cost figures, e.g. 0.30 or 0.30EUR",
+        record=lambda v: None if v is None else {"per_kwh": v.per_kwh, "currency": v.currency},
+    ),
     Option(
         "--energy-save",
         "keep.save",

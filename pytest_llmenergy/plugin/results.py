@@ -7,10 +7,12 @@ end, fitted to the terminal.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import pytest
 
+from ..conversions import G_PER_KWH, PRICE_PER_KWH
 from ..report import case_tables
 from ..results import CaseResult
 from ..tables import render
@@ -29,7 +31,32 @@ class CaseResults:
         self.results: list[CaseResult] = []
         self.listeners: list[Callable[[list[CaseResult]], None]] = []
 
+    @property
+    def conversions(self) -> dict[str, float]:
+        """The session's factors per kWh, kept with every case."""
+        out: dict[str, float] = {}
+        if self.settings.carbon is not None:
+            out[G_PER_KWH] = self.settings.carbon.g_per_kwh
+        if self.settings.price is not None:
+            out[PRICE_PER_KWH] = self.settings.price.per_kwh
+        return out
+
+    def header(self) -> list[str]:
+        s, lines = self.settings, []
+        if s.carbon is not None:
+            lines.append(f"carbon intensity {s.carbon.g_per_kwh:g} gCO2e/kWh: {s.carbon.source}")
+        if s.price is not None:
+            lines.append(
+                f"electricity price {s.price.per_kwh:g} {s.price.currency} per kWh".replace(
+                    "  ", " "
+                )
+            )
+        return lines
+
     def add(self, result: CaseResult) -> None:
+        conversions = self.conversions
+        if conversions and not result.conversions:
+            result = dataclasses.replace(result, conversions=conversions)
         self.results.append(result)
         for listener in self.listeners:
             listener(self.results)
@@ -39,8 +66,13 @@ class CaseResults:
             return
         s = self.settings
         terminalreporter.section(SECTION)
+        shown = [*self.gated]
+        if s.carbon is not None:
+            shown.append("co2_g_per_1k_tokens")
+        if s.price is not None:
+            shown.append("cost_per_1k_tokens")
         tables = case_tables(
-            self.results, columns=s.columns, group_by=s.group_by, sort=s.sort, gated=self.gated
+            self.results, columns=s.columns, group_by=s.group_by, sort=s.sort, gated=shown
         )
         width = terminalreporter.config.get_terminal_writer().fullwidth
         text = render(tables, "table", width=width, narrow_hint="choose with --energy-columns")

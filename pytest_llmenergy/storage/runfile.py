@@ -30,7 +30,8 @@ FORMAT = "pytest-llmenergy-run"
 #    Added since, optional when read: a trial's "background_cpu", a case's
 #    "disturbed_trials" and its controller's "max_background" (absent: never checked),
 #    "rule", "min_time_s" and "max_time_s" (absent: none); a case's "resolution_s" (the meter's)
-#    and "prefill_passes" (trials of repeated prefill-only passes, each with "passes").
+#    and "prefill_passes" (trials of repeated prefill-only passes, each with "passes");
+#    a case's "conversions" (gCO2e and price per kWh of its session).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -184,6 +185,7 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "disturbed_trials": [_trial_dict(t) for t in r.disturbed],
         "resolution_s": r.resolution_s,
         "prefill_passes": [_trial_dict(t) for t in r.prefill_passes],
+        "conversions": dict(r.conversions),
     }
 
 
@@ -383,6 +385,7 @@ def _case(r: _Reader) -> CaseResult:
         disturbed=tuple(_trial(t) for t in r.objs("disturbed_trials", optional=True)),
         resolution_s=r.get("resolution_s", float, optional=True),
         prefill_passes=tuple(_trial(t) for t in r.objs("prefill_passes", optional=True)),
+        conversions=r.numbers("conversions") if "conversions" in r.data else {},
     )
 
 
