@@ -60,7 +60,9 @@ def test_target_runs_exactly_warmup_plus_trials_and_trials_are_recorded() -> Non
     result = bench(target, 1, y=2, input_tokens=8, output_tokens=4)
     assert result.status == CONVERGED and len(result.trials) == 3  # tight at once: the minimum
     assert calls == [3] * 5 and bench.calls == 5
-    assert results == [result] and len(lines) == 3 and lines[-1].startswith("trial 3:")
+    # a line per trial, then an empty one: the case is done (a live status is erased)
+    assert results == [result] and len(lines) == 4 and lines[-2].startswith("trial 3:")
+    assert lines[-1] == ""
     for i, trial in enumerate(result.trials, 1):
         assert trial.index == i and trial.seconds >= 0.01
         assert trial.joules == pytest.approx(100.0 * trial.seconds)  # the trace's truth
@@ -127,7 +129,7 @@ def test_stops_at_the_limit_when_the_target_never_holds() -> None:
     durations = iter([0.001, 0.03, 0.001, 0.03, 0.001, 0.03])
     result = bench(lambda: time.sleep(next(durations)), input_tokens=1, output_tokens=1)
     assert result.status == LIMIT and not result.converged
-    assert len(result.trials) == 4 and bench.calls == 4 and len(lines) == 4
+    assert len(result.trials) == 4 and bench.calls == 4 and len(lines) == 5
 
 
 def test_energy_target_can_drive_the_repetitions() -> None:

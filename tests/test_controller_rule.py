@@ -254,8 +254,10 @@ def test_marker_overrides_and_unknown_kwargs() -> None:
 def test_progress_line_shows_half_width_against_target() -> None:
     options = ControllerOptions()
     line = progress_line(options, 3, decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5])))
-    assert line.startswith("trial 3: time_s 1.1 s ±0.248 (<= 0.5 s)")
-    assert "no CI yet" in progress_line(options, 1, decide(options, trials([1.0], [5.0])))
+    # both runtime targets in one part: ±0.5 s holds, 10 % of 1.1 s = 0.11 s does not
+    assert line.startswith("trial 3: time_s 1.1 s ±0.248 (<= 0.5 s, > 0.11 s); energy_j 5.5 J")
+    first = progress_line(options, 1, decide(options, trials([1.0], [5.0])))
+    assert first.startswith("trial 1: time_s 1 s (no CI yet); energy_j 5 J (no CI yet)")
     # a relative target: its limit in the figure's unit, 2 % of the 5.5 J mean = 0.11 J
     relative = ControllerOptions(targets=parse_ci_targets("energy_j:2%"))
     d = decide(relative, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))

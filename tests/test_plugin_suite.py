@@ -325,3 +325,44 @@ def test_another_plugin_reordering_tests_does_not_change_the_energy_cases_order(
     assert order("--energy-shuffle=off") == plain_off
     assert order("--energy-seed=5") == plain_seeded
     assert plain_off[0].endswith("[tiny-llama-in8-out32]") and plain_off != plain_seeded
+
+
+def test_live_status_is_written_after_a_while_and_erased(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without -v on a terminal: the trial's line after the dot, then nothing left."""
+    import contextlib
+
+    from pytest_llmenergy.plugin import LiveStatus
+
+    status = LiveStatus(contextlib.nullcontext, after_s=0.0)
+    status("trial 1: time_s 9.1 s (no CI yet)")
+    status("trial 2: time_s 9.2 s ±0.4 (<= 0.5 s)")
+    status("")
+    out = capsys.readouterr().out
+    first, second = " trial 1: time_s 9.1 s (no CI yet)", " trial 2: time_s 9.2 s ±0.4 (<= 0.5 s)"
+    n1, n2 = len(first), len(second)
+    assert out == (
+        first
+        + "\b" * n1 + " " * n1 + "\b" * n1 + second
+        + "\b" * n2 + " " * n2 + "\b" * n2
+    )  # fmt: skip
+    late = LiveStatus(contextlib.nullcontext, after_s=60.0)
+    late("trial 1: ...")  # a short case: nothing shown, nothing to erase
+    late("")
+    assert capsys.readouterr().out == ""
+
+
+def test_a_log_gets_no_live_status(pytester: pytest.Pytester) -> None:
+    """Not a terminal (CI logs, files): no backspaces, no extra lines."""
+    pytester.makeconftest(TRACE_METER)
+    pytester.makepyfile(
+        """
+        import time
+        def test_long(energy_benchmark):
+            energy_benchmark(time.sleep, 0.3, input_tokens=1, output_tokens=1)
+        """
+    )
+    result = pytester.runpytest("--energy-backend=trace", "--energy-rule=research")
+    result.assert_outcomes(passed=1)
+    assert "\b" not in result.stdout.str() and "trial 1" not in result.stdout.str()

@@ -156,16 +156,20 @@ class EnergyBenchmark:
             raise LLMEnergyError("energy_benchmark can be used only once per test")
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("input_tokens and output_tokens must be >= 0")
-        with self._exclusive():
-            return self._measure(
-                fn,
-                call_args,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                warmup=warmup,
-                rounds=rounds,
-                prefill_pass=prefill_pass,
-            )
+        try:
+            with self._exclusive():
+                return self._measure(
+                    fn,
+                    call_args,
+                    input_tokens=input_tokens,
+                    output_tokens=output_tokens,
+                    warmup=warmup,
+                    rounds=rounds,
+                    prefill_pass=prefill_pass,
+                )
+        finally:
+            if self._progress is not None and rounds is None:
+                self._progress("")  # the case is done: a live status is erased
 
     def _measure(
         self,

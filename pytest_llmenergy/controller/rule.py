@@ -208,19 +208,21 @@ def decide(options: ControllerOptions, trials: Sequence[Trial], disturbed: int =
 def progress_line(options: ControllerOptions, n: int, decision: StopDecision) -> str:
     """``trial 4: time_s 1.234 s ±0.021 (<= 0.5 s)`` for ``-v`` output."""
     parts = []
-    for target in options.targets:
-        s = decision.summaries[target.metric]
-        unit = target.unit
+    by_metric: dict[str, list[CITarget]] = {}
+    for target in options.targets:  # one part per figure, however many targets it has
+        by_metric.setdefault(target.metric, []).append(target)
+    for metric, targets in by_metric.items():
+        s = decision.summaries[metric]
+        unit = targets[0].unit
         if s.n == 0:
-            parts.append(f"{target.metric}: not measured by these trials")
+            parts.append(f"{metric}: not measured by these trials")
         elif math.isinf(s.half_width):
-            parts.append(f"{target.metric} {s.mean:.4g} {unit} (no CI yet)")
+            parts.append(f"{metric} {s.mean:.4g} {unit} (no CI yet)")
         else:
-            relation = "<=" if target.holds(s) else ">"
-            parts.append(
-                f"{target.metric} {s.mean:.4g} {unit} ±{s.half_width:.3g} "
-                f"({relation} {target.limit(s):.3g} {unit})"
+            limits = ", ".join(
+                f"{'<=' if t.holds(s) else '>'} {t.limit(s):.3g} {unit}" for t in targets
             )
+            parts.append(f"{metric} {s.mean:.4g} {unit} ±{s.half_width:.3g} ({limits})")
     if decision.measured_s < options.min_time:
         parts.append(f"measured {decision.measured_s:.3g} s (< {options.min_time:g} s)")
     return f"trial {n}: " + "; ".join(parts)
