@@ -9,12 +9,25 @@ Ampere and newer, and ``nvmlDeviceGetFieldValues`` reports failure per field.
 What other NVML clients (Zeus) probe is there too: ``_nvmlGetFunctionPointer``,
 which the official bindings have and unofficial ones lack, and the C2C (Grace Hopper)
 query, unsupported on other boards.
+
+The settings a GPU keeps behave as on a real board: the power limit (mW, within
+``nvmlDeviceGetPowerManagementLimitConstraints``) and locked SM clocks (within the
+supported clocks) can be set only as root (``NVML_ERROR_NO_PERMISSION`` otherwise), read
+back, and outlive the process: with ``state_path`` the fake keeps them in a file that the
+next "process" (the next fake built on that file) finds, as the driver would.  A GPU
+whose ``trace`` is a ``SwitchTrace`` and which has ``physics`` runs work (``fake.work``)
+at the clock its power limit and locked clocks allow (tests/fakes/gpu_physics.py), and
+reports that clock, its temperature, the clock-event (throttle) reasons and the
+violation times while the work runs.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import sys
+import threading
 import time
 import types
 from collections import Counter
@@ -24,7 +37,14 @@ from typing import Any
 
 import pytest
 
-from .trace import PowerTrace
+from .gpu_physics import (
+    REASON_GPU_IDLE,
+    REASON_HW_THERMAL,
+    REASON_NONE,
+    Phase,
+    Physics,
+)
+from .trace import PowerTrace, SwitchTrace
 
 NVML_SUCCESS = 0
 ERROR_CODES = {
@@ -112,6 +132,26 @@ NVML_POWER_SCOPE_GPU = 0
 NVML_POWER_SCOPE_MODULE = 1
 NVML_POWER_SCOPE_MEMORY = 2
 
+NVML_TEMPERATURE_GPU = 0
+
+NVML_PERF_POLICY_POWER = 0
+NVML_PERF_POLICY_THERMAL = 1
+_VIOLATION_BITS = ((NVML_PERF_POLICY_POWER, 0x4), (NVML_PERF_POLICY_THERMAL, 0x40))
+
+# Clock-event (formerly "throttle") reasons: both spellings, as nvidia-ml-py 12.535+ has.
+nvmlClocksEventReasonGpuIdle = 0x1
+nvmlClocksEventReasonApplicationsClocksSetting = 0x2
+nvmlClocksEventReasonSwPowerCap = 0x4
+nvmlClocksThrottleReasonHwSlowdown = 0x8
+nvmlClocksEventReasonSyncBoost = 0x10
+nvmlClocksEventReasonSwThermalSlowdown = 0x20
+nvmlClocksThrottleReasonHwThermalSlowdown = 0x40
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = 0x80
+nvmlClocksThrottleReasonGpuIdle = 0x1
+nvmlClocksThrottleReasonApplicationsClocksSetting = 0x2
+nvmlClocksThrottleReasonSwPowerCap = 0x4
+nvmlClocksThrottleReasonSwThermalSlowdown = 0x20
+
 _CONSTANT_PREFIXES = (
     "NVML_SUCCESS",
     "NVML_DEVICE_ARCH_",
@@ -119,6 +159,9 @@ _CONSTANT_PREFIXES = (
     "NVML_VALUE_",
     "NVML_CLOCK_",
     "NVML_POWER_SCOPE_",
+    "NVML_TEMPERATURE_",
+    "NVML_PERF_POLICY_",
+    "nvmlClocks",
 )
 
 
@@ -164,6 +207,8 @@ NVMLError_Uninitialized = ERROR_CLASSES["NVML_ERROR_UNINITIALIZED"]
 NVMLError_LibraryNotFound = ERROR_CLASSES["NVML_ERROR_LIBRARY_NOT_FOUND"]
 NVMLError_InvalidArgument = ERROR_CLASSES["NVML_ERROR_INVALID_ARGUMENT"]
 NVMLError_GpuIsLost = ERROR_CLASSES["NVML_ERROR_GPU_IS_LOST"]
+NVMLError_NoPermission = ERROR_CLASSES["NVML_ERROR_NO_PERMISSION"]
+NVML_ERROR_NO_PERMISSION = ERROR_CODES["NVML_ERROR_NO_PERMISSION"]
 
 
 def fake_uuid(n: int) -> str:
@@ -202,6 +247,20 @@ class FakeGPU:
     default_power_limit_mw: int | None = 400_000
     max_sm_clock_mhz: int | None = 1410
     c2c_enabled: bool | None = None
+    # What can be set, as ``nvidia-smi -q -d POWER,SUPPORTED_CLOCKS`` would list it.
+    min_power_limit_mw: int = 100_000
+    max_power_limit_mw: int = 400_000
+    memory_clock_mhz: int = 1215
+    supported_sm_clocks_mhz: tuple[int, ...] = tuple(range(1410, 209, -15))  # A100's
+    idle_sm_clock_mhz: int = 210
+    locked_clocks_mhz: tuple[int, int] | None = None
+    idle_temperature_c: int = 35
+    physics: Physics | None = None
+    thermal_works: frozenset[int] = frozenset()  # work calls (1-based) thermally throttled
+    # What the board is doing now, for the getters (set by FakeNvml.work).
+    busy: tuple[int, int, float] | None = field(default=None, repr=False)  # mhz, reasons, W
+    works: int = field(default=0, repr=False)
+    violation_ns: dict[int, int] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -223,6 +282,14 @@ class FakeValue:
     sllVal: int = 0
     siVal: int = 0
     usVal: int = 0
+
+
+@dataclass
+class FakeViolationTime:
+    """``c_nvmlViolationTime_t``: ns held back by one policy since the driver loaded."""
+
+    referenceTime: int
+    violationTime: int
 
 
 @dataclass
@@ -277,6 +344,18 @@ class FakeNvml:
         "nvmlDeviceGetPowerManagementDefaultLimit",
         "nvmlDeviceGetMaxClockInfo",
         "nvmlDeviceGetC2cModeInfoV",
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        "nvmlDeviceSetPowerManagementLimit",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetSupportedMemoryClocks",
+        "nvmlDeviceGetSupportedGraphicsClocks",
+        "nvmlDeviceSetGpuLockedClocks",
+        "nvmlDeviceResetGpuLockedClocks",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetViolationStatus",
     )
 
     def __init__(
@@ -284,6 +363,9 @@ class FakeNvml:
         gpus: Sequence[FakeGPU],
         init_error: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        *,
+        root: bool = True,
+        state_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.gpus = list(gpus)
         self.init_error = init_error
@@ -291,6 +373,11 @@ class FakeNvml:
         self.init_count = 0  # NVML counts nvmlInit calls; the last nvmlShutdown closes it
         self.calls: Counter[str] = Counter()
         self.driver_version: str | bytes = "550.54.15"  # old nvidia-ml-py returned bytes
+        self.root = root  # setters need root (or CAP_SYS_ADMIN), as on a real driver
+        self.state_path = state_path
+        self._lock = threading.Lock()
+        if state_path is not None:
+            self._load_state()
 
     @property
     def total_calls(self) -> int:
@@ -472,6 +559,211 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return FakeC2cModeInfo(int(gpu.c2c_enabled))
 
+    # -- settings that outlive the process -------------------------------------------
+    def _load_state(self) -> None:
+        """The driver keeps a board's limits and locked clocks until reset: so does this
+        file, between fakes built on it (one per simulated process)."""
+        assert self.state_path is not None
+        try:
+            with open(self.state_path) as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return
+        for gpu in self.gpus:
+            mine = saved.get(gpu.uuid)
+            if mine is None:
+                continue
+            gpu.power_limit_mw = mine["power_limit_mw"]
+            locked = mine["locked_clocks_mhz"]
+            gpu.locked_clocks_mhz = None if locked is None else (locked[0], locked[1])
+
+    def _save_state(self) -> None:
+        if self.state_path is None:
+            return
+        data = {
+            gpu.uuid: {
+                "power_limit_mw": gpu.power_limit_mw,
+                "locked_clocks_mhz": gpu.locked_clocks_mhz,
+            }
+            for gpu in self.gpus
+        }
+        tmp = f"{self.state_path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self.state_path)
+
+    def _privileged(self) -> None:
+        if not self.root:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+
+    # -- the setters and getters of settings (real NVML semantics) --------------------
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: FakeHandle) -> list[int]:
+        """[min, max] mW a limit may take."""
+        self._enter("nvmlDeviceGetPowerManagementLimitConstraints")
+        gpu = self._whole_gpu(handle)
+        if gpu.power_limit_mw is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [gpu.min_power_limit_mw, gpu.max_power_limit_mw]
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: FakeHandle, limit: int) -> None:
+        """mW; root only; outside the constraints is INVALID_ARGUMENT."""
+        self._enter("nvmlDeviceSetPowerManagementLimit")
+        gpu = self._whole_gpu(handle)
+        if gpu.power_limit_mw is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        self._privileged()
+        if not isinstance(limit, int) or not (
+            gpu.min_power_limit_mw <= limit <= gpu.max_power_limit_mw
+        ):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu.power_limit_mw = limit
+        self._save_state()
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetEnforcedPowerLimit")
+        gpu = self._whole_gpu(handle)
+        if gpu.power_limit_mw is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.power_limit_mw
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: FakeHandle) -> list[int]:
+        self._enter("nvmlDeviceGetSupportedMemoryClocks")
+        return [self._gpu(handle).memory_clock_mhz]
+
+    def nvmlDeviceGetSupportedGraphicsClocks(
+        self, handle: FakeHandle, memory_mhz: int
+    ) -> list[int]:
+        """MHz, highest first, for one supported memory clock."""
+        self._enter("nvmlDeviceGetSupportedGraphicsClocks")
+        gpu = self._gpu(handle)
+        if memory_mhz != gpu.memory_clock_mhz:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return list(gpu.supported_sm_clocks_mhz)
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle: FakeHandle, min_mhz: int, max_mhz: int) -> None:
+        """Root only; a value outside the supported clocks is INVALID_ARGUMENT, one inside
+        is rounded to the nearest supported clock, as the driver does."""
+        self._enter("nvmlDeviceSetGpuLockedClocks")
+        gpu = self._whole_gpu(handle)
+        self._privileged()
+        clocks = gpu.supported_sm_clocks_mhz
+        if not (min(clocks) <= min_mhz <= max_mhz <= max(clocks)):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+        def nearest(mhz: int) -> int:
+            return min(clocks, key=lambda c: abs(c - mhz))
+
+        gpu.locked_clocks_mhz = (nearest(min_mhz), nearest(max_mhz))
+        self._save_state()
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle: FakeHandle) -> None:
+        self._enter("nvmlDeviceResetGpuLockedClocks")
+        gpu = self._whole_gpu(handle)
+        self._privileged()
+        gpu.locked_clocks_mhz = None
+        self._save_state()
+
+    def _max_clock(self, gpu: FakeGPU) -> int:
+        return max(gpu.supported_sm_clocks_mhz)
+
+    def nvmlDeviceGetClockInfo(self, handle: FakeHandle, clock_type: int) -> int:
+        """MHz now: the work's clock, else the locked clock, else the idle clock."""
+        self._enter("nvmlDeviceGetClockInfo")
+        gpu = self._gpu(handle)
+        if clock_type == NVML_CLOCK_MEM:
+            return gpu.memory_clock_mhz
+        if clock_type not in (NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        busy = gpu.busy
+        if busy is not None:
+            return busy[0]
+        if gpu.locked_clocks_mhz is not None:
+            return gpu.locked_clocks_mhz[0]  # a locked minimum holds even at idle
+        return gpu.idle_sm_clock_mhz
+
+    def nvmlDeviceGetTemperature(self, handle: FakeHandle, sensor: int) -> int:
+        """°C: warmer with the power drawn."""
+        self._enter("nvmlDeviceGetTemperature")
+        gpu = self._gpu(handle)
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        busy = gpu.busy
+        if busy is None:
+            return gpu.idle_temperature_c
+        if busy[1] & REASON_HW_THERMAL:
+            return 92
+        return int(gpu.idle_temperature_c + 0.08 * busy[2])
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetCurrentClocksEventReasons")
+        gpu = self._gpu(handle)
+        busy = gpu.busy
+        if busy is not None:
+            return busy[1]
+        locked = gpu.locked_clocks_mhz
+        if locked is not None and locked[0] > gpu.idle_sm_clock_mhz:
+            return REASON_NONE if locked[1] >= self._max_clock(gpu) else 0x2
+        return REASON_GPU_IDLE
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeHandle) -> int:
+        """The name before nvidia-ml-py 12.535; the same bits."""
+        self.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] += 1
+        return self.nvmlDeviceGetCurrentClocksEventReasons(handle)
+
+    def nvmlDeviceGetViolationStatus(self, handle: FakeHandle, policy: int) -> FakeViolationTime:
+        """ns the board was held back by the power cap (0) or heat (1)."""
+        self._enter("nvmlDeviceGetViolationStatus")
+        gpu = self._whole_gpu(handle)
+        if policy not in (NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            return FakeViolationTime(int(self.clock() * 1e9), gpu.violation_ns.get(policy, 0))
+
+    # -- running work --------------------------------------------------------------------
+    def work(
+        self,
+        index: int,
+        phases: Sequence[Phase],
+        between: Callable[[], object] | None = None,
+    ) -> float:
+        """Run the phases on GPU ``index`` at the clock its settings allow (sleeping their
+        true duration, drawing their true power); ``between`` runs at each phase change
+        (e.g. to mark the first output token).  Returns the seconds it slept."""
+        gpu = self.gpus[index]
+        physics = gpu.physics
+        trace = gpu.trace
+        if physics is None or not isinstance(trace, SwitchTrace):
+            raise TypeError("work() needs a GPU with physics and a SwitchTrace")
+        gpu.works += 1
+        thermal = gpu.works in gpu.thermal_works
+        max_mhz = self._max_clock(gpu)
+        min_ratio = min(gpu.supported_sm_clocks_mhz) / max_mhz
+        limit_w = (gpu.power_limit_mw or gpu.max_power_limit_mw) / 1000
+        lock = gpu.locked_clocks_mhz
+        lock_ratio = None if lock is None else lock[1] / max_mhz
+        slept = 0.0
+        for i, phase in enumerate(phases):
+            if i and between is not None:
+                between()
+            ratio, reasons = physics.clock_ratio(phase.kind, limit_w, lock_ratio, min_ratio)
+            if thermal:
+                ratio *= physics.thermal_slowdown
+                reasons |= REASON_HW_THERMAL
+            seconds = phase.seconds * physics.stretch(phase.kind, ratio)
+            watts = physics.power_w(phase.kind, ratio)
+            start = trace.set(watts)
+            gpu.busy = (round(ratio * max_mhz), reasons, watts)
+            time.sleep(seconds)
+            end = trace.set(physics.idle_w)
+            gpu.busy = None
+            with self._lock:
+                for policy, bit in _VIOLATION_BITS:
+                    if reasons & bit:
+                        ns = int((end - start) * 1e9)
+                        gpu.violation_ns[policy] = gpu.violation_ns.get(policy, 0) + ns
+            slept += end - start
+        return slept
+
     def nvmlGetFunctionPointer(self, name: str) -> Callable[..., Any]:
         """The official bindings' ``_nvmlGetFunctionPointer``: a library entry point by name.
 
@@ -489,9 +781,16 @@ def build_fake_pynvml(
     gpus: Sequence[FakeGPU],
     init_error: int | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    *,
+    root: bool = True,
+    state_path: str | os.PathLike[str] | None = None,
+    old_reason_names: bool = False,
 ) -> types.ModuleType:
-    """A module object that looks like ``pynvml``; its state is ``module.fake``."""
-    fake = FakeNvml(gpus, init_error, clock)
+    """A module object that looks like ``pynvml``; its state is ``module.fake``.
+
+    ``old_reason_names``: an nvidia-ml-py before 12.535, without the ``ClocksEvent`` names.
+    """
+    fake = FakeNvml(gpus, init_error, clock, root=root, state_path=state_path)
     module = types.ModuleType("pynvml", "fake pynvml (tests/fakes/fake_pynvml.py)")
     this = sys.modules[__name__]
     for name in dir(this):
@@ -504,6 +803,10 @@ def build_fake_pynvml(
         setattr(module, error_class.__name__, error_class)
     for name in FakeNvml.API:
         setattr(module, name, getattr(fake, name))
+    if old_reason_names:
+        del module.nvmlDeviceGetCurrentClocksEventReasons  # type: ignore[attr-defined]
+        for name in [n for n in vars(module) if n.startswith("nvmlClocksEvent")]:
+            delattr(module, name)
     module._nvmlGetFunctionPointer = fake.nvmlGetFunctionPointer  # type: ignore[attr-defined]
     module.fake = fake  # type: ignore[attr-defined]
     module.calls = fake.calls  # type: ignore[attr-defined]
@@ -515,9 +818,11 @@ def install_fake_pynvml(
     gpus: Sequence[FakeGPU],
     *,
     init_error: int | None = None,
+    root: bool = True,
+    state_path: str | os.PathLike[str] | None = None,
 ) -> Any:
     """Make ``import pynvml`` return a fake with these GPUs until the test ends."""
-    module = build_fake_pynvml(gpus, init_error)
+    module = build_fake_pynvml(gpus, init_error, root=root, state_path=state_path)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     return module
 

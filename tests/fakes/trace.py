@@ -69,6 +69,12 @@ class SwitchTrace:
     def origin(self) -> float:
         return self._times[0]
 
+    @property
+    def steps(self) -> list[tuple[float, float]]:
+        """(duration_s, watts) of each switch so far, the last held until now."""
+        ends = [*self._times[1:], float("inf")]
+        return [(e - s, w) for s, e, w in zip(self._times, ends, self._watts)]
+
     def set(self, watts: float, t: float | None = None) -> float:
         t = time.perf_counter() if t is None else t
         if t < self._times[-1]:
