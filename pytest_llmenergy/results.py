@@ -40,6 +40,18 @@ class PhaseRecord:
 
 
 @dataclass(frozen=True)
+class GpuTelemetry:
+    """What the GPUs did during one trial (``gpu.telemetry``); None: not read."""
+
+    temperature_c_max: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    reasons: tuple[str, ...] = ()  # clock-event (throttle) reasons seen, e.g. sw_power_cap
+    power_capped_s: float | None = None  # held back by the power limit (violation counter)
+    thermal_s: float | None = None  # held back by heat
+    throttled: str = ""  # why the trial does not show its setting (heat, power brake)
+
+
+@dataclass(frozen=True)
 class Trial:
     """One measured run of the target."""
 
@@ -56,6 +68,8 @@ class Trial:
     background_cpu: float | None = None
     # Back-to-back runs in the window this trial stands for; its figures are per run.
     passes: int = 1
+    # The GPUs' temperature, clock and throttle reasons during the trial, when read.
+    gpu: GpuTelemetry | None = None
 
     @classmethod
     def from_measurement(
@@ -133,8 +147,14 @@ class CaseResult:
     @property
     def busy(self) -> bool:
         """Some trials were disturbed by other work on the machine: its figures may be
-        too, so a gate cannot fail on them."""
-        return bool(self.disturbed)
+        too, so a gate cannot fail on them.  (Trials left out only because the GPU was
+        throttled by heat or a power brake are ``throttled``, not busy.)"""
+        return any(t.gpu is None or not t.gpu.throttled for t in self.disturbed)
+
+    @property
+    def throttled(self) -> tuple[Trial, ...]:
+        """Trials left out because the GPU ran slowed by heat or a power brake."""
+        return tuple(t for t in self.disturbed if t.gpu is not None and t.gpu.throttled)
 
     @property
     def max_background_cpu(self) -> float | None:

@@ -7,12 +7,13 @@ target runs exactly ``warmup + trials`` times, never more, and every trial is ke
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -21,8 +22,16 @@ from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
 from ..meters.background import BackgroundCpu
 from ..meters.base import Meter
 from ..meters.resources import ResourceProbe
-from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, Trial
+from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, GpuTelemetry, Trial
 from .rule import ControllerOptions, decide, progress_line
+
+
+class TrialProbe(Protocol):
+    """Reads something around every trial (``gpu.telemetry.TrialTelemetry``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> GpuTelemetry: ...
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -61,8 +70,13 @@ class EnergyBenchmark:
         progress: Callable[[str], None] | None = None,
         background: BackgroundCpu | None = None,
         exclusive: Callable[[], AbstractContextManager[None]] | None = None,
+        trial_probe: TrialProbe | None = None,
     ) -> None:
         self.meter = meter
+        # the GPUs' clock, temperature and throttle reasons around every trial; a trial
+        # throttled by heat or a power brake is kept, left out and repeated, like a
+        # disturbed one
+        self.trial_probe = trial_probe
         self.background = background  # None: trials are not checked for a busy machine
         # held from the warm-up to the last trial: other processes sharing the meter wait
         self._exclusive = exclusive or contextlib.nullcontext
@@ -197,8 +211,14 @@ class EnergyBenchmark:
                     args, kwargs = call_args()
                     if background is not None:
                         history.append(background.read())
-                    with self.meter.measure() as window:
-                        out = self._call(fn, args, kwargs)
+                    gpu_probe = self.trial_probe
+                    if gpu_probe is not None:
+                        gpu_probe.start()
+                    try:
+                        with self.meter.measure() as window:
+                            out = self._call(fn, args, kwargs)
+                    finally:
+                        gpu = gpu_probe.stop() if gpu_probe is not None else None
                     share = None
                     if background is not None:
                         share = background.share_around(history, background.read())
@@ -207,7 +227,10 @@ class EnergyBenchmark:
                     trial = Trial.from_measurement(
                         index, window.measurement, n_in, n_out, background_cpu=share
                     )
-                    busy = self.options.disturbed(share)
+                    if gpu is not None:
+                        trial = dataclasses.replace(trial, gpu=gpu)
+                    throttled = gpu.throttled if gpu is not None else ""
+                    busy = self.options.disturbed(share) or bool(throttled)
                     (disturbed if busy else trials).append(trial)
                     if rounds is not None:
                         if index >= rounds:
@@ -216,7 +239,9 @@ class EnergyBenchmark:
                     decision = decide(self.options, trials, len(disturbed))
                     if self._progress is not None:
                         line = progress_line(self.options, len(trials), decision)
-                        if busy and share is not None:
+                        if throttled:
+                            line += f" [trial {index} throttled ({throttled}); repeated]"
+                        elif busy and share is not None:
                             line += (
                                 f" [trial {index} disturbed: other processes used "
                                 f"{share:.0%} of the CPUs; repeated]"

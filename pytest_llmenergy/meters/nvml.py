@@ -500,3 +500,13 @@ class NvmlMeter(Meter):
         self._closed = True
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
+
+
+def visible_gpu_indices(nvml: ModuleType, gpus: Sequence[int] | None = None) -> list[int]:
+    """NVML indices of the physical GPUs CUDA sees (``CUDA_VISIBLE_DEVICES``), or of the
+    ones among them that ``gpus`` (CUDA ordinals, as ``--energy-gpus``) names: the GPUs
+    whose settings a sweep changes.  Needs NVML initialised."""
+    count = int(nvml.nvmlDeviceGetCount())
+    ordinals = _Visible(nvml, count).resolve(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    chosen = range(len(ordinals)) if gpus is None else [i for i in gpus if i < len(ordinals)]
+    return list(dict.fromkeys(ordinals[i] for i in chosen))

@@ -11,7 +11,9 @@ features, each owning its state, its hooks and its terminal-summary section:
 - ``deciding.RoutingSection``: routing between two systems, and figures;
 - ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests;
 - ``workers.Workers`` / ``workers.WorkerSide`` (with pytest-xdist): the controller hands
-  out the seed and the meter's lock and keeps what the workers measured.
+  out the seed and the meter's lock and keeps what the workers measured;
+- ``gpu_settings.GpuSettings``: GPU power limits and clocks as axes, telemetry per
+  trial, restoring the GPUs, and the time-energy frontier.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
 meter opens before the keeper claims the run file, and the energy tables print before
@@ -39,6 +41,7 @@ from ..llm.grid import Grid
 from ..meters import Meter
 from .cases import CASE_PLAN, MARKER, CasePlan
 from .deciding import ROUTING, RoutingSection
+from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import add_options, marker_help, read_options
@@ -46,6 +49,7 @@ from .results import CASE_RESULTS, CaseResults
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
 
 if TYPE_CHECKING:
+    from ..gpu.settings import GpuSetting
     from ..llm.loader import ModelPool
 
 __all__ = ["CASE_PLAN", "CASE_RESULTS", "KEEPER", "METERING", "ROUTING"]
@@ -84,6 +88,15 @@ def pytest_configure(config: pytest.Config) -> None:
     routing = RoutingSection(options.route, keeper, results.results)
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
+    gpu = GpuSettings(
+        config,
+        options.gpu,
+        options.meter.gpus,
+        results.results,
+        options.route.lam,
+        options.route.plots_dir,
+    )
+    stash[GPU_SETTINGS] = gpu
     if is_worker(config):  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config)
         stash[WORKER_SIDE] = side
@@ -101,6 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         manager.register(BenchmarkEnergy(metering), "llmenergy-pytest-benchmark")
     for name, feature in (
+        ("gpu-settings", gpu),
         ("routing", routing),
         ("keeper", keeper),
         ("results", results),
@@ -119,6 +133,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *stash[CASE_RESULTS].header(),
         *stash[CASE_PLAN].header(),
         *stash[KEEPER].header(),
+        *(stash[GPU_SETTINGS].header() if GPU_SETTINGS in stash else []),
     ]
     return header_lines(config, lines)
 
@@ -204,12 +219,22 @@ class LiveStatus:
 
 
 @pytest.fixture
-def energy_benchmark(request: pytest.FixtureRequest, energy_meter: Meter) -> EnergyBenchmark:
+def energy_gpu_setting(request: pytest.FixtureRequest) -> GpuSetting | None:
+    """The case's GPU setting (``--energy-gpu-power-limits``, ``--energy-gpu-clocks``),
+    applied and read back before the case's warm-up; None without those options."""
+    return setting_fixture(request)
+
+
+@pytest.fixture
+def energy_benchmark(
+    request: pytest.FixtureRequest, energy_meter: Meter, energy_gpu_setting: GpuSetting | None
+) -> EnergyBenchmark:
     """Repeat a target under the stopping rule and keep every trial:
     ``energy_benchmark(fn, *args, input_tokens=N, output_tokens=M)``."""
     config = request.config
     node = request.node
     controller = config.stash[CASE_PLAN].controller_for(node)
+    gpu = config.stash.get(GPU_SETTINGS, None)
     return EnergyBenchmark(
         energy_meter,
         controller,
@@ -222,6 +247,7 @@ def energy_benchmark(request: pytest.FixtureRequest, energy_meter: Meter) -> Ene
             config.stash[METERING].background if controller.max_background is not None else None
         ),
         exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
+        trial_probe=gpu.probe() if gpu is not None else None,
     )
 
 

@@ -27,6 +27,15 @@ from ..conversions import Intensity, Price, parse_intensity, parse_price
 from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, parse_exports
 from ..figures import FIGURES
+from ..gpu.settings import (
+    CLOCK_EXAMPLES,
+    POWER_EXAMPLES,
+    AxisSpec,
+    axis_record,
+    parse_clocks,
+    parse_power_limits,
+    parse_slowdowns,
+)
 from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_token_list
 from ..llm.loader import DTYPES
 from ..meters import BUILTIN_BACKENDS, MeterOptions, sample_interval_defaults
@@ -124,6 +133,21 @@ class LLMSettings:
 
 
 @dataclass(frozen=True)
+class GpuOptions:
+    """GPU settings as benchmark axes, the telemetry per trial, and the frontier."""
+
+    power_limits: AxisSpec = field(default_factory=AxisSpec)
+    clocks: AxisSpec = field(default_factory=AxisSpec)
+    telemetry: bool = False  # read the GPUs during every trial even without the axes
+    max_slowdowns: tuple[float, ...] = (0.0, 0.05)
+    frontier_json: str | None = None
+
+    @property
+    def sweeping(self) -> bool:
+        return bool(self.power_limits or self.clocks)
+
+
+@dataclass(frozen=True)
 class PluginOptions:
     """Everything the options say, parsed and checked once."""
 
@@ -135,6 +159,7 @@ class PluginOptions:
     keep: KeepSettings = field(default_factory=KeepSettings)
     route: RouteOptions = field(default_factory=RouteOptions)
     llm: LLMSettings = field(default_factory=LLMSettings)
+    gpu: GpuOptions = field(default_factory=GpuOptions)
     record: Mapping[str, Any] = field(default_factory=dict)  # for the run file, by option name
 
 
@@ -616,6 +641,56 @@ OPTIONS: tuple[Option, ...] = (
         "tokens exceed their context (the research ran Llama-2-7B at 4128 of 4096); "
         "off: such a case stops the session at start",
         const="on",
+    ),
+    # -- GPU settings (the time-energy frontier) ---------------------------------------
+    Option(
+        "--energy-gpu-power-limits",
+        "gpu.power_limits",
+        parse_power_limits,
+        "LIST",
+        "run every energy case at each GPU power limit, e.g. "
+        f"{POWER_EXAMPLES} (of the default limit; all: the allowed range in steps); the "
+        "GPU's default is always measured too, and restored at the end (needs root)",
+        default_text="none: the GPU as it is",
+        record=axis_record,
+    ),
+    Option(
+        "--energy-gpu-clocks",
+        "gpu.clocks",
+        parse_clocks,
+        "LIST",
+        f"run every energy case at each locked SM clock, e.g. {CLOCK_EXAMPLES} (all: the "
+        "supported clocks in steps); unlocked clocks are always measured too, and restored "
+        "at the end (needs root)",
+        default_text="none: the GPU as it is",
+        record=axis_record,
+    ),
+    Option(
+        "--energy-gpu-telemetry",
+        "gpu.telemetry",
+        values.switch,
+        "on|off",
+        "record the GPUs' temperature, SM clock and throttle reasons during every trial "
+        "(always on with the GPU setting axes)",
+        const="on",
+    ),
+    Option(
+        "--energy-max-slowdown",
+        "gpu.max_slowdowns",
+        parse_slowdowns,
+        "LIST",
+        "report the energy bloat at the GPU's default: the energy the cheapest setting at "
+        "most this much slower saves, e.g. 0%,5%",
+        default_text="0%,5%",
+        multiple=True,
+    ),
+    Option(
+        "--energy-frontier-json",
+        "gpu.frontier_json",
+        values.text,
+        "PATH",
+        "also write the time-energy frontier and the per-token-range setting policy to "
+        "PATH (must not exist yet)",
     ),
 )
 

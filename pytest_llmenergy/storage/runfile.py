@@ -20,7 +20,7 @@ from ..controller.rule import ControllerOptions
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError
 from ..meters.resources import ResourceUsage
-from ..results import CaseResult, PhaseRecord, Trial
+from ..results import CaseResult, GpuTelemetry, PhaseRecord, Trial
 
 FORMAT = "pytest-llmenergy-run"
 # 1: pytest-llmenergy 0.1.0; "options" was a dump of the settings dataclasses.
@@ -31,7 +31,8 @@ FORMAT = "pytest-llmenergy-run"
 #    "disturbed_trials" and its controller's "max_background" (absent: never checked),
 #    "rule", "min_time_s" and "max_time_s" (absent: none); a case's "resolution_s" (the meter's)
 #    and "prefill_passes" (trials of repeated prefill-only passes, each with "passes");
-#    a case's "conversions" (gCO2e and price per kWh of its session).
+#    a case's "conversions" (gCO2e and price per kWh of its session); a trial's "gpu"
+#    (temperature, SM clock, throttle reasons: see results.GpuTelemetry).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -139,6 +140,18 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         },
         "background_cpu": t.background_cpu,
         "passes": t.passes,
+        **({"gpu": _gpu_dict(t.gpu)} if t.gpu is not None else {}),
+    }
+
+
+def _gpu_dict(g: GpuTelemetry) -> dict[str, Any]:
+    return {
+        "temperature_c_max": g.temperature_c_max,
+        "sm_clock_mhz_mean": g.sm_clock_mhz_mean,
+        "reasons": list(g.reasons),
+        "power_capped_s": g.power_capped_s,
+        "thermal_s": g.thermal_s,
+        "throttled": g.throttled,
     }
 
 
@@ -330,6 +343,20 @@ def _trial(r: _Reader) -> Trial:
         phases=phases,
         background_cpu=r.get("background_cpu", float, optional=True),
         passes=r.get("passes", int, optional=True) or 1,
+        gpu=_gpu(r.obj("gpu", optional=True)),
+    )
+
+
+def _gpu(r: _Reader | None) -> GpuTelemetry | None:
+    if r is None:
+        return None
+    return GpuTelemetry(
+        temperature_c_max=r.get("temperature_c_max", float, optional=True),
+        sm_clock_mhz_mean=r.get("sm_clock_mhz_mean", float, optional=True),
+        reasons=tuple(str(x) for x in (r.data.get("reasons") or [])),
+        power_capped_s=r.get("power_capped_s", float, optional=True),
+        thermal_s=r.get("thermal_s", float, optional=True),
+        throttled=r.get("throttled", str, optional=True) or "",
     )
 
 

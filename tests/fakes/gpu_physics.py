@@ -39,9 +39,9 @@ class Physics:
     idle_w: float = 60.0
     static_w: float = 90.0  # drawn while working, whatever the clock
     compute_dynamic_w: float = 310.0  # at the maximum clock: 400 W in all
-    memory_base_w: float = 120.0  # memory traffic during memory-bound work
-    memory_dynamic_w: float = 60.0  # at the maximum clock: 270 W in all
-    clock_share_memory: float = 0.15  # share of memory-bound time that scales with the clock
+    memory_base_w: float = 60.0  # memory traffic during memory-bound work
+    memory_dynamic_w: float = 150.0  # at the maximum clock: 300 W in all
+    clock_share_memory: float = 0.05  # share of memory-bound time that scales with the clock
     thermal_slowdown: float = 0.8  # clock factor while thermally throttled
 
     def power_w(self, kind: str, ratio: float) -> float:

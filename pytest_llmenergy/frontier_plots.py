@@ -1,0 +1,58 @@
+"""One figure per model: time against energy of every GPU setting, frontier drawn.
+
+Each case (token size) is one colour: its settings as points, its Pareto frontier as a
+line through them, the GPU's default ringed, the minimum-energy setting starred.  Drawn
+with the routing figures' helpers (own Agg canvas, never replacing a file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .frontier import CaseFrontier
+from .routing.plots import _make_dir, _new_figure, _save, slug
+
+STEM = "frontier"
+
+
+def frontier_figure(items: Sequence[CaseFrontier], model: str):  # type: ignore[no-untyped-def]
+    fig, axes = _new_figure()
+    ax = axes[0][0]
+    for f in items:
+        label = f"{f.sweep} in {f.input_tokens} / out {f.output_tokens}".strip()
+        xs = [p.time_s for p in f.points]
+        ys = [p.energy_j for p in f.points]
+        dots = ax.scatter(xs, ys, s=18, alpha=0.6)
+        colour = dots.get_facecolor()[0]
+        front = f.pareto
+        ax.plot(
+            [p.time_s for p in front], [p.energy_j for p in front], "-", color=colour, label=label
+        )
+        if f.default is not None:
+            ax.scatter(
+                [f.default.time_s], [f.default.energy_j], s=90, facecolors="none", edgecolors=colour
+            )
+        ax.scatter([f.min_energy.time_s], [f.min_energy.energy_j], marker="*", s=90, color=colour)
+        for p in f.points:
+            ax.annotate(p.setting, (p.time_s, p.energy_j), fontsize=6, alpha=0.7)
+    ax.set_xlabel("time per query (s)")
+    ax.set_ylabel("energy per query (J)")
+    ax.set_title(f"{model}: time-energy frontier over GPU settings (o default, * least energy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def write_frontier_plots(
+    items: Sequence[CaseFrontier], out_dir: Path, formats: Sequence[str] = ("png",)
+) -> list[Path]:
+    """One file per model; an existing file is never replaced (``-2``, ``-3``, ...)."""
+    out_dir = _make_dir(out_dir)
+    by_model: dict[str, list[CaseFrontier]] = {}
+    for f in items:
+        by_model.setdefault(f.model, []).append(f)
+    written: list[Path] = []
+    for model, members in by_model.items():
+        written += _save(frontier_figure(members, model), out_dir, f"{STEM}-{slug(model)}", formats)
+    return written

@@ -1,0 +1,1 @@
+"""GPU settings as benchmark axes: apply, read back, restore; telemetry per trial."""

@@ -1,0 +1,272 @@
+"""GPU settings: power limits and locked SM clocks as axes of every energy case.
+
+At session start: a state file left by a session killed outright is restored first
+(and said so); with ``--energy-gpu-power-limits`` / ``--energy-gpu-clocks`` the axes are
+resolved against what the GPUs allow, and the right to change them is checked, so a
+missing permission or a value out of range is one line before anything runs.  Each case
+applies its setting before its warm-up (the ``energy_gpu_setting`` fixture, which
+``energy_benchmark`` asks for); the setting is read back and checked, and the GPUs'
+temperature, SM clock and throttle reasons are read during every trial.  The originals
+come back at session end, whatever ended it: failure, Ctrl-C, SIGTERM (and a state file
+remains for SIGKILL).  At the end: the time-energy frontier table, JSON and figures.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import platform
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import ConfigError, LLMEnergyError
+from ..gpu.control import GpuControl, GpuControlError, ReadBack, StateFile, recover
+from ..gpu.settings import GpuSetting, cross, resolve_clocks, resolve_power
+from ..gpu.telemetry import TrialTelemetry
+from ..results import CaseResult
+from ..tables import render
+from .cases import BENCHMARK_FIXTURE
+from .measuring import header_lines
+from .options import GpuOptions
+
+SECTION = "llmenergy: time-energy frontier over GPU settings"
+SETTING_FIXTURE = "energy_gpu_setting"
+
+
+class GpuSettings:
+    """Owns the GPUs' settings for the session: the axes, applying, telemetry, restoring,
+    and the frontier at the end."""
+
+    def __init__(
+        self,
+        config: pytest.Config,
+        options: GpuOptions,
+        gpus: tuple[int, ...] | None,
+        results: list[CaseResult],
+        lam: float,
+        plots_dir: str | None,
+        state: StateFile | None = None,
+    ) -> None:
+        self.config = config
+        self.options = options
+        self.gpus = gpus
+        self.results = results
+        self.lam = lam
+        self.plots_dir = plots_dir
+        self.state = state or StateFile()
+        self.control: GpuControl | None = None
+        self.settings: list[GpuSetting] = []
+        self.notes: list[str] = []
+        self.restored: list[str] = []  # what was given back, read back, for the summary
+        self._previous_sigterm: Any = None
+        self._lock = threading.Lock()
+
+    # -- session start -------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self._recover()
+        if not (self.options.sweeping or self.options.telemetry):
+            return
+        if getattr(self.config.option, "numprocesses", None):
+            raise pytest.UsageError(
+                "--energy-gpu-power-limits/--energy-gpu-clocks change the whole GPU: they "
+                "cannot run under pytest-xdist; drop -n"
+            )
+        try:
+            self.control = GpuControl(self.state, self.gpus)
+            if self.options.sweeping:
+                self._resolve()
+        except (GpuControlError, ConfigError) as exc:
+            self._close()
+            raise pytest.UsageError(str(exc)) from None
+        if self.options.sweeping and threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        atexit.register(self._restore_quietly)
+
+    def _recover(self) -> None:
+        """A session killed outright left its GPUs changed: give them back now."""
+        if not self.state.path.exists():
+            return
+        try:
+            found = recover(self.state)
+        except (GpuControlError, ConfigError) as exc:
+            if self.options.sweeping:
+                raise pytest.UsageError(str(exc)) from None
+            self.notes.append(f"WARNING: {exc}")
+            return
+        if found is None:
+            return
+        data, back = found
+        self.notes.append(
+            f"restored GPU settings a session left changed (pid {data.get('pid')}, started "
+            f"{data.get('started')}, killed before it could): "
+            + "; ".join(b.describe() for b in back)
+        )
+
+    def _resolve(self) -> None:
+        assert self.control is not None
+        limits = self.control.limits()
+        power = clocks = None
+        if self.options.power_limits:
+            flag = "--energy-gpu-power-limits"
+            power = resolve_power(self.options.power_limits, limits, flag)
+        if self.options.clocks:
+            clocks, snapped = resolve_clocks(self.options.clocks, limits, "--energy-gpu-clocks")
+            self.notes += snapped
+        self.control.check_permission()
+        first = limits[0]
+        self.settings = cross(power, clocks, first.default_power_w, first.max_power_w)
+        default = next(s.id for s in self.settings if s.default)
+        self.notes.append(
+            f"GPU settings: {len(self.settings)} per case on "
+            + ", ".join(f"{g.domain} {g.name}" for g in limits)
+            + f": {', '.join(s.id for s in self.settings)} ({default} is the GPU's default, "
+            f"the reference of the energy bloat); restored at the end (state in {self.state.path})"
+        )
+
+    def header(self) -> list[str]:
+        return list(self.notes)
+
+    # -- cases -------------------------------------------------------------------------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """After the grid's parametrization, so ids read ``tiny-llama-in8-out32-pl250W``."""
+        names = metafunc.fixturenames
+        if self.settings and SETTING_FIXTURE in names and BENCHMARK_FIXTURE in names:
+            ids = [s.id for s in self.settings]
+            metafunc.parametrize(SETTING_FIXTURE, self.settings, ids=ids, indirect=True)
+
+    def apply(self, setting: GpuSetting) -> list[ReadBack]:
+        """Before the case's warm-up; a GPU that does not take it fails the case."""
+        assert self.control is not None
+        with self._lock:
+            return self.control.apply(setting)
+
+    def probe(self) -> TrialTelemetry | None:
+        if self.control is None:
+            return None
+        return TrialTelemetry(self.control.nvml, self.control.handles)
+
+    # -- giving back ----------------------------------------------------------------------------
+    def restore(self, why: str) -> list[str]:
+        """The originals again; lines saying what was read back."""
+        control = self.control
+        if control is None or not control.changed:
+            return []
+        with self._lock:
+            back = control.restore()
+        lines = [f"GPU settings restored ({why}): " + "; ".join(b.describe() for b in back)]
+        self.restored += lines
+        return lines
+
+    def _restore_quietly(self) -> None:
+        try:
+            for line in self.restore("at exit"):
+                sys.stderr.write(f"llmenergy: {line}\n")
+        except LLMEnergyError as exc:
+            sys.stderr.write(f"llmenergy: {exc}\n")
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """Give the GPUs back first, then stop the session as Ctrl-C does (what was
+        measured is kept)."""
+        try:
+            for line in self.restore("SIGTERM"):
+                sys.stderr.write(f"llmenergy: {line}\n")
+        except LLMEnergyError as exc:
+            sys.stderr.write(f"llmenergy: {exc}\n")
+        raise KeyboardInterrupt("SIGTERM: GPU settings restored, session stopped")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        try:
+            self.restore("session end")
+        except GpuControlError as exc:
+            self.restored.append(f"ERROR: {exc}")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._restore_quietly()
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+        atexit.unregister(self._restore_quietly)
+        self._close()
+
+    def _close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+
+    # -- the end --------------------------------------------------------------------------------
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        from ..frontier import frontier_json, frontier_table, frontiers
+
+        items = frontiers(self.results, max_slowdowns=self.options.max_slowdowns, lam=self.lam)
+        throttled = [r for r in self.results if r.throttled]
+        if not (items or self.restored or throttled):
+            return
+        terminalreporter.section(SECTION)
+        config = terminalreporter.config
+        if items:
+            width = config.get_terminal_writer().fullwidth
+            for line in render([frontier_table(items)], "table", width=width).splitlines():
+                terminalreporter.write_line(line)
+        if throttled:
+            n = sum(len(r.throttled) for r in throttled)
+            why = sorted({t.gpu.throttled for r in throttled for t in r.throttled if t.gpu})
+            line = (
+                f"{n} trial(s) of {len(throttled)} case(s) ran throttled ({'; '.join(why)}): "
+                "kept in the run, left out of the figures and repeated"
+            )
+            for part in header_lines(config, [line]):
+                terminalreporter.write_line(part, yellow=True)
+        for line in self.restored:
+            for part in header_lines(config, [line]):
+                terminalreporter.write_line(part, red=line.startswith("ERROR"))
+        system = _system_name(self.results)
+        if items and self.options.frontier_json:
+            path = Path(self.options.frontier_json)
+            try:
+                with path.open("x") as f:
+                    json.dump(frontier_json(items, system), f, indent=1)
+                terminalreporter.write_line(f"llmenergy: frontier written to {path}")
+            except OSError as exc:
+                terminalreporter.write_line(
+                    f"llmenergy: --energy-frontier-json={path}: {exc.strerror or exc}", red=True
+                )
+        if items and self.plots_dir:
+            from ..frontier_plots import write_frontier_plots
+            from ..routing.plots import PlotError
+
+            try:
+                written = write_frontier_plots(items, Path(self.plots_dir))
+            except PlotError as exc:
+                terminalreporter.write_line(f"llmenergy: --energy-plots: {exc}", red=True)
+            else:
+                for p in written:
+                    terminalreporter.write_line(f"llmenergy: frontier figure {p}")
+
+
+def _system_name(results: list[CaseResult]) -> str:
+    """The machine the frontier was measured on, as its policy names the system."""
+    return platform.node() or "this machine"
+
+
+def setting_fixture(request: pytest.FixtureRequest) -> GpuSetting | None:
+    """The body of the ``energy_gpu_setting`` fixture: apply this case's setting."""
+    setting: GpuSetting | None = getattr(request, "param", None)
+    feature = request.config.stash.get(GPU_SETTINGS, None)
+    if setting is not None and feature is not None:
+        try:
+            feature.apply(setting)
+        except GpuControlError as exc:
+            pytest.fail(str(exc), pytrace=False)
+    return setting
+
+
+GPU_SETTINGS = pytest.StashKey[GpuSettings]()
+ProbeFactory = Callable[[], TrialTelemetry | None]

@@ -1,0 +1,117 @@
+"""A fake A100 for whole sessions: what a project's conftest.py installs, and the cases
+whose true time and energy at every setting the physics says.
+
+A session (in-process under pytester, or a real subprocess) gets the fake through
+``install()`` in its conftest.py; the GPU's settings live in the state file named by
+``$FAKE_GPU_STATE`` (as a driver keeps them between processes), ``$FAKE_GPU_ROOT=0``
+makes the process a normal user, and ``$FAKE_GPU_THERMAL=3,7`` makes those work calls
+(1-based) thermally throttled.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from .fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, build_fake_pynvml, fake_uuid
+from .gpu_physics import Phase, Physics
+from .trace import SwitchTrace
+
+PHYSICS = Physics()
+NAME = "NVIDIA A100-SXM4-40GB"
+MAX_MHZ = 1410
+MIN_MHZ = 210
+
+
+@dataclass(frozen=True)
+class FakeQuery:
+    """One case: a prefill of ``input_tokens`` (compute-bound) and a decode of
+    ``output_tokens`` (memory-bound), with seconds at full clock per token."""
+
+    model: str
+    sweep: str
+    input_tokens: int
+    output_tokens: int
+    prefill_s_per_token: float = 0.040 / 2048
+    decode_s_per_token: float = 0.040 / 256
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return (
+            Phase("compute", self.input_tokens * self.prefill_s_per_token),
+            Phase("memory", self.output_tokens * self.decode_s_per_token),
+        )
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-in{self.input_tokens}-out{self.output_tokens}"
+
+    def labels(self) -> dict[str, str]:
+        return {"model": self.model, "sweep": self.sweep}
+
+    def truth(self, power_limit_w: float, sm_clock_mhz: int | None = None) -> tuple[float, float]:
+        """True (seconds, joules) at this setting."""
+        lock = None if sm_clock_mhz is None else sm_clock_mhz / MAX_MHZ
+        return PHYSICS.run(self.phases, power_limit_w, lock, MIN_MHZ / MAX_MHZ)
+
+
+QUERIES = (
+    FakeQuery("fake-7b", "input", 2048, 8),  # prefill-heavy: compute-bound
+    FakeQuery("fake-7b", "output", 8, 256),  # decode-heavy: memory-bound
+)
+
+
+def make_gpu(index: int = 0, thermal_works: frozenset[int] = frozenset()) -> FakeGPU:
+    return FakeGPU(
+        NAME,
+        fake_uuid(index),
+        NVML_DEVICE_ARCH_AMPERE,
+        SwitchTrace(PHYSICS.idle_w),  # type: ignore[arg-type]
+        counter_period_s=1e-4,
+        physics=PHYSICS,
+        thermal_works=thermal_works,
+    )
+
+
+def install() -> Any:
+    """Make ``import pynvml`` give this process the fake GPU (from the environment)."""
+    thermal = os.environ.get("FAKE_GPU_THERMAL", "")
+    works = frozenset(int(x) for x in thermal.split(",") if x.strip())
+    module = build_fake_pynvml(
+        [make_gpu(0, works)],
+        root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
+        state_path=os.environ.get("FAKE_GPU_STATE") or None,
+    )
+    sys.modules["pynvml"] = module
+    return module
+
+
+def run(query: FakeQuery) -> float:
+    """The benchmark target: the query's work on GPU 0, split at the first output token."""
+    from pytest_llmenergy.meters import mark_phase
+
+    fake = sys.modules["pynvml"].fake
+    return fake.work(0, query.phases, between=lambda: mark_phase("decode", ending="prefill"))
+
+
+# What a project's files say, for pytester and for trying it by hand.
+CONFTEST = """
+from tests.fakes.gpu_project import install
+
+install()
+"""
+
+TEST_FILE = """
+import pytest
+
+from tests.fakes.gpu_project import QUERIES, run
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=[q.id for q in QUERIES])
+def test_query(energy_benchmark, query):
+    energy_benchmark(
+        run, query, input_tokens=query.input_tokens, output_tokens=query.output_tokens
+    )
+"""
