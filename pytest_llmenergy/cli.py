@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, report, values
+from . import __version__, frontier_cli, report, values
 from .compare import (
     GATE_EXAMPLES,
     Gate,
@@ -208,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=PLOT_FORMATS,
         help="png or svg, repeatable (default: png)",
     )
+    frontier_cli.add_commands(sub, common)
     return parser
 
 
@@ -716,6 +717,10 @@ def _main(argv: Sequence[str] | None) -> int:
             out, notes = _route(args, storage)
         elif args.command == "plot":
             out, notes = _plot(args, storage)
+        elif args.command == "gpu":
+            out, notes = frontier_cli.restore_command(args)
+        elif args.command == "frontier":
+            out, notes = frontier_cli.frontier_command(storage.load(args.run), args)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)

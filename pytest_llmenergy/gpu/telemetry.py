@@ -110,7 +110,10 @@ class TrialTelemetry:
                 known = True
                 power_s = max(power_s, (b[0] - a[0]) / 1e9)
                 thermal_s = max(thermal_s, (b[1] - a[1]) / 1e9)
-        clocks = [s[0] for s in self._samples if s[0] is not None]
+        # the clock while the GPU worked: idle samples (before the work reached the GPU)
+        # would pull the mean toward the idle clock
+        working = [s for s in self._samples if not s[2] & REASON_BITS["gpu_idle"]]
+        clocks = [s[0] for s in working or self._samples if s[0] is not None]
         temps = [s[1] for s in self._samples if s[1] is not None]
         mask = 0
         for s in self._samples:

@@ -136,6 +136,7 @@ NVML_TEMPERATURE_GPU = 0
 
 NVML_PERF_POLICY_POWER = 0
 NVML_PERF_POLICY_THERMAL = 1
+VISIBLE_S = 0.015  # real seconds a phase lasts under virtual time
 _VIOLATION_BITS = ((NVML_PERF_POLICY_POWER, 0x4), (NVML_PERF_POLICY_THERMAL, 0x40))
 
 # Clock-event (formerly "throttle") reasons: both spellings, as nvidia-ml-py 12.535+ has.
@@ -366,10 +367,15 @@ class FakeNvml:
         *,
         root: bool = True,
         state_path: str | os.PathLike[str] | None = None,
+        virtual_time: bool = False,
     ) -> None:
         self.gpus = list(gpus)
         self.init_error = init_error
-        self.clock = clock
+        # With virtual time, work takes exactly its simulated duration on this clock,
+        # whatever the host's scheduler does (the meter must read the same clock).
+        self.virtual_time = virtual_time
+        self.virtual_s = 0.0
+        self.clock = (lambda: clock() + self.virtual_s) if virtual_time else clock
         self.init_count = 0  # NVML counts nvmlInit calls; the last nvmlShutdown closes it
         self.calls: Counter[str] = Counter()
         self.driver_version: str | bytes = "550.54.15"  # old nvidia-ml-py returned bytes
@@ -751,10 +757,16 @@ class FakeNvml:
                 reasons |= REASON_HW_THERMAL
             seconds = phase.seconds * physics.stretch(phase.kind, ratio)
             watts = physics.power_w(phase.kind, ratio)
-            start = trace.set(watts)
+            start = trace.set(watts, self.clock())
             gpu.busy = (round(ratio * max_mhz), reasons, watts)
-            time.sleep(seconds)
-            end = trace.set(physics.idle_w)
+            if self.virtual_time:
+                time.sleep(min(seconds, VISIBLE_S))  # long enough for observers to see it
+                elapsed = self.clock() - start
+                self.virtual_s += max(0.0, seconds - elapsed)
+                end = trace.set(physics.idle_w, start + max(seconds, elapsed))
+            else:
+                time.sleep(seconds)
+                end = trace.set(physics.idle_w, self.clock())
             gpu.busy = None
             with self._lock:
                 for policy, bit in _VIOLATION_BITS:
@@ -785,12 +797,15 @@ def build_fake_pynvml(
     root: bool = True,
     state_path: str | os.PathLike[str] | None = None,
     old_reason_names: bool = False,
+    virtual_time: bool = False,
 ) -> types.ModuleType:
     """A module object that looks like ``pynvml``; its state is ``module.fake``.
 
     ``old_reason_names``: an nvidia-ml-py before 12.535, without the ``ClocksEvent`` names.
     """
-    fake = FakeNvml(gpus, init_error, clock, root=root, state_path=state_path)
+    fake = FakeNvml(
+        gpus, init_error, clock, root=root, state_path=state_path, virtual_time=virtual_time
+    )
     module = types.ModuleType("pynvml", "fake pynvml (tests/fakes/fake_pynvml.py)")
     this = sys.modules[__name__]
     for name in dir(this):

@@ -75,16 +75,36 @@ def make_gpu(index: int = 0, thermal_works: frozenset[int] = frozenset()) -> Fak
     )
 
 
-def install() -> Any:
-    """Make ``import pynvml`` give this process the fake GPU (from the environment)."""
+def build() -> Any:
+    """The fake module as the environment describes it.  Its time is virtual: work takes
+    exactly its simulated duration, so the true frontier is known to the joule; the
+    meter reads the fake GPU's clock (``use_clock``) as it reads its counters."""
     thermal = os.environ.get("FAKE_GPU_THERMAL", "")
     works = frozenset(int(x) for x in thermal.split(",") if x.strip())
-    module = build_fake_pynvml(
+    return build_fake_pynvml(
         [make_gpu(0, works)],
         root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
         state_path=os.environ.get("FAKE_GPU_STATE") or None,
+        virtual_time=True,
     )
+
+
+def install() -> Any:
+    """For a whole process: ``import pynvml`` gives the fake, and the NVML meter times
+    windows on the fake GPU's clock."""
+    import pytest_llmenergy.meters.nvml as nvml_meter
+
+    module = build()
     sys.modules["pynvml"] = module
+    nvml_meter.perf_counter = module.fake.clock  # type: ignore[attr-defined]
+    return module
+
+
+def install_for_test(monkeypatch: Any) -> Any:
+    """The same for one test (undone when it ends): for in-process pytester sessions."""
+    module = build()
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    monkeypatch.setattr("pytest_llmenergy.meters.nvml.perf_counter", module.fake.clock)
     return module
 
 
@@ -96,13 +116,8 @@ def run(query: FakeQuery) -> float:
     return fake.work(0, query.phases, between=lambda: mark_phase("decode", ending="prefill"))
 
 
-# What a project's files say, for pytester and for trying it by hand.
-CONFTEST = """
-from tests.fakes.gpu_project import install
-
-install()
-"""
-
+# What a project's test file says, for pytester and for trying it by hand (with
+# tests/fakes/driver first on PYTHONPATH, or install() in its conftest.py).
 TEST_FILE = """
 import pytest
 

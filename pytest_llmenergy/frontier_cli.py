@@ -1,0 +1,120 @@
+"""``llmenergy gpu restore`` and ``llmenergy frontier RUN``: the CLI side of GPU settings.
+
+``gpu restore`` gives back the GPUs a killed session left changed (from its state file);
+``frontier`` computes the time-energy frontier of a saved run measured over GPU settings,
+with the table, JSON (the per-token-range setting policy included) and figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .frontier import DEFAULT_MAX_SLOWDOWNS, frontier_json, frontier_table, frontiers
+from .gpu.control import StateFile, default_state_path, recover
+from .gpu.settings import parse_slowdowns
+from .storage.runfile import Run
+from .tables import render
+from .values import fraction
+
+
+def _checked(parse: Any) -> Any:
+    def run(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return run
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    gpu = sub.add_parser("gpu", help="GPU settings a session changed: restore them")
+    gpu_sub = gpu.add_subparsers(dest="gpu_command", required=True, metavar="ACTION")
+    restore = gpu_sub.add_parser(
+        "restore",
+        help="give back the power limits and clocks a killed session left changed",
+    )
+    restore.add_argument(
+        "--state",
+        metavar="FILE",
+        help=f"the state file (default: $LLMENERGY_GPU_STATE or {default_state_path()})",
+    )
+    restore.add_argument(
+        "--force",
+        action="store_true",
+        help="restore even though the session that wrote the file seems alive",
+    )
+    front = sub.add_parser(
+        "frontier",
+        parents=[common],
+        help="the time-energy frontier of a run measured over GPU settings",
+    )
+    front.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
+    front.add_argument(
+        "--max-slowdown",
+        type=_checked(parse_slowdowns),
+        default=DEFAULT_MAX_SLOWDOWNS,
+        metavar="LIST",
+        help="slowdowns the energy bloat is reported at (default: 0%%,5%%)",
+    )
+    front.add_argument(
+        "--lambda",
+        dest="lam",
+        type=_checked(lambda t: fraction(t, "a weight of energy")),
+        default=1.0,
+        metavar="L",
+        help="weight of energy against time (1: energy only, the default; 0: time only)",
+    )
+    front.add_argument(
+        "--p-ref",
+        type=float,
+        default=None,
+        metavar="WATTS",
+        help="price of time in W (default: the GPU's highest power limit, as recorded)",
+    )
+    front.add_argument("--json", metavar="FILE", help="also write the frontier and policy here")
+    front.add_argument("--plots", metavar="DIR", help="also write one figure per model here")
+
+
+def restore_command(args: argparse.Namespace) -> tuple[str, list[str]]:
+    state = StateFile(Path(args.state) if args.state else None)
+    found = recover(state, force=args.force)
+    if found is None:
+        return f"nothing to restore: no GPU state file at {state.path}", []
+    data, back = found
+    lines = [
+        f"restored the GPU settings a session left changed (pid {data.get('pid')}, "
+        f"started {data.get('started')}):"
+    ]
+    lines += [f"  {b.describe()}" for b in back]
+    return "\n".join(lines), []
+
+
+def frontier_command(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
+    items = frontiers(run.cases, max_slowdowns=args.max_slowdown, lam=args.lam, p_ref_w=args.p_ref)
+    if not items:
+        raise ConfigError(
+            f"{run.path}: no case was measured at two or more GPU settings; run the suite "
+            "with --energy-gpu-power-limits or --energy-gpu-clocks"
+        )
+    system = run.hardware or "this machine"
+    notes: list[str] = []
+    if args.json:
+        path = Path(args.json)
+        try:
+            with path.open("x") as f:
+                json.dump(frontier_json(items, system), f, indent=1)
+        except FileExistsError:
+            raise ConfigError(f"--json {path}: the file exists; choose another name") from None
+        notes.append(f"frontier written to {path}")
+    if args.plots:
+        from .frontier_plots import write_frontier_plots
+
+        notes += [f"figure {p}" for p in write_frontier_plots(items, Path(args.plots))]
+    if args.format == "json":
+        return json.dumps(frontier_json(items, system), indent=1), notes
+    return render([frontier_table(items)], args.format), notes
