@@ -34,8 +34,8 @@ class FakeQuery:
     sweep: str
     input_tokens: int
     output_tokens: int
-    prefill_s_per_token: float = 0.040 / 2048
-    decode_s_per_token: float = 0.040 / 256
+    prefill_s_per_token: float = 1.0 / 2048  # virtual seconds: a 1 s prefill of 2048
+    decode_s_per_token: float = 1.0 / 256
 
     @property
     def phases(self) -> tuple[Phase, ...]:

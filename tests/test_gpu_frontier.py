@@ -1,0 +1,206 @@
+"""The time-energy frontier (issue 14, items 1, 3, 4, 5): a sweep on the fake A100 whose
+physics gives the true time and energy of every setting, so the test knows the true
+frontier, minimum-energy setting, bloat and lambda optimum, and checks the tool finds them;
+and how the GPU is given back at the end of the session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmenergy.frontier import (
+    Point,
+    bloat,
+    frontier,
+    frontiers,
+    lam_best,
+    pareto_front,
+    setting_for,
+    setting_policy,
+)
+from pytest_llmenergy.storage.runfile import loads
+from tests.fakes.gpu_project import QUERIES, TEST_FILE, FakeQuery, install_for_test
+
+LIMITS_W = (400.0, 280.0, 160.0)  # 400 W: the default
+LAM = 0.6
+P_REF_W = 400.0
+
+
+def truth_points(query: FakeQuery) -> list[Point]:
+    return [
+        Point(f"pl{w:g}W", *query.truth(w), default=w == 400.0, power_limit_w=w) for w in LIMITS_W
+    ]
+
+
+# -- the math, on the true points ------------------------------------------------------------
+def test_pareto_bloat_and_lambda_on_known_points() -> None:
+    pts = [Point("a", 1.0, 10.0, default=True), Point("b", 1.02, 8.0), Point("c", 1.5, 7.0)]
+    pts.append(Point("d", 1.6, 9.0))  # slower and dearer than c: dominated
+    assert [p.setting for p in pareto_front(pts)] == ["a", "b", "c"]
+    assert bloat(pts, pts[0], 0.0).saved_j == 0.0
+    five = bloat(pts, pts[0], 0.05)
+    assert five.best.setting == "b" and five.saved_share == pytest.approx(0.2)
+    assert lam_best(pts, 1.0, 10.0).setting == "c"
+    assert lam_best(pts, 0.0, 10.0).setting == "a"
+
+
+def test_prefill_and_decode_have_different_lambda_optima() -> None:
+    """The physics: the cap stretches compute-bound prefill, hardly memory-bound decode."""
+    prefill, decode = QUERIES
+    f_pre = frontier("t", {}, 2048, 8, truth_points(prefill), lam=LAM, p_ref_w=P_REF_W)
+    f_dec = frontier("t", {}, 8, 256, truth_points(decode), lam=LAM, p_ref_w=P_REF_W)
+    assert f_pre.lam_best.setting == "pl280W" and f_dec.lam_best.setting == "pl160W"
+    assert f_dec.bloat[1].best.setting == "pl280W"  # 5 %: decode loses energy, not time
+    assert f_pre.bloat[1].saved_j == 0.0  # prefill: every cap costs more than 5 %
+    rules = setting_policy([f_pre], "sys")[0]["rules"]
+    assert rules == [{"setting": "pl280W", "power_limit_w": 280.0, "sm_clock": None}]
+
+
+# -- the sweep, as users run it -------------------------------------------------------------
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("LLMENERGY_GPU_STATE", str(tmp_path / "llmenergy-gpu-state.json"))
+    monkeypatch.setenv("FAKE_GPU_STATE", str(tmp_path / "driver-state.json"))
+    return install_for_test(monkeypatch)
+
+
+SWEEP = (
+    "-p",
+    "no:randomly",
+    "--energy-backend=nvml",
+    "--energy-gpu-power-limits=280W,160W",
+    f"--energy-route-lambda={LAM}",
+    "--energy-min-trials=3",
+    "--energy-max-trials=3",
+    "--energy-warmup=1",
+)
+
+
+def test_the_sweep_finds_the_true_frontier_and_gives_the_gpu_back(
+    pytester: pytest.Pytester, gpu: Any
+) -> None:
+    pytester.makepyfile(test_fake_gpu=TEST_FILE)
+    out = pytester.path / "frontier.json"
+    result = pytester.runpytest(*SWEEP, f"--energy-frontier-json={out}", "--energy-json=run.json")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*GPU settings: 3 per case on gpu:0 NVIDIA A100*pl400W, pl280W, pl160W*",
+            "*time-energy frontier over GPU settings*",
+            "*GPU settings restored (session end)*power limit 400 W, clocks unlocked*",
+        ]
+    )
+    result.assert_outcomes(passed=6)
+    ids = {r.nodeid.split("[")[1] for r in result.reprec.getreports("pytest_runtest_logreport")}
+    assert "fake-7b-in2048-out8-pl280W]" in ids and "fake-7b-in8-out256-pl400W]" in ids
+    # the GPU as it was, and nothing left to restore
+    board = gpu.fake.gpus[0]
+    assert board.power_limit_mw == 400_000 and board.locked_clocks_mhz is None
+    assert not (Path(str(pytester.path)) / "llmenergy-gpu-state.json").exists()
+
+    data = json.loads(out.read_text())
+    by_case = {(c["input_tokens"], c["output_tokens"]): c for c in data["cases"]}
+    for query in QUERIES:
+        case = by_case[(query.input_tokens, query.output_tokens)]
+        truth = {p.setting: p for p in truth_points(query)}
+        for point in case["points"]:  # every setting measured as the physics says
+            true = truth[point["setting"]]
+            assert point["energy_j"] == pytest.approx(true.energy_j, rel=0.01)
+            assert point["time_s"] == pytest.approx(true.time_s, rel=0.01)
+        true_front = frontier(
+            "t", {}, 0, 0, list(truth.values()), lam=LAM, p_ref_w=P_REF_W
+        )  # the truth
+        assert case["min_energy"] == true_front.min_energy.setting
+        assert case["lambda_best"] == true_front.lam_best.setting
+        assert case["pareto"] == [p.setting for p in true_front.pareto]
+        assert [b["setting"] for b in case["bloat"]] == [b.best.setting for b in true_front.bloat]
+        for found, true_bloat in zip(case["bloat"], true_front.bloat):
+            assert found["saved_share"] == pytest.approx(true_bloat.saved_share, abs=0.01)
+        assert case["p_ref_w"] == P_REF_W  # the GPU's highest limit, as Zeus prices time
+    policies = {p["sweep"]: p for p in data["policies"]}
+    assert setting_for(policies["input"], 2048) == "pl280W"
+    assert setting_for(policies["output"], 256) == "pl160W"
+
+    # every trial carries the telemetry; the cap shows as a lower clock and its reason
+    run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
+    capped = [c for c in run.cases if c.labels["gpu_setting"] == "pl160W"]
+    default = [c for c in run.cases if c.labels["gpu_setting"] == "pl400W"]
+    for case in capped:
+        for trial in case.trials:
+            assert trial.gpu is not None and "sw_power_cap" in trial.gpu.reasons
+    pre_capped = next(c for c in capped if c.input_tokens == 2048).trials[0].gpu
+    pre_default = next(c for c in default if c.input_tokens == 2048).trials[0].gpu
+    assert pre_capped.sm_clock_mhz_mean < pre_default.sm_clock_mhz_mean
+    assert len(frontiers(run.cases, lam=LAM)) == 2  # the saved run gives the same frontier
+
+
+def test_a_thermally_throttled_trial_is_marked_left_out_and_repeated(
+    pytester: pytest.Pytester, gpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu.fake.gpus[0].thermal_works = frozenset({3})  # warm-up 1, trials 2, 3, ...
+    pytester.makepyfile(
+        test_one="""
+        from tests.fakes.gpu_project import QUERIES, run
+
+        def test_query(energy_benchmark):
+            q = QUERIES[0]
+            energy_benchmark(run, q, input_tokens=q.input_tokens, output_tokens=q.output_tokens)
+        """
+    )
+    result = pytester.runpytest(
+        "--energy-backend=nvml",
+        "--energy-gpu-telemetry",
+        "--energy-min-trials=3",
+        "--energy-max-trials=4",  # the limit counts the trials left out too
+        "--energy-json=run.json",
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*1 trial(s) of 1 case(s) ran throttled (hw_thermal*"])
+    case = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json").cases[0]
+    assert len(case.trials) == 3 and len(case.throttled) == 1
+    assert not case.busy  # throttled is not "machine busy"
+    assert case.throttled[0].gpu is not None and case.throttled[0].gpu.temperature_c_max == 92
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--energy-gpu-power-limits=500W",),
+            "*--energy-gpu-power-limits: 500 W is outside the range: gpu:0 NVIDIA A100-SXM4-40GB "
+            "allows 100 W to 400 W (default 400 W)",
+        ),
+        (
+            ("--energy-gpu-clocks=3000MHz",),
+            "*--energy-gpu-clocks: 3000 MHz is outside the range: *210 MHz to 1410 MHz",
+        ),
+        (("--energy-gpu-power-limits=fast",), "*expected 200W,250W,300W, 80%, all or all:25W*"),
+    ],
+)
+def test_bad_values_are_one_line_at_start(
+    pytester: pytest.Pytester, gpu: Any, args: tuple[str, ...], message: str
+) -> None:
+    pytester.makepyfile(test_fake_gpu=TEST_FILE)
+    result = pytester.runpytest("--energy-backend=nvml", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_locked_clocks_axis(pytester: pytest.Pytester, gpu: Any) -> None:
+    pytester.makepyfile(test_fake_gpu=TEST_FILE)
+    result = pytester.runpytest(
+        "-v", "-p", "no:randomly", "--energy-backend=nvml", "--energy-gpu-clocks=1005MHz",
+        "--energy-min-trials=2", "--energy-max-trials=2", "--energy-json=run.json",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*fake-7b-in2048-out8-sm1005MHz] PASSED*"])
+    result.stdout.fnmatch_lines(["*fake-7b-in2048-out8-smauto] PASSED*"])
+    run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
+    locked = [c for c in run.cases if c.labels["gpu_setting"] == "sm1005MHz"]
+    assert all(t.gpu and t.gpu.sm_clock_mhz_mean == 1005 for c in locked for t in c.trials)
+    assert gpu.fake.gpus[0].locked_clocks_mhz is None  # unlocked again
