@@ -577,14 +577,15 @@ def _width(fmt: str) -> int | None:
     return terminal_width()
 
 
-def _profiles(specs: Sequence[str], storage: Storage) -> list[Profile]:
-    """A ``.csv`` is read as a profile CSV; anything else names a saved run."""
+def _profiles(specs: Sequence[str], storage: Storage, lam: float = 1.0) -> list[Profile]:
+    """A ``.csv`` is read as a profile CSV; anything else names a saved run (whose cases
+    measured over GPU settings count at their best setting for ``lam``)."""
     profiles: list[Profile] = []
     for spec in specs:
         if spec.lower().endswith(".csv"):
             profiles += read_profile_csv(spec)
         else:
-            profiles += profiles_from_run(storage.load(spec))
+            profiles += profiles_from_run(storage.load(spec), lam=lam)
     return profiles
 
 
@@ -602,7 +603,7 @@ def _route_settings(args: argparse.Namespace) -> RouteSettings:
 
 
 def _routed(args: argparse.Namespace, storage: Storage) -> list[Routed]:
-    profiles = _profiles(args.profile, storage)
+    profiles = _profiles(args.profile, storage, args.lam)
     return route(profiles, load_workload(args.workload), _route_settings(args))
 
 
@@ -619,7 +620,7 @@ def _plot(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
     from .routing.fit import build_model
     from .routing.plots import write_profile_plots, write_routing_plots
 
-    profiles = _profiles(args.profile, storage)
+    profiles = _profiles(args.profile, storage, args.lam)
     formats = tuple(dict.fromkeys(args.image_format or ["png"]))
     out = Path(args.out)
     systems = {p.system for p in profiles if not args.system or p.system in args.system}
@@ -720,7 +721,8 @@ def _main(argv: Sequence[str] | None) -> int:
         elif args.command == "gpu":
             out, notes = frontier_cli.restore_command(args)
         elif args.command == "frontier":
-            out, notes = frontier_cli.frontier_command(storage.load(args.run), args)
+            runs = [storage.load(spec) for spec in args.runs]
+            out, notes = frontier_cli.frontier_command(runs, args)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)

@@ -238,7 +238,7 @@ def frontiers(
         )
         groups.setdefault(key, []).append((case, point))
     out = []
-    for (test, rest, n_in, n_out), members in groups.items():
+    for (test, rest, n_in, n_out), members in sorted(groups.items(), key=_group_order):
         if len({p.setting for _, p in members}) < 2:
             continue
         ref = p_ref_w
@@ -257,6 +257,13 @@ def frontiers(
             )
         )
     return out
+
+
+def _group_order(item: tuple[tuple[Any, ...], Any]) -> tuple[Any, ...]:
+    """Model, sweep, then tokens: the order of the energy tables."""
+    test, rest, n_in, n_out = item[0]
+    labels = dict(rest)
+    return (labels.get("model", test), labels.get("sweep", ""), n_in, n_out)
 
 
 # -- showing --------------------------------------------------------------------------------
@@ -312,7 +319,8 @@ def frontier_table(items: Sequence[CaseFrontier]) -> Table:
             "bloat: energy the cheapest setting at most that much slower saves against the "
             "GPU's default; T: its time against the default's",
             "lambda cost: lambda x E + (1 - lambda) x P_ref x T, P_ref the GPU's highest "
-            "power limit (Zeus); lambda from --energy-route-lambda",
+            "power limit (Zeus); lambda: the routing's (--energy-route-lambda, or --lambda "
+            "in the CLI)",
         ),
     )
 
@@ -378,27 +386,69 @@ def setting_for(policy: Mapping[str, Any], tokens: int) -> str:
     raise ValueError("a setting policy's last rule takes every query")
 
 
+def swept(cases: Sequence[CaseResult]) -> bool:
+    """Whether any case was measured at a GPU setting."""
+    return any(SETTING_LABEL in c.labels for c in cases)
+
+
+def _case_key(test: str, n_in: int, n_out: int, labels: Mapping[str, str]) -> tuple[Any, ...]:
+    rest = tuple(sorted((k, v) for k, v in labels.items() if k not in GPU_LABELS))
+    return (test, n_in, n_out, rest)
+
+
 def best_setting_cases(
     cases: Sequence[CaseResult], lam: float, p_ref_w: float | None = None
 ) -> list[CaseResult]:
-    """Each case at its lam-best setting, the setting kept in its labels: what the
-    router compares between systems, so it chooses system and setting together."""
+    """Each case at its lam-best setting only (its setting kept in its labels): what the
+    router compares between systems, so it chooses system and setting together.  A
+    case measured at one setting only is kept as it is."""
     chosen = {
-        (
-            f.test,
-            f.input_tokens,
-            f.output_tokens,
-            tuple(sorted(f.labels.items())),
-        ): f.lam_best.setting
+        _case_key(f.test, f.input_tokens, f.output_tokens, f.labels): f.lam_best.setting
         for f in frontiers(cases, lam=lam, p_ref_w=p_ref_w)
     }
     out = []
     for case in cases:
         setting = case.labels.get(SETTING_LABEL)
-        rest = tuple(sorted((k, v) for k, v in case.labels.items() if k not in GPU_LABELS))
-        key = (case.nodeid.split("[", 1)[0], case.input_tokens, case.output_tokens, rest)
-        if setting is None or chosen.get(key) == setting:
+        key = _case_key(
+            case.nodeid.split("[", 1)[0], case.input_tokens, case.output_tokens, case.labels
+        )
+        if setting is None or key not in chosen or chosen[key] == setting:
             out.append(case)
+    return out
+
+
+def with_settings(
+    policy: Any, setting_policies: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The router's rules (a ``routing.policy.Policy`` on input or output tokens), each
+    split where its system's best setting changes: one rule per range, with the system
+    and the GPU setting to run it at; the first rule that holds wins, the last has no
+    bound.  A system without a setting policy keeps its GPU as it is (setting None)."""
+    by = policy.by
+    if by not in ("input", "output"):
+        raise ValueError("GPU settings go with routing by input or by output tokens")
+    key = f"max_{by}_tokens"
+    ours = {
+        p["system"]: p["rules"]
+        for p in setting_policies
+        if p["model"] == policy.model and p["by"] == by
+    }
+    out: list[dict[str, Any]] = []
+    low = 0.0  # queries up to this many tokens went to earlier rules
+    for rule in policy.rules:
+        high = getattr(rule, key)
+        cap = math.inf if high is None else float(high)
+        for s in ours.get(rule.system) or [{"setting": None}]:
+            upper = min(float(s.get(key, math.inf)), cap)
+            if upper <= low:
+                continue
+            entry: dict[str, Any] = {"system": rule.system, "setting": s["setting"]}
+            if math.isfinite(upper):
+                entry[key] = int(upper)
+            out.append(entry)
+            low = upper
+            if upper >= cap:
+                break
     return out
 
 

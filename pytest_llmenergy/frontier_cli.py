@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .frontier import DEFAULT_MAX_SLOWDOWNS, frontier_json, frontier_table, frontiers
+from .frontier import (
+    DEFAULT_MAX_SLOWDOWNS,
+    frontier_json,
+    frontier_table,
+    frontiers,
+    with_settings,
+)
 from .gpu.control import StateFile, default_state_path, recover
 from .gpu.settings import parse_slowdowns
 from .storage.runfile import Run
@@ -53,7 +60,13 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="the time-energy frontier of a run measured over GPU settings",
     )
-    front.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
+    front.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="number, name, hardware/number, or a path; several runs (one per system): "
+        "also route between the systems, each at its best settings",
+    )
     front.add_argument(
         "--max-slowdown",
         type=_checked(parse_slowdowns),
@@ -76,6 +89,19 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="WATTS",
         help="price of time in W (default: the GPU's highest power limit, as recorded)",
     )
+    front.add_argument(
+        "--workload",
+        default="alpaca",
+        metavar="SPEC",
+        help="workload of the routing between several runs: alpaca (default), "
+        "alpaca-paper, or a CSV / JSONL file",
+    )
+    front.add_argument(
+        "--by",
+        choices=("input", "output"),
+        default="input",
+        help="route on input (default) or output tokens",
+    )
     front.add_argument("--json", metavar="FILE", help="also write the frontier and policy here")
     front.add_argument("--plots", metavar="DIR", help="also write one figure per model here")
 
@@ -94,27 +120,79 @@ def restore_command(args: argparse.Namespace) -> tuple[str, list[str]]:
     return "\n".join(lines), []
 
 
-def frontier_command(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
-    items = frontiers(run.cases, max_slowdowns=args.max_slowdown, lam=args.lam, p_ref_w=args.p_ref)
-    if not items:
-        raise ConfigError(
-            f"{run.path}: no case was measured at two or more GPU settings; run the suite "
-            "with --energy-gpu-power-limits or --energy-gpu-clocks"
-        )
-    system = run.hardware or "this machine"
+def frontier_command(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
+    tables = []
+    documents: list[dict[str, Any]] = []
     notes: list[str] = []
+    for run in runs:
+        items = frontiers(
+            run.cases, max_slowdowns=args.max_slowdown, lam=args.lam, p_ref_w=args.p_ref
+        )
+        if not items:
+            raise ConfigError(
+                f"{run.path}: no case was measured at two or more GPU settings; run the "
+                "suite with --energy-gpu-power-limits or --energy-gpu-clocks"
+            )
+        system = run.hardware or run.label
+        table = frontier_table(items)
+        tables.append(replace(table, title=f"{table.title} · {system}"))
+        documents.append(frontier_json(items, system))
+        if args.plots:
+            from .frontier_plots import write_frontier_plots
+
+            written = write_frontier_plots(items, Path(args.plots), system=system)
+            notes += [f"figure {p}" for p in written]
+    routes = _route(runs, documents, args) if len(runs) > 1 else []
+    document: dict[str, Any] = documents[0] if len(documents) == 1 else {"systems": documents}
+    if routes:
+        document["routes"] = routes
     if args.json:
         path = Path(args.json)
         try:
             with path.open("x") as f:
-                json.dump(frontier_json(items, system), f, indent=1)
+                json.dump(document, f, indent=1)
         except FileExistsError:
             raise ConfigError(f"--json {path}: the file exists; choose another name") from None
         notes.append(f"frontier written to {path}")
-    if args.plots:
-        from .frontier_plots import write_frontier_plots
-
-        notes += [f"figure {p}" for p in write_frontier_plots(items, Path(args.plots))]
     if args.format == "json":
-        return json.dumps(frontier_json(items, system), indent=1), notes
-    return render([frontier_table(items)], args.format), notes
+        return json.dumps(document, indent=1), notes
+    text = render(tables, args.format)
+    for r in routes:
+        rules = "; ".join(
+            f"{_bound(rule, r['by'])} -> {rule['system']} at {rule['setting'] or 'as it is'}"
+            for rule in r["rules"]
+        )
+        text += f"\nroute {r['model']} (lambda {args.lam:g}, by {r['by']}): {rules}"
+    return text, notes
+
+
+def _bound(rule: dict[str, Any], by: str) -> str:
+    limit = rule.get(f"max_{by}_tokens")
+    return f"{by} <= {limit}" if limit is not None else "the rest"
+
+
+def _route(
+    runs: list[Run], documents: list[dict[str, Any]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Route between the systems, each at its lam-best settings: system and setting
+    chosen together."""
+    from .routing.decide import RouteSettings, route
+    from .routing.profile import profiles_from_run
+    from .routing.workload import load_workload
+
+    profiles = [p for run in runs for p in profiles_from_run(run, lam=args.lam)]
+    routed = route(
+        profiles,
+        load_workload(args.workload),
+        RouteSettings(by=args.by, lam=args.lam, lambda_steps=0),
+    )
+    setting_policies = [p for d in documents for p in d["policies"]]
+    return [
+        {
+            "model": r.decision.policy.model,
+            "by": r.decision.policy.by,
+            "lambda": args.lam,
+            "rules": with_settings(r.decision.policy, setting_policies),
+        }
+        for r in routed
+    ]

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .frontier import CaseFrontier
 from .routing.plots import _make_dir, _new_figure, _save, slug
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 STEM = "frontier"
 
 
-def frontier_figure(items: Sequence[CaseFrontier], model: str):  # type: ignore[no-untyped-def]
+def frontier_figure(items: Sequence[CaseFrontier], model: str, system: str = "") -> Figure:
     fig, axes = _new_figure()
     ax = axes[0][0]
     for f in items:
@@ -38,21 +42,27 @@ def frontier_figure(items: Sequence[CaseFrontier], model: str):  # type: ignore[
             ax.annotate(p.setting, (p.time_s, p.energy_j), fontsize=6, alpha=0.7)
     ax.set_xlabel("time per query (s)")
     ax.set_ylabel("energy per query (J)")
-    ax.set_title(f"{model}: time-energy frontier over GPU settings (o default, * least energy)")
+    where = f" on {system}" if system else ""
+    ax.set_title(f"{model}{where}: time vs energy over GPU settings (o default, * least energy)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return fig
 
 
 def write_frontier_plots(
-    items: Sequence[CaseFrontier], out_dir: Path, formats: Sequence[str] = ("png",)
+    items: Sequence[CaseFrontier],
+    out_dir: Path,
+    formats: Sequence[str] = ("png",),
+    system: str = "",
 ) -> list[Path]:
-    """One file per model; an existing file is never replaced (``-2``, ``-3``, ...)."""
+    """One file per model (and system, when named); an existing file is never replaced
+    (``-2``, ``-3``, ...)."""
     out_dir = _make_dir(out_dir)
     by_model: dict[str, list[CaseFrontier]] = {}
     for f in items:
         by_model.setdefault(f.model, []).append(f)
     written: list[Path] = []
     for model, members in by_model.items():
-        written += _save(frontier_figure(members, model), out_dir, f"{STEM}-{slug(model)}", formats)
+        stem = "-".join([STEM, *([slug(system)] if system else []), slug(model)])
+        written += _save(frontier_figure(members, model, system), out_dir, stem, formats)
     return written

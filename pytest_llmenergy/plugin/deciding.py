@@ -92,8 +92,9 @@ class RoutingSection:
         assert baseline is not None
         hardware = self.keeper.hardware
         try:
-            profiles = profiles_from_run(baseline) + profiles_from_cases(
-                self.results, hardware, "this run"
+            lam = self.settings.lam
+            profiles = profiles_from_run(baseline, lam=lam) + profiles_from_cases(
+                self.results, hardware, "this run", lam
             )
             self.routed = route(
                 profiles,

@@ -169,15 +169,23 @@ def read_profile_csv(path: str | Path) -> list[Profile]:
     return _group(rows, str(path))
 
 
-def profiles_from_run(run: Run, system: str | None = None) -> list[Profile]:
+def profiles_from_run(run: Run, system: str | None = None, lam: float = 1.0) -> list[Profile]:
     """A saved run's cases, one profile per model; the system is the run's hardware."""
     source = str(run.path or run.label)
-    return profiles_from_cases(run.cases, system or run.hardware or run.label, source)
+    return profiles_from_cases(run.cases, system or run.hardware or run.label, source, lam)
 
 
-def profiles_from_cases(cases: Sequence[CaseResult], system: str, source: str) -> list[Profile]:
+def profiles_from_cases(
+    cases: Sequence[CaseResult], system: str, source: str, lam: float = 1.0
+) -> list[Profile]:
     """Benchmark results, one profile per model: the case's ``model`` label, else its test
-    function, whose parametrized cases are then the sizes of one model."""
+    function, whose parametrized cases are then the sizes of one model.  Cases measured
+    at several GPU settings count at their best setting for ``lam`` (the frontier's), so
+    a system is routed to as it would run."""
+    from ..frontier import best_setting_cases, swept
+
+    if swept(cases):
+        cases = best_setting_cases(cases, lam)
     rows: list[Row] = [
         (
             system,

@@ -755,7 +755,7 @@ class FakeNvml:
             if thermal:
                 ratio *= physics.thermal_slowdown
                 reasons |= REASON_HW_THERMAL
-            seconds = phase.seconds * physics.stretch(phase.kind, ratio)
+            seconds = phase.seconds * physics.stretch(phase.kind, ratio) / physics.speed
             watts = physics.power_w(phase.kind, ratio)
             start = trace.set(watts, self.clock())
             gpu.busy = (round(ratio * max_mhz), reasons, watts)

@@ -43,6 +43,7 @@ class Physics:
     memory_dynamic_w: float = 150.0  # at the maximum clock: 300 W in all
     clock_share_memory: float = 0.05  # share of memory-bound time that scales with the clock
     thermal_slowdown: float = 0.8  # clock factor while thermally throttled
+    speed: float = 1.0  # work done per second at the same clock, against the reference board
 
     def power_w(self, kind: str, ratio: float) -> float:
         """Power at clock ``ratio`` of the maximum."""
@@ -82,7 +83,7 @@ class Physics:
         seconds = joules = 0.0
         for phase in phases:
             ratio, _ = self.clock_ratio(phase.kind, limit_w, lock_ratio, min_ratio)
-            t = phase.seconds * self.stretch(phase.kind, ratio)
+            t = phase.seconds * self.stretch(phase.kind, ratio) / self.speed
             seconds += t
             joules += t * self.power_w(phase.kind, ratio)
         return seconds, joules

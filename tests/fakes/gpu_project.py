@@ -21,6 +21,16 @@ from .trace import SwitchTrace
 
 PHYSICS = Physics()
 NAME = "NVIDIA A100-SXM4-40GB"
+# $FAKE_GPU_BOARD=h100: a second system, faster and hungrier, for routing between two.
+BOARDS = {
+    "a100": (NAME, Physics(), 400_000),
+    "h100": (
+        "NVIDIA H100 80GB HBM3",
+        Physics(idle_w=70.0, static_w=120.0, compute_dynamic_w=580.0, memory_base_w=90.0,
+                memory_dynamic_w=240.0, speed=2.0),
+        700_000,
+    ),
+}  # fmt: skip
 MAX_MHZ = 1410
 MIN_MHZ = 210
 
@@ -57,21 +67,33 @@ class FakeQuery:
         return PHYSICS.run(self.phases, power_limit_w, lock, MIN_MHZ / MAX_MHZ)
 
 
-QUERIES = (
+SMALL = (
     FakeQuery("fake-7b", "input", 2048, 8),  # prefill-heavy: compute-bound
     FakeQuery("fake-7b", "output", 8, 256),  # decode-heavy: memory-bound
 )
+# A sweep of sizes, enough for the router to fit curves ($FAKE_GPU_GRID=1).
+GRID = (
+    *(FakeQuery("fake-7b", "input", n, 8) for n in (64, 256, 1024, 2048)),
+    *(FakeQuery("fake-7b", "output", 8, n) for n in (16, 64, 256)),
+)
+QUERIES = GRID if os.environ.get("FAKE_GPU_GRID") == "1" else SMALL
 
 
-def make_gpu(index: int = 0, thermal_works: frozenset[int] = frozenset()) -> FakeGPU:
+def make_gpu(
+    index: int = 0, thermal_works: frozenset[int] = frozenset(), board: str = "a100"
+) -> FakeGPU:
+    name, physics, max_mw = BOARDS[board]
     return FakeGPU(
-        NAME,
+        name,
         fake_uuid(index),
         NVML_DEVICE_ARCH_AMPERE,
-        SwitchTrace(PHYSICS.idle_w),  # type: ignore[arg-type]
+        SwitchTrace(physics.idle_w),  # type: ignore[arg-type]
         counter_period_s=1e-4,
-        physics=PHYSICS,
+        physics=physics,
         thermal_works=thermal_works,
+        power_limit_mw=max_mw,
+        default_power_limit_mw=max_mw,
+        max_power_limit_mw=max_mw,
     )
 
 
@@ -81,8 +103,9 @@ def build() -> Any:
     meter reads the fake GPU's clock (``use_clock``) as it reads its counters."""
     thermal = os.environ.get("FAKE_GPU_THERMAL", "")
     works = frozenset(int(x) for x in thermal.split(",") if x.strip())
+    board = os.environ.get("FAKE_GPU_BOARD", "a100")
     return build_fake_pynvml(
-        [make_gpu(0, works)],
+        [make_gpu(0, works, board)],
         root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
         state_path=os.environ.get("FAKE_GPU_STATE") or None,
         virtual_time=True,
