@@ -20,6 +20,7 @@ from pytest_llmenergy.frontier import (
     pareto_front,
     setting_for,
     setting_policy,
+    with_settings,
 )
 from pytest_llmenergy.storage.runfile import loads
 from tests.fakes.gpu_project import QUERIES, TEST_FILE, FakeQuery, install_for_test
@@ -204,3 +205,57 @@ def test_locked_clocks_axis(pytester: pytest.Pytester, gpu: Any) -> None:
     locked = [c for c in run.cases if c.labels["gpu_setting"] == "sm1005MHz"]
     assert all(t.gpu and t.gpu.sm_clock_mhz_mean == 1005 for c in locked for t in c.trials)
     assert gpu.fake.gpus[0].locked_clocks_mhz is None  # unlocked again
+
+
+# -- routing: system and setting together ----------------------------------------------------
+def test_with_settings_splits_each_routed_range_at_its_systems_best_setting() -> None:
+    from pytest_llmenergy.routing.policy import Policy, Rule
+
+    routing = Policy("m", "input", (Rule("small", max_input_tokens=300), Rule("big")))
+    settings = [
+        {"system": "small", "model": "m", "by": "input", "rules": [
+            {"max_input_tokens": 100, "setting": "pl60W"}, {"setting": "pl72W"}]},
+        {"system": "big", "model": "m", "by": "input", "rules": [
+            {"max_input_tokens": 200, "setting": "pl150W"},
+            {"max_input_tokens": 1000, "setting": "pl250W"}, {"setting": "pl400W"}]},
+    ]  # fmt: skip
+    rules = with_settings(routing, settings)
+    assert rules == [
+        {"system": "small", "setting": "pl60W", "max_input_tokens": 100},
+        {"system": "small", "setting": "pl72W", "max_input_tokens": 300},
+        {"system": "big", "setting": "pl250W", "max_input_tokens": 1000},
+        {"system": "big", "setting": "pl400W"},
+    ]
+
+
+def test_routing_profiles_use_each_case_at_its_best_setting(
+    pytester: pytest.Pytester, gpu: Any
+) -> None:
+    from pytest_llmenergy.routing.profile import profiles_from_run
+
+    pytester.makepyfile(test_fake_gpu=TEST_FILE)
+    result = pytester.runpytest(*SWEEP, "--energy-json=run.json")
+    assert result.ret == 0, result.stdout.str()
+    run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
+    (profile,) = profiles_from_run(run, "a100", lam=LAM)
+    by_size = {(pt.input_tokens, pt.output_tokens): pt for pt in profile.points}
+    for query in QUERIES:
+        best = frontier("t", {}, 0, 0, truth_points(query), lam=LAM, p_ref_w=P_REF_W).lam_best
+        point = by_size[(query.input_tokens, query.output_tokens)]
+        assert len(point.joules) == 3  # one setting's trials, not all three pooled
+        assert point.mean_joules == pytest.approx(best.energy_j, rel=0.01)
+
+
+def test_llmenergy_frontier_on_saved_runs(pytester: pytest.Pytester, gpu: Any) -> None:
+    from pytest_llmenergy.cli import EXIT_USAGE, main
+
+    pytester.makepyfile(test_fake_gpu=TEST_FILE)
+    assert pytester.runpytest(*SWEEP, "--energy-save=sweep").ret == 0
+    code = main(["frontier", "sweep", "--lambda", str(LAM), "--json", "f.json"])
+    assert code == 0
+    data = json.loads((pytester.path / "f.json").read_text())
+    assert [c["lambda_best"] for c in data["cases"]] == ["pl280W", "pl160W"]
+    assert main(["frontier", "sweep", "--json", "f.json"]) == EXIT_USAGE  # never overwritten
+    pytester.makepyfile(test_plain="def test_x(): pass")
+    assert pytester.runpytest("test_plain.py", "--energy-save=plain").ret == 0
+    assert main(["frontier", "plain"]) == EXIT_USAGE  # no sweep in it: one line
