@@ -59,6 +59,11 @@ BUSY_LEGEND = (
     "+Nb: N more trials were taken while other processes kept the CPUs busy; they are kept "
     "in the run file but left out of every figure, and no gate fails on such a case"
 )
+THROTTLED_MARK = "t"
+THROTTLED_LEGEND = (
+    "+Nt: N more trials ran while the GPU was slowed by heat or a power brake; they are "
+    "kept in the run file but left out of every figure"
+)
 # Carried in csv/json only; see the module docstring.
 _ESTIMATED_KEY = "estimated"
 
@@ -69,7 +74,10 @@ def cell(f: Figure, r: CaseResult) -> str:
     if f.key == "trials":
         if r.status == OOM or not r.measured:
             return DASH
-        busy = f" +{len(r.disturbed)}{BUSY_MARK}" if r.disturbed else ""
+        n_hot = len(r.throttled)
+        n_busy = len(r.disturbed) - n_hot
+        busy = f" +{n_busy}{BUSY_MARK}" if n_busy else ""
+        busy += f" +{n_hot}{THROTTLED_MARK}" if n_hot else ""
         return f"{len(r.trials)}{_STATUS_MARKS.get(r.status, '')}{busy}"
     summary = f.summary(r) if f.with_ci else None
     text = fmt_mean_ci(summary) if summary is not None else format_raw(clean(f.value(r)))
@@ -222,6 +230,8 @@ def _build_table(
         legend.append(TRIALS_LEGEND)
     if "trials" in shown and any(r.busy for r in results):
         legend.append(BUSY_LEGEND)
+    if "trials" in shown and any(r.throttled for r in results):
+        legend.append(THROTTLED_LEGEND)
     coarse = [
         r.resolution_s
         for r in results

@@ -49,6 +49,7 @@ class GpuTelemetry:
     power_capped_s: float | None = None  # held back by the power limit (violation counter)
     thermal_s: float | None = None  # held back by heat
     throttled: str = ""  # why the trial does not show its setting (heat, power brake)
+    power_limit_w: float | None = None  # the limit in force (enforced) as the trial began
 
 
 @dataclass(frozen=True)

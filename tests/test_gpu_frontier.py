@@ -131,8 +131,9 @@ def test_the_sweep_finds_the_true_frontier_and_gives_the_gpu_back(
     capped = [c for c in run.cases if c.labels["gpu_setting"] == "pl160W"]
     default = [c for c in run.cases if c.labels["gpu_setting"] == "pl400W"]
     for case in capped:
-        for trial in case.trials:
-            assert trial.gpu is not None and "sw_power_cap" in trial.gpu.reasons
+        for trial in case.trials:  # the setting, read on every trial, and what it did
+            assert trial.gpu is not None and trial.gpu.power_limit_w == 160.0
+            assert "sw_power_cap" in trial.gpu.reasons
     pre_capped = next(c for c in capped if c.input_tokens == 2048).trials[0].gpu
     pre_default = next(c for c in default if c.input_tokens == 2048).trials[0].gpu
     assert pre_capped.sm_clock_mhz_mean < pre_default.sm_clock_mhz_mean
@@ -160,7 +161,13 @@ def test_a_thermally_throttled_trial_is_marked_left_out_and_repeated(
         "--energy-json=run.json",
     )
     assert result.ret == 0, result.stdout.str()
-    result.stdout.fnmatch_lines(["*1 trial(s) of 1 case(s) ran throttled (hw_thermal*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*2048    8  3 * +1t *",
+            "+Nt: N more trials ran while the GPU was slowed by heat or a power brake*",
+            "*1 trial(s) of 1 case(s) ran throttled (hw_thermal*",
+        ]
+    )
     case = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json").cases[0]
     assert len(case.trials) == 3 and len(case.throttled) == 1
     assert not case.busy  # throttled is not "machine busy"

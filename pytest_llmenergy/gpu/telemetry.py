@@ -9,6 +9,7 @@ show the setting under test: it is marked, kept, left out of the figures and rep
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,7 @@ class TrialTelemetry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._violations: list[tuple[int, int] | None] = []
+        self._power_limit_w: float | None = None
 
     def _violation_ns(self) -> list[tuple[int, int] | None]:
         nvml = self.nvml
@@ -89,9 +91,19 @@ class TrialTelemetry:
             if self._stop.wait(self.interval_s):
                 return
 
+    def _limit_w(self) -> float | None:
+        """The power limit in force (the lowest among the GPUs)."""
+        nvml = self.nvml
+        limits = []
+        for h in self.handles:
+            with contextlib.suppress(nvml.NVMLError, AttributeError):
+                limits.append(int(nvml.nvmlDeviceGetEnforcedPowerLimit(h)) / 1000)
+        return min(limits) if limits else None
+
     def start(self) -> None:
         self._samples = []
         self._stop.clear()
+        self._power_limit_w = self._limit_w()
         self._violations = self._violation_ns()
         self._thread = threading.Thread(target=self._loop, name="llmenergy-gpu-telemetry")
         self._thread.daemon = True
@@ -129,4 +141,5 @@ class TrialTelemetry:
             power_capped_s=power_s if known else None,
             thermal_s=thermal_s if known else None,
             throttled=", ".join(bad),
+            power_limit_w=self._power_limit_w,
         )

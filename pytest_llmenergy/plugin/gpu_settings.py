@@ -65,7 +65,7 @@ class GpuSettings:
         self.notes: list[str] = []
         self.restored: list[str] = []  # what was given back, read back, for the summary
         self._previous_sigterm: Any = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the SIGTERM handler may restore mid-apply
 
     # -- session start -------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)

@@ -152,6 +152,7 @@ def _gpu_dict(g: GpuTelemetry) -> dict[str, Any]:
         "power_capped_s": g.power_capped_s,
         "thermal_s": g.thermal_s,
         "throttled": g.throttled,
+        "power_limit_w": g.power_limit_w,
     }
 
 
@@ -357,6 +358,7 @@ def _gpu(r: _Reader | None) -> GpuTelemetry | None:
         power_capped_s=r.get("power_capped_s", float, optional=True),
         thermal_s=r.get("thermal_s", float, optional=True),
         throttled=r.get("throttled", str, optional=True) or "",
+        power_limit_w=r.get("power_limit_w", float, optional=True),
     )
 
 
