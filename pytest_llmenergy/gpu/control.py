@@ -162,7 +162,11 @@ class GpuControl:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
-            raise GpuControlError(f"NVML could not start: {_one_line(exc)}") from None
+            raise GpuControlError(
+                f"GPU settings and telemetry need NVML, which could not start "
+                f"({_one_line(exc)}): run on a machine with an NVIDIA driver, or leave out "
+                "--energy-gpu-power-limits, --energy-gpu-clocks and --energy-gpu-telemetry"
+            ) from None
         self._open = True
         try:
             self.indices = tuple(visible_gpu_indices(nvml, gpus))

@@ -35,7 +35,7 @@ from .cases import BENCHMARK_FIXTURE
 from .measuring import header_lines
 from .options import GpuOptions
 
-SECTION = "llmenergy: time-energy frontier over GPU settings"
+SECTION = "llmenergy: GPU settings and the time-energy frontier"
 SETTING_FIXTURE = "energy_gpu_setting"
 
 
@@ -103,11 +103,13 @@ class GpuSettings:
         if found is None:
             return
         data, back = found
-        self.notes.append(
+        line = (
             f"restored GPU settings a session left changed (pid {data.get('pid')}, started "
             f"{data.get('started')}, killed before it could): "
             + "; ".join(b.describe() for b in back)
         )
+        self.notes.append(line)  # in the header
+        self.restored.append(line)  # and in the summary, which -q does not hide
 
     def _resolve(self) -> None:
         assert self.control is not None
