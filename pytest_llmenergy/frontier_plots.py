@@ -40,11 +40,13 @@ def frontier_figure(items: Sequence[CaseFrontier], model: str, system: str = "")
         ax.scatter([f.min_energy.time_s], [f.min_energy.energy_j], marker="*", s=90, color=colour)
         for p in f.points:
             ax.annotate(p.setting, (p.time_s, p.energy_j), fontsize=6, alpha=0.7)
-    ax.set_xlabel("time per query (s)")
-    ax.set_ylabel("energy per query (J)")
+    ax.set_xscale("log")  # token sizes span orders of magnitude
+    ax.set_yscale("log")
+    ax.set_xlabel("time per query (s, log)")
+    ax.set_ylabel("energy per query (J, log)")
     where = f" on {system}" if system else ""
     ax.set_title(f"{model}{where}: time vs energy over GPU settings (o default, * least energy)")
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return fig
 

@@ -266,3 +266,17 @@ def test_llmenergy_frontier_on_saved_runs(pytester: pytest.Pytester, gpu: Any) -
     pytester.makepyfile(test_plain="def test_x(): pass")
     assert pytester.runpytest("test_plain.py", "--energy-save=plain").ret == 0
     assert main(["frontier", "plain"]) == EXIT_USAGE  # no sweep in it: one line
+
+
+def test_one_figure_per_model_never_replacing_a_file(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from pytest_llmenergy.frontier_plots import write_frontier_plots
+
+    items = [
+        frontier("t", {"model": "fake-7b"}, q.input_tokens, q.output_tokens, truth_points(q))
+        for q in QUERIES
+    ]
+    (first,) = write_frontier_plots(items, tmp_path, system="a100")
+    (second,) = write_frontier_plots(items, tmp_path, system="a100")
+    assert first.name == "frontier-a100-fake-7b.png" and second.name.endswith("-2.png")
+    assert first.read_bytes()[:4] == b"\x89PNG"
