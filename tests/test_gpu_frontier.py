@@ -104,6 +104,7 @@ def test_the_sweep_finds_the_true_frontier_and_gives_the_gpu_back(
     assert not (Path(str(pytester.path)) / "llmenergy-gpu-state.json").exists()
 
     data = json.loads(out.read_text())
+    assert data["system"].endswith("nvidia-a100-sxm4-40gb__nvml")  # the hardware key
     by_case = {(c["input_tokens"], c["output_tokens"]): c for c in data["cases"]}
     for query in QUERIES:
         case = by_case[(query.input_tokens, query.output_tokens)]

@@ -95,6 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
         results.results,
         options.route.lam,
         options.route.plots_dir,
+        system=lambda: keeper.hardware,
     )
     stash[GPU_SETTINGS] = gpu
     if is_worker(config):  # measure and send; the controller keeps, shows and decides

@@ -52,6 +52,7 @@ class GpuSettings:
         lam: float,
         plots_dir: str | None,
         state: StateFile | None = None,
+        system: Callable[[], str] = lambda: "",
     ) -> None:
         self.config = config
         self.options = options
@@ -60,6 +61,7 @@ class GpuSettings:
         self.lam = lam
         self.plots_dir = plots_dir
         self.state = state or StateFile()
+        self.system = system  # the hardware key when the run is kept, for the policy
         self.control: GpuControl | None = None
         self.settings: list[GpuSetting] = []
         self.notes: list[str] = []
@@ -229,7 +231,7 @@ class GpuSettings:
         for line in self.restored:
             for part in header_lines(config, [line]):
                 terminalreporter.write_line(part, red=line.startswith("ERROR"))
-        system = _system_name(self.results)
+        system = self.system() or platform.node() or "this machine"
         if items and self.options.frontier_json:
             path = Path(self.options.frontier_json)
             try:
@@ -251,11 +253,6 @@ class GpuSettings:
             else:
                 for p in written:
                     terminalreporter.write_line(f"llmenergy: frontier figure {p}")
-
-
-def _system_name(results: list[CaseResult]) -> str:
-    """The machine the frontier was measured on, as its policy names the system."""
-    return platform.node() or "this machine"
 
 
 def setting_fixture(request: pytest.FixtureRequest) -> GpuSetting | None:
