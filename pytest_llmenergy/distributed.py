@@ -213,9 +213,20 @@ class Heartbeat:
         while not self._stop.wait(self.period_s):
             self._beat()
 
-    def silent_ranks(self, stale_s: float | None = None) -> list[int]:
+    def silent_ranks(self, wait_s: float | None = None) -> list[int]:
+        """The ranks whose heartbeat stopped; waits up to ``wait_s`` (a few periods) for
+        a rank that just died to go stale."""
         if self._store is None:
             return []
+        wait_s = 6 * self.period_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait_s
+        while True:
+            silent = self._stale()
+            if silent or time.monotonic() >= deadline:
+                return silent
+            time.sleep(self.period_s / 2)
+
+    def _stale(self, stale_s: float | None = None) -> list[int]:
         stale_s = stale_s if stale_s is not None else 4 * self.period_s
         now = time.time()
         silent = []

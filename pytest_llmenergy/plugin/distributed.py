@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 import pytest
@@ -162,15 +162,17 @@ class Distributed:
             machine[RECORD_KEY] = self.layout()
             recorder.amend(machine=machine)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-        outcome = yield
-        report: pytest.TestReport = outcome.get_result()
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
         excinfo = call.excinfo
         if excinfo is not None and excinfo.errisinstance(RankLost):
             self.fault = self.fault or str(excinfo.value)
             report.longrepr = f"llmenergy: {excinfo.value}"
             item.session.shouldstop = f"llmenergy: {self.fault}"
+        return report
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -250,9 +252,10 @@ class Distributed:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """torchrun stops the other ranks when one dies: end the session as interrupted,
         saving what was measured, and say which rank was lost."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough
         self.fault = self.fault or (
-            f"torchrun stopped rank {self.env.rank} (SIGTERM): "
-            + self.group.fault_message().split(";")[0]
+            self.group.fault_message().split(";")[0]
+            + f"; torchrun stopped rank {self.env.rank} (SIGTERM)"
         )
         raise KeyboardInterrupt(self.fault)
 
