@@ -451,9 +451,11 @@ class ModelPool:
         cache_dir: Path | None = None,
         allow_beyond_context: bool = False,
         parallel: str = "none",
+        on_load: Callable[[LoadedModel], None] | None = None,
     ) -> None:
         self.dtype = dtype
         self.parallel = parallel
+        self.on_load = on_load  # e.g. check that the meter reads every GPU the model is on
         self.device = device
         self.trust_remote_code = trust_remote_code
         self.cache_dir = cache_dir
@@ -478,6 +480,8 @@ class ModelPool:
             allow_beyond_context=self.allow_beyond_context,
             parallel=self.parallel,
         )
+        if self.on_load is not None:
+            self.on_load(self._current)
         return self._current
 
     def close(self) -> None:
@@ -726,3 +730,22 @@ def tensor_parallel_problem(
                 "(torchrun --nproc-per-node/--nnodes), or --llm-parallel=none"
             )
     return None
+
+
+def occupied_gpus(model: Any) -> tuple[int, ...]:
+    """The CUDA ordinals a model's layers sit on (``device_map="auto"`` spreads a big model
+    over several GPUs; accelerate records where in ``hf_device_map``)."""
+    device_map = getattr(model, "hf_device_map", None) or {}
+    found: set[int] = set()
+    for device in device_map.values():
+        if isinstance(device, int) and not isinstance(device, bool):
+            found.add(device)
+        elif isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device):
+            found.add(int(device.partition(":")[2] or 0))
+    return tuple(sorted(found))
+
+
+def unmetered_gpus(occupied: tuple[int, ...], domains: Any) -> list[int]:
+    """The GPUs a model occupies that no meter domain (``gpu:N``) reads."""
+    metered = {name.split("@", 1)[0] for name in domains}
+    return [gpu for gpu in occupied if f"gpu:{gpu}" not in metered]

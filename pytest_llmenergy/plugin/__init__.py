@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -270,6 +270,22 @@ def llm_grid(pytestconfig: pytest.Config) -> Grid:
     return pytestconfig.stash[CASE_PLAN].llm.grid
 
 
+def _check_metered(config: pytest.Config, loaded: Any) -> None:
+    """A model spread over GPUs (``device_map="auto"``) must be metered on every one."""
+    from ..llm.loader import occupied_gpus, unmetered_gpus
+
+    meter = config.stash[METERING].meter
+    if meter is None or not meter.domains:
+        return
+    missing = unmetered_gpus(occupied_gpus(loaded.model), meter.domains)
+    if missing and any(name.startswith("gpu:") for name in meter.domains):
+        on = ", ".join(f"cuda:{i}" for i in missing)
+        raise LLMEnergyError(
+            f"model {loaded.name!r} also runs on {on}, which the meter does not read; "
+            "meter every GPU it occupies (--energy-gpus, or leave it unset for all)"
+        )
+
+
 @pytest.fixture(scope="session")
 def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
     """Loads models on first use and keeps one at a time: ``llm_pool.get("tiny-llama")``."""
@@ -282,6 +298,7 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
         trust_remote_code=settings.trust_remote_code,
         allow_beyond_context=settings.allow_beyond_context,
         parallel=settings.parallel if DISTRIBUTED in pytestconfig.stash else "none",
+        on_load=lambda loaded: _check_metered(pytestconfig, loaded),
     )
     yield pool
     pool.close()
