@@ -5,10 +5,10 @@ torchrun (or srun + torchrun) starts the processes and sets ``RANK``, ``WORLD_SI
 torch.distributed's process group, and wraps each rank's own meter in a
 :class:`DistributedMeter`:
 
-* every window opens after a barrier, so the ranks' trials start together, and closes
-  with an all-gather of what every rank measured, so the trials end together and every
-  rank holds the same merged measurement (the stopping rule then decides the same on
-  every rank, and no rank waits for another's decision);
+* every window opens after a barrier and closes after another, so every node measures
+  the same stretch of time (the slowest rank's trial), then gathers what every rank
+  measured, so every rank holds the same merged measurement (the stopping rule then
+  decides the same on every rank, and no rank waits for another's decision);
 * each node's CPU/DRAM meter is read by one rank of that node (local rank 0) and each GPU
   by the rank that owns it, so nothing is counted twice; across nodes, domain names get
   the node: ``cpu:package-0@node1``;
@@ -129,22 +129,23 @@ class Group:
             backend = "cpu:gloo,cuda:nccl" if gpu else "gloo"
             dist.init_process_group(backend, timeout=timeout)
         self.backend = str(dist.get_backend())
+        # this module's collectives go over gloo: small objects, CPU-side barriers
+        self._pg = dist.new_group(backend="gloo", timeout=timeout) if gpu else None
         self._heartbeat = Heartbeat(env, _job_store(dist))
 
     def all_gather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.env.world_size
-        self._call(lambda: self._dist.all_gather_object(out, obj))
+        self._call(lambda: self._dist.all_gather_object(out, obj, group=self._pg))
         return out
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
         box = [obj]
-        self._call(lambda: self._dist.broadcast_object_list(box, src=0))
+        self._call(lambda: self._dist.broadcast_object_list(box, src=0, group=self._pg))
         return box[0]
 
     def barrier(self) -> None:
-        # a gathered token instead of dist.barrier(): gloo's barrier ignores CUDA streams
-        self._call(lambda: self._dist.all_gather_object([None] * self.env.world_size, 0))
+        self._call(lambda: self._dist.barrier(group=self._pg))
 
     def _call(self, fn: Callable[[], None]) -> None:
         if self.lost is not None:
@@ -345,6 +346,8 @@ class DistributedMeter(Meter):
         self._resolution_s = max(resolutions) if resolutions else None
         self.notes = tuple(dict.fromkeys(n for rm in readers for n in rm.notes))
         self._settings = {k: v for rm in readers for k, v in rm.settings}
+        # what each node's meter measured, over every window (its own stretch of time)
+        self.window_s_by_node: dict[int, float] = {}
 
     def _check_estimate(self) -> None:
         kinds = {rm.kind for rm in self.ranks if rm.domains}
@@ -409,9 +412,15 @@ class DistributedWindow:
         self._local.mark(phase, ending=ending)
 
     def __exit__(self, *exc: Any) -> None:
-        self._local.__exit__(*exc)
         if exc[0] is not None:
+            self._local.__exit__(*exc)
             return  # the block failed on this rank; the others learn it by timeout
+        try:
+            # every node's window ends when the last rank is done: the job's time is
+            # the slowest rank's, and the others' wait for it is part of its energy
+            self._meter.group.barrier()
+        finally:
+            self._local.__exit__(None, None, None)
         meter = self._meter
         env = meter.group.env
         m = self._local.measurement
@@ -424,7 +433,12 @@ class DistributedWindow:
                 for p in m.phases
             ],
         )
-        self._result = merge(meter, meter.group.all_gather(mine))
+        gathered = meter.group.all_gather(mine)
+        for rm, window in zip(meter.ranks, gathered):
+            if rm.domains and rm.rank % env.local_world_size == 0:
+                node_s = meter.window_s_by_node.get(rm.node, 0.0)
+                meter.window_s_by_node[rm.node] = node_s + window[0]
+        self._result = merge(meter, gathered)
 
     @property
     def measurement(self) -> Measurement:

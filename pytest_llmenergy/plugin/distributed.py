@@ -246,7 +246,12 @@ class Distributed:
                     by_node[key] = by_node.get(key, 0.0) + joules
                     if domain.startswith("gpu:"):
                         by_device[domain] = by_device.get(domain, 0.0) + joules
-        return {"energy_by_node_j": by_node, "energy_by_device_j": by_device}
+        return {
+            "energy_by_node_j": by_node,
+            "energy_by_device_j": by_device,
+            # each node's meter's own measured time, over every window (warm-up excluded)
+            "window_s_by_node": {f"node{n}": s for n, s in meter.window_s_by_node.items()},
+        }
 
     # -- faults ----------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
