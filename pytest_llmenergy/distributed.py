@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -156,6 +157,10 @@ class Group:
             self.lost = self.fault_message(exc)
             raise RankLost(self.lost) from exc
 
+    def silent_ranks(self) -> list[int]:
+        """The ranks whose heartbeat stopped (waiting a few beats for a fresh death)."""
+        return self._heartbeat.silent_ranks()
+
     def fault_message(self, exc: BaseException | None = None) -> str:
         silent = self._heartbeat.silent_ranks()
         if silent:
@@ -163,11 +168,12 @@ class Group:
             what = f"{who} stopped answering"
         else:
             what = "another rank stopped answering"
-        why = f": {_first_line(exc)}" if exc is not None else ""
-        return (
-            f"{what}; rank {self.env.rank} gave up on the job after at most "
-            f"{self.timeout_s:g} s (--energy-dist-timeout){why}"
-        )
+        if exc is None:
+            return what
+        reason = _first_line(exc)
+        if "timed out" in reason.lower() or "timeout" in reason.lower():
+            reason += f" (after {self.timeout_s:g} s: --energy-dist-timeout)"
+        return f"{what}; rank {self.env.rank} saw: {reason}"
 
     def close(self) -> None:
         """Say this rank finished (not died), and leave the group."""
@@ -186,8 +192,12 @@ def _job_store(dist: Any) -> Any:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
+    """gloo's message without its source location and advice: ``Read error [addr]:port:
+    Connection reset by peer``."""
+    lines = str(exc).strip().splitlines()
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h)(:\d+)?\]\s*", "", lines[0] if lines else "")
+    text = text.split(". ", 1)[0].rstrip(".")
+    return (text or type(exc).__name__)[:160]
 
 
 class Heartbeat:

@@ -168,10 +168,21 @@ class Distributed:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         excinfo = call.excinfo
-        if excinfo is not None and excinfo.errisinstance(RankLost):
-            self.fault = self.fault or str(excinfo.value)
-            report.longrepr = f"llmenergy: {excinfo.value}"
-            item.session.shouldstop = f"llmenergy: {self.fault}"
+        if excinfo is None or self.fault is not None:  # later failures follow from the first
+            return report
+        if excinfo.errisinstance(RankLost):
+            self.fault = str(excinfo.value)
+        elif excinfo.errisinstance(RuntimeError):
+            # the model's own collectives (tensor-parallel all-reduces) fail too when a
+            # rank dies; a silent heartbeat tells that from an ordinary error in the test
+            silent = self.group.silent_ranks()
+            if not silent:
+                return report
+            self.fault = self.group.fault_message(excinfo.value)
+        else:
+            return report
+        report.longrepr = f"llmenergy: {self.fault}"
+        item.session.shouldstop = f"llmenergy: {self.fault}"
         return report
 
     @pytest.hookimpl(trylast=True)
