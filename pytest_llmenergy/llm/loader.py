@@ -26,6 +26,9 @@ from ..meters.base import mark_phase
 from .tiny import SAMPLE_TEXT, TINY_MODELS, ensure_tiny_model, is_tiny
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# How a model is spread over the ranks of a torchrun job: ``none`` (every rank runs the
+# whole model) or ``tp`` (tensor-parallel, transformers' own plan for the architecture).
+PARALLEL = ("none", "tp")
 DEVICES_HELP = "auto, cpu, cuda, cuda:N, mps"
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 # Without a limit in the config the model's real context is unknown; this one is safe
@@ -371,6 +374,7 @@ def load_model(
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
     allow_beyond_context: bool = False,
+    parallel: str = "none",
 ) -> LoadedModel:
     """Load a built-in tiny model, a local checkpoint directory or a Hugging Face id.
 
@@ -382,9 +386,12 @@ def load_model(
     ``allow_beyond_context`` lets a model with rotary or ALiBi positions run prompts and
     generations longer than its context; a model with learned positions never does.
     A hub id is read from the HF cache alone when the hub cannot be reached.
+    ``parallel="tp"`` (under torchrun, the process group joined) shards the model over
+    the ranks with transformers' tensor-parallel plan (``DistributedConfig(tp_plan="auto")``).
     """
     import torch
 
+    _check_choice("parallel layout", parallel, PARALLEL)
     target = _checked_target(dtype, device)
     source = _resolve_source(name_or_path, cache_dir)
     unreachable = _hub_unreachable(name_or_path)
@@ -400,7 +407,11 @@ def load_model(
             _dtype_kwarg(): torch_dtype,
             **hub,
         }
-        if target == "auto":
+        if parallel == "tp":
+            from transformers import DistributedConfig
+
+            kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
+        elif target == "auto":
             kwargs["device_map"] = "auto"
         elif target != "cpu":
             kwargs["device_map"] = {"": target}
@@ -439,8 +450,12 @@ class ModelPool:
         trust_remote_code: bool = False,
         cache_dir: Path | None = None,
         allow_beyond_context: bool = False,
+        parallel: str = "none",
+        on_load: Callable[[LoadedModel], None] | None = None,
     ) -> None:
         self.dtype = dtype
+        self.parallel = parallel
+        self.on_load = on_load  # e.g. check that the meter reads every GPU the model is on
         self.device = device
         self.trust_remote_code = trust_remote_code
         self.cache_dir = cache_dir
@@ -463,7 +478,10 @@ class ModelPool:
             trust_remote_code=self.trust_remote_code,
             cache_dir=self.cache_dir,
             allow_beyond_context=self.allow_beyond_context,
+            parallel=self.parallel,
         )
+        if self.on_load is not None:
+            self.on_load(self._current)
         return self._current
 
     def close(self) -> None:
@@ -679,3 +697,55 @@ def _short_reason(exc: BaseException) -> str:
     text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
     text = text or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def tensor_parallel_problem(
+    name_or_path: str,
+    world_size: int,
+    *,
+    trust_remote_code: bool = False,
+    cache_dir: Path | None = None,
+) -> str | None:
+    """Why ``name_or_path`` cannot be split over ``world_size`` ranks (None if it can).
+
+    Tensor parallelism gives every rank whole attention heads (and key/value heads), so
+    their counts must divide by the world size; checked from the config before any rank
+    loads weights, so a bad layout is one line at start instead of a hang mid-load."""
+    from transformers import AutoConfig
+
+    source = _resolve_source(name_or_path, cache_dir)
+    hub: dict[str, Any] = {"local_files_only": True} if _hub_unreachable(name_or_path) else {}
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **hub)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        return f"cannot read its config: {_short_reason(exc)}"
+    config = getattr(config, "text_config", None) or config
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for what, count in (("attention heads", heads), ("key/value heads", kv_heads)):
+        if isinstance(count, int) and count % world_size:
+            return (
+                f"its {count} {what} do not divide by the world size {world_size}; run "
+                f"tensor-parallel with a number of ranks that divides {count} "
+                "(torchrun --nproc-per-node/--nnodes), or --llm-parallel=none"
+            )
+    return None
+
+
+def occupied_gpus(model: Any) -> tuple[int, ...]:
+    """The CUDA ordinals a model's layers sit on (``device_map="auto"`` spreads a big model
+    over several GPUs; accelerate records where in ``hf_device_map``)."""
+    device_map = getattr(model, "hf_device_map", None) or {}
+    found: set[int] = set()
+    for device in device_map.values():
+        if isinstance(device, int) and not isinstance(device, bool):
+            found.add(device)
+        elif isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device):
+            found.add(int(device.partition(":")[2] or 0))
+    return tuple(sorted(found))
+
+
+def unmetered_gpus(occupied: tuple[int, ...], domains: Any) -> list[int]:
+    """The GPUs a model occupies that no meter domain (``gpu:N``) reads."""
+    metered = {name.split("@", 1)[0] for name in domains}
+    return [gpu for gpu in occupied if f"gpu:{gpu}" not in metered]

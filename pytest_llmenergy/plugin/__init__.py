@@ -12,6 +12,8 @@ features, each owning its state, its hooks and its terminal-summary section:
 - ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests;
 - ``workers.Workers`` / ``workers.WorkerSide`` (with pytest-xdist): the controller hands
   out the seed and the meter's lock and keeps what the workers measured.
+- ``distributed.Distributed`` (under torchrun): joins the process group, takes rank 0's
+  seed, meters every rank's share in lockstep windows; rank 0 alone keeps and shows.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
 meter opens before the keeper claims the run file, and the energy tables print before
@@ -28,20 +30,21 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..controller.benchmark import EnergyBenchmark
-from ..errors import LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
 from .cases import CASE_PLAN, MARKER, CasePlan
 from .deciding import ROUTING, RoutingSection
+from .distributed import DISTRIBUTED, Distributed
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
-from .options import add_options, marker_help, read_options
+from .options import PluginOptions, add_options, marker_help, read_options
 from .results import CASE_RESULTS, CaseResults
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
 
@@ -77,6 +80,12 @@ def pytest_configure(config: pytest.Config) -> None:
     seed = worker_seed(config)
     if seed is not None:  # an xdist worker collects in the controller's order
         options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
+    ranks = _join_torchrun(config, options)
+    if ranks is not None:  # every rank collects in rank 0's order, meters its own share
+        options = ranks.options
+        seed = ranks.seed(options.order.seed)
+        options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
+        stash[DISTRIBUTED] = ranks
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(config, options.controller, options.order, options.llm)
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
@@ -92,6 +101,11 @@ def pytest_configure(config: pytest.Config) -> None:
         manager.register(metering, "llmenergy-metering")
         manager.register(plan, "llmenergy-cases")
         return
+    if ranks is not None and not ranks.is_main:  # rank 0 keeps, shows and decides
+        manager.register(ranks, "llmenergy-torchrun")
+        manager.register(metering, "llmenergy-metering")
+        manager.register(plan, "llmenergy-cases")
+        return
     results.listeners.append(keeper.on_case)
     if manager.hasplugin("xdist"):
         workers = Workers(options.order.seed or 0, results.add)
@@ -100,6 +114,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from .benchmark_energy import BenchmarkEnergy
 
         manager.register(BenchmarkEnergy(metering), "llmenergy-pytest-benchmark")
+    if ranks is not None:  # between the meter's opening and the keeper's claiming the file
+        manager.register(ranks, "llmenergy-torchrun")
     for name, feature in (
         ("routing", routing),
         ("keeper", keeper),
@@ -108,6 +124,28 @@ def pytest_configure(config: pytest.Config) -> None:
         ("metering", metering),
     ):
         manager.register(feature, f"llmenergy-{name}")
+
+
+def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed | None:
+    """Under torchrun: check the layout, give each rank its meter, join the group."""
+    from ..distributed import detect
+    from .distributed import check_layout, rank_options
+
+    try:
+        env = detect()
+    except ConfigError as exc:
+        raise pytest.UsageError(f"torchrun: {exc}") from None
+    if env is None or is_worker(config):
+        if options.llm.parallel == "tp":
+            raise pytest.UsageError(
+                "--llm-parallel=tp: needs several ranks; start pytest with torchrun, e.g. "
+                "torchrun --nproc-per-node=2 -m pytest benchmarks/ --llm-parallel=tp"
+            )
+        return None
+    check_layout(options, env)
+    import torch
+
+    return Distributed(config, env, rank_options(options, env, torch.cuda.device_count()))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -119,6 +157,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *stash[CASE_RESULTS].header(),
         *stash[CASE_PLAN].header(),
         *stash[KEEPER].header(),
+        *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
     ]
     return header_lines(config, lines)
 
@@ -231,6 +270,22 @@ def llm_grid(pytestconfig: pytest.Config) -> Grid:
     return pytestconfig.stash[CASE_PLAN].llm.grid
 
 
+def _check_metered(config: pytest.Config, loaded: Any) -> None:
+    """A model spread over GPUs (``device_map="auto"``) must be metered on every one."""
+    from ..llm.loader import occupied_gpus, unmetered_gpus
+
+    meter = config.stash[METERING].meter
+    if meter is None or not meter.domains:
+        return
+    missing = unmetered_gpus(occupied_gpus(loaded.model), meter.domains)
+    if missing and any(name.startswith("gpu:") for name in meter.domains):
+        on = ", ".join(f"cuda:{i}" for i in missing)
+        raise LLMEnergyError(
+            f"model {loaded.name!r} also runs on {on}, which the meter does not read; "
+            "meter every GPU it occupies (--energy-gpus, or leave it unset for all)"
+        )
+
+
 @pytest.fixture(scope="session")
 def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
     """Loads models on first use and keeps one at a time: ``llm_pool.get("tiny-llama")``."""
@@ -242,6 +297,8 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
         device=settings.device,
         trust_remote_code=settings.trust_remote_code,
         allow_beyond_context=settings.allow_beyond_context,
+        parallel=settings.parallel if DISTRIBUTED in pytestconfig.stash else "none",
+        on_load=lambda loaded: _check_metered(pytestconfig, loaded),
     )
     yield pool
     pool.close()

@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, parse_exports
 from ..figures import FIGURES
 from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_token_list
-from ..llm.loader import DTYPES
+from ..llm.loader import DTYPES, PARALLEL
 from ..meters import BUILTIN_BACKENDS, MeterOptions, sample_interval_defaults
 from ..report import DEFAULT_GROUP_BY, DEFAULT_SORT, GROUP_CHOICES, parse_group_by, parse_sort
 from ..report import parse_columns as parse_report_columns
@@ -46,6 +46,7 @@ INI_PREFIX = "llmenergy_"
 class MeasureSettings:
     backend: str = "auto"
     idle_s: float = 0.0
+    dist_timeout_s: float = 300.0  # under torchrun: how long a rank waits for the others
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class LLMSettings:
     device: str = "auto"
     trust_remote_code: bool = False
     allow_beyond_context: bool = False  # rotary/ALiBi models may run cases past their context
+    parallel: str = "none"  # under torchrun: none (a whole model per rank) or tp
     grid: Grid = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -616,6 +618,23 @@ OPTIONS: tuple[Option, ...] = (
         "tokens exceed their context (the research ran Llama-2-7B at 4128 of 4096); "
         "off: such a case stops the session at start",
         const="on",
+    ),
+    Option(
+        "--llm-parallel",
+        "llm.parallel",
+        values.choice(PARALLEL),
+        "LAYOUT",
+        "under torchrun: tp (the model split tensor-parallel over the ranks by transformers) "
+        "or none (every rank runs a whole model); choices: {choices}",
+        choices=lambda: PARALLEL,
+    ),
+    Option(
+        "--energy-dist-timeout",
+        "measure.dist_timeout_s",
+        values.seconds,
+        "SECONDS",
+        "under torchrun: how long a rank waits for the others at a trial's start or end "
+        "before it gives up, saves what was measured and names the silent rank (300)",
     ),
 )
 
