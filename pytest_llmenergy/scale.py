@@ -120,17 +120,27 @@ def scale_rows(runs: Sequence[Run], labels: Sequence[str]) -> list[ScaleRow]:
     order = sorted(range(len(runs)), key=lambda i: (scales[i].world_size, scales[i].nodes))
     per_case: dict[str, list[tuple[Scale, int, float, float]]] = {}
     names: dict[str, str] = {}
+    keys: dict[str, tuple[str, str, int, int]] = {}  # the report's order: model, then tokens
     for i in order:
         for case in runs[i].cases:
             means = _means(case)
             if means is None:
                 continue
             names.setdefault(case.nodeid, case.name)
+            keys.setdefault(
+                case.nodeid,
+                (
+                    case.nodeid.split("[", 1)[0],
+                    case.labels.get("model", ""),
+                    case.input_tokens,
+                    case.output_tokens,
+                ),
+            )
             tokens = case.input_tokens + case.output_tokens
             per_case.setdefault(case.nodeid, []).append((scales[i], tokens, *means))
     rows: list[ScaleRow] = []
     shared = [k for k, found in per_case.items() if len(found) == len(runs)]
-    for nodeid, found in per_case.items():
+    for nodeid, found in sorted(per_case.items(), key=lambda item: keys[item[0]]):
         if len(found) < 2:
             continue
         base = found[0]

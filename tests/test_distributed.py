@@ -233,3 +233,29 @@ def test_a_model_spread_over_two_gpus_is_metered_on_both(monkeypatch: pytest.Mon
         assert m.by_domain["gpu:0"] > m.by_domain["gpu:1"]
     with open_meter("nvml", MeterOptions(gpus=(0,))) as meter:
         assert unmetered_gpus(occupied, meter.domains) == [1]
+
+
+def test_tensor_parallel_needs_a_plan_and_a_grid_leaves_out_its_models_without_one(
+    tiny_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers cannot split Falcon: named, it is one line; from the grid's defaults,
+    it is left out and the header says so."""
+    from pytest_llmenergy.llm.tiny import ensure_tiny_model
+    from pytest_llmenergy.plugin.distributed import check_layout
+    from pytest_llmenergy.plugin.options import LLMSettings, PluginOptions
+
+    monkeypatch.setenv("LLMENERGY_CACHE", str(tiny_cache))
+    for name in ("tiny-llama", "tiny-falcon"):
+        ensure_tiny_model(name)
+    problem = tensor_parallel_problem("tiny-falcon", 2, cache_dir=tiny_cache)
+    assert problem is not None and "no tensor-parallel plan" in problem and "(Falcon)" in problem
+    grid_options = PluginOptions(llm=LLMSettings(grid_name="quick", parallel="tp"))
+    options, notes = check_layout(grid_options, _env(0))
+    assert options.llm.grid.models == ("tiny-llama", "tiny-mistral")
+    assert notes == [
+        "--llm-parallel=tp: model tiny-falcon left out: transformers has no tensor-parallel "
+        "plan for its architecture (Falcon)"
+    ]
+    named = PluginOptions(llm=LLMSettings(models=("tiny-falcon",), parallel="tp"))
+    with pytest.raises(pytest.UsageError, match="model tiny-falcon cannot be split over 2"):
+        check_layout(named, _env(0))

@@ -699,6 +699,12 @@ def _short_reason(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+NO_TP_PLAN = (
+    "transformers has no tensor-parallel plan for its architecture ({architecture}); "
+    "leave it out (--llm-models) or run it with --llm-parallel=none"
+)
+
+
 def tensor_parallel_problem(
     name_or_path: str,
     world_size: int,
@@ -720,6 +726,8 @@ def tensor_parallel_problem(
     except (OSError, ValueError, KeyError, ImportError) as exc:
         return f"cannot read its config: {_short_reason(exc)}"
     config = getattr(config, "text_config", None) or config
+    if not getattr(config, "base_model_tp_plan", None):
+        return NO_TP_PLAN.format(architecture=type(config).__name__.removesuffix("Config"))
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     for what, count in (("attention heads", heads), ("key/value heads", kv_heads)):

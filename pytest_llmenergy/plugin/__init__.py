@@ -142,10 +142,12 @@ def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed
                 "torchrun --nproc-per-node=2 -m pytest benchmarks/ --llm-parallel=tp"
             )
         return None
-    check_layout(options, env)
+    options, notes = check_layout(options, env)
     import torch
 
-    return Distributed(config, env, rank_options(options, env, torch.cuda.device_count()))
+    return Distributed(
+        config, env, rank_options(options, env, torch.cuda.device_count()), notes
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -60,14 +60,23 @@ def rank_options(options: PluginOptions, env: DistEnv, gpus: int) -> PluginOptio
     return dataclasses.replace(options, meter=meter, measure=measure, controller=controller)
 
 
-def check_layout(options: PluginOptions, env: DistEnv) -> None:
-    """Settings that cannot work on this job: one line, on every rank, before joining."""
+def check_layout(options: PluginOptions, env: DistEnv) -> tuple[PluginOptions, list[str]]:
+    """Settings that cannot work on this job: one line, on every rank, before joining.
+
+    A model named by the user that cannot be split is an error; one that came with a
+    grid's default models (Falcon, which transformers cannot split) is left out, and the
+    returned lines say so, so that ``torchrun ... -m pytest benchmarks/ --llm-parallel=tp``
+    runs what it can."""
     llm = options.llm
     if llm.parallel != "tp":
-        return
+        return options, []
     from ..llm.grid import split_model
-    from ..llm.loader import tensor_parallel_problem
+    from ..llm.loader import NO_TP_PLAN, tensor_parallel_problem
 
+    defaults = llm.models is None  # the grid's own models, not named by the user
+    no_plan = NO_TP_PLAN.split("(", 1)[0]
+    kept: list[str] = []
+    notes: list[str] = []
     for spec in llm.grid.models:
         _, source = split_model(spec)
         try:
@@ -76,20 +85,39 @@ def check_layout(options: PluginOptions, env: DistEnv) -> None:
             )
         except ConfigError as exc:
             problem = str(exc)
+        if problem and defaults and problem.startswith(no_plan):
+            notes.append(f"--llm-parallel=tp: model {spec} left out: {problem.split(';')[0]}")
+            continue
         if problem:
             raise pytest.UsageError(
                 f"--llm-parallel=tp: model {spec} cannot be split over {env.world_size} "
                 f"ranks: {problem}"
             )
+        kept.append(spec)
+    if not kept:
+        raise pytest.UsageError(
+            "--llm-parallel=tp: none of the grid's models can be split; name one with "
+            "--llm-models (e.g. tiny-llama)"
+        )
+    if len(kept) == len(llm.grid.models):
+        return options, notes
+    return dataclasses.replace(options, llm=dataclasses.replace(llm, models=tuple(kept))), notes
 
 
 class Distributed:
     """One rank's part in a torchrun session."""
 
-    def __init__(self, config: pytest.Config, env: DistEnv, options: PluginOptions) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        env: DistEnv,
+        options: PluginOptions,
+        notes: list[str] | None = None,
+    ) -> None:
         self.config = config
         self.env = env
         self.options = options
+        self.notes = notes or []
         self.fault: str | None = None
         try:
             self.group = Group(env, options.measure.dist_timeout_s)
@@ -152,6 +180,7 @@ class Distributed:
             f"torchrun: {env.world_size} ranks on {env.nnodes} node(s), "
             f"{env.local_world_size} per node ({self.group.backend}); {what}; this is "
             f"{env.describe()}; rank 0 keeps the run; busy-machine checks are off",
+            *self.notes,
         ]
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
