@@ -145,9 +145,7 @@ def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed
     options, notes = check_layout(options, env)
     import torch
 
-    return Distributed(
-        config, env, rank_options(options, env, torch.cuda.device_count()), notes
-    )
+    return Distributed(config, env, rank_options(options, env, torch.cuda.device_count()), notes)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
