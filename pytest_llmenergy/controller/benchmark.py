@@ -119,6 +119,7 @@ class EnergyBenchmark:
         setup: Callable[[], tuple[Sequence[Any], Mapping[str, Any]] | None] | None = None,
         rounds: int = 1,
         warmup_rounds: int = 0,
+        queries: int = 1,
     ) -> CaseResult:
         """Exactly ``rounds`` measured calls after ``warmup_rounds``, no stopping rule.
 
@@ -145,6 +146,7 @@ class EnergyBenchmark:
             output_tokens=output_tokens,
             warmup=warmup_rounds,
             rounds=rounds,
+            queries=queries,
         )
 
     # -- the loop ------------------------------------------------------------------

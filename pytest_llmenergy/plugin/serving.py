@@ -105,8 +105,13 @@ class Serving:
 
         _, source = split_model(self.llm.grid.models[0])
         self._model = source
-        prompts = load_prompts(source, trust_remote_code=self.llm.trust_remote_code)
         s = self.settings
+        if s.endpoint and not Endpoint(s.endpoint).healthy(timeout_s=5.0):
+            raise ConfigError(
+                f"no OpenAI-compatible server answers at {s.endpoint} (GET /v1/models); "
+                "start it first, or let the session start one with --llm-serve=vllm"
+            )
+        prompts = load_prompts(source, trust_remote_code=self.llm.trust_remote_code)
         if s.engine:
             folder = model_source(source)
             self.engine = start_engine(
@@ -121,11 +126,6 @@ class Serving:
         else:
             assert s.endpoint is not None
             endpoint = Endpoint(s.endpoint, s.served_model or "")
-            if not endpoint.healthy(timeout_s=5.0):
-                raise ConfigError(
-                    f"no OpenAI-compatible server answers at {s.endpoint} (GET /v1/models); "
-                    "start it first, or let the session start one with --llm-serve=vllm"
-                )
             if not endpoint.model:
                 served = endpoint.served_models()
                 if len(served) != 1:
