@@ -19,7 +19,7 @@ from pytest_llmenergy.results import CaseResult, RequestRecord, Trial
 from pytest_llmenergy.serving import engine as engine_module
 from pytest_llmenergy.serving.client import CountMismatch, Endpoint, ServerError, check
 from pytest_llmenergy.serving.engine import EngineFailed, EngineSpec, start_engine
-from pytest_llmenergy.serving.target import IDS, TEXT, ServerTarget
+from pytest_llmenergy.serving.target import IDS, TEXT, ServerGone, ServerTarget
 from tests.fakes.fake_openai_server import Behaviour, FakeServer
 from tests.test_plugin import assert_one_line_usage_error
 
@@ -119,6 +119,17 @@ def test_a_text_only_server_without_a_tokenizer_is_one_clear_error() -> None:
         target = ServerTarget(Endpoint(s.url, "fake-model"), Prompts())
         with pytest.raises(ServerError, match="HTTP 400"):
             target.run(4, 2)
+
+
+def test_a_server_that_went_away_is_named_not_just_refused() -> None:
+    server = FakeServer().start()
+    target = ServerTarget(
+        Endpoint(server.url, "fake-model"), Prompts(), gone=lambda: "vllm exited with code 1"
+    )
+    target.run(4, 2)
+    server.stop()
+    with pytest.raises(ServerGone, match="vllm exited with code 1"):
+        target.run(4, 2)
 
 
 def test_request_figures_and_percentiles() -> None:

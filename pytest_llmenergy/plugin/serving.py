@@ -84,9 +84,11 @@ class Serving:
         self.engine: RunningEngine | None = None
         self.target: ServerTarget | None = None
         self._model = ""
+        self.session: pytest.Session | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
         if not self.settings.active or self.config.option.collectonly:
             return
         try:
@@ -135,7 +137,20 @@ class Serving:
                     )
                 endpoint = dataclasses.replace(endpoint, model=served[0])
             self.record["serve_endpoint"] = {"url": s.endpoint, "model": endpoint.model}
-        self.target = ServerTarget(endpoint, prompts, prompts.tokenizer)
+        engine = self.engine
+        self.target = ServerTarget(
+            endpoint, prompts, prompts.tokenizer, gone=engine.exited if engine else None
+        )
+        try:
+            self.target.probe()
+        except LLMEnergyError as exc:  # refused, failed, or counted otherwise
+            log = ""
+            if engine is not None:
+                log = f"; log {engine.log_path}, last lines: " + " | ".join(engine.last_log_lines())
+            raise ConfigError(
+                f"{endpoint.url} could not complete a first request for {endpoint.model}: "
+                f"{exc}{log}"
+            ) from None
 
     def header(self) -> list[str]:
         if self.target is None:
@@ -173,6 +188,13 @@ class Serving:
     def stop(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """An engine that died takes every later case with it: stop at the first."""
+        if report.failed and self.engine is not None and self.session is not None:
+            why = self.engine.exited()
+            if why is not None:
+                self.session.shouldstop = why
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Also after a failure or Ctrl-C: pytest unconfigures on every way out."""

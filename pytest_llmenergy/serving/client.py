@@ -131,21 +131,33 @@ class Endpoint:
         conn = self._connection()
         start = time.perf_counter()
         try:
-            conn.request(
-                "POST",
-                self._path("/v1/completions"),
-                body=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
-            )
-            response = conn.getresponse()
-            if response.status != 200:
-                detail = response.read(2000).decode("utf-8", "replace").strip()
-                raise ServerError(
-                    f"POST /v1/completions: HTTP {response.status}: {detail}", response.status
-                )
-            return _read_stream(response, start, on_first_token)
+            return self._post(conn, body, start, on_first_token)
+        except OSError as exc:  # refused, reset, timed out: the server is gone or stuck
+            raise ServerError(f"{self.url}: {exc}") from exc
         finally:
             conn.close()
+
+    def _post(
+        self,
+        conn: http.client.HTTPConnection,
+        body: dict[str, object],
+        start: float,
+        on_first_token: Callable[[], None] | None,
+    ) -> Completion:
+        conn.request(
+            "POST",
+            self._path("/v1/completions"),
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            detail = " ".join(response.read(2000).decode("utf-8", "replace").split())
+            detail = detail if len(detail) <= 300 else detail[:297] + "..."
+            raise ServerError(
+                f"POST /v1/completions: HTTP {response.status}: {detail}", response.status
+            )
+        return _read_stream(response, start, on_first_token)
 
 
 def _read_stream(

@@ -198,6 +198,13 @@ class RunningEngine:
                 )
             time.sleep(poll_s)
 
+    def exited(self) -> str | None:
+        """Why the engine is no longer running, with its last log lines; None if it is."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return self._failure(f"exited with code {code} during the session")
+
     def _failure(self, what: str) -> str:
         tail = " | ".join(self.last_log_lines()) or "(no output)"
         return f"{self.spec.name} {what}; log {self.log_path}, last lines: {tail}"

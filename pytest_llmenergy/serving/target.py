@@ -10,15 +10,20 @@ each trial, so a server's prefix cache cannot skip prefills it was asked to meas
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LLMEnergyError
 from ..meters.base import mark_phase
 from ..results import RequestRecord
 from .client import Completion, Endpoint, ServerError, burst, check
 
 IDS, TEXT = "token ids", "text"
+
+
+class ServerGone(LLMEnergyError):
+    """The server stopped (an engine started for the session exited)."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +44,18 @@ class ServerTarget:
     its tokenizer alone); ``tokenizer`` turns ids into text for servers that take text.
     """
 
-    def __init__(self, endpoint: Endpoint, prompts: Any, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        prompts: Any,
+        tokenizer: Any = None,
+        gone: Callable[[], str | None] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.prompts = prompts
         self.tokenizer = tokenizer
+        # why the server is gone (an engine started here that exited), else None
+        self.gone = gone or (lambda: None)
         self.prompt_kind: str | None = None  # IDS or TEXT, found by the first request
         self._row = 0
         self._text_cache: dict[tuple[int, int], str] = {}
@@ -52,10 +65,19 @@ class ServerTarget:
         ``CountMismatch`` for this trial.  At concurrency 1 the first streamed token
         splits the measurement window into prefill | decode; with more requests in flight
         their phases overlap, so the window is not split."""
+        try:
+            return self._run(input_tokens, output_tokens, concurrency)
+        except ServerError as exc:
+            why = self.gone()
+            if why is not None:
+                raise ServerGone(why) from exc
+            raise
+
+    def _run(self, input_tokens: int, output_tokens: int, concurrency: int) -> Burst:
         rows = [self._row + i for i in range(concurrency)]
         self._row += concurrency
         if self.prompt_kind is None:
-            self._find_prompt_kind(input_tokens)
+            self.probe(input_tokens)
 
         def send(i: int, hook: Any) -> Completion:
             return self.endpoint.complete(
@@ -78,8 +100,9 @@ class ServerTarget:
         )
 
     # -- prompts ---------------------------------------------------------------------
-    def _find_prompt_kind(self, input_tokens: int) -> None:
-        """One unmeasured request: token ids if the server takes them, else text."""
+    def probe(self, input_tokens: int = 8) -> None:
+        """One unmeasured request, which finds how the server takes prompts (token ids
+        if it can, else text) and that it completes one at all."""
         try:
             self.prompt_kind = IDS
             done = self.endpoint.complete(self._prompt(input_tokens, 0), 1)
