@@ -227,6 +227,8 @@ def test_a_server_process_tree_is_charged_with_its_live_children(tmp_path: Path)
         assert ProcessTrees((busy.pid,)).pids == ()
         outside = ProcessTrees((1,))  # another tree (init), read through psutil
         assert outside.pids == (1,) and outside.read() >= 0
+        parent = psutil.Process().ppid()  # a tree this process is inside: counted once
+        assert [t.pid for t in ProcessTrees((parent,)).trees] == [parent]
         trees = ProcessTrees()
         a = trees.read()
         time.sleep(0.3)

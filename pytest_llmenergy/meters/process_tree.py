@@ -154,7 +154,9 @@ class ProcessTrees:
         own = ProcessTreeCpu()
         inside = set(_descendants(own._root))
         self.pids = tuple(p for p in dict.fromkeys(pids) if p != own.pid and p not in inside)
-        self.trees = [own]
+        # this process inside a given tree (a server that started it): that tree holds it
+        holders = [p for p in self.pids if _holds(p, own.pid)]
+        self.trees = [] if holders else [own]
         for pid in self.pids:
             try:
                 self.trees.append(ProcessTreeCpu(pid))
@@ -168,6 +170,13 @@ class ProcessTrees:
             with contextlib.suppress(psutil.Error):
                 self._last[i] = tree.read()
         return sum(self._last)
+
+
+def _holds(root: int, pid: int) -> bool:
+    try:
+        return pid in _descendants(psutil.Process(root))
+    except psutil.Error:
+        return False
 
 
 def attributed_note(pids: tuple[int, ...]) -> str:
