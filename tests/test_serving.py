@@ -300,7 +300,11 @@ def test_an_endpoint_run_records_every_request_and_checks_counts(served: pytest.
     assert burst["queries"] == 4
     assert all(t["queries"] == 4 and len(t["requests"]) == 4 for t in burst["trials"])
     assert all(r["output_tokens"] == 32 for t in burst["trials"] for r in t["requests"])
-    assert run["options"]["serve_endpoint"] == {"url": s.url, "model": "tiny"}
+    assert run["options"]["serve_endpoint"] == {
+        "url": s.url,
+        "model": "tiny",
+        "prompt": "token ids",
+    }
 
 
 def test_serve_starts_the_engine_and_leaves_no_process_behind(served: pytest.Pytester) -> None:

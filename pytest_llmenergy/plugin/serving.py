@@ -151,6 +151,8 @@ class Serving:
                 f"{endpoint.url} could not complete a first request for {endpoint.model}: "
                 f"{exc}{log}"
             ) from None
+        key = "serve_engine" if engine is not None else "serve_endpoint"
+        self.record[key]["prompt"] = self.target.prompt_kind
 
     def header(self) -> list[str]:
         if self.target is None:
@@ -180,8 +182,8 @@ class Serving:
                     "(give --llm-server-pid=PID if it runs here)"
                 )
         lines.append(
-            "  every request asks for exactly the case's tokens (token-id prompt, ignore_eos,"
-            " min_tokens = max_tokens), checked against the response's usage"
+            f"  every request asks for exactly the case's tokens ({self.target.prompt_kind} "
+            "prompt, ignore_eos, min_tokens = max_tokens), checked against the response's usage"
         )
         return lines
 
