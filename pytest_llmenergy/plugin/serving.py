@@ -182,8 +182,9 @@ class Serving:
                     "(give --llm-server-pid=PID if it runs here)"
                 )
         lines.append(
-            f"  every request asks for exactly the case's tokens ({self.target.prompt_kind} "
-            "prompt, ignore_eos, min_tokens = max_tokens), checked against the response's usage"
+            f"  every request asks for exactly the case's tokens (prompt as "
+            f"{self.target.prompt_kind}, ignore_eos, min_tokens = max_tokens), checked against "
+            "each response's usage: another count fails the trial"
         )
         return lines
 
