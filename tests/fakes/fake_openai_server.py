@@ -18,13 +18,15 @@ What the exactness check and the request metrics depend on behaves as in real en
 
 Run in a thread (``FakeServer(...).start()``) or as a process:
 ``python -m tests.fakes.fake_openai_server --port N [--extra-token-every 10] [--spawn-child]``
-(``--spawn-child`` starts a child process that busy-loops, like an engine's worker).
+(``--spawn-child`` starts a child process that busy-loops, like an engine's worker, and
+ends it on SIGTERM, as engines do).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -226,10 +228,17 @@ def main(argv: list[str] | None = None) -> None:
         print(args.fail, flush=True)
         sys.exit(3)
     if args.spawn_child:  # an engine's worker: a child that keeps a CPU busy
-        subprocess.Popen(
+        worker = subprocess.Popen(
             [sys.executable, "-c", "while True: pass"],
             stdin=subprocess.DEVNULL,
         )
+
+        def shut_down(signum: int, frame: object) -> None:  # as vLLM ends its workers
+            worker.terminate()
+            worker.wait()
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, shut_down)
     behaviour = Behaviour(model=args.model, extra_token_every=args.extra_token_every)
     server = FakeServer(behaviour, args.port)
     print(f"fake server listening on {server.url}", flush=True)
