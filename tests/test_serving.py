@@ -364,7 +364,7 @@ def test_serve_starts_the_engine_and_leaves_no_process_behind(served: pytest.Pyt
 def test_bad_serving_options_stop_the_session_in_one_line(
     served: pytest.Pytester, args: list[str], needles: list[str]
 ) -> None:
-    result = served.runpytest_subprocess(*args)
+    result = served.runpytest(*args)
     assert_one_line_usage_error(result, *needles)
 
 
