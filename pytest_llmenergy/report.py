@@ -154,8 +154,8 @@ def _title(parts: Sequence[tuple[str, str]]) -> str:
     return " · ".join(shown) if shown else ALL_CASES
 
 
-def _tokens_order(r: CaseResult) -> tuple[int, int, str]:
-    return (r.input_tokens, r.output_tokens, r.name)
+def _tokens_order(r: CaseResult) -> tuple[int, int, int, str]:
+    return (r.input_tokens, r.output_tokens, r.queries, r.name)
 
 
 def _sorted(results: list[CaseResult], sort: str) -> list[CaseResult]:
@@ -198,8 +198,10 @@ def _build_table(
     shown = list(chosen)
     if not explicit:
         shown = [k for k in shown if any(FIGURES[k].value(r) is not None for r in results)]
+        if all(r.queries == 1 for r in results):  # one query per trial: nothing to say
+            shown = [k for k in shown if k != "queries"]
         # Without names a non-LLM table could have rows that nothing tells apart.
-        tokens = [(r.input_tokens, r.output_tokens) for r in results]
+        tokens = [(r.input_tokens, r.output_tokens, r.queries) for r in results]
         if "name" not in shown and len(set(tokens)) < len(tokens):
             shown.insert(0, "name")
     hidden = [k for k in ("name",) if k not in shown]

@@ -334,19 +334,24 @@ def test_sort_by_name() -> None:
 # -- which columns -----------------------------------------------------------------
 
 
+# Default columns only a batch (queries > 1) or a server's requests have.
+SERVER_OR_BATCH = ("queries", "req_ttft_s", "tpot_s", "latency_p50_s", "latency_p99_s")
+
+
 def test_default_columns_drop_what_no_case_has() -> None:
     (table,) = case_tables([cpu_case("c", (8, 32), estimated=False)])
     shown = [k for k in table.keys if k not in table.hidden]
     no_phases = [k for k in DEFAULT_COLUMNS if FIGURES[k].needs_phases]
     assert no_phases  # the default columns include prefill | decode figures
-    assert shown == [k for k in DEFAULT_COLUMNS if k not in (*no_phases, "gpu_j", "dram_j")]
+    absent = (*no_phases, "gpu_j", "dram_j", *SERVER_OR_BATCH)
+    assert shown == [k for k in DEFAULT_COLUMNS if k not in absent]
 
 
 def test_default_columns_keep_a_column_one_case_has() -> None:
     cases = [cpu_case("c", (8, 32), estimated=False), make_case("g", (16, 32))]
     (table,) = case_tables(cases)
     shown = [k for k in table.keys if k not in table.hidden]
-    assert shown == list(DEFAULT_COLUMNS)
+    assert shown == [k for k in DEFAULT_COLUMNS if k not in SERVER_OR_BATCH]
     assert cells_of(table)[0]["gpu_j"] == "—"
 
 

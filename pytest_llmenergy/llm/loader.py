@@ -87,9 +87,10 @@ class ModelInfo:
 class Generation:
     """What one ``generate`` call did: counts read back from the tensors, not requested."""
 
-    input_tokens: int
-    output_tokens: int
+    input_tokens: int  # per query (every row of a batch has as many)
+    output_tokens: int  # per query
     first_token_at: float | None  # time.perf_counter() when the first new token appeared
+    queries: int = 1  # rows of the batch
 
 
 @dataclass(eq=False)
@@ -109,11 +110,14 @@ class LoadedModel:
     _text_ids: list[int] | None = field(default=None, init=False, repr=False)
     _start: list[int] | None = field(default=None, init=False, repr=False)
 
-    def prompt_ids(self, n: int) -> Any:
-        """A prompt of exactly ``n`` tokens of natural text, shape (1, n), on ``device``.
+    def prompt_ids(self, n: int, batch_size: int = 1) -> Any:
+        """A prompt of exactly ``n`` tokens of natural text, shape (batch_size, n), on
+        ``device``.
 
         Natural text rather than random ids, so attention patterns and (for MoE models)
         routing look like real use; the BOS token comes first if the tokenizer adds one.
+        The rows of a batch start at different places in the text (all of exactly ``n``
+        tokens, so no padding), as distinct prompts would.
         """
         import torch
 
@@ -125,13 +129,27 @@ class LoadedModel:
                 f"a prompt of {n} tokens exceeds the {self.max_positions} positions of model "
                 f"{self.name!r}; {self._beyond_context_fix()}"
             )
+        if batch_size < 1:
+            raise ValueError(f"a batch needs at least 1 prompt, got {batch_size}")
+        return torch.tensor(
+            [self.prompt_list(n, row) for row in range(batch_size)],
+            dtype=torch.long,
+            device=self.device,
+        )
+
+    def prompt_list(self, n: int, row: int = 0) -> list[int]:
+        """Row ``row`` of ``prompt_ids``: exactly ``n`` token ids, as a list (what a server
+        takes); row 0 is the prompt a batch of one gets."""
         if self._text_ids is None or self._start is None:
             self._text_ids = self._build_text_ids()
             self._start = self._start_ids()
+        text = self._text_ids
+        shift = (row * 7) % len(text)  # another place in the text for each row
         ids = list(self._start)
+        rotated = text[shift:] + text[:shift]
         while len(ids) < n:
-            ids.extend(self._text_ids)
-        return torch.tensor([ids[:n]], dtype=torch.long, device=self.device)
+            ids.extend(rotated)
+        return ids[:n]
 
     def generate(self, input_ids: Any, output_tokens: int) -> Generation:
         """Greedily generate exactly ``output_tokens`` new tokens after ``input_ids``.
@@ -172,6 +190,7 @@ class LoadedModel:
             input_tokens=n_in,
             output_tokens=int(sequences.shape[1]) - n_in,
             first_token_at=streamer.first_token_at,
+            queries=int(sequences.shape[0]),
         )
 
     def prefill(self, input_ids: Any) -> None:
@@ -757,3 +776,37 @@ def unmetered_gpus(occupied: tuple[int, ...], domains: Any) -> list[int]:
     """The GPUs a model occupies that no meter domain (``gpu:N``) reads."""
     metered = {name.split("@", 1)[0] for name in domains}
     return [gpu for gpu in occupied if f"gpu:{gpu}" not in metered]
+
+
+def load_prompts(
+    name_or_path: str, *, trust_remote_code: bool = False, cache_dir: Path | None = None
+) -> LoadedModel:
+    """A model's tokenizer alone, for the prompts of a server serving that model:
+    ``prompt_list`` works on it; ``generate`` does not (no weights are loaded)."""
+    source = _resolve_source(name_or_path, cache_dir)
+    unreachable = _hub_unreachable(name_or_path)
+    hub: dict[str, Any] = {"local_files_only": True} if unreachable else {}
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **hub)
+        _check_tokenizer_files(name_or_path, source)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, trust_remote_code=trust_remote_code, **hub
+        )
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+        raise _cannot_load(name_or_path, exc, unreachable) from exc
+    return LoadedModel(
+        name=name_or_path,
+        model=None,
+        tokenizer=tokenizer,
+        device=None,
+        dtype=None,
+        max_positions=_max_positions(config, tokenizer),
+        position_kind=position_kind(config),
+    )
+
+
+def model_source(name_or_path: str, cache_dir: Path | None = None) -> str:
+    """Where a model's files are (a built-in one is built first): what a server loads."""
+    return _resolve_source(name_or_path, cache_dir)

@@ -46,10 +46,12 @@ from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginOptions, add_options, marker_help, read_options
 from .results import CASE_RESULTS, CaseResults
+from .serving import SERVING, Serving, attribute_server, check_settings
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
 
 if TYPE_CHECKING:
     from ..llm.loader import ModelPool
+    from ..serving.target import ServerTarget
 
 __all__ = ["CASE_PLAN", "CASE_RESULTS", "KEEPER", "METERING", "ROUTING"]
 
@@ -77,6 +79,13 @@ def pytest_configure(config: pytest.Config) -> None:
                 pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
             )
     stash, manager = config.stash, config.pluginmanager
+    check_settings(options)
+    if options.serve.active and config.getoption("numprocesses", None):
+        raise pytest.UsageError(
+            "--llm-endpoint/--llm-serve: a server is measured one burst at a time; run "
+            "without pytest-xdist's -n (--llm-concurrency sends requests at once)"
+        )
+    options = attribute_server(options)  # before the meter opens: it charges the server
     seed = worker_seed(config)
     if seed is not None:  # an xdist worker collects in the controller's order
         options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
@@ -91,6 +100,10 @@ def pytest_configure(config: pytest.Config) -> None:
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
     keeper = Keeper(config, options.keep, options, metering, results.results)
     routing = RoutingSection(options.route, keeper, results.results)
+    serving = Serving(
+        config, options.serve, options.llm, options.record, options.meter.attributed_pids
+    )
+    stash[SERVING] = serving
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
     if is_worker(config):  # measure and send; the controller keeps, shows and decides
@@ -124,6 +137,8 @@ def pytest_configure(config: pytest.Config) -> None:
         ("metering", metering),
     ):
         manager.register(feature, f"llmenergy-{name}")
+    if options.serve.active:  # last registered: its session start comes first
+        manager.register(serving, "llmenergy-serving")
 
 
 def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed | None:
@@ -158,6 +173,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *stash[CASE_PLAN].header(),
         *stash[KEEPER].header(),
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
+        *(stash[SERVING].header() if SERVING in stash else []),
     ]
     return header_lines(config, lines)
 
@@ -302,3 +318,11 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
     )
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def llm_server(pytestconfig: pytest.Config) -> ServerTarget | None:
+    """The server the cases target (``--llm-endpoint`` or ``--llm-serve``), None without:
+    ``llm_server.run(input_tokens, output_tokens, concurrency)`` is one measured burst."""
+    serving = pytestconfig.stash.get(SERVING, None)
+    return serving.target if serving is not None else None

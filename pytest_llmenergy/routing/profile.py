@@ -189,6 +189,7 @@ def profiles_from_cases(cases: Sequence[CaseResult], system: str, source: str) -
             case.labels.get("sweep", "") if case.labels.get("sweep") in SWEEPS else "",
         )
         for case in cases
+        if case.queries == 1  # a batch's or a burst's trials are another operating point
         for t in case.trials
         if t.seconds > 0 and t.joules > 0
     ]

@@ -20,7 +20,7 @@ from ..controller.rule import ControllerOptions
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError
 from ..meters.resources import ResourceUsage
-from ..results import CaseResult, PhaseRecord, Trial
+from ..results import CaseResult, PhaseRecord, RequestRecord, Trial
 
 FORMAT = "pytest-llmenergy-run"
 # 1: pytest-llmenergy 0.1.0; "options" was a dump of the settings dataclasses.
@@ -139,6 +139,11 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         },
         "background_cpu": t.background_cpu,
         "passes": t.passes,
+        "queries": t.queries,
+        "requests": [
+            {"ttft_s": q.ttft_s, "latency_s": q.latency_s, "output_tokens": q.output_tokens}
+            for q in t.requests
+        ],
     }
 
 
@@ -186,6 +191,7 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "resolution_s": r.resolution_s,
         "prefill_passes": [_trial_dict(t) for t in r.prefill_passes],
         "conversions": dict(r.conversions),
+        "queries": r.queries,
     }
 
 
@@ -330,6 +336,13 @@ def _trial(r: _Reader) -> Trial:
         phases=phases,
         background_cpu=r.get("background_cpu", float, optional=True),
         passes=r.get("passes", int, optional=True) or 1,
+        queries=r.get("queries", int, optional=True) or 1,
+        requests=tuple(
+            RequestRecord(
+                q.get("ttft_s", float), q.get("latency_s", float), q.get("output_tokens", int)
+            )
+            for q in r.objs("requests", optional=True)
+        ),
     )
 
 
@@ -386,6 +399,7 @@ def _case(r: _Reader) -> CaseResult:
         resolution_s=r.get("resolution_s", float, optional=True),
         prefill_passes=tuple(_trial(t) for t in r.objs("prefill_passes", optional=True)),
         conversions=r.numbers("conversions") if "conversions" in r.data else {},
+        queries=r.get("queries", int, optional=True) or 1,
     )
 
 
