@@ -196,6 +196,10 @@ def _build_table(
     title: str, results: list[CaseResult], chosen: Sequence[str], explicit: bool
 ) -> Table:
     shown = list(chosen)
+    if explicit and not {"name", "tokens_in", "tokens_out"} & set(shown):
+        # the rows' identity, as pytest-benchmark always shows the Name column
+        several = any(r.queries != 1 for r in results)
+        shown = ["tokens_in", "tokens_out", *(["queries"] if several else []), *shown]
     if not explicit:
         shown = [k for k in shown if any(FIGURES[k].value(r) is not None for r in results)]
         if all(r.queries == 1 for r in results):  # one query per trial: nothing to say
@@ -262,7 +266,8 @@ def case_tables(
     gated: Sequence[str] = (),
 ) -> list[Table]:
     """One table per group. With the default columns, a column empty in a whole table is
-    dropped (no GPU column on a CPU-only machine); columns the user named are all kept."""
+    dropped (no GPU column on a CPU-only machine); columns the user named are all kept,
+    after the rows' tokens unless they name those or ``name``."""
     explicit = columns is not None
     chosen = parse_columns(",".join(columns)) if columns is not None else default_columns(gated)
     groups = parse_group_by(",".join(group_by)) if group_by else ()

@@ -213,6 +213,15 @@ def test_domain_families_count_only_counted_domains() -> None:
     assert row["gpu_j"] + row["cpu_j"] + row["dram_j"] == pytest.approx(row["energy_j"])  # type: ignore[operator]
 
 
+def test_named_columns_come_after_the_rows_tokens_unless_they_name_them() -> None:
+    """--energy-columns=time_s still says which case a row is (pytest-benchmark's Name)."""
+    cases = [make_case("a", (8, 32)), make_case("b", (16, 32))]
+    (table,) = case_tables(cases, columns=["time_s"])
+    assert table.keys[:3] == ("tokens_in", "tokens_out", "time_s")
+    (table,) = case_tables(cases, columns=["name", "time_s"])
+    assert table.keys[:2] == ("name", "time_s")
+
+
 def test_dram_outside_the_cpu_namespace_is_still_dram() -> None:
     case = make_case(domains=({"dram": 2.0, "cpu:package": 8.0},), counted={}, methods={})
     (row,) = rows_of(case_tables([case], columns=["gpu_j", "cpu_j", "dram_j"])[0])
