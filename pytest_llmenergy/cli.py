@@ -208,6 +208,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=PLOT_FORMATS,
         help="png or svg, repeatable (default: png)",
     )
+    from .predict.commands import add_parsers as add_predict_parsers
+
+    add_predict_parsers(sub, storage_help)  # calibrate, predict
     return parser
 
 
@@ -716,6 +719,14 @@ def _main(argv: Sequence[str] | None) -> int:
             out, notes = _route(args, storage)
         elif args.command == "plot":
             out, notes = _plot(args, storage)
+        elif args.command == "calibrate":
+            from .predict.commands import calibrate_command
+
+            out, notes = calibrate_command(args, storage)
+        elif args.command == "predict":
+            from .predict.commands import predict_command
+
+            out = predict_command(args)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)

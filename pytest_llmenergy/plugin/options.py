@@ -46,6 +46,7 @@ INI_PREFIX = "llmenergy_"
 class MeasureSettings:
     backend: str = "auto"
     idle_s: float = 0.0
+    profile_ops: bool = False  # an unmeasured torch.profiler run after each case's trials
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,16 @@ OPTIONS: tuple[Option, ...] = (
         "WATTS",
         "CPU TDP in watts for the estimate meter",
         default_text="from the CPU model table",
+    ),
+    Option(
+        "--energy-profile-ops",
+        "measure.profile_ops",
+        values.switch,
+        "on|off",
+        "after each case's trials, run it once more under torch.profiler (unmeasured, so "
+        "the profiler's overhead never enters a trial) and keep its operator trace with "
+        "the case, for llmenergy calibrate",
+        const="on",
     ),
     # -- repeating ---------------------------------------------------------------------
     Option(

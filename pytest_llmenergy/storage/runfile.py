@@ -186,6 +186,7 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "resolution_s": r.resolution_s,
         "prefill_passes": [_trial_dict(t) for t in r.prefill_passes],
         "conversions": dict(r.conversions),
+        "op_profile": None if r.op_profile is None else dict(r.op_profile),
     }
 
 
@@ -386,6 +387,7 @@ def _case(r: _Reader) -> CaseResult:
         resolution_s=r.get("resolution_s", float, optional=True),
         prefill_passes=tuple(_trial(t) for t in r.objs("prefill_passes", optional=True)),
         conversions=r.numbers("conversions") if "conversions" in r.data else {},
+        op_profile=r.get("op_profile", dict, optional=True),
     )
 
 

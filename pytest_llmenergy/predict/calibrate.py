@@ -1,0 +1,349 @@
+"""Fit the operator-class model to measured runs: one calibration per system and setting.
+
+time = sum over classes c of (a_c * FLOPs_c + b_c * bytes_c) + t_launch * operators, and
+energy likewise, with non-negative coefficients (a negative joule per FLOP means
+nothing), fitted by non-negative least squares on *relative* residuals (a 10 ms case
+counts as much as a 2 s one) over every measured case's prefill and decode phases.
+The error estimate a prediction carries is the leave-one-case-out error: each case
+predicted by a fit that never saw it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..results import DECODE, PREFILL, CaseResult
+from .features import COLUMNS, MATMUL, OTHER, WORK_CLASSES, ModelShape, Work, case_work, load_shape
+from .profile import check_profile
+
+FORMAT = "llmenergy-calibration"
+VERSION = 1
+# Case labels that name a hardware setting (a GPU power limit or clock), when present.
+SETTING_LABELS = ("setting", "gpu_setting")
+BATCH_LABEL = "batch_size"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured phase (or whole case when it was not split) and its work."""
+
+    case: int  # index into the cases, for leave-one-case-out
+    phase: str
+    time_s: float
+    energy_j: float
+    x: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Point:
+    """A measured case, as calibration reports it."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    batch_size: int
+    time_s: float
+    energy_j: float
+    work: Mapping[str, Work]
+    profile: Mapping[str, Any] | None
+    # mean (seconds, joules) of each phase; empty when the trials were not split
+    phases: Mapping[str, tuple[float, float]]
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 500) -> np.ndarray:
+    """Non-negative least squares, Lawson and Hanson's active-set method."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    for _ in range(iterations):
+        if passive.all() or (w[~passive] <= 1e-12 * max(1.0, float(np.abs(w).max()))).all():
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            bad = passive & (z <= 0)
+            alpha = np.min(x[bad] / (x[bad] - z[bad]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+# How the columns share coefficients.  ``shared``: one cost per FLOP and one per byte
+# whatever the class, and one per launch: three numbers, which one model's sizes can
+# determine (with a single model, per-class columns all grow with the tokens together
+# and the split between them is arbitrary).  ``per_class``: every column its own, for
+# calibrations over several models.
+FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    "shared": (
+        tuple(f"{c}_flops" for c in WORK_CLASSES),
+        tuple(f"{c}_bytes" for c in WORK_CLASSES),
+        ("launches",),
+    ),
+    "per_class": tuple((c,) for c in COLUMNS),
+}
+
+
+def fit(rows: Sequence[Row], target: str, form: str = "shared") -> np.ndarray:
+    """Coefficients (per COLUMNS) minimizing the relative error of ``target`` per row."""
+    groups = FORMS[form]
+    tie = np.zeros((len(COLUMNS), len(groups)))
+    for j, names in enumerate(groups):
+        for name in names:
+            tie[COLUMNS.index(name), j] = 1.0
+    x = np.array([r.x for r in rows], dtype=float) @ tie
+    y = np.array([getattr(r, target) for r in rows], dtype=float)
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    a = (x / scale) / y[:, None]
+    coef = nnls(a, np.ones(len(rows)))
+    return tie @ (coef / scale)
+
+
+def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int) -> ModelShape:
+    profile = case.op_profile
+    if profile and isinstance(profile.get("model_shape"), dict):
+        return ModelShape.from_dict(profile["model_shape"])
+    model = case.labels.get("model_source") or case.labels.get("model") or ""
+    if model not in cache:
+        cache[model] = load_shape(model, elem_bytes)
+    return cache[model]
+
+
+def _mean(values: Iterable[float]) -> float:
+    vals = list(values)
+    return math.fsum(vals) / len(vals)
+
+
+def points_from_cases(
+    cases: Iterable[CaseResult], elem_bytes: int = 4, skipped: list[str] | None = None
+) -> list[Point]:
+    """Every case with undisturbed trials whose model's config can be read."""
+    cache: dict[str, ModelShape] = {}
+    out: list[Point] = []
+    for case in cases:
+        if not case.trials:
+            continue
+        try:
+            shape = _case_shape(case, cache, elem_bytes)
+            batch = int(case.labels.get(BATCH_LABEL, "1"))
+        except (ConfigError, ValueError) as exc:
+            if skipped is not None:
+                skipped.append(f"{case.name}: {exc}")
+            continue
+        profile = None
+        if case.op_profile is not None:
+            profile = check_profile(case.op_profile, case.name)
+        out.append(
+            Point(
+                model=shape.name,
+                input_tokens=case.input_tokens,
+                output_tokens=case.output_tokens,
+                batch_size=batch,
+                time_s=_mean(t.seconds for t in case.trials),
+                energy_j=_mean(t.joules for t in case.trials),
+                work=case_work(shape, case.input_tokens, case.output_tokens, batch),
+                profile=profile,
+                phases={
+                    phase: (
+                        _mean(t.phases[phase].seconds for t in case.trials),
+                        _mean(t.phases[phase].joules for t in case.trials),
+                    )
+                    for phase in (PREFILL, DECODE)
+                }
+                if case.has_phases
+                else {},
+            )
+        )
+    return out
+
+
+def rows_for(points: Sequence[Point]) -> list[Row]:
+    rows: list[Row] = []
+    for i, p in enumerate(points):
+        if p.phases and p.output_tokens > 1:
+            for phase, (t, e) in p.phases.items():
+                if t > 0 and e > 0:
+                    rows.append(Row(i, phase, t, e, tuple(p.work[phase].vector())))
+        else:
+            total = Work()
+            total.add(p.work[PREFILL])
+            total.add(p.work[DECODE])
+            rows.append(Row(i, "total", p.time_s, p.energy_j, tuple(total.vector())))
+    return rows
+
+
+def predict_work(coef: Sequence[float], work: Mapping[str, Work]) -> float:
+    return float(sum(np.dot(coef, w.vector()) for w in work.values()))
+
+
+def _errors(pred: Sequence[float], true: Sequence[float]) -> dict[str, float]:
+    rel = [(p - t) / t for p, t in zip(pred, true, strict=True)]
+    return {
+        "mean_abs_rel": _mean(abs(r) for r in rel),
+        "rms_rel": math.sqrt(_mean(r * r for r in rel)),
+        "max_abs_rel": max(abs(r) for r in rel),
+    }
+
+
+def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str, Any]:
+    """The coefficients, their in-sample and leave-one-case-out errors, per case and class."""
+    rows = rows_for(points)
+    if len(points) < 3 or len(rows) < len(COLUMNS) // 2:
+        raise ConfigError(
+            f"calibration needs at least 3 measured cases with phases, got {len(points)}; "
+            f"measure more token sizes (e.g. --llm-input-tokens=8..2048)"
+        )
+    result: dict[str, Any] = {"columns": list(COLUMNS), "form": form}
+    for target, truth in (("time_s", "time_s"), ("energy_j", "energy_j")):
+        coef = fit(rows, target, form)
+        pred = [predict_work(coef, p.work) for p in points]
+        true = [getattr(p, truth) for p in points]
+        loo = []
+        for i, p in enumerate(points):
+            others = [r for r in rows if r.case != i]
+            loo.append(predict_work(fit(others, target, form), p.work) if others else math.nan)
+        result[target] = {
+            "coefficients": dict(zip(COLUMNS, (float(c) for c in coef), strict=True)),
+            "in_sample": _errors(pred, true),
+            "leave_one_out": _errors(loo, true),
+            "predicted": pred,
+        }
+    result["cases"] = [
+        {
+            "model": p.model,
+            "input_tokens": p.input_tokens,
+            "output_tokens": p.output_tokens,
+            "batch_size": p.batch_size,
+            "time_s": p.time_s,
+            "predicted_time_s": result["time_s"]["predicted"][i],
+            "energy_j": p.energy_j,
+            "predicted_energy_j": result["energy_j"]["predicted"][i],
+        }
+        for i, p in enumerate(points)
+    ]
+    for target in ("time_s", "energy_j"):
+        del result[target]["predicted"]
+    result["classes"] = class_errors(points, result["time_s"]["coefficients"])
+    return result
+
+
+def class_time(coef: Mapping[str, float], work: Work, cls: str) -> float:
+    if cls == OTHER:
+        return 0.0
+    return coef[f"{cls}_flops"] * work.flops[cls] + coef[f"{cls}_bytes"] * work.bytes[cls]
+
+
+def class_errors(points: Sequence[Point], coef: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Per class, over the profiled cases: the model's seconds against the profile's.
+
+    The profile's self CPU times are inflated by the profiler itself, so each case's
+    profile is scaled to the case's measured mean time (its shares are kept); the model's
+    launch term is split over the classes by the profile's operator calls.
+    """
+    profiled = [p for p in points if p.profile]
+    if not profiled:
+        return []
+    measured = dict.fromkeys((*WORK_CLASSES, OTHER), 0.0)
+    model = dict.fromkeys((*WORK_CLASSES, OTHER), 0.0)
+    for p in profiled:
+        classes = p.profile["classes"]  # type: ignore[index]
+        total_self = sum(c["self_cpu_s"] for c in classes.values()) or 1.0
+        calls = sum(c["calls"] for c in classes.values()) or 1
+        ops = sum(w.ops for w in p.work.values())
+        for cls in measured:
+            row = classes.get(cls, {"self_cpu_s": 0.0, "calls": 0})
+            measured[cls] += row["self_cpu_s"] / total_self * p.time_s
+            launch = coef["launches"] * ops * row["calls"] / calls
+            model[cls] += launch + sum(class_time(coef, w, cls) for w in p.work.values())
+    return [
+        {
+            "class": cls,
+            "profiled_s": measured[cls],
+            "predicted_s": model[cls],
+            "error_rel": (model[cls] - measured[cls]) / measured[cls] if measured[cls] else None,
+        }
+        for cls in measured
+    ]
+
+
+def calibrate_runs(
+    runs: Sequence[Any], sources: Sequence[str], form: str = "shared"
+) -> dict[str, Any]:
+    """One calibration per (hardware, setting) found in ``runs`` (storage ``Run`` objects)."""
+    groups: dict[tuple[str, str | None], list[CaseResult]] = {}
+    meters: dict[tuple[str, str | None], str] = {}
+    skipped: list[str] = []
+    for run in runs:
+        for case in run.cases:
+            setting = next((case.labels[k] for k in SETTING_LABELS if k in case.labels), None)
+            key = (run.hardware, setting)
+            groups.setdefault(key, []).append(case)
+            meters[key] = run.backend
+    calibrations = []
+    for (system, setting), cases in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        points = points_from_cases(cases, skipped=skipped)
+        fitted = calibrate_points(points, form)
+        calibrations.append(
+            {
+                "system": system,
+                "setting": setting,
+                "meter": meters[(system, setting)],
+                "estimated": any(c.estimated for c in cases),
+                "models": sorted({p.model for p in points}),
+                **fitted,
+            }
+        )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "runs": list(sources),
+        "skipped": skipped,
+        "calibrations": calibrations,
+    }
+
+
+def load_calibration(path: str) -> dict[str, Any]:
+    """A calibration file, checked: one error naming the file when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such calibration file; make one with llmenergy calibrate") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a calibration file ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a calibration file; make one with llmenergy calibrate")
+    if data.get("version") != VERSION:
+        raise ConfigError(f"{path}: calibration version {data.get('version')} is not {VERSION}")
+    cals = data.get("calibrations")
+    if not isinstance(cals, list) or not cals:
+        raise ConfigError(f"{path}: holds no calibration")
+    for cal in cals:
+        coef = cal.get("time_s", {}).get("coefficients") if isinstance(cal, dict) else None
+        if not isinstance(coef, dict) or set(coef) != set(COLUMNS):
+            raise ConfigError(f"{path}: a calibration lacks the coefficients {', '.join(COLUMNS)}")
+    return data
+
+
+def class_names() -> tuple[str, ...]:
+    return (*WORK_CLASSES, OTHER)
+
+
+__all__ = ["MATMUL", "calibrate_runs", "load_calibration", "nnls"]

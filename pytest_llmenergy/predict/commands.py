@@ -1,0 +1,190 @@
+"""``llmenergy calibrate`` and ``llmenergy predict``: the command-line side of predict/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import ConfigError
+from .calibrate import FORMS
+
+_OUT_FORMATS = ("table", "json")
+
+
+def add_parsers(sub: Any, storage_help: str) -> None:
+    cal = sub.add_parser(
+        "calibrate",
+        help="fit the operator-class time/energy model to saved runs, per system and setting",
+    )
+    cal.add_argument("runs", nargs="+", metavar="RUN", help="saved runs (number, name, path)")
+    cal.add_argument("--out", required=True, metavar="FILE", help="calibration JSON to write (new)")
+    cal.add_argument(
+        "--form",
+        choices=tuple(FORMS),
+        default="shared",
+        help="shared: one cost per FLOP, per byte and per launch (for one model); "
+        "per_class: each operator class its own (several models) (default: shared)",
+    )
+    cal.add_argument("--format", choices=_OUT_FORMATS, default="table")
+    cal.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    pred = sub.add_parser(
+        "predict",
+        help="time and energy of cases never run, from a calibration and a model's config",
+    )
+    pred.add_argument("--calibration", required=True, metavar="FILE")
+    pred.add_argument(
+        "--model",
+        required=True,
+        metavar="CONFIG_OR_NAME",
+        help="a built-in tiny model, a config.json or a model folder (only the config is read)",
+    )
+    pred.add_argument("--input-tokens", required=True, metavar="N[,N...]")
+    pred.add_argument("--output-tokens", required=True, metavar="N[,N...]")
+    pred.add_argument("--batch-size", default="1", metavar="B")
+    pred.add_argument("--system", metavar="HARDWARE", help="which calibration, when several")
+    pred.add_argument("--setting", metavar="LABEL", help="which setting's calibration")
+    pred.add_argument("--format", choices=_OUT_FORMATS, default="table")
+
+
+def _sizes(text: str, what: str) -> list[int]:
+    from ..llm.grid import parse_token_list
+
+    try:
+        sizes = list(parse_token_list(text))
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"{what}: expected token counts of at least 1 such as 8,64 or 8..2048")
+    return sizes
+
+
+def calibrate_command(args: argparse.Namespace, storage: Any) -> tuple[str, list[str]]:
+    from ..storage.recorder import check_json_target
+    from ..storage.store import AtomicFile
+    from .calibrate import calibrate_runs
+
+    target = check_json_target(args.out)
+    runs = [storage.load(spec) for spec in args.runs]
+    data = calibrate_runs(runs, [str(spec) for spec in args.runs], form=args.form)
+    try:
+        AtomicFile(target).write(json.dumps(data, indent=1, allow_nan=False))
+    except FileExistsError:
+        raise ConfigError(f"{target} already exists; calibrations are never overwritten") from None
+    notes = [f"wrote {target}: {len(data['calibrations'])} calibration(s)"]
+    notes += [f"skipped {line}" for line in data["skipped"]]
+    if args.format == "json":
+        return json.dumps(data, indent=1, allow_nan=False), notes
+    return render_calibration(data), notes
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:+.1f} %"
+
+
+def render_calibration(data: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    parts: list[str] = []
+    for cal in data["calibrations"]:
+        setting = f", setting {cal['setting']}" if cal.get("setting") else ""
+        est = " (estimated energy)" if cal.get("estimated") else ""
+        parts.append(
+            f"calibration for {cal['system']}{setting}, meter {cal['meter']}{est}, "
+            f"models {', '.join(cal['models'])}, form {cal['form']}"
+        )
+        coef_rows = [
+            (name, f"{cal['time_s']['coefficients'][name]:.4g}",
+             f"{cal['energy_j']['coefficients'][name]:.4g}")
+            for name in cal["columns"]
+        ]
+        parts.append(tabulate(coef_rows, headers=("column", "s per unit", "J per unit")))
+        err_rows = [
+            (
+                target,
+                f"{100 * cal[target]['in_sample']['mean_abs_rel']:.1f} %",
+                f"{100 * cal[target]['leave_one_out']['mean_abs_rel']:.1f} %",
+                f"{100 * cal[target]['leave_one_out']['rms_rel']:.1f} %",
+            )
+            for target in ("time_s", "energy_j")
+        ]
+        parts.append(
+            tabulate(err_rows, headers=("fit of", "mean |err|", "held-out mean |err|", "held-out RMS"))
+        )
+        case_rows = [
+            (
+                c["model"],
+                c["input_tokens"],
+                c["output_tokens"],
+                c["batch_size"],
+                f"{c['time_s']:.4g}",
+                f"{c['predicted_time_s']:.4g}",
+                _pct((c["predicted_time_s"] - c["time_s"]) / c["time_s"]),
+                f"{c['energy_j']:.4g}",
+                f"{c['predicted_energy_j']:.4g}",
+                _pct((c["predicted_energy_j"] - c["energy_j"]) / c["energy_j"]),
+            )
+            for c in cal["cases"]
+        ]
+        parts.append(
+            tabulate(
+                case_rows,
+                headers=("model", "in", "out", "batch", "s", "fit s", "err", "J", "fit J", "err"),
+            )
+        )
+        if cal["classes"]:
+            class_rows = [
+                (r["class"], f"{r['profiled_s']:.4g}", f"{r['predicted_s']:.4g}", _pct(r["error_rel"]))
+                for r in cal["classes"]
+            ]
+            parts.append(
+                "per operator class, over the profiled cases (profile shares x measured time):\n"
+                + tabulate(class_rows, headers=("class", "profiled s", "model s", "err"))
+            )
+        else:
+            parts.append("per operator class: no profiled cases (measure with --energy-profile-ops)")
+    return "\n\n".join(parts) + "\n"
+
+
+def predict_command(args: argparse.Namespace) -> str:
+    from .calibrate import load_calibration
+    from .features import load_shape
+    from .predict import choose, predict
+
+    try:
+        batch = int(args.batch_size)
+    except ValueError:
+        batch = 0
+    if batch < 1:
+        raise ConfigError(f"--batch-size: expected a whole number of at least 1, got {args.batch_size!r}")
+    n_in = _sizes(args.input_tokens, "--input-tokens")
+    n_out = _sizes(args.output_tokens, "--output-tokens")
+    cal = choose(load_calibration(args.calibration), args.system, args.setting)
+    shape = load_shape(args.model)
+    rows = predict(cal, shape, n_in, n_out, batch)
+    if args.format == "json":
+        return json.dumps([r.to_dict() for r in rows], indent=1, allow_nan=False)
+    from tabulate import tabulate
+
+    table = [
+        (
+            r.model,
+            r.batch_size,
+            r.input_tokens,
+            r.output_tokens,
+            f"{r.ttft_s:.4g}",
+            f"{r.time_s:.4g} ± {r.time_err_s:.2g}",
+            f"{r.energy_j:.4g} ± {r.energy_err_j:.2g}",
+            f"{r.j_per_token:.4g}",
+        )
+        for r in rows
+    ]
+    head = (
+        f"predicted (not measured) on {cal['system']}"
+        + (f", setting {cal['setting']}" if cal.get("setting") else "")
+        + f", from a calibration on {', '.join(cal['models'])}; ± is the calibration's "
+        "held-out RMS error"
+    )
+    return head + "\n" + tabulate(
+        table, headers=("model", "batch", "in", "out", "ttft s", "s", "J", "J/token")
+    )

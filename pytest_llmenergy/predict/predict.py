@@ -1,0 +1,106 @@
+"""Predict a case's time and energy from a calibration and a model's config alone.
+
+The error estimate is the calibration's leave-one-case-out RMS relative error: how far
+cases the fit had not seen were off, on the system it was fitted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ..results import DECODE, PREFILL
+from .features import COLUMNS, ModelShape, case_work
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One predicted case; ``predicted`` always, so it is never taken for a measurement."""
+
+    model: str
+    system: str
+    setting: str | None
+    input_tokens: int
+    output_tokens: int
+    batch_size: int
+    ttft_s: float
+    decode_s: float
+    time_s: float
+    time_err_s: float
+    energy_j: float
+    energy_err_j: float
+    predicted: bool = True
+
+    @property
+    def j_per_token(self) -> float:
+        return self.energy_j / (self.batch_size * (self.input_tokens + self.output_tokens))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["j_per_token"] = self.j_per_token
+        return out
+
+
+def choose(
+    calibration: Mapping[str, Any], system: str | None = None, setting: str | None = None
+) -> Mapping[str, Any]:
+    """The calibration for ``system`` (and ``setting``); the only one when not named."""
+    cals = list(calibration["calibrations"])
+    if system is not None:
+        cals = [c for c in cals if c["system"] == system]
+    if setting is not None:
+        cals = [c for c in cals if c.get("setting") == setting]
+    if len(cals) == 1:
+        return cals[0]
+    known = ", ".join(
+        f"{c['system']}" + (f" (setting {c['setting']})" if c.get("setting") else "")
+        for c in calibration["calibrations"]
+    )
+    if not cals:
+        raise ConfigError(f"no calibration for that system/setting; the file has: {known}")
+    raise ConfigError(f"the file holds several calibrations ({known}); choose with --system/--setting")
+
+
+def predict(
+    cal: Mapping[str, Any],
+    shape: ModelShape,
+    input_tokens: Sequence[int],
+    output_tokens: Sequence[int],
+    batch_size: int = 1,
+) -> list[Prediction]:
+    """Every (input, output) combination of the given sizes."""
+    coef = {t: [cal[t]["coefficients"][c] for c in COLUMNS] for t in ("time_s", "energy_j")}
+    err = {t: cal[t]["leave_one_out"]["rms_rel"] for t in ("time_s", "energy_j")}
+    out = []
+    for n_in in input_tokens:
+        for n_out in output_tokens:
+            work = case_work(shape, n_in, n_out, batch_size)
+            phase_s = {
+                p: sum(a * x for a, x in zip(coef["time_s"], work[p].vector(), strict=True))
+                for p in (PREFILL, DECODE)
+            }
+            energy = sum(
+                a * x
+                for p in (PREFILL, DECODE)
+                for a, x in zip(coef["energy_j"], work[p].vector(), strict=True)
+            )
+            time_s = phase_s[PREFILL] + phase_s[DECODE]
+            out.append(
+                Prediction(
+                    model=shape.name,
+                    system=cal["system"],
+                    setting=cal.get("setting"),
+                    input_tokens=n_in,
+                    output_tokens=n_out,
+                    batch_size=batch_size,
+                    ttft_s=phase_s[PREFILL],
+                    decode_s=phase_s[DECODE],
+                    time_s=time_s,
+                    time_err_s=time_s * err["time_s"],
+                    energy_j=energy,
+                    energy_err_j=energy * err["energy_j"],
+                )
+            )
+    return out
