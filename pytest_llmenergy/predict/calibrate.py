@@ -60,7 +60,7 @@ class Point:
 
 def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 500) -> np.ndarray:
     """Non-negative least squares, Lawson and Hanson's active-set method."""
-    m, n = a.shape
+    n = a.shape[1]
     x = np.zeros(n)
     passive = np.zeros(n, dtype=bool)
     w = a.T @ (b - a @ x)
@@ -325,7 +325,9 @@ def load_calibration(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such calibration file; make one with llmenergy calibrate") from None
+        raise ConfigError(
+            f"{path}: no such calibration file; make one with llmenergy calibrate"
+        ) from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: not a calibration file ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

@@ -44,7 +44,13 @@ def add_parsers(sub: Any, storage_help: str) -> None:
     pred.add_argument("--batch-size", default="1", metavar="B")
     pred.add_argument("--system", metavar="HARDWARE", help="which calibration, when several")
     pred.add_argument("--setting", metavar="LABEL", help="which setting's calibration")
-    pred.add_argument("--format", choices=_OUT_FORMATS, default="table")
+    pred.add_argument(
+        "--format",
+        choices=(*_OUT_FORMATS, "csv"),
+        default="table",
+        help="table, json, or csv: the profile CSV llmenergy route --profile reads, with "
+        "the model named '... (predicted)' (default: table)",
+    )
 
 
 def _sizes(text: str, what: str) -> list[int]:
@@ -94,8 +100,11 @@ def render_calibration(data: dict[str, Any]) -> str:
             f"models {', '.join(cal['models'])}, form {cal['form']}"
         )
         coef_rows = [
-            (name, f"{cal['time_s']['coefficients'][name]:.4g}",
-             f"{cal['energy_j']['coefficients'][name]:.4g}")
+            (
+                name,
+                f"{cal['time_s']['coefficients'][name]:.4g}",
+                f"{cal['energy_j']['coefficients'][name]:.4g}",
+            )
             for name in cal["columns"]
         ]
         parts.append(tabulate(coef_rows, headers=("column", "s per unit", "J per unit")))
@@ -109,7 +118,9 @@ def render_calibration(data: dict[str, Any]) -> str:
             for target in ("time_s", "energy_j")
         ]
         parts.append(
-            tabulate(err_rows, headers=("fit of", "mean |err|", "held-out mean |err|", "held-out RMS"))
+            tabulate(
+                err_rows, headers=("fit of", "mean |err|", "held-out mean |err|", "held-out RMS")
+            )
         )
         case_rows = [
             (
@@ -134,7 +145,12 @@ def render_calibration(data: dict[str, Any]) -> str:
         )
         if cal["classes"]:
             class_rows = [
-                (r["class"], f"{r['profiled_s']:.4g}", f"{r['predicted_s']:.4g}", _pct(r["error_rel"]))
+                (
+                    r["class"],
+                    f"{r['profiled_s']:.4g}",
+                    f"{r['predicted_s']:.4g}",
+                    _pct(r["error_rel"]),
+                )
                 for r in cal["classes"]
             ]
             parts.append(
@@ -142,21 +158,25 @@ def render_calibration(data: dict[str, Any]) -> str:
                 + tabulate(class_rows, headers=("class", "profiled s", "model s", "err"))
             )
         else:
-            parts.append("per operator class: no profiled cases (measure with --energy-profile-ops)")
+            parts.append(
+                "per operator class: no profiled cases (measure with --energy-profile-ops)"
+            )
     return "\n\n".join(parts) + "\n"
 
 
 def predict_command(args: argparse.Namespace) -> str:
     from .calibrate import load_calibration
     from .features import load_shape
-    from .predict import choose, predict
+    from .predict import choose, predict, to_profile_csv
 
     try:
         batch = int(args.batch_size)
     except ValueError:
         batch = 0
     if batch < 1:
-        raise ConfigError(f"--batch-size: expected a whole number of at least 1, got {args.batch_size!r}")
+        raise ConfigError(
+            f"--batch-size: expected a whole number of at least 1, got {args.batch_size!r}"
+        )
     n_in = _sizes(args.input_tokens, "--input-tokens")
     n_out = _sizes(args.output_tokens, "--output-tokens")
     cal = choose(load_calibration(args.calibration), args.system, args.setting)
@@ -164,6 +184,8 @@ def predict_command(args: argparse.Namespace) -> str:
     rows = predict(cal, shape, n_in, n_out, batch)
     if args.format == "json":
         return json.dumps([r.to_dict() for r in rows], indent=1, allow_nan=False)
+    if args.format == "csv":
+        return to_profile_csv(rows)
     from tabulate import tabulate
 
     table = [
@@ -185,6 +207,8 @@ def predict_command(args: argparse.Namespace) -> str:
         + f", from a calibration on {', '.join(cal['models'])}; ± is the calibration's "
         "held-out RMS error"
     )
-    return head + "\n" + tabulate(
-        table, headers=("model", "batch", "in", "out", "ttft s", "s", "J", "J/token")
+    return (
+        head
+        + "\n"
+        + tabulate(table, headers=("model", "batch", "in", "out", "ttft s", "s", "J", "J/token"))
     )

@@ -71,6 +71,10 @@ class ModelShape:
     mlp_matrices: int = 3  # gated MLP (llama, mistral): 3; falcon: 2
     norms_per_layer: int = 2  # falcon's parallel attention and MLP share one
     elem_bytes: int = 4  # float32 on CPU
+    # Scores over every (query, key) pair, masked after: SDPA's math path, which
+    # transformers' Falcon takes (an explicit mask, one shared key/value head); the
+    # others' fused kernels skip the causal half.
+    full_attention: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -135,6 +139,7 @@ def shape_from_config(config: Mapping[str, Any], name: str = "", elem_bytes: int
         mlp_matrices=mlp,
         norms_per_layer=norms,
         elem_bytes=elem_bytes,
+        full_attention=family == "falcon",
     )
 
 
@@ -223,10 +228,11 @@ def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work
     # attention: causal scores and values over the context, and the cache append (the
     # dynamic cache concatenates: the whole cache is copied every step)
     total = past + n
-    pairs = n * past + n * (n + 1) / 2  # causal (query, key) pairs
+    pairs = n * total if shape.full_attention else n * past + n * (n + 1) / 2
     w.flops[ATTENTION] = 4.0 * b * shape.heads * pairs * shape.head_dim * shape.layers
     cache = b * total * kv_dim * 2  # keys and values
-    w.bytes[ATTENTION] = e * shape.layers * (cache * 3 + 2 * tokens * q_dim)
+    scores = 4 * b * shape.heads * pairs if shape.full_attention else 0  # materialized
+    w.bytes[ATTENTION] = e * shape.layers * (cache * 3 + 2 * tokens * q_dim + scores)
     # element-wise: norms, residuals, rotary, activation (passes over the activations)
     per_layer = shape.norms_per_layer * 6 * h + 6 * h + 8 * (q_dim + kv_dim)
     per_layer += 5 * shape.intermediate

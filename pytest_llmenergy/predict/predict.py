@@ -60,7 +60,9 @@ def choose(
     )
     if not cals:
         raise ConfigError(f"no calibration for that system/setting; the file has: {known}")
-    raise ConfigError(f"the file holds several calibrations ({known}); choose with --system/--setting")
+    raise ConfigError(
+        f"the file holds several calibrations ({known}); choose with --system/--setting"
+    )
 
 
 def predict(
@@ -104,3 +106,36 @@ def predict(
                 )
             )
     return out
+
+
+PREDICTED_SUFFIX = " (predicted)"
+
+
+def to_profile(rows: Sequence[Prediction]) -> Any:
+    """Predictions as a routing profile, marked predicted (its model name says so too),
+    so that routing can price a size or model that was never measured."""
+    from ..routing.profile import Point, Profile
+
+    first = rows[0]
+    points = tuple(
+        Point(r.input_tokens, r.output_tokens, (r.time_s,), (r.energy_j,))
+        for r in sorted(rows, key=lambda r: (r.input_tokens, r.output_tokens))
+    )
+    return Profile(
+        system=first.system,
+        model=first.model + PREDICTED_SUFFIX,
+        points=points,
+        source="llmenergy predict",
+        predicted=True,
+    )
+
+
+def to_profile_csv(rows: Sequence[Prediction]) -> str:
+    """The CSV ``llmenergy route --profile`` reads, one row per predicted size."""
+    lines = ["system,model,input_tokens,output_tokens,seconds,joules"]
+    for r in rows:
+        lines.append(
+            f"{r.system},{r.model}{PREDICTED_SUFFIX},{r.input_tokens},{r.output_tokens},"
+            f"{r.time_s!r},{r.energy_j!r}"
+        )
+    return "\n".join(lines) + "\n"

@@ -55,7 +55,11 @@ _ELEMENTWISE = {
 def op_class(name: str, shapes: list[list[int]] | None = None) -> str:
     """The class of an aten operator: a batched matmul over a sequence is attention."""
     if name in _MATMUL:
-        if name in ("aten::bmm", "aten::baddbmm", "aten::matmul") and shapes and _seq_by_seq(shapes):
+        if (
+            name in ("aten::bmm", "aten::baddbmm", "aten::matmul")
+            and shapes
+            and _seq_by_seq(shapes)
+        ):
             return ATTENTION
         return MATMUL
     if name.startswith(_ATTENTION_PREFIX):
@@ -65,6 +69,15 @@ def op_class(name: str, shapes: list[list[int]] | None = None) -> str:
     if name in _ELEMENTWISE:
         return ELEMENTWISE
     return OTHER
+
+
+def _inside_attention(event: Any) -> bool:
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        if str(parent.name).startswith(_ATTENTION_PREFIX):
+            return True
+        parent = getattr(parent, "cpu_parent", None)
+    return False
 
 
 def _seq_by_seq(shapes: list[list[int]]) -> bool:
@@ -110,6 +123,8 @@ def summarize_events(events: Any, elem_bytes: int = 4) -> dict[str, Any]:
         name = str(e.name)
         shapes = [list(s) for s in (getattr(e, "input_shapes", None) or []) if isinstance(s, list)]
         cls = op_class(name, shapes)
+        if cls != ATTENTION and _inside_attention(e):
+            cls = ATTENTION  # the math path's bmm and softmax are attention's work
         self_s = float(getattr(e, "self_cpu_time_total", 0.0)) / 1e6
         flops = float(getattr(e, "flops", 0) or 0)
         moved = float(_elements(shapes) * elem_bytes)
