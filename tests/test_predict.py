@@ -4,6 +4,7 @@ data made from known coefficients, the run file's op_profile, and the commands."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +66,18 @@ def synthetic_case(shape: ModelShape, n_in: int, n_out: int, noise: float = 0.0)
         methods={"cpu:process": "counter"},
         counted={"cpu:process": True},
         backend="trace",
-        op_profile={"model_shape": shape.to_dict(), "classes": {}},
+        op_profile={"model_shape": shape.to_dict(), "classes": {}, "ops": kernel_rows(n_in)},
     )
+
+
+def kernel_rows(n: int) -> list[dict[str, object]]:
+    """Profiled kernel calls that cost the true seconds per FLOP plus 3 us per call (the
+    profiler's overhead)."""
+    rows: list[dict[str, object]] = []
+    for cls, flops, calls in (("matmul", 2.0e6 * n, 7), ("attention", 5.0e3 * n * n, 2)):
+        self_s = TRUE["flops"] * flops + 3e-6 * calls
+        rows.append({"class": cls, "flops": flops, "calls": calls, "self_cpu_s": self_s})
+    return rows
 
 
 def sizes() -> list[tuple[int, int]]:
@@ -170,13 +181,27 @@ def test_calibration_recovers_known_coefficients_and_predicts_a_bigger_model() -
     assert pred.predicted
 
 
+def test_kernel_form_takes_the_kernels_rates_from_the_profiles() -> None:
+    from pytest_llmenergy.predict.calibrate import calibrate_points
+
+    points = points_from_cases([synthetic_case(LLAMA, i, o) for i, o in sizes()])
+    fitted = calibrate_points(points, "kernels")
+    assert fitted["kernel_s_per_flop"]["matmul_flops"] == pytest.approx(TRUE["flops"], rel=1e-6)
+    coef = fitted["time_s"]["coefficients"]
+    assert coef["launches"] == pytest.approx(TRUE["launches"], rel=1e-4)
+    assert fitted["time_s"]["leave_one_out"]["rms_rel"] < 1e-4
+    unprofiled = [replace(p, profile={"classes": {}}) for p in points]
+    with pytest.raises(Exception, match="--energy-profile-ops"):
+        calibrate_points(unprofiled, "kernels")
+
+
 def test_noise_shows_in_the_error_estimate() -> None:
     rng = np.random.default_rng(7)
     cases = [synthetic_case(LLAMA, i, o, noise=rng.normal(0, 0.1)) for i, o in sizes()]
     run = Run(**{**sample_run(tuple(cases)).__dict__, "status": COMPLETE})
     cal = calibrate_runs([run], ["noisy"])["calibrations"][0]
     assert 0.02 < cal["time_s"]["leave_one_out"]["rms_rel"] < 0.4
-    assert set(FORMS) == {"shared", "per_class"}
+    assert set(FORMS) == {"shared", "per_class", "kernels"}
 
 
 # -- the run file ------------------------------------------------------------------------

@@ -21,7 +21,17 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..results import DECODE, PREFILL, CaseResult
-from .features import COLUMNS, MATMUL, OTHER, WORK_CLASSES, ModelShape, Work, case_work, load_shape
+from .features import (
+    ATTENTION,
+    COLUMNS,
+    MATMUL,
+    OTHER,
+    WORK_CLASSES,
+    ModelShape,
+    Work,
+    case_work,
+    load_shape,
+)
 from .profile import check_profile
 
 FORMAT = "llmenergy-calibration"
@@ -84,11 +94,16 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 500) -> np.ndarray:
     return x
 
 
+KERNEL_CLASSES = (MATMUL, ATTENTION)
+
 # How the columns share coefficients.  ``shared``: one cost per FLOP and one per byte
 # whatever the class, and one per launch: three numbers, which one model's sizes can
 # determine (with a single model, per-class columns all grow with the tokens together
 # and the split between them is arbitrary).  ``per_class``: every column its own, for
-# calibrations over several models.
+# calibrations over several models.  ``kernels``: the matrix-multiply and attention
+# kernels' cost per FLOP taken from the operator profiles (each kernel call's own time
+# against its FLOPs, over every shape profiled: AstraWattch's per-kernel models), the
+# rest shared as in ``shared`` and fitted to the windows.
 FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "shared": (
         tuple(f"{c}_flops" for c in WORK_CLASSES),
@@ -96,23 +111,61 @@ FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("launches",),
     ),
     "per_class": tuple((c,) for c in COLUMNS),
+    "kernels": (
+        tuple(f"{c}_flops" for c in WORK_CLASSES if c not in KERNEL_CLASSES),
+        tuple(f"{c}_bytes" for c in WORK_CLASSES),
+        ("launches",),
+    ),
 }
 
 
-def fit(rows: Sequence[Row], target: str, form: str = "shared") -> np.ndarray:
-    """Coefficients (per COLUMNS) minimizing the relative error of ``target`` per row."""
+def fit(
+    rows: Sequence[Row],
+    target: str,
+    form: str = "shared",
+    fixed: Mapping[str, float] | None = None,
+) -> np.ndarray:
+    """Coefficients (per COLUMNS) minimizing the relative error of ``target`` per row;
+    ``fixed`` columns keep the given coefficients (their share is taken off first)."""
+    fixed = dict(fixed or {})
     groups = FORMS[form]
     tie = np.zeros((len(COLUMNS), len(groups)))
     for j, names in enumerate(groups):
         for name in names:
             tie[COLUMNS.index(name), j] = 1.0
-    x = np.array([r.x for r in rows], dtype=float) @ tie
+    base = np.array([fixed.get(c, 0.0) for c in COLUMNS])
+    raw = np.array([r.x for r in rows], dtype=float)
+    x = raw @ tie
     y = np.array([getattr(r, target) for r in rows], dtype=float)
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     a = (x / scale) / y[:, None]
-    coef = nnls(a, np.ones(len(rows)))
-    return tie @ (coef / scale)
+    coef = nnls(a, 1.0 - (raw @ base) / y)
+    return tie @ (coef / scale) + base
+
+
+def kernel_seconds_per_flop(points: Sequence[Point]) -> dict[str, float]:
+    """Per kernel class, from the profiles: seconds per FLOP of its calls, fitted with a
+    per-call constant (the profiler's own overhead lands there, not in the rate)."""
+    out: dict[str, float] = {}
+    for cls in KERNEL_CLASSES:
+        ops = [
+            op
+            for p in points
+            if p.profile
+            for op in p.profile.get("ops", [])
+            if op.get("class") == cls and op.get("flops", 0) > 0
+        ]
+        if len(ops) < 2:
+            raise ConfigError(
+                f"form 'kernels' needs operator profiles with {cls} kernels: measure the "
+                f"calibration runs with --energy-profile-ops"
+            )
+        x = np.array([[op["flops"], op["calls"]] for op in ops], dtype=float)
+        y = np.array([op["self_cpu_s"] for op in ops], dtype=float)
+        scale = x.max(axis=0)
+        out[f"{cls}_flops"] = float((nnls(x / scale, y) / scale)[0])
+    return out
 
 
 def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int) -> ModelShape:
@@ -210,14 +263,21 @@ def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str,
             f"measure more token sizes (e.g. --llm-input-tokens=8..2048)"
         )
     result: dict[str, Any] = {"columns": list(COLUMNS), "form": form}
+    fixed: dict[str, dict[str, float]] = {"time_s": {}, "energy_j": {}}
+    if form == "kernels":
+        fixed["time_s"] = kernel_seconds_per_flop(points)
+        watts = sum(r.energy_j for r in rows) / sum(r.time_s for r in rows)
+        fixed["energy_j"] = {k: v * watts for k, v in fixed["time_s"].items()}
+        result["kernel_s_per_flop"] = fixed["time_s"]
     for target, truth in (("time_s", "time_s"), ("energy_j", "energy_j")):
-        coef = fit(rows, target, form)
+        coef = fit(rows, target, form, fixed[target])
         pred = [predict_work(coef, p.work) for p in points]
         true = [getattr(p, truth) for p in points]
         loo = []
         for i, p in enumerate(points):
             others = [r for r in rows if r.case != i]
-            loo.append(predict_work(fit(others, target, form), p.work) if others else math.nan)
+            refit = fit(others, target, form, fixed[target]) if others else None
+            loo.append(predict_work(refit, p.work) if refit is not None else math.nan)
         result[target] = {
             "coefficients": dict(zip(COLUMNS, (float(c) for c in coef), strict=True)),
             "in_sample": _errors(pred, true),

@@ -24,7 +24,9 @@ def add_parsers(sub: Any, storage_help: str) -> None:
         choices=tuple(FORMS),
         default="shared",
         help="shared: one cost per FLOP, per byte and per launch (for one model); "
-        "per_class: each operator class its own (several models) (default: shared)",
+        "per_class: each operator class its own (several models); kernels: the matmul and "
+        "attention kernels' cost per FLOP from the operator profiles (--energy-profile-ops), "
+        "the rest shared (default: shared)",
     )
     cal.add_argument("--format", choices=_OUT_FORMATS, default="table")
     cal.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
