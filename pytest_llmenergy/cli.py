@@ -726,7 +726,7 @@ def _main(argv: Sequence[str] | None) -> int:
         elif args.command == "predict":
             from .predict.commands import predict_command
 
-            out = predict_command(args)
+            out = predict_command(args, storage)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)

@@ -37,11 +37,11 @@ from tests.test_storage_runfile import sample_run
 LLAMA = ModelShape("l", "llama", 64, 2, 4, 4, 16, 128, 1024)
 BIG = ModelShape("big", "mistral", 256, 6, 8, 2, 32, 688, 2048)
 # s per FLOP, per byte, per launch: a machine whose truth we know
-TRUE = {"flops": 2e-11, "bytes": 5e-11, "launches": 6e-6}
+TRUE = {"flops": 2e-11, "bytes": 5e-11, "launches": 6e-6, "generations": 1e-3}
 
 
 def true_coef() -> list[float]:
-    return [TRUE["launches"] if c == "launches" else TRUE[c.rsplit("_", 1)[1]] for c in COLUMNS]
+    return [TRUE[c] if c in TRUE else TRUE[c.rsplit("_", 1)[1]] for c in COLUMNS]
 
 
 def synthetic_case(shape: ModelShape, n_in: int, n_out: int, noise: float = 0.0) -> CaseResult:
@@ -413,3 +413,28 @@ def test_profile_summary_rebuilds_nesting_and_self_times() -> None:
     assert att["self_cpu_s"] == pytest.approx(50e-6) and att["calls"] == 1
     assert att["flops"] == pytest.approx(4 * 4 * (8 * 9 / 2) * 16)
     assert el["self_cpu_s"] == pytest.approx(7e-6) and el["bytes"] == 2 * 8 * 64 * 4
+
+
+def test_the_held_out_error_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Calibrated on one model, checked against another's measured cases: cases that
+    follow the model exactly show no error; cases 20 % slower than it show -16.7 %."""
+    (tmp_path / "cal-run.json").write_text(
+        dumps(sample_run(tuple(synthetic_case(LLAMA, i, o) for i, o in sizes())))
+    )
+    slow = [synthetic_case(BIG, 512, 64, noise=0.2), synthetic_case(BIG, 64, 256, noise=0.2)]
+    (tmp_path / "held.json").write_text(dumps(sample_run((synthetic_case(BIG, 256, 32), *slow))))
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", str(tmp_path / "cal-run.json"), "--out", str(cal)]) == 0
+    capsys.readouterr()
+    args = ["predict", "--calibration", str(cal), "--against", str(tmp_path / "held.json")]
+    assert main([*args, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    errors = sorted(c["predicted_time_s"] / c["time_s"] - 1 for c in data["cases"])
+    assert errors == pytest.approx([1 / 1.2 - 1, 1 / 1.2 - 1, 0.0], abs=1e-9)
+    (row,) = data["models"]
+    assert row["model"] == "big" and row["cases"] == 3
+    assert row["time_mean_abs_err"] == pytest.approx(2 / 3 * (1 - 1 / 1.2))
+    assert main(args) == 0
+    assert "time |err|" in capsys.readouterr().out
+    assert main(["predict", "--calibration", str(cal)]) == 2
+    assert "predict needs --model, --input-tokens, --output-tokens" in capsys.readouterr().err

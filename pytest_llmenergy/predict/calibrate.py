@@ -109,12 +109,14 @@ FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
         tuple(f"{c}_flops" for c in WORK_CLASSES),
         tuple(f"{c}_bytes" for c in WORK_CLASSES),
         ("launches",),
+        ("generations",),
     ),
     "per_class": tuple((c,) for c in COLUMNS),
     "kernels": (
         tuple(f"{c}_flops" for c in WORK_CLASSES if c not in KERNEL_CLASSES),
         tuple(f"{c}_bytes" for c in WORK_CLASSES),
         ("launches",),
+        ("generations",),
     ),
 }
 
@@ -331,6 +333,7 @@ def class_errors(points: Sequence[Point], coef: Mapping[str, float]) -> list[dic
             measured[cls] += row["self_cpu_s"] / total_self * p.time_s
             launch = coef["launches"] * ops * row["calls"] / calls
             model[cls] += launch + sum(class_time(coef, w, cls) for w in p.work.values())
+        model[OTHER] += coef["generations"] * sum(w.generations for w in p.work.values())
     return [
         {
             "class": cls,

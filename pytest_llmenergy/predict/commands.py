@@ -37,12 +37,19 @@ def add_parsers(sub: Any, storage_help: str) -> None:
     pred.add_argument("--calibration", required=True, metavar="FILE")
     pred.add_argument(
         "--model",
-        required=True,
         metavar="CONFIG_OR_NAME",
         help="a built-in tiny model, a config.json or a model folder (only the config is read)",
     )
-    pred.add_argument("--input-tokens", required=True, metavar="N[,N...]")
-    pred.add_argument("--output-tokens", required=True, metavar="N[,N...]")
+    pred.add_argument("--input-tokens", metavar="N[,N...]")
+    pred.add_argument("--output-tokens", metavar="N[,N...]")
+    pred.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="instead of --model and sizes: predict every measured case of these saved runs "
+        "and print the error table (per model: time and energy error), repeatable",
+    )
     pred.add_argument("--batch-size", default="1", metavar="B")
     pred.add_argument("--system", metavar="HARDWARE", help="which calibration, when several")
     pred.add_argument("--setting", metavar="LABEL", help="which setting's calibration")
@@ -166,10 +173,24 @@ def render_calibration(data: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def predict_command(args: argparse.Namespace) -> str:
+def predict_command(args: argparse.Namespace, storage: Any = None) -> str:
     from .calibrate import load_calibration
     from .features import load_shape
     from .predict import choose, predict, to_profile_csv
+
+    if args.against:
+        return against_command(args, storage)
+    missing = [
+        flag
+        for flag, value in (
+            ("--model", args.model),
+            ("--input-tokens", args.input_tokens),
+            ("--output-tokens", args.output_tokens),
+        )
+        if not value
+    ]
+    if missing:
+        raise ConfigError(f"predict needs {', '.join(missing)} (or --against RUN)")
 
     try:
         batch = int(args.batch_size)
@@ -214,3 +235,65 @@ def predict_command(args: argparse.Namespace) -> str:
         + "\n"
         + tabulate(table, headers=("model", "batch", "in", "out", "ttft s", "s", "J", "J/token"))
     )
+
+
+def against_command(args: argparse.Namespace, storage: Any) -> str:
+    """The held-out error table: measured cases of saved runs against their predictions."""
+    from .calibrate import load_calibration
+    from .predict import check_against, choose, error_table
+
+    data = load_calibration(args.calibration)
+    runs = [storage.load(spec) for spec in args.against]
+    skipped: list[str] = []
+    rows = []
+    for run in runs:
+        cal = choose(data, args.system or run.hardware, args.setting)
+        rows += check_against(cal, run.cases, skipped)
+    if not rows:
+        raise ConfigError(
+            "no measured case in those runs could be predicted: " + "; ".join(skipped)
+        )
+    table = error_table(rows)
+    if args.format == "json":
+        return json.dumps(
+            {"models": table, "cases": [dict(r.__dict__) for r in rows], "skipped": skipped},
+            indent=1,
+            allow_nan=False,
+        )
+    from tabulate import tabulate
+
+    cal_models = ", ".join(choose(data, args.system or runs[0].hardware, args.setting)["models"])
+    body = [
+        (
+            t["model"] + (f" [{t['setting']}]" if t["setting"] else ""),
+            t["cases"],
+            f"{100 * t['time_mean_abs_err']:.1f} %",
+            f"{100 * t['time_mean_err']:+.1f} %",
+            f"{100 * t['energy_mean_abs_err']:.1f} %",
+            f"{100 * t['energy_mean_err']:+.1f} %",
+        )
+        for t in table
+    ]
+    n = len(rows)
+    body.append(
+        (
+            "all",
+            n,
+            f"{100 * sum(abs(r.time_err) for r in rows) / n:.1f} %",
+            f"{100 * sum(r.time_err for r in rows) / n:+.1f} %",
+            f"{100 * sum(abs(r.energy_err) for r in rows) / n:.1f} %",
+            f"{100 * sum(r.energy_err for r in rows) / n:+.1f} %",
+        )
+    )
+    head = f"predicted from a calibration on {cal_models}, against measured means:"
+    text = (
+        head
+        + "\n"
+        + tabulate(
+            body,
+            headers=("model", "cases", "time |err|", "time bias", "energy |err|", "energy bias"),
+        )
+    )
+    if skipped:
+        text += "\nnot predicted: " + "; ".join(skipped)
+    return text

@@ -182,12 +182,16 @@ class Work:
     flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
     bytes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
     ops: float = 0.0
+    # generate() calls: its Python set-up (validating the generation config, building
+    # logits processors) costs a fixed time per generation, with few operators in it
+    generations: float = 0.0
 
     def add(self, other: Work, times: float = 1.0) -> None:
         for c in CLASSES:
             self.flops[c] += other.flops[c] * times
             self.bytes[c] += other.bytes[c] * times
         self.ops += other.ops * times
+        self.generations += other.generations * times
 
     def vector(self) -> list[float]:
         """The regression's columns, in ``COLUMNS`` order."""
@@ -195,16 +199,23 @@ class Work:
             *(self.flops[c] for c in WORK_CLASSES),
             *(self.bytes[c] for c in WORK_CLASSES),
             self.ops,
+            self.generations,
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flops": dict(self.flops), "bytes": dict(self.bytes), "ops": self.ops}
+        return {
+            "flops": dict(self.flops),
+            "bytes": dict(self.bytes),
+            "ops": self.ops,
+            "generations": self.generations,
+        }
 
 
 COLUMNS = (
     *(f"{c}_flops" for c in WORK_CLASSES),
     *(f"{c}_bytes" for c in WORK_CLASSES),
     "launches",
+    "generations",
 )
 
 
@@ -231,8 +242,12 @@ def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work
     pairs = n * total if shape.full_attention else n * past + n * (n + 1) / 2
     w.flops[ATTENTION] = 4.0 * b * shape.heads * pairs * shape.head_dim * shape.layers
     cache = b * total * kv_dim * 2  # keys and values
-    scores = 4 * b * shape.heads * pairs if shape.full_attention else 0  # materialized
-    w.bytes[ATTENTION] = e * shape.layers * (cache * 3 + 2 * tokens * q_dim + scores)
+    # SDPA's math path materializes the scores: written by q.k, scaled, masked (the mask
+    # read too), softmaxed, read by the values' matmul: 9 passes per layer, and the
+    # float mask built once per pass (4)
+    scores = b * shape.heads * pairs if shape.full_attention else 0
+    w.bytes[ATTENTION] = e * shape.layers * (cache * 3 + 2 * tokens * q_dim + 9 * scores)
+    w.bytes[ATTENTION] += e * 4 * b * pairs if shape.full_attention else 0
     # element-wise: norms, residuals, rotary, activation (passes over the activations)
     per_layer = shape.norms_per_layer * 6 * h + 6 * h + 8 * (q_dim + kv_dim)
     per_layer += 5 * shape.intermediate
@@ -252,6 +267,7 @@ def case_work(
         raise ValueError("input_tokens, output_tokens and batch must be at least 1")
     prefill = forward_work(shape, input_tokens, 0, batch)
     prefill.ops += GENERATE_SETUP_OPS + GENERATE_STEP_OPS
+    prefill.generations = 1.0
     decode = Work()
     for step in range(output_tokens - 1):
         decode.add(forward_work(shape, 1, input_tokens + step, batch))

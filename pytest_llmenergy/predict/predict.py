@@ -139,3 +139,83 @@ def to_profile_csv(rows: Sequence[Prediction]) -> str:
             f"{r.time_s!r},{r.energy_j!r}"
         )
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A measured case beside its prediction: the held-out error table's rows."""
+
+    model: str
+    setting: str | None
+    input_tokens: int
+    output_tokens: int
+    batch_size: int
+    time_s: float
+    predicted_time_s: float
+    energy_j: float
+    predicted_energy_j: float
+
+    @property
+    def time_err(self) -> float:
+        return (self.predicted_time_s - self.time_s) / self.time_s
+
+    @property
+    def energy_err(self) -> float:
+        return (self.predicted_energy_j - self.energy_j) / self.energy_j
+
+
+def check_against(
+    cal: Mapping[str, Any], cases: Sequence[Any], skipped: list[str] | None = None
+) -> list[Checked]:
+    """Predict every measured case of ``cases`` (``CaseResult``) from its model's config
+    and set the prediction beside the measurement (mean of the undisturbed trials)."""
+    from .calibrate import SETTING_LABELS, points_from_cases
+
+    rows = []
+    for case in cases:
+        (point,) = points_from_cases([case], skipped=skipped) or (None,)
+        if point is None:
+            continue
+        coef = {t: [cal[t]["coefficients"][c] for c in COLUMNS] for t in ("time_s", "energy_j")}
+        pred = {
+            t: sum(
+                a * x for w in point.work.values() for a, x in zip(coef[t], w.vector(), strict=True)
+            )
+            for t in coef
+        }
+        rows.append(
+            Checked(
+                model=point.model,
+                setting=next((case.labels[k] for k in SETTING_LABELS if k in case.labels), None),
+                input_tokens=point.input_tokens,
+                output_tokens=point.output_tokens,
+                batch_size=point.batch_size,
+                time_s=point.time_s,
+                predicted_time_s=pred["time_s"],
+                energy_j=point.energy_j,
+                predicted_energy_j=pred["energy_j"],
+            )
+        )
+    return rows
+
+
+def error_table(rows: Sequence[Checked]) -> list[dict[str, Any]]:
+    """Per model (and setting): cases, mean |error| and mean signed error of time and energy."""
+    groups: dict[tuple[str, str | None], list[Checked]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.setting), []).append(r)
+    out = []
+    for (model, setting), rs in groups.items():
+        n = len(rs)
+        out.append(
+            {
+                "model": model,
+                "setting": setting,
+                "cases": n,
+                "time_mean_abs_err": sum(abs(r.time_err) for r in rs) / n,
+                "time_mean_err": sum(r.time_err for r in rs) / n,
+                "energy_mean_abs_err": sum(abs(r.energy_err) for r in rs) / n,
+                "energy_mean_err": sum(r.energy_err for r in rs) / n,
+            }
+        )
+    return out
