@@ -438,3 +438,40 @@ def test_the_held_out_error_table(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "time |err|" in capsys.readouterr().out
     assert main(["predict", "--calibration", str(cal)]) == 2
     assert "predict needs --model, --input-tokens, --output-tokens" in capsys.readouterr().err
+
+
+def test_one_calibration_per_setting_label(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU setting (issue 14's axes label their cases) is calibrated apart; predict asks
+    which one when the file holds several."""
+    cases = []
+    for setting, slower in (("250W", 0.0), ("150W", 0.5)):
+        for i, o in sizes():
+            case = synthetic_case(LLAMA, i, o, noise=slower)
+            cases.append(replace(case, labels={**case.labels, "setting": setting}))
+    run = sample_run(tuple(cases))
+    cals = calibrate_runs([run], ["r"])["calibrations"]
+    assert sorted(c["setting"] for c in cals) == ["150W", "250W"]
+    by = {c["setting"]: c["time_s"]["coefficients"]["launches"] for c in cals}
+    assert by["150W"] == pytest.approx(1.5 * by["250W"])
+    (tmp_path / "run.json").write_text(dumps(run))
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", str(tmp_path / "run.json"), "--out", str(cal)]) == 0
+    args = [
+        "predict",
+        "--calibration",
+        str(cal),
+        "--model",
+        str(tmp_path),
+        "--input-tokens",
+        "8",
+        "--output-tokens",
+        "4",
+    ]
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "choose with --system/--setting" in capsys.readouterr().err
+    assert main([*args, "--setting", "150W", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["setting"] == "150W"
