@@ -475,3 +475,16 @@ def test_one_calibration_per_setting_label(
     assert "choose with --system/--setting" in capsys.readouterr().err
     assert main([*args, "--setting", "150W", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["setting"] == "150W"
+
+
+def test_profiling_without_torch_stops_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from pytest_llmenergy.predict.plugin import OpProfiling
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    with pytest.raises(pytest.UsageError, match="--energy-profile-ops needs torch"):
+        OpProfiling()

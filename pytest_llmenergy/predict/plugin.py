@@ -21,6 +21,13 @@ class OpProfiling:
     """Registered with the plugin manager when ``--energy-profile-ops`` is on."""
 
     def __init__(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:  # stop at start, not at every case
+            raise pytest.UsageError(
+                "--energy-profile-ops needs torch (its profiler): pip install torch==2.13.0, "
+                "or leave the option off"
+            )
         self.profiled = 0
         self.profile_s = 0.0  # profiling and summarizing, summed over the cases
 
