@@ -66,8 +66,27 @@ def synthetic_case(shape: ModelShape, n_in: int, n_out: int, noise: float = 0.0)
         methods={"cpu:process": "counter"},
         counted={"cpu:process": True},
         backend="trace",
-        op_profile={"model_shape": shape.to_dict(), "classes": {}, "ops": kernel_rows(n_in)},
+        op_profile={
+            "model_name": shape.name,
+            "model_config": shape_config(shape),
+            "classes": {},
+            "ops": kernel_rows(n_in),
+        },
     )
+
+
+def shape_config(shape: ModelShape) -> dict[str, object]:
+    """A config.json with these sizes (llama or mistral layout)."""
+    return {
+        "model_type": shape.family,
+        "hidden_size": shape.hidden,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "intermediate_size": shape.intermediate,
+        "vocab_size": shape.vocab,
+    }
 
 
 def kernel_rows(n: int) -> list[dict[str, object]]:
@@ -174,6 +193,10 @@ def test_calibration_recovers_known_coefficients_and_predicts_a_bigger_model() -
     run = Run(**{**sample_run(tuple(cases)).__dict__, "status": COMPLETE})
     cal = calibrate_runs([run], ["synthetic"])["calibrations"][0]
     assert cal["time_s"]["leave_one_out"]["mean_abs_rel"] < 1e-6
+    # the synthetic machine draws 20 W whatever it does: energy is power x time alone
+    assert cal["energy_j"]["power_w"] == pytest.approx(20.0)
+    energy_coef = [cal["energy_j"]["coefficients"][c] for c in COLUMNS]
+    assert energy_coef == pytest.approx([20.0 * c for c in true_coef()], rel=1e-6)
     truth = synthetic_case(BIG, 512, 64)
     (pred,) = predict(cal, BIG, [512], [64])
     assert pred.time_s == pytest.approx(truth.trials[0].seconds, rel=1e-6)

@@ -35,7 +35,8 @@ def test_profile_ops_keeps_an_operator_trace_per_case_outside_the_trials(
     run = json.loads((suite.path / "run.json").read_text())
     for case in run["cases"]:
         profile = case["op_profile"]
-        assert profile["model_shape"]["hidden"] == 64 and profile["model_shape"]["layers"] == 2
+        assert profile["model_name"] == "tiny-llama"
+        assert profile["model_config"]["hidden_size"] == 64
         assert profile["classes"]["matmul"]["flops"] > 0
         assert profile["top_level_ops"] > 100
         assert len(case["trials"]) == 3  # the profiled run is not a trial

@@ -31,6 +31,7 @@ from .features import (
     Work,
     case_work,
     load_shape,
+    shape_from_config,
 )
 from .profile import check_profile
 
@@ -171,13 +172,16 @@ def kernel_seconds_per_flop(points: Sequence[Point]) -> dict[str, float]:
 
 
 def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int) -> ModelShape:
+    """From the config kept in the case's profile, else from the model it names."""
     profile = case.op_profile
-    if profile and isinstance(profile.get("model_shape"), dict):
-        return ModelShape.from_dict(profile["model_shape"])
-    model = case.labels.get("model_source") or case.labels.get("model") or ""
-    if model not in cache:
-        cache[model] = load_shape(model, elem_bytes)
-    return cache[model]
+    if profile and isinstance(profile.get("model_config"), dict):
+        name = str(profile.get("model_name") or case.labels.get("model", ""))
+        return shape_from_config(profile["model_config"], name, elem_bytes)
+    source = case.labels.get("model_source") or case.labels.get("model") or ""
+    key = f"{case.labels.get('model', '')}={source}"
+    if key not in cache:
+        cache[key] = load_shape(key, elem_bytes)
+    return cache[key]
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -243,6 +247,27 @@ def rows_for(points: Sequence[Point]) -> list[Row]:
     return rows
 
 
+def fit_both(
+    rows: Sequence[Row], form: str, fixed: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Time coefficients, energy coefficients and the average power between them.
+
+    Energy is power x the predicted time plus non-negative energy per unit of work
+    (``P * T + sum e_c * work_c``): the power is fitted first (one number, hard to get
+    wrong), so a meter whose power hardly changes (the estimate, a CPU package) gets
+    the time model's accuracy, and classes that draw more power than the average add
+    theirs.  Returned folded into one coefficient per column.
+    """
+    time_coef = fit(rows, "time_s", form, fixed)
+    t = np.array([np.dot(time_coef, r.x) for r in rows])
+    e = np.array([r.energy_j for r in rows])
+    ratio = t / e
+    power_w = float(ratio.sum() / (ratio * ratio).sum()) if (ratio > 0).any() else 0.0
+    base = dict(zip(COLUMNS, power_w * time_coef, strict=True))
+    energy_coef = fit(rows, "energy_j", form, base)
+    return time_coef, energy_coef, power_w
+
+
 def predict_work(coef: Sequence[float], work: Mapping[str, Work]) -> float:
     return float(sum(np.dot(coef, w.vector()) for w in work.values()))
 
@@ -265,27 +290,25 @@ def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str,
             f"measure more token sizes (e.g. --llm-input-tokens=8..2048)"
         )
     result: dict[str, Any] = {"columns": list(COLUMNS), "form": form}
-    fixed: dict[str, dict[str, float]] = {"time_s": {}, "energy_j": {}}
+    fixed: dict[str, float] = {}
     if form == "kernels":
-        fixed["time_s"] = kernel_seconds_per_flop(points)
-        watts = sum(r.energy_j for r in rows) / sum(r.time_s for r in rows)
-        fixed["energy_j"] = {k: v * watts for k, v in fixed["time_s"].items()}
-        result["kernel_s_per_flop"] = fixed["time_s"]
-    for target, truth in (("time_s", "time_s"), ("energy_j", "energy_j")):
-        coef = fit(rows, target, form, fixed[target])
+        fixed = kernel_seconds_per_flop(points)
+        result["kernel_s_per_flop"] = fixed
+    fits = {"time_s": fit_both(rows, form, fixed)}
+    loo_fits = [fit_both([r for r in rows if r.case != i], form, fixed) for i in range(len(points))]
+    for target in ("time_s", "energy_j"):
+        index = 0 if target == "time_s" else 1
+        coef = fits["time_s"][index]
         pred = [predict_work(coef, p.work) for p in points]
-        true = [getattr(p, truth) for p in points]
-        loo = []
-        for i, p in enumerate(points):
-            others = [r for r in rows if r.case != i]
-            refit = fit(others, target, form, fixed[target]) if others else None
-            loo.append(predict_work(refit, p.work) if refit is not None else math.nan)
+        true = [getattr(p, target) for p in points]
+        loo = [predict_work(f[index], p.work) for f, p in zip(loo_fits, points, strict=True)]
         result[target] = {
             "coefficients": dict(zip(COLUMNS, (float(c) for c in coef), strict=True)),
             "in_sample": _errors(pred, true),
             "leave_one_out": _errors(loo, true),
             "predicted": pred,
         }
+    result["energy_j"]["power_w"] = fits["time_s"][2]
     result["cases"] = [
         {
             "model": p.model,

@@ -116,7 +116,11 @@ def render_calibration(data: dict[str, Any]) -> str:
             )
             for name in cal["columns"]
         ]
-        parts.append(tabulate(coef_rows, headers=("column", "s per unit", "J per unit")))
+        parts.append(
+            tabulate(coef_rows, headers=("column", "s per unit", "J per unit"))
+            + f"\nenergy = {cal['energy_j']['power_w']:.4g} W x time + the J per unit above "
+            "that power's share (folded into the J column)"
+        )
         err_rows = [
             (
                 target,

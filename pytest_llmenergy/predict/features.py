@@ -76,13 +76,6 @@ class ModelShape:
     # others' fused kernels skip the causal half.
     full_attention: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ModelShape:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
     @property
     def layer_weights(self) -> int:
         """Parameters of one layer's matrices."""
@@ -144,11 +137,15 @@ def shape_from_config(config: Mapping[str, Any], name: str = "", elem_bytes: int
 
 
 def load_shape(model: str, elem_bytes: int = 4) -> ModelShape:
-    """A built-in tiny model's name, a ``config.json`` path or a model folder: its sizes.
+    """A built-in tiny model's name, a ``config.json`` path or a model folder (optionally
+    ``NAME=SOURCE``): its sizes.  Only the config is read; no weights are loaded."""
+    name, config = load_config(model)
+    return shape_from_config(config, name, elem_bytes)
 
-    Only the config is read; no weights are loaded.  A tiny model is built if it is not
-    in the cache yet (seconds), as the plugin would.
-    """
+
+def load_config(model: str) -> tuple[str, dict[str, Any]]:
+    """The model's name and its ``config.json``.  A tiny model is built if it is not in
+    the cache yet (seconds), as the plugin would."""
     from ..llm.tiny import ensure_tiny_model, is_tiny
 
     name, _, source = model.partition("=")
@@ -172,7 +169,7 @@ def load_shape(model: str, elem_bytes: int = 4) -> ModelShape:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} is not a model config (a JSON object)")
-    return shape_from_config(config, name or path.parent.name, elem_bytes)
+    return name or path.parent.name, config
 
 
 @dataclass
@@ -201,14 +198,6 @@ class Work:
             self.ops,
             self.generations,
         ]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "flops": dict(self.flops),
-            "bytes": dict(self.bytes),
-            "ops": self.ops,
-            "generations": self.generations,
-        }
 
 
 COLUMNS = (

@@ -42,11 +42,14 @@ class OpProfiling:
         model = labels.get("model_source") or labels.get("model")
         if model:
             try:
-                from .features import load_shape
+                from .features import load_config
 
-                extra["model_shape"] = load_shape(model).to_dict()
+                # the config itself, not sizes derived from it: a later version of the
+                # features reads it afresh
+                name, config = load_config(f"{labels.get('model', '')}={model}")
+                extra["model_name"], extra["model_config"] = name, config
             except (ConfigError, OSError, ValueError):
-                pass  # a hub id or an unmodelled architecture: the profile alone
+                pass  # a hub id: the profile alone
 
         def run(call: Callable[[], Any]) -> Mapping[str, Any]:
             import time
