@@ -40,6 +40,7 @@ VERSION = 1
 # Case labels that name a hardware setting (a GPU power limit or clock), when present.
 SETTING_LABELS = ("setting", "gpu_setting")
 BATCH_LABEL = "batch_size"
+SPEED_KEY = "speed_reference_s"  # a run's machine record (plugin/keeping.py)
 
 
 @dataclass(frozen=True)
@@ -374,6 +375,7 @@ def calibrate_runs(
     """One calibration per (hardware, setting) found in ``runs`` (storage ``Run`` objects)."""
     groups: dict[tuple[str, str | None], list[CaseResult]] = {}
     meters: dict[tuple[str, str | None], str] = {}
+    speeds: dict[tuple[str, str | None], list[float]] = {}
     skipped: list[str] = []
     for run in runs:
         for case in run.cases:
@@ -381,6 +383,9 @@ def calibrate_runs(
             key = (run.hardware, setting)
             groups.setdefault(key, []).append(case)
             meters[key] = run.backend
+            speed = run.machine.get(SPEED_KEY)
+            if isinstance(speed, int | float) and not isinstance(speed, bool) and speed > 0:
+                speeds.setdefault(key, []).append(float(speed))
     calibrations = []
     for (system, setting), cases in sorted(groups.items(), key=lambda kv: str(kv[0])):
         points = points_from_cases(cases, skipped=skipped)
@@ -392,6 +397,11 @@ def calibrate_runs(
                 "meter": meters[(system, setting)],
                 "estimated": any(c.estimated for c in cases),
                 "models": sorted({p.model for p in points}),
+                # the machine's speed when measured (meters/reference.py), to compare with
+                # a later run's: a prediction is for the machine as fast as it was then
+                SPEED_KEY: _mean(speeds[(system, setting)])
+                if speeds.get((system, setting))
+                else None,
                 **fitted,
             }
         )

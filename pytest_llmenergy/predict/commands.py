@@ -243,7 +243,7 @@ def predict_command(args: argparse.Namespace, storage: Any = None) -> str:
 
 def against_command(args: argparse.Namespace, storage: Any) -> str:
     """The held-out error table: measured cases of saved runs against their predictions."""
-    from .calibrate import load_calibration
+    from .calibrate import SPEED_KEY, load_calibration
     from .predict import check_against, choose, error_table
 
     data = load_calibration(args.calibration)
@@ -298,6 +298,17 @@ def against_command(args: argparse.Namespace, storage: Any) -> str:
             headers=("model", "cases", "time |err|", "time bias", "energy |err|", "energy bias"),
         )
     )
+    cal_speed = choose(data, args.system or runs[0].hardware, args.setting).get(SPEED_KEY)
+    speeds = []
+    for spec, run in zip(args.against, runs, strict=True):
+        speed = run.machine.get(SPEED_KEY)
+        if cal_speed and isinstance(speed, int | float) and speed > 0:
+            speeds.append(f"{spec} {1000 * speed:.2f} ms ({speed / cal_speed - 1:+.0%})")
+    if speeds:
+        text += (
+            "\nmachine speed (CPU time of a fixed workload at each session's start; higher "
+            f"is slower): calibration {1000 * cal_speed:.2f} ms; " + "; ".join(speeds)
+        )
     if skipped:
         text += "\nnot predicted: " + "; ".join(skipped)
     return text
