@@ -441,11 +441,15 @@ def test_profile_summary_rebuilds_nesting_and_self_times() -> None:
 def test_the_held_out_error_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Calibrated on one model, checked against another's measured cases: cases that
     follow the model exactly show no error; cases 20 % slower than it show -16.7 %."""
-    (tmp_path / "cal-run.json").write_text(
-        dumps(sample_run(tuple(synthetic_case(LLAMA, i, o) for i, o in sizes())))
-    )
+
+    def at_speed(run: Run, speed_s: float) -> Run:
+        return replace(run, machine={**run.machine, "speed_reference_s": speed_s})
+
+    cal_run = sample_run(tuple(synthetic_case(LLAMA, i, o) for i, o in sizes()))
+    (tmp_path / "cal-run.json").write_text(dumps(at_speed(cal_run, 0.004)))
     slow = [synthetic_case(BIG, 512, 64, noise=0.2), synthetic_case(BIG, 64, 256, noise=0.2)]
-    (tmp_path / "held.json").write_text(dumps(sample_run((synthetic_case(BIG, 256, 32), *slow))))
+    held = sample_run((synthetic_case(BIG, 256, 32), *slow))
+    (tmp_path / "held.json").write_text(dumps(at_speed(held, 0.005)))
     cal = tmp_path / "cal.json"
     assert main(["calibrate", str(tmp_path / "cal-run.json"), "--out", str(cal)]) == 0
     capsys.readouterr()
@@ -458,7 +462,9 @@ def test_the_held_out_error_table(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert row["model"] == "big" and row["cases"] == 3
     assert row["time_mean_abs_err"] == pytest.approx(2 / 3 * (1 - 1 / 1.2))
     assert main(args) == 0
-    assert "time |err|" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "time |err|" in out
+    assert "calibration 4.00 ms;" in out and "held.json 5.00 ms (+25%)" in out
     assert main(["predict", "--calibration", str(cal)]) == 2
     assert "predict needs --model, --input-tokens, --output-tokens" in capsys.readouterr().err
 
