@@ -118,8 +118,8 @@ def render_calibration(data: dict[str, Any]) -> str:
         ]
         parts.append(
             tabulate(coef_rows, headers=("column", "s per unit", "J per unit"))
-            + f"\nenergy = {cal['energy_j']['power_w']:.4g} W x time + the J per unit above "
-            "that power's share (folded into the J column)"
+            + f"\nenergy = {cal['energy_j']['power_w']:.4g} W x time + J per unit of work "
+            "drawn above that power; the J column holds both (W x s per unit + the extra)"
         )
         err_rows = [
             (
