@@ -221,6 +221,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=PLOT_FORMATS,
         help="png or svg, repeatable (default: png)",
     )
+    from .predict.commands import add_parsers as add_predict_parsers
+
+    add_predict_parsers(sub, storage_help)  # calibrate, predict
     return parser
 
 
@@ -746,6 +749,14 @@ def _main(argv: Sequence[str] | None) -> int:
             out, notes = _plot(args, storage)
         elif args.command == "scale":
             out, notes = _scale([storage.load(spec) for spec in args.runs], args)
+        elif args.command == "calibrate":
+            from .predict.commands import calibrate_command
+
+            out, notes = calibrate_command(args, storage)
+        elif args.command == "predict":
+            from .predict.commands import predict_command
+
+            out = predict_command(args, storage)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)

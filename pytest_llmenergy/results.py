@@ -12,7 +12,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .meters.base import Measurement
 from .stats import Summary, summarize
@@ -152,6 +152,9 @@ class CaseResult:
     conversions: Mapping[str, float] = field(default_factory=dict)
     # Queries per trial (batch size x concurrent requests); tokens above are per query.
     queries: int = 1
+    # The operator trace of one unmeasured run after the trials (--energy-profile-ops):
+    # plain JSON from predict.profile.  None: not profiled.
+    op_profile: Mapping[str, Any] | None = None
 
     # -- status --------------------------------------------------------------
     @property

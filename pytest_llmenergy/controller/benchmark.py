@@ -61,7 +61,10 @@ class EnergyBenchmark:
         progress: Callable[[str], None] | None = None,
         background: BackgroundCpu | None = None,
         exclusive: Callable[[], AbstractContextManager[None]] | None = None,
+        op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
     ) -> None:
+        # --energy-profile-ops: one more run after the trials, outside every window
+        self.op_profiler = op_profiler
         self.meter = meter
         self.background = background  # None: trials are not checked for a busy machine
         # held from the warm-up to the last trial: other processes sharing the meter wait
@@ -247,6 +250,7 @@ class EnergyBenchmark:
                         status = CONVERGED if decision.converged else LIMIT
                         break
                 passes = self._prefill_passes(prefill_pass, trials, input_tokens, queries)
+            op_profile = self._profile_ops(fn, args, kwargs) if trials or disturbed else None
         except BaseException as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -274,7 +278,17 @@ class EnergyBenchmark:
             disturbed=disturbed,
             prefill_passes=passes,
             queries=queries,
+            op_profile=op_profile,
         )
+
+    def _profile_ops(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None:
+        """The operator trace of one more run of the last trial's call, unmeasured: the
+        profiler's overhead never enters a measured trial."""
+        if self.op_profiler is None:
+            return None
+        return self.op_profiler(lambda: self._call(fn, args, kwargs))
 
     def _prefill_passes(
         self,
@@ -355,6 +369,7 @@ class EnergyBenchmark:
         disturbed: list[Trial] | None = None,
         prefill_passes: tuple[Trial, ...] = (),
         queries: int = 1,
+        op_profile: Mapping[str, Any] | None = None,
     ) -> CaseResult:
         domains = self.meter.domains
         self.result = CaseResult(
@@ -375,6 +390,7 @@ class EnergyBenchmark:
             resolution_s=self.meter.resolution_s,
             prefill_passes=prefill_passes,
             queries=queries,
+            op_profile=op_profile,
         )
         self._on_result(self.result)
         return self.result

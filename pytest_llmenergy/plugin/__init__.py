@@ -106,6 +106,11 @@ def pytest_configure(config: pytest.Config) -> None:
     stash[SERVING] = serving
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
+    if options.measure.profile_ops:  # workers profile too: the profile travels with the case
+        from ..predict.plugin import OP_PROFILING, OpProfiling
+
+        stash[OP_PROFILING] = OpProfiling()
+        manager.register(stash[OP_PROFILING], "llmenergy-profile-ops")
     if is_worker(config):  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config)
         stash[WORKER_SIDE] = side
@@ -174,8 +179,22 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *stash[KEEPER].header(),
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
         *(stash[SERVING].header() if SERVING in stash else []),
+        *_profiling_header(config),
     ]
     return header_lines(config, lines)
+
+
+def _profiling_header(config: pytest.Config) -> list[str]:
+    from ..predict.plugin import OP_PROFILING
+
+    return config.stash[OP_PROFILING].header() if OP_PROFILING in config.stash else []
+
+
+def _op_profiler(config: pytest.Config, labels: dict[str, str]) -> Any:
+    from ..predict.plugin import OP_PROFILING
+
+    profiling = config.stash.get(OP_PROFILING, None)
+    return profiling.profiler_for(labels) if profiling is not None else None
 
 
 # -- fixtures ----------------------------------------------------------------------------
@@ -265,18 +284,20 @@ def energy_benchmark(request: pytest.FixtureRequest, energy_meter: Meter) -> Ene
     config = request.config
     node = request.node
     controller = config.stash[CASE_PLAN].controller_for(node)
+    labels = config.stash[CASE_PLAN].labels_for(node)
     return EnergyBenchmark(
         energy_meter,
         controller,
         nodeid=node.nodeid,
         name=node.name,
-        labels=config.stash[CASE_PLAN].labels_for(node),
+        labels=labels,
         on_result=config.stash[CASE_RESULTS].add,
         progress=_progress_writer(request),
         background=(
             config.stash[METERING].background if controller.max_background is not None else None
         ),
         exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
+        op_profiler=_op_profiler(config, labels),
     )
 
 

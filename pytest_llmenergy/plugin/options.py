@@ -49,6 +49,7 @@ class MeasureSettings:
     backend: str = "auto"
     idle_s: float = 0.0
     dist_timeout_s: float = 300.0  # under torchrun: how long a rank waits for the others
+    profile_ops: bool = False  # an unmeasured torch.profiler run after each case's trials
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,16 @@ OPTIONS: tuple[Option, ...] = (
         "WATTS",
         "CPU TDP in watts for the estimate meter",
         default_text="from the CPU model table",
+    ),
+    Option(
+        "--energy-profile-ops",
+        "measure.profile_ops",
+        values.switch,
+        "on|off",
+        "after each case's trials, run it once more under torch.profiler (unmeasured, so "
+        "the profiler's overhead never enters a trial) and keep its operator trace with "
+        "the case, for llmenergy calibrate",
+        const="on",
     ),
     # -- repeating ---------------------------------------------------------------------
     Option(

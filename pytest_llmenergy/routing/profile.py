@@ -64,6 +64,7 @@ class Profile:
     source: str = ""
     confidence: float = 0.95  # the level its measurements' intervals are drawn at
     estimated: bool = False  # energy from the estimate meter, not measured: figures say so
+    predicted: bool = False  # from a calibration (llmenergy predict), never measured
 
     @property
     def average_power_w(self) -> float:

@@ -192,6 +192,7 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "prefill_passes": [_trial_dict(t) for t in r.prefill_passes],
         "conversions": dict(r.conversions),
         "queries": r.queries,
+        "op_profile": None if r.op_profile is None else dict(r.op_profile),
     }
 
 
@@ -400,6 +401,7 @@ def _case(r: _Reader) -> CaseResult:
         prefill_passes=tuple(_trial(t) for t in r.objs("prefill_passes", optional=True)),
         conversions=r.numbers("conversions") if "conversions" in r.data else {},
         queries=r.get("queries", int, optional=True) or 1,
+        op_profile=r.get("op_profile", dict, optional=True),
     )
 
 
