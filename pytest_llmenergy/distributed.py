@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, LLMEnergyError
-from .meters.base import PROCESS_DOMAIN, Domain, Measurement, Meter, Method, Phase, Reading
+from .meters.base import (
+    PROCESS_DOMAIN,
+    Domain,
+    MeasuredShortcuts,
+    Measurement,
+    Meter,
+    Method,
+    Phase,
+    Reading,
+)
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 DEFAULT_TIMEOUT_S = 300.0
@@ -402,7 +411,7 @@ class DistributedMeter(Meter):
         raise NotImplementedError
 
 
-class DistributedWindow:
+class DistributedWindow(MeasuredShortcuts):
     """A barrier, this rank's own window, then every rank's result gathered and merged.
 
     Marks (``mark_phase`` at the first output token) go to the local window, which is the
@@ -455,22 +464,6 @@ class DistributedWindow:
         if self._result is None:
             raise RuntimeError("the window is still open: read the result after the with block")
         return self._result
-
-    @property
-    def seconds(self) -> float:
-        return self.measurement.seconds
-
-    @property
-    def joules(self) -> float:
-        return self.measurement.joules
-
-    @property
-    def by_domain(self) -> Mapping[str, float]:
-        return self.measurement.by_domain
-
-    @property
-    def phases(self) -> Mapping[str, Phase]:
-        return self.measurement.phases
 
 
 RankWindow = tuple[float, dict[str, float], list[tuple[str, float, dict[str, float]]]]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..llm.tiny import TinySpec
 
@@ -65,37 +64,13 @@ HELDOUT_MODELS: Mapping[str, TinySpec] = {
 
 def build_model(spec: TinySpec, out_dir: Path) -> Path:
     """Write config, weights and tokenizer of ``spec`` to ``out_dir`` (must not exist)."""
-    import transformers
-
-    from ..llm.tiny import _BOS, _EOS, _PAD, _SEED, build_tokenizer
+    from ..llm.tiny import write_model
 
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; choose an empty place for the model")
-    tokenizer = build_tokenizer()
-    vocab = tokenizer.get_vocab()
-    config_class = getattr(transformers, spec.config_class)
-    config = config_class(
-        **spec.config_kwargs,
-        vocab_size=len(tokenizer),
-        bos_token_id=vocab[_BOS],
-        eos_token_id=vocab[_EOS],
-        pad_token_id=vocab[_PAD],
-        initializer_range=0.02,
-        dtype="float32",
-    )
-    model: Any = transformers.AutoModelForCausalLM.from_config(config)
-    _seeded(model, _SEED)
-    model.generation_config.pad_token_id = vocab[_PAD]
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    write_model(spec, out_dir)
     return out_dir
-
-
-def _seeded(model: Any, seed: int) -> None:
-    from ..llm.tiny import _fill_weights
-
-    _fill_weights(model, seed)
 
 
 def main(argv: list[str] | None = None) -> int:
