@@ -149,6 +149,19 @@ def _parser() -> argparse.ArgumentParser:
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
 
+    scale = sub.add_parser(
+        "scale",
+        parents=[common],
+        help="the same cases at different scales (1 process, N ranks, M nodes): "
+        "J/token, speed-up, parallel efficiency, extra J/token",
+    )
+    scale.add_argument(
+        "runs", nargs="+", action=_TwoOrMore, metavar="RUN", help="two or more runs, any order"
+    )
+    scale.add_argument(
+        "--plot", metavar="DIR", help="also draw the figure into DIR (scale.png; needs plots)"
+    )
+
     merge = sub.add_parser(
         "merge",
         help="pool runs of the same cases on the same hardware into one run (e.g. a pull "
@@ -209,6 +222,9 @@ def _parser() -> argparse.ArgumentParser:
         help="png or svg, repeatable (default: png)",
     )
     frontier_cli.add_commands(sub, common)
+    from .predict.commands import add_parsers as add_predict_parsers
+
+    add_predict_parsers(sub, storage_help)  # calibrate, predict
     return parser
 
 
@@ -639,6 +655,21 @@ def _plot(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
     return "\n".join(str(p) for p in written), []
 
 
+def _scale(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
+    from .scale import scale_rows, scale_table, write_scale_plot
+
+    rows = scale_rows(runs, _labels(runs))
+    notes: list[str] = []
+    if args.plot:
+        from .routing.plots import PlotError
+
+        try:
+            notes.append(f"wrote {write_scale_plot(rows, Path(args.plot))}")
+        except PlotError as exc:
+            raise ConfigError(str(exc)) from None
+    return render([scale_table(rows)], args.format, width=_width(args.format)), notes
+
+
 # -- output ------------------------------------------------------------------------------
 def _emit(text: str) -> None:
     """Print ``text``; a closed pipe (``| head``) or a console that cannot show ``—`` or
@@ -723,6 +754,16 @@ def _main(argv: Sequence[str] | None) -> int:
         elif args.command == "frontier":
             runs = [storage.load(spec) for spec in args.runs]
             out, notes = frontier_cli.frontier_command(runs, args)
+        elif args.command == "scale":
+            out, notes = _scale([storage.load(spec) for spec in args.runs], args)
+        elif args.command == "calibrate":
+            from .predict.commands import calibrate_command
+
+            out, notes = calibrate_command(args, storage)
+        elif args.command == "predict":
+            from .predict.commands import predict_command
+
+            out = predict_command(args, storage)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)

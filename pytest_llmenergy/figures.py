@@ -124,8 +124,14 @@ def _phase(name: str, attr: str) -> Callable[[Trial], float | None]:
 
 
 def decode_tokens(t: Trial) -> int:
-    """Tokens the decode passes produce: the prefill pass produces the first one."""
-    return max(t.output_tokens - 1, 0)
+    """Tokens the decode passes produce: the prefill pass produces the first one (of
+    every query of the trial)."""
+    return max(t.output_tokens - 1, 0) * t.queries
+
+
+def _per_query(joules: float | None, t: Trial) -> float | None:
+    """A trial's joules shared by its queries (a batch's, or a burst of requests')."""
+    return None if joules is None else joules / t.queries
 
 
 def _both_phases(t: Trial) -> bool:
@@ -133,7 +139,8 @@ def _both_phases(t: Trial) -> bool:
 
 
 def _prefill_j_per_in_token(t: Trial) -> float | None:
-    return _per(_phase(PREFILL, "joules")(t), t.input_tokens) if _both_phases(t) else None
+    n_in = t.input_tokens * t.queries
+    return _per(_phase(PREFILL, "joules")(t), n_in) if _both_phases(t) else None
 
 
 def _decode_j_per_out_token(t: Trial) -> float | None:
@@ -165,7 +172,7 @@ def _family_joules(family: str) -> Callable[[CaseResult], float | None]:
             for d, j in r.domain_joules().items()
             if r.counted.get(d, True) and _family(d) == family
         ]
-        return math.fsum(values) if values else None
+        return math.fsum(values) / r.queries if values else None
 
     return value
 
@@ -186,6 +193,38 @@ def _resource(attr: str, scale: float = 1.0) -> Callable[[CaseResult], float | N
 
 def _trials(r: CaseResult) -> int | None:
     return len(r.trials) if r.measured else None
+
+
+# -- a server's requests (``--llm-endpoint``): timed from their streamed responses ----------
+def _request_mean(attr: str) -> Callable[[Trial], float | None]:
+    """The mean over a trial's requests (None: not a server's trial)."""
+
+    def value(t: Trial) -> float | None:
+        found = [getattr(q, attr) for q in t.requests]
+        known = [v for v in found if v is not None]
+        return math.fsum(known) / len(known) if known else None
+
+    return value
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between the two nearest ranks (numpy's
+    default), so p50 of an even count is the mean of the middle two."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _latency_percentile(q: float) -> Callable[[CaseResult], float | None]:
+    """Over every request of every trial of the case: one request is one query's wait."""
+
+    def value(r: CaseResult) -> float | None:
+        latencies = [req.latency_s for t in r.trials for req in t.requests]
+        return percentile(latencies, q) if latencies else None
+
+    return value
 
 
 FIGURES: dict[str, Figure] = {
@@ -264,7 +303,8 @@ FIGURES: dict[str, Figure] = {
             "time_s",
             "s ± CI",
             "s",
-            "seconds per query (runtime), mean ± CI half-width",
+            "seconds per query (runtime), mean ± CI half-width; a batch's or a burst's "
+            "queries end together, so for them it is the trial's: each query's wait",
             trial=lambda t: t.seconds,
             with_ci=True,
             priority=1,
@@ -273,8 +313,9 @@ FIGURES: dict[str, Figure] = {
             "energy_j",
             "J ± CI",
             "J",
-            "joules per query over the counted domains, mean ± CI half-width",
-            trial=lambda t: t.joules,
+            "joules per query over the counted domains, mean ± CI half-width (a batch's "
+            "or a burst's joules shared by its queries: the trial's joules / queries)",
+            trial=lambda t: t.joules / t.queries,
             energy=True,
             with_ci=True,
             priority=1,
@@ -284,7 +325,7 @@ FIGURES: dict[str, Figure] = {
             "net J ± CI",
             "J",
             "joules per query above idle power (needs --energy-idle), mean ± CI half-width",
-            trial=lambda t: t.net_joules,
+            trial=lambda t: t.net_joules / t.queries,
             energy=True,
             with_ci=True,
             priority=6,
@@ -294,8 +335,9 @@ FIGURES: dict[str, Figure] = {
             "J/token",
             "J",
             "joules per token: the query's joules / (input + output tokens), the research's "
-            "energy per token and the gates' default",
-            trial=lambda t: _per(t.joules, t.input_tokens + t.output_tokens),
+            "energy per token and the gates' default; tokens summed over a batch's or a "
+            "burst's queries",
+            trial=lambda t: _per(t.joules, t.total_tokens),
             energy=True,
             priority=0,
         ),
@@ -312,8 +354,8 @@ FIGURES: dict[str, Figure] = {
             "tokens_per_s",
             "tok/s",
             "tokens/s",
-            "total throughput: (input + output tokens) / seconds per query",
-            trial=lambda t: _per(t.input_tokens + t.output_tokens, t.seconds),
+            "total throughput: (input + output tokens) of every query of a trial / seconds",
+            trial=lambda t: _per(t.total_tokens, t.seconds),
             lower_is_better=False,
             priority=4,
         ),
@@ -374,8 +416,10 @@ FIGURES: dict[str, Figure] = {
             "prefill_j",
             "prefill J",
             "J",
-            "joules of the prefill pass",
-            trial=lambda t: _phase(PREFILL, "joules")(t) if _both_phases(t) else None,
+            "joules of the prefill pass (per query)",
+            trial=lambda t: (
+                _per_query(_phase(PREFILL, "joules")(t), t) if _both_phases(t) else None
+            ),
             energy=True,
             needs_phases=True,
             phase=PREFILL,
@@ -385,8 +429,8 @@ FIGURES: dict[str, Figure] = {
             "decode_j",
             "decode J",
             "J",
-            "joules of the decode passes",
-            trial=lambda t: _phase(DECODE, "joules")(t) if _both_phases(t) else None,
+            "joules of the decode passes (per query)",
+            trial=lambda t: _per_query(_phase(DECODE, "joules")(t), t) if _both_phases(t) else None,
             energy=True,
             needs_phases=True,
             phase=DECODE,
@@ -398,7 +442,7 @@ FIGURES: dict[str, Figure] = {
             "J",
             "joules of one prefill pass, measured as many passes back to back in one "
             "window divided by their count: for prefills shorter than the meter resolves",
-            trial=lambda t: t.joules,
+            trial=lambda t: t.joules / t.queries,
             energy=True,
             with_ci=True,
             source=PREFILL_PASSES,
@@ -410,7 +454,7 @@ FIGURES: dict[str, Figure] = {
             "J",
             "prefill joules per input token from repeated prefill-only passes "
             "(prefill_pass_j / input tokens)",
-            trial=lambda t: _per(t.joules, t.input_tokens),
+            trial=lambda t: _per(t.joules, t.input_tokens * t.queries),
             energy=True,
             source=PREFILL_PASSES,
             priority=6,
@@ -422,7 +466,7 @@ FIGURES: dict[str, Figure] = {
             "g",
             "grams of CO2-equivalent per query: joules / 3.6e6 x the session's gCO2e/kWh "
             "(--energy-carbon-intensity)",
-            trial=lambda t: t.joules / J_PER_KWH,
+            trial=lambda t: t.joules / t.queries / J_PER_KWH,
             factor=_conversion(G_PER_KWH),
             energy=True,
             priority=6,
@@ -432,7 +476,7 @@ FIGURES: dict[str, Figure] = {
             "gCO2e/1k tok",
             "g",
             "grams of CO2-equivalent per 1,000 tokens (input + output)",
-            trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.input_tokens + t.output_tokens),
+            trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.total_tokens),
             factor=_conversion(G_PER_KWH),
             energy=True,
             priority=5,
@@ -442,7 +486,7 @@ FIGURES: dict[str, Figure] = {
             "cost",
             "money",
             "money per query: joules / 3.6e6 x the session's price per kWh (--energy-price)",
-            trial=lambda t: t.joules / J_PER_KWH,
+            trial=lambda t: t.joules / t.queries / J_PER_KWH,
             factor=_conversion(PRICE_PER_KWH),
             energy=True,
             priority=6,
@@ -452,7 +496,7 @@ FIGURES: dict[str, Figure] = {
             "cost/1k tok",
             "money",
             "money per 1,000 tokens (input + output) at the session's price per kWh",
-            trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.input_tokens + t.output_tokens),
+            trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.total_tokens),
             factor=_conversion(PRICE_PER_KWH),
             energy=True,
             priority=5,
@@ -508,8 +552,72 @@ FIGURES: dict[str, Figure] = {
             "joules per query attributed to this process tree: the CPU packages' energy x "
             "its share of the machine's CPU time (rapl), or of all tasks' energy impact "
             "(powermetrics); the rest of the package is other processes' and idle",
-            trial=lambda t: t.joules_by_domain.get(PROCESS_DOMAIN),
+            trial=lambda t: _per_query(t.joules_by_domain.get(PROCESS_DOMAIN), t),
             energy=True,
+            priority=6,
+        ),
+        # -- batches and servers (--llm-batch-sizes, --llm-concurrency, --llm-endpoint) ------
+        Figure(
+            "queries",
+            "queries",
+            "",
+            "queries per trial: the batch size, or the requests sent at once to a server; the "
+            "per-query figures share the trial's joules among them, J/token sums their tokens",
+            case=lambda r: r.queries,
+            lower_is_better=None,
+            priority=0,
+        ),
+        Figure(
+            "req_ttft_s",
+            "req TTFT s",
+            "s",
+            "a server's time to first token: from sending a request to its first streamed "
+            "token, mean over the trial's requests",
+            trial=_request_mean("ttft_s"),
+            priority=3,
+        ),
+        Figure(
+            "tpot_s",
+            "TPOT s",
+            "s",
+            "a server's time per output token after the first: (latency - TTFT) / (output "
+            "tokens - 1), mean over the trial's requests",
+            trial=_request_mean("tpot_s"),
+            priority=3,
+        ),
+        Figure(
+            "latency_p50_s",
+            "p50 s",
+            "s",
+            "median latency of a server's requests (send to last token), over every request "
+            "of every trial",
+            case=_latency_percentile(50),
+            priority=4,
+        ),
+        Figure(
+            "latency_p90_s",
+            "p90 s",
+            "s",
+            "90th percentile of the requests' latency",
+            case=_latency_percentile(90),
+            priority=7,
+        ),
+        Figure(
+            "latency_p99_s",
+            "p99 s",
+            "s",
+            "99th percentile of the requests' latency",
+            case=_latency_percentile(99),
+            priority=4,
+        ),
+        Figure(
+            "out_throughput",
+            "out tok/s all",
+            "tokens/s",
+            "output throughput of a whole trial: output tokens of every query / the trial's "
+            "seconds (prefill included, unlike out tok/s)",
+            trial=lambda t: _per(t.output_tokens * t.queries, t.seconds),
+            lower_is_better=False,
             priority=6,
         ),
     )
@@ -518,6 +626,7 @@ FIGURES: dict[str, Figure] = {
 DEFAULT_COLUMNS: tuple[str, ...] = (
     "tokens_in",
     "tokens_out",
+    "queries",
     "trials",
     "time_s",
     "energy_j",
@@ -530,6 +639,10 @@ DEFAULT_COLUMNS: tuple[str, ...] = (
     "gpu_j",
     "cpu_j",
     "dram_j",
+    "req_ttft_s",
+    "tpot_s",
+    "latency_p50_s",
+    "latency_p99_s",
 )
 # An energy figure is resolved when its stretch lasts at least this many times the
 # meter's resolution: a counter that updates every 100 ms reads a 30 ms prefill as 0 or

@@ -162,8 +162,8 @@ def _title(parts: Sequence[tuple[str, str]]) -> str:
     return " · ".join(shown) if shown else ALL_CASES
 
 
-def _tokens_order(r: CaseResult) -> tuple[int, int, str]:
-    return (r.input_tokens, r.output_tokens, r.name)
+def _tokens_order(r: CaseResult) -> tuple[int, int, int, str]:
+    return (r.input_tokens, r.output_tokens, r.queries, r.name)
 
 
 def _sorted(results: list[CaseResult], sort: str) -> list[CaseResult]:
@@ -204,10 +204,16 @@ def _build_table(
     title: str, results: list[CaseResult], chosen: Sequence[str], explicit: bool
 ) -> Table:
     shown = list(chosen)
+    if explicit and not {"name", "tokens_in", "tokens_out"} & set(shown):
+        # the rows' identity, as pytest-benchmark always shows the Name column
+        several = any(r.queries != 1 for r in results)
+        shown = ["tokens_in", "tokens_out", *(["queries"] if several else []), *shown]
     if not explicit:
         shown = [k for k in shown if any(FIGURES[k].value(r) is not None for r in results)]
+        if all(r.queries == 1 for r in results):  # one query per trial: nothing to say
+            shown = [k for k in shown if k != "queries"]
         # Without names a non-LLM table could have rows that nothing tells apart.
-        tokens = [(r.input_tokens, r.output_tokens) for r in results]
+        tokens = [(r.input_tokens, r.output_tokens, r.queries) for r in results]
         if "name" not in shown and len(set(tokens)) < len(tokens):
             shown.insert(0, "name")
     hidden = [k for k in ("name",) if k not in shown]
@@ -270,7 +276,8 @@ def case_tables(
     gated: Sequence[str] = (),
 ) -> list[Table]:
     """One table per group. With the default columns, a column empty in a whole table is
-    dropped (no GPU column on a CPU-only machine); columns the user named are all kept."""
+    dropped (no GPU column on a CPU-only machine); columns the user named are all kept,
+    after the rows' tokens unless they name those or ``name``."""
     explicit = columns is not None
     chosen = parse_columns(",".join(columns)) if columns is not None else default_columns(gated)
     groups = parse_group_by(",".join(group_by)) if group_by else ()

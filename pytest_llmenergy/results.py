@@ -12,7 +12,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .meters.base import Measurement
 from .stats import Summary, summarize
@@ -53,6 +53,22 @@ class GpuTelemetry:
 
 
 @dataclass(frozen=True)
+class RequestRecord:
+    """One request of a trial sent to a server, timed from its streamed response."""
+
+    ttft_s: float  # from sending the request to the first output token
+    latency_s: float  # from sending it to the last byte of the response
+    output_tokens: int  # as the response's usage counted them
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: (latency - TTFT) / (output tokens - 1)."""
+        if self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
 class Trial:
     """One measured run of the target."""
 
@@ -69,6 +85,11 @@ class Trial:
     background_cpu: float | None = None
     # Back-to-back runs in the window this trial stands for; its figures are per run.
     passes: int = 1
+    # Queries the trial ran together, each of ``input_tokens`` -> ``output_tokens``: a
+    # batch of prompts, or requests in flight at once.  The window's joules are theirs.
+    queries: int = 1
+    # Each request's timing, when the target was a server (empty otherwise).
+    requests: tuple[RequestRecord, ...] = ()
     # The GPUs' temperature, clock and throttle reasons during the trial, when read.
     gpu: GpuTelemetry | None = None
 
@@ -80,6 +101,8 @@ class Trial:
         input_tokens: int,
         output_tokens: int,
         background_cpu: float | None = None,
+        queries: int = 1,
+        requests: tuple[RequestRecord, ...] = (),
     ) -> Trial:
         return cls(
             index=index,
@@ -97,7 +120,14 @@ class Trial:
             if len(m.phases) > 1
             else {},
             background_cpu=background_cpu,
+            queries=queries,
+            requests=requests,
         )
+
+    @property
+    def total_tokens(self) -> int:
+        """Input + output tokens of every query of the trial: what J/token divides by."""
+        return self.queries * (self.input_tokens + self.output_tokens)
 
 
 # How a case ended.
@@ -135,6 +165,11 @@ class CaseResult:
     prefill_passes: tuple[Trial, ...] = ()
     # The session's factors from joules to gCO2e and money (conversions.py), per kWh.
     conversions: Mapping[str, float] = field(default_factory=dict)
+    # Queries per trial (batch size x concurrent requests); tokens above are per query.
+    queries: int = 1
+    # The operator trace of one unmeasured run after the trials (--energy-profile-ops):
+    # plain JSON from predict.profile.  None: not profiled.
+    op_profile: Mapping[str, Any] | None = None
 
     # -- status --------------------------------------------------------------
     @property

@@ -435,3 +435,18 @@ def test_pool_passes_its_options(cache: Path) -> None:
     pool.close()
     with pytest.raises(ConfigError):
         ModelPool(dtype="half", cache_dir=cache).get("tiny-falcon")
+
+
+def test_a_batch_is_distinct_prompts_of_exactly_n_tokens(lm: LoadedModel) -> None:
+    batch = lm.prompt_ids(40, batch_size=4)
+    assert tuple(batch.shape) == (4, 40)
+    assert torch.equal(batch[0], lm.prompt_ids(40)[0])  # row 0: batch 1's prompt, as before
+    assert len({tuple(row.tolist()) for row in batch}) == 4
+    assert batch[1].tolist() == lm.prompt_list(40, 1)
+    with pytest.raises(ValueError, match="at least 1 prompt"):
+        lm.prompt_ids(8, batch_size=0)
+
+
+def test_a_batch_generates_exactly_m_tokens_per_row(lm: LoadedModel) -> None:
+    out = lm.generate(lm.prompt_ids(12, batch_size=3), 5)
+    assert (out.input_tokens, out.output_tokens, out.queries) == (12, 5, 3)

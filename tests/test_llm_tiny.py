@@ -29,7 +29,7 @@ def cache(tiny_cache: Path) -> Path:
 
 
 def test_builtin_names() -> None:
-    assert tuple(TINY_MODELS) == NAMES
+    assert tuple(TINY_MODELS) == (*NAMES, "tiny-llama-h32")  # h32: for serving engines
     assert all(is_tiny(n) for n in NAMES)
     assert not is_tiny("meta-llama/Llama-2-7b-hf")
     assert not is_tiny("tiny-gpt2")
@@ -188,3 +188,11 @@ def test_builds_are_deterministic(name: str, cache: Path, tmp_path: Path) -> Non
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     # Random, not constant: a layer with all-equal weights would hide bugs downstream.
     assert any(w.dim() == 2 and w.std() > 0.01 for w in wa.values())
+
+
+def test_the_serving_variant_has_heads_of_32_dimensions() -> None:
+    """vLLM's CPU kernels take head sizes of 32 and up; tiny-llama's (16) stays as it was."""
+    h32 = TINY_MODELS["tiny-llama-h32"].config_kwargs
+    assert h32["hidden_size"] // h32["num_attention_heads"] == 32
+    llama = TINY_MODELS["tiny-llama"].config_kwargs
+    assert llama["hidden_size"] // llama["num_attention_heads"] == 16

@@ -213,6 +213,15 @@ def test_domain_families_count_only_counted_domains() -> None:
     assert row["gpu_j"] + row["cpu_j"] + row["dram_j"] == pytest.approx(row["energy_j"])  # type: ignore[operator]
 
 
+def test_named_columns_come_after_the_rows_tokens_unless_they_name_them() -> None:
+    """--energy-columns=time_s still says which case a row is (pytest-benchmark's Name)."""
+    cases = [make_case("a", (8, 32)), make_case("b", (16, 32))]
+    (table,) = case_tables(cases, columns=["time_s"])
+    assert table.keys[:3] == ("tokens_in", "tokens_out", "time_s")
+    (table,) = case_tables(cases, columns=["name", "time_s"])
+    assert table.keys[:2] == ("name", "time_s")
+
+
 def test_dram_outside_the_cpu_namespace_is_still_dram() -> None:
     case = make_case(domains=({"dram": 2.0, "cpu:package": 8.0},), counted={}, methods={})
     (row,) = rows_of(case_tables([case], columns=["gpu_j", "cpu_j", "dram_j"])[0])
@@ -334,19 +343,24 @@ def test_sort_by_name() -> None:
 # -- which columns -----------------------------------------------------------------
 
 
+# Default columns only a batch (queries > 1) or a server's requests have.
+SERVER_OR_BATCH = ("queries", "req_ttft_s", "tpot_s", "latency_p50_s", "latency_p99_s")
+
+
 def test_default_columns_drop_what_no_case_has() -> None:
     (table,) = case_tables([cpu_case("c", (8, 32), estimated=False)])
     shown = [k for k in table.keys if k not in table.hidden]
     no_phases = [k for k in DEFAULT_COLUMNS if FIGURES[k].needs_phases]
     assert no_phases  # the default columns include prefill | decode figures
-    assert shown == [k for k in DEFAULT_COLUMNS if k not in (*no_phases, "gpu_j", "dram_j")]
+    absent = (*no_phases, "gpu_j", "dram_j", *SERVER_OR_BATCH)
+    assert shown == [k for k in DEFAULT_COLUMNS if k not in absent]
 
 
 def test_default_columns_keep_a_column_one_case_has() -> None:
     cases = [cpu_case("c", (8, 32), estimated=False), make_case("g", (16, 32))]
     (table,) = case_tables(cases)
     shown = [k for k in table.keys if k not in table.hidden]
-    assert shown == list(DEFAULT_COLUMNS)
+    assert shown == [k for k in DEFAULT_COLUMNS if k not in SERVER_OR_BATCH]
     assert cells_of(table)[0]["gpu_j"] == "—"
 
 

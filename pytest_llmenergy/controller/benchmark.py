@@ -71,7 +71,10 @@ class EnergyBenchmark:
         background: BackgroundCpu | None = None,
         exclusive: Callable[[], AbstractContextManager[None]] | None = None,
         trial_probe: TrialProbe | None = None,
+        op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
     ) -> None:
+        # --energy-profile-ops: one more run after the trials, outside every window
+        self.op_profiler = op_profiler
         self.meter = meter
         # the GPUs' clock, temperature and throttle reasons around every trial; a trial
         # throttled by heat or a power brake is kept, left out and repeated, like a
@@ -96,6 +99,7 @@ class EnergyBenchmark:
         input_tokens: int,
         output_tokens: int,
         prefill_pass: Callable[[], Any] | None = None,
+        queries: int = 1,
         **kwargs: Any,
     ) -> CaseResult:
         """Warm up, then repeat ``fn(*args, **kwargs)`` until the stopping rule says so.
@@ -104,6 +108,11 @@ class EnergyBenchmark:
         no cache kept).  When the trials' prefill is shorter than the meter resolves, it
         is repeated back to back inside windows long enough, and their joules divided by
         the count give the prefill's energy (figure ``prefill_pass_j``).
+
+        ``queries`` is how many queries of ``input_tokens`` -> ``output_tokens`` one call
+        runs together (a batch of prompts, or concurrent requests to a server): the
+        figures per query share each trial's joules among them, and J/token divides by
+        the tokens of all of them.
         """
         return self._run(
             fn,
@@ -113,6 +122,7 @@ class EnergyBenchmark:
             warmup=self.options.warmup,
             rounds=None,
             prefill_pass=prefill_pass,
+            queries=queries,
         )
 
     def pedantic(
@@ -126,6 +136,7 @@ class EnergyBenchmark:
         setup: Callable[[], tuple[Sequence[Any], Mapping[str, Any]] | None] | None = None,
         rounds: int = 1,
         warmup_rounds: int = 0,
+        queries: int = 1,
     ) -> CaseResult:
         """Exactly ``rounds`` measured calls after ``warmup_rounds``, no stopping rule.
 
@@ -152,6 +163,7 @@ class EnergyBenchmark:
             output_tokens=output_tokens,
             warmup=warmup_rounds,
             rounds=rounds,
+            queries=queries,
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -165,11 +177,14 @@ class EnergyBenchmark:
         warmup: int,
         rounds: int | None,
         prefill_pass: Callable[[], Any] | None = None,
+        queries: int = 1,
     ) -> CaseResult:
         if self.result is not None or self.calls:
             raise LLMEnergyError("energy_benchmark can be used only once per test")
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("input_tokens and output_tokens must be >= 0")
+        if queries < 1:
+            raise ValueError(f"queries must be >= 1, got {queries}")
         try:
             with self._exclusive():
                 return self._measure(
@@ -180,6 +195,7 @@ class EnergyBenchmark:
                     warmup=warmup,
                     rounds=rounds,
                     prefill_pass=prefill_pass,
+                    queries=queries,
                 )
         finally:
             if self._progress is not None and rounds is None:
@@ -195,6 +211,7 @@ class EnergyBenchmark:
         warmup: int,
         rounds: int | None,
         prefill_pass: Callable[[], Any] | None,
+        queries: int = 1,
     ) -> CaseResult:
         trials: list[Trial] = []
         disturbed: list[Trial] = []
@@ -205,7 +222,8 @@ class EnergyBenchmark:
         try:
             for _ in range(warmup):
                 args, kwargs = call_args()
-                self._check_tokens(self._call(fn, args, kwargs), input_tokens, output_tokens)
+                out = self._call(fn, args, kwargs)
+                self._check_tokens(out, input_tokens, output_tokens, queries)
             with ResourceProbe() as probe:
                 while True:
                     args, kwargs = call_args()
@@ -222,10 +240,16 @@ class EnergyBenchmark:
                     share = None
                     if background is not None:
                         share = background.share_around(history, background.read())
-                    n_in, n_out = self._check_tokens(out, input_tokens, output_tokens)
+                    n_in, n_out = self._check_tokens(out, input_tokens, output_tokens, queries)
                     index = len(trials) + len(disturbed) + 1
                     trial = Trial.from_measurement(
-                        index, window.measurement, n_in, n_out, background_cpu=share
+                        index,
+                        window.measurement,
+                        n_in,
+                        n_out,
+                        background_cpu=share,
+                        queries=queries,
+                        requests=tuple(getattr(out, "requests", ())),
                     )
                     if gpu is not None:
                         trial = dataclasses.replace(trial, gpu=gpu)
@@ -250,15 +274,24 @@ class EnergyBenchmark:
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
                         break
-                passes = self._prefill_passes(prefill_pass, trials, input_tokens)
+                passes = self._prefill_passes(prefill_pass, trials, input_tokens, queries)
+            op_profile = self._profile_ops(fn, args, kwargs) if trials or disturbed else None
         except BaseException as exc:
             if not is_out_of_memory(exc):
                 raise
             del exc
             _free_memory()
             reason = f"OOM at {input_tokens} input tokens ({output_tokens} output tokens)"
+            if queries != 1:
+                reason += f" x {queries} queries at once"
             self._finish(
-                input_tokens, output_tokens, OOM, trials, reason=reason, disturbed=disturbed
+                input_tokens,
+                output_tokens,
+                OOM,
+                trials,
+                reason=reason,
+                disturbed=disturbed,
+                queries=queries,
             )
             pytest.skip(reason)
         return self._finish(
@@ -269,10 +302,25 @@ class EnergyBenchmark:
             resources=probe.usage,
             disturbed=disturbed,
             prefill_passes=passes,
+            queries=queries,
+            op_profile=op_profile,
         )
 
+    def _profile_ops(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None:
+        """The operator trace of one more run of the last trial's call, unmeasured: the
+        profiler's overhead never enters a measured trial."""
+        if self.op_profiler is None:
+            return None
+        return self.op_profiler(lambda: self._call(fn, args, kwargs))
+
     def _prefill_passes(
-        self, prefill_pass: Callable[[], Any] | None, trials: list[Trial], input_tokens: int
+        self,
+        prefill_pass: Callable[[], Any] | None,
+        trials: list[Trial],
+        input_tokens: int,
+        queries: int = 1,
     ) -> tuple[Trial, ...]:
         """Windows of back-to-back prefill passes, when a single prefill is too short for
         the meter: each window lasts at least PASS_WINDOW_MULTIPLE x the resolution."""
@@ -302,6 +350,7 @@ class EnergyBenchmark:
                     input_tokens=input_tokens,
                     output_tokens=0,
                     passes=count,
+                    queries=queries,
                 )
             )
         return tuple(windows)
@@ -311,12 +360,20 @@ class EnergyBenchmark:
         return fn(*args, **kwargs)
 
     @staticmethod
-    def _check_tokens(out: Any, input_tokens: int, output_tokens: int) -> tuple[int, int]:
+    def _check_tokens(
+        out: Any, input_tokens: int, output_tokens: int, queries: int = 1
+    ) -> tuple[int, int]:
         """Use the counts the target reports (a ``Generation``), and insist they match."""
         n_in = getattr(out, "input_tokens", None)
         n_out = getattr(out, "output_tokens", None)
         if not (isinstance(n_in, int) and isinstance(n_out, int)):
             return input_tokens, output_tokens
+        n_queries = getattr(out, "queries", queries)
+        if n_queries != queries:
+            raise LLMEnergyError(
+                f"the target ran {n_queries} queries at once, but the case declares "
+                f"queries={queries}"
+            )
         if (n_in, n_out) != (input_tokens, output_tokens):
             raise LLMEnergyError(
                 f"the target processed {n_in} input and produced {n_out} output tokens, "
@@ -336,6 +393,8 @@ class EnergyBenchmark:
         resources: Any = None,
         disturbed: list[Trial] | None = None,
         prefill_passes: tuple[Trial, ...] = (),
+        queries: int = 1,
+        op_profile: Mapping[str, Any] | None = None,
     ) -> CaseResult:
         domains = self.meter.domains
         self.result = CaseResult(
@@ -355,6 +414,8 @@ class EnergyBenchmark:
             disturbed=tuple(disturbed or ()),
             resolution_s=self.meter.resolution_s,
             prefill_passes=prefill_passes,
+            queries=queries,
+            op_profile=op_profile,
         )
         self._on_result(self.result)
         return self.result

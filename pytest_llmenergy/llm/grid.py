@@ -36,35 +36,45 @@ class Grid:
     output_tokens: tuple[int, ...]  # the output sweep's sizes
     fixed_output_tokens: int = 32  # output length during the input sweep
     fixed_input_tokens: int = 32  # input length during the output sweep
+    # Queries per trial: prompts generated together in one batch (``bs8``), or requests
+    # in flight at once to a server (``c8``).  Every token-size case runs at each.
+    batch_sizes: tuple[int, ...] = (1,)
+    concurrency: tuple[int, ...] = (1,)
 
     def cases(self, sweep: str) -> list[LLMCase]:
         if sweep == INPUT_SWEEP:
-            return [
-                LLMCase(sweep, source, n, self.fixed_output_tokens, name)
-                for name, source in map(split_model, self.models)
-                for n in self.input_tokens
-            ]
-        if sweep == OUTPUT_SWEEP:
-            return [
-                LLMCase(sweep, source, self.fixed_input_tokens, n, name)
-                for name, source in map(split_model, self.models)
-                for n in self.output_tokens
-            ]
-        raise ValueError(f"unknown sweep {sweep!r}")
+            sizes = [(n, self.fixed_output_tokens) for n in self.input_tokens]
+        elif sweep == OUTPUT_SWEEP:
+            sizes = [(self.fixed_input_tokens, n) for n in self.output_tokens]
+        else:
+            raise ValueError(f"unknown sweep {sweep!r}")
+        return [
+            LLMCase(sweep, source, n_in, n_out, name, batch_size=b, concurrency=c)
+            for name, source in map(split_model, self.models)
+            for n_in, n_out in sizes
+            for b in self.batch_sizes
+            for c in self.concurrency
+        ]
 
     def describe(self) -> str:
         def span(sizes: Sequence[int]) -> str:
             return f"{sizes[0]}..{sizes[-1]}" if len(sizes) > 2 else ",".join(map(str, sizes))
 
-        return (
+        text = (
             f"grid {self.name}: input {span(self.input_tokens)} (output "
             f"{self.fixed_output_tokens}), output {span(self.output_tokens)} (input "
             f"{self.fixed_input_tokens}); models {', '.join(self.models)}"
         )
+        if self.batch_sizes != (1,):
+            text += f"; batch sizes {','.join(map(str, self.batch_sizes))}"
+        if self.concurrency != (1,):
+            text += f"; concurrent requests {','.join(map(str, self.concurrency))}"
+        return text
 
     def models_text(self) -> str:
         """``3 tiny models, 57 cases``: what choosing this grid means, for help texts."""
         n = len(self.models) * (len(self.input_tokens) + len(self.output_tokens))
+        n *= len(self.batch_sizes) * len(self.concurrency)
         return f"{', '.join(m.rsplit('/', 1)[-1] for m in self.models)}; {n} cases"
 
 
@@ -113,6 +123,13 @@ class LLMCase:
     input_tokens: int
     output_tokens: int
     name: str = ""
+    batch_size: int = 1  # prompts generated together in one call
+    concurrency: int = 1  # requests sent at once to a server
+
+    @property
+    def queries(self) -> int:
+        """Queries (prompt -> completion) one trial runs: the figures share its joules."""
+        return self.batch_size * self.concurrency
 
     @property
     def model_name(self) -> str:
@@ -121,7 +138,13 @@ class LLMCase:
     @property
     def id(self) -> str:
         short = self.model_name.rstrip("/").rsplit("/", 1)[-1]
-        return f"{short}-in{self.input_tokens}-out{self.output_tokens}"
+        text = f"{short}-in{self.input_tokens}-out{self.output_tokens}"
+        # batch 1 keeps the id it always had, so it compares with runs before the axis
+        if self.batch_size != 1:
+            text += f"-bs{self.batch_size}"
+        if self.concurrency != 1:
+            text += f"-c{self.concurrency}"
+        return text
 
     @property
     def positions(self) -> int:
@@ -132,15 +155,29 @@ class LLMCase:
         labels = {"sweep": self.sweep, "model": self.model_name}
         if self.model != self.model_name:
             labels["model_source"] = self.model
+        if self.batch_size != 1:
+            labels["batch_size"] = str(self.batch_size)
+        if self.concurrency != 1:
+            labels["concurrency"] = str(self.concurrency)
         return labels
 
     def __str__(self) -> str:
         return self.id
 
 
-def parse_token_list(text: str) -> tuple[int, ...]:
+def parse_count_list(text: str) -> tuple[int, ...]:
+    """Batch sizes or concurrent requests: ``1,8,32`` or ``1..64`` (powers of two)."""
+    try:
+        return parse_token_list(text, what="counts >= 1 such as 1,8,32 or 1..64")
+    except ConfigError:
+        raise ConfigError(f"expected counts >= 1 such as 1,8,32 or 1..64, got {text!r}") from None
+
+
+def parse_token_list(
+    text: str, what: str = "token counts >= 1 such as 8,64,512 or 8..2048"
+) -> tuple[int, ...]:
     """``8,16,32`` or ``8..2048`` (powers of two between) or a mix."""
-    bad = ConfigError(f"expected token counts >= 1 such as 8,64,512 or 8..2048, got {text!r}")
+    bad = ConfigError(f"expected {what}, got {text!r}")
     sizes: list[int] = []
     for part in text.replace(" ", ",").split(","):
         if not part:
@@ -165,6 +202,8 @@ def make_grid(
     models: Sequence[str] | None = None,
     input_tokens: Sequence[int] | None = None,
     output_tokens: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] = (1,),
+    concurrency: Sequence[int] = (1,),
 ) -> Grid:
     if name not in GRIDS:
         raise ConfigError(f"unknown grid {name!r}; choose one of: {', '.join(GRIDS)}")
@@ -176,4 +215,6 @@ def make_grid(
         output_tokens=tuple(output_tokens) if output_tokens else base.output_tokens,
         fixed_output_tokens=base.fixed_output_tokens,
         fixed_input_tokens=base.fixed_input_tokens,
+        batch_sizes=tuple(batch_sizes) or (1,),
+        concurrency=tuple(concurrency) or (1,),
     )

@@ -26,6 +26,9 @@ from ..meters.base import mark_phase
 from .tiny import SAMPLE_TEXT, TINY_MODELS, ensure_tiny_model, is_tiny
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# How a model is spread over the ranks of a torchrun job: ``none`` (every rank runs the
+# whole model) or ``tp`` (tensor-parallel, transformers' own plan for the architecture).
+PARALLEL = ("none", "tp")
 DEVICES_HELP = "auto, cpu, cuda, cuda:N, mps"
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 # Without a limit in the config the model's real context is unknown; this one is safe
@@ -84,9 +87,10 @@ class ModelInfo:
 class Generation:
     """What one ``generate`` call did: counts read back from the tensors, not requested."""
 
-    input_tokens: int
-    output_tokens: int
+    input_tokens: int  # per query (every row of a batch has as many)
+    output_tokens: int  # per query
     first_token_at: float | None  # time.perf_counter() when the first new token appeared
+    queries: int = 1  # rows of the batch
 
 
 @dataclass(eq=False)
@@ -106,11 +110,14 @@ class LoadedModel:
     _text_ids: list[int] | None = field(default=None, init=False, repr=False)
     _start: list[int] | None = field(default=None, init=False, repr=False)
 
-    def prompt_ids(self, n: int) -> Any:
-        """A prompt of exactly ``n`` tokens of natural text, shape (1, n), on ``device``.
+    def prompt_ids(self, n: int, batch_size: int = 1) -> Any:
+        """A prompt of exactly ``n`` tokens of natural text, shape (batch_size, n), on
+        ``device``.
 
         Natural text rather than random ids, so attention patterns and (for MoE models)
         routing look like real use; the BOS token comes first if the tokenizer adds one.
+        The rows of a batch start at different places in the text (all of exactly ``n``
+        tokens, so no padding), as distinct prompts would.
         """
         import torch
 
@@ -122,13 +129,27 @@ class LoadedModel:
                 f"a prompt of {n} tokens exceeds the {self.max_positions} positions of model "
                 f"{self.name!r}; {self._beyond_context_fix()}"
             )
+        if batch_size < 1:
+            raise ValueError(f"a batch needs at least 1 prompt, got {batch_size}")
+        return torch.tensor(
+            [self.prompt_list(n, row) for row in range(batch_size)],
+            dtype=torch.long,
+            device=self.device,
+        )
+
+    def prompt_list(self, n: int, row: int = 0) -> list[int]:
+        """Row ``row`` of ``prompt_ids``: exactly ``n`` token ids, as a list (what a server
+        takes); row 0 is the prompt a batch of one gets."""
         if self._text_ids is None or self._start is None:
             self._text_ids = self._build_text_ids()
             self._start = self._start_ids()
+        text = self._text_ids
+        shift = (row * 7) % len(text)  # another place in the text for each row
         ids = list(self._start)
+        rotated = text[shift:] + text[:shift]
         while len(ids) < n:
-            ids.extend(self._text_ids)
-        return torch.tensor([ids[:n]], dtype=torch.long, device=self.device)
+            ids.extend(rotated)
+        return ids[:n]
 
     def generate(self, input_ids: Any, output_tokens: int) -> Generation:
         """Greedily generate exactly ``output_tokens`` new tokens after ``input_ids``.
@@ -169,6 +190,7 @@ class LoadedModel:
             input_tokens=n_in,
             output_tokens=int(sequences.shape[1]) - n_in,
             first_token_at=streamer.first_token_at,
+            queries=int(sequences.shape[0]),
         )
 
     def prefill(self, input_ids: Any) -> None:
@@ -371,6 +393,7 @@ def load_model(
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
     allow_beyond_context: bool = False,
+    parallel: str = "none",
 ) -> LoadedModel:
     """Load a built-in tiny model, a local checkpoint directory or a Hugging Face id.
 
@@ -382,9 +405,12 @@ def load_model(
     ``allow_beyond_context`` lets a model with rotary or ALiBi positions run prompts and
     generations longer than its context; a model with learned positions never does.
     A hub id is read from the HF cache alone when the hub cannot be reached.
+    ``parallel="tp"`` (under torchrun, the process group joined) shards the model over
+    the ranks with transformers' tensor-parallel plan (``DistributedConfig(tp_plan="auto")``).
     """
     import torch
 
+    _check_choice("parallel layout", parallel, PARALLEL)
     target = _checked_target(dtype, device)
     source = _resolve_source(name_or_path, cache_dir)
     unreachable = _hub_unreachable(name_or_path)
@@ -400,7 +426,11 @@ def load_model(
             _dtype_kwarg(): torch_dtype,
             **hub,
         }
-        if target == "auto":
+        if parallel == "tp":
+            from transformers import DistributedConfig
+
+            kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
+        elif target == "auto":
             kwargs["device_map"] = "auto"
         elif target != "cpu":
             kwargs["device_map"] = {"": target}
@@ -439,8 +469,12 @@ class ModelPool:
         trust_remote_code: bool = False,
         cache_dir: Path | None = None,
         allow_beyond_context: bool = False,
+        parallel: str = "none",
+        on_load: Callable[[LoadedModel], None] | None = None,
     ) -> None:
         self.dtype = dtype
+        self.parallel = parallel
+        self.on_load = on_load  # e.g. check that the meter reads every GPU the model is on
         self.device = device
         self.trust_remote_code = trust_remote_code
         self.cache_dir = cache_dir
@@ -463,7 +497,10 @@ class ModelPool:
             trust_remote_code=self.trust_remote_code,
             cache_dir=self.cache_dir,
             allow_beyond_context=self.allow_beyond_context,
+            parallel=self.parallel,
         )
+        if self.on_load is not None:
+            self.on_load(self._current)
         return self._current
 
     def close(self) -> None:
@@ -679,3 +716,97 @@ def _short_reason(exc: BaseException) -> str:
     text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
     text = text or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+NO_TP_PLAN = (
+    "transformers has no tensor-parallel plan for its architecture ({architecture}); "
+    "leave it out (--llm-models) or run it with --llm-parallel=none"
+)
+
+
+def tensor_parallel_problem(
+    name_or_path: str,
+    world_size: int,
+    *,
+    trust_remote_code: bool = False,
+    cache_dir: Path | None = None,
+) -> str | None:
+    """Why ``name_or_path`` cannot be split over ``world_size`` ranks (None if it can).
+
+    Tensor parallelism gives every rank whole attention heads (and key/value heads), so
+    their counts must divide by the world size; checked from the config before any rank
+    loads weights, so a bad layout is one line at start instead of a hang mid-load."""
+    from transformers import AutoConfig
+
+    source = _resolve_source(name_or_path, cache_dir)
+    hub: dict[str, Any] = {"local_files_only": True} if _hub_unreachable(name_or_path) else {}
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **hub)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        return f"cannot read its config: {_short_reason(exc)}"
+    config = getattr(config, "text_config", None) or config
+    if not getattr(config, "base_model_tp_plan", None):
+        return NO_TP_PLAN.format(architecture=type(config).__name__.removesuffix("Config"))
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for what, count in (("attention heads", heads), ("key/value heads", kv_heads)):
+        if isinstance(count, int) and count % world_size:
+            return (
+                f"its {count} {what} do not divide by the world size {world_size}; run "
+                f"tensor-parallel with a number of ranks that divides {count} "
+                "(torchrun --nproc-per-node/--nnodes), or --llm-parallel=none"
+            )
+    return None
+
+
+def occupied_gpus(model: Any) -> tuple[int, ...]:
+    """The CUDA ordinals a model's layers sit on (``device_map="auto"`` spreads a big model
+    over several GPUs; accelerate records where in ``hf_device_map``)."""
+    device_map = getattr(model, "hf_device_map", None) or {}
+    found: set[int] = set()
+    for device in device_map.values():
+        if isinstance(device, int) and not isinstance(device, bool):
+            found.add(device)
+        elif isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device):
+            found.add(int(device.partition(":")[2] or 0))
+    return tuple(sorted(found))
+
+
+def unmetered_gpus(occupied: tuple[int, ...], domains: Any) -> list[int]:
+    """The GPUs a model occupies that no meter domain (``gpu:N``) reads."""
+    metered = {name.split("@", 1)[0] for name in domains}
+    return [gpu for gpu in occupied if f"gpu:{gpu}" not in metered]
+
+
+def load_prompts(
+    name_or_path: str, *, trust_remote_code: bool = False, cache_dir: Path | None = None
+) -> LoadedModel:
+    """A model's tokenizer alone, for the prompts of a server serving that model:
+    ``prompt_list`` works on it; ``generate`` does not (no weights are loaded)."""
+    source = _resolve_source(name_or_path, cache_dir)
+    unreachable = _hub_unreachable(name_or_path)
+    hub: dict[str, Any] = {"local_files_only": True} if unreachable else {}
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **hub)
+        _check_tokenizer_files(name_or_path, source)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, trust_remote_code=trust_remote_code, **hub
+        )
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+        raise _cannot_load(name_or_path, exc, unreachable) from exc
+    return LoadedModel(
+        name=name_or_path,
+        model=None,
+        tokenizer=tokenizer,
+        device=None,
+        dtype=None,
+        max_positions=_max_positions(config, tokenizer),
+        position_kind=position_kind(config),
+    )
+
+
+def model_source(name_or_path: str, cache_dir: Path | None = None) -> str:
+    """Where a model's files are (a built-in one is built first): what a server loads."""
+    return _resolve_source(name_or_path, cache_dir)

@@ -129,6 +129,19 @@ TINY_MODELS: Mapping[str, TinySpec] = {
             "bias": False,
         },
     ),
+    # tiny-llama with two heads of 32 dimensions instead of four of 16: serving engines'
+    # attention kernels take head sizes of 32 and up only (vLLM's CPU backend: 32, 64,
+    # 80, ...), so this is the one to serve (--llm-serve); tiny-llama stays as it was.
+    "tiny-llama-h32": TinySpec(
+        "tiny-llama-h32",
+        "LlamaConfig",
+        {
+            **_COMMON,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+        },
+    ),
 }
 
 
@@ -240,9 +253,15 @@ def _discard_broken(target: Path) -> None:
 
 def build_tiny_model(name: str, out_dir: Path) -> None:
     """Write config, ``model.safetensors`` and tokenizer files of ``name`` to ``out_dir``."""
+    write_model(_spec(name), out_dir)
+
+
+def write_model(spec: TinySpec, out_dir: Path) -> None:
+    """Config, seeded random weights and the built-in tokenizer of ``spec``, written to
+    ``out_dir``: any architecture transformers has, at any size (the held-out models of
+    ``predict.heldout`` are larger ones)."""
     import transformers
 
-    spec = _spec(name)
     tokenizer = build_tokenizer()
     vocab = tokenizer.get_vocab()
     config_class = getattr(transformers, spec.config_class)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from .process_tree import ProcessTreeCpu, machine_busy_cpu_seconds
+from .process_tree import ProcessTreeCpu, ProcessTrees, machine_busy_cpu_seconds
 
 # /proc/stat counts in ticks of 10 ms per CPU; a difference of two readings can be off
 # by about one tick per CPU without anything having happened.
@@ -40,7 +40,7 @@ class BackgroundCpu:
 
     def __init__(
         self,
-        tree: ProcessTreeCpu | None = None,
+        tree: ProcessTreeCpu | ProcessTrees | None = None,
         *,
         logical_cpus: int | None = None,
         machine_busy_s: Callable[[], float] = machine_busy_cpu_seconds,

@@ -270,7 +270,46 @@ def duration_text(seconds: float) -> str:
     return f"{seconds * 1e6:.3g} us"
 
 
-class Window:
+class MeasuredShortcuts:
+    """``m.seconds``, ``m.joules``...: what ``with meter.measure() as m`` bound reads as
+    its measurement, for every kind of window (local, or spanning the ranks of a job)."""
+
+    __slots__ = ()
+
+    @property
+    def measurement(self) -> Measurement:  # pragma: no cover - each window has its own
+        raise NotImplementedError
+
+    @property
+    def seconds(self) -> float:
+        return self.measurement.seconds
+
+    @property
+    def joules(self) -> float:
+        return self.measurement.joules
+
+    @property
+    def by_domain(self) -> Mapping[str, float]:
+        return self.measurement.by_domain
+
+    @property
+    def net_joules(self) -> float:
+        return self.measurement.net_joules
+
+    @property
+    def methods(self) -> dict[str, Method]:
+        return self.measurement.methods
+
+    @property
+    def phases(self) -> Mapping[str, Phase]:
+        return self.measurement.phases
+
+    @property
+    def samples(self) -> tuple[PowerSample, ...]:
+        return self.measurement.samples
+
+
+class Window(MeasuredShortcuts):
     """One measurement window; after the ``with`` block it carries the result."""
 
     __slots__ = ("_first_phase", "_marks", "_meter", "_result", "_token")  # cheaper per window
@@ -340,35 +379,6 @@ class Window:
         if self._result is None:
             raise RuntimeError("the window is still open: read the result after the with block")
         return self._result
-
-    # Shortcuts, so that ``m.seconds`` works on what ``with ... as m`` bound.
-    @property
-    def seconds(self) -> float:
-        return self.measurement.seconds
-
-    @property
-    def joules(self) -> float:
-        return self.measurement.joules
-
-    @property
-    def by_domain(self) -> Mapping[str, float]:
-        return self.measurement.by_domain
-
-    @property
-    def net_joules(self) -> float:
-        return self.measurement.net_joules
-
-    @property
-    def methods(self) -> dict[str, Method]:
-        return self.measurement.methods
-
-    @property
-    def phases(self) -> Mapping[str, Phase]:
-        return self.measurement.phases
-
-    @property
-    def samples(self) -> tuple[PowerSample, ...]:
-        return self.measurement.samples
 
 
 _innermost: contextvars.ContextVar[Window | None] = contextvars.ContextVar(

@@ -20,7 +20,7 @@ from ..errors import MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .cpu_tdp import TdpLookup, cpu_brand, resolve_tdp
 from .options import MeterOptions
-from .process_tree import ProcessTreeCpu
+from .process_tree import attributed_note, cpu_reader
 
 DOMAIN = PROCESS_DOMAIN
 
@@ -103,5 +103,8 @@ def create(options: MeterOptions) -> EstimateMeter:
     logical_cpus = machine_logical_cpus(psutil)
     brand = cpu_brand()
     tdp = resolve_tdp(brand, logical_cpus, options.cpu_tdp_w)
-    tree = ProcessTreeCpu()
-    return EstimateMeter(tdp, logical_cpus, tree.read, time.perf_counter, brand)
+    tree_cpu_s = cpu_reader(options.attributed_pids)
+    meter = EstimateMeter(tdp, logical_cpus, tree_cpu_s, time.perf_counter, brand)
+    if options.attributed_pids:
+        meter.notes.append(attributed_note(options.attributed_pids))
+    return meter

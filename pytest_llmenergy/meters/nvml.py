@@ -120,10 +120,20 @@ def counter_periods_s(
                 last[i] = value
                 changes[i].append(clock())
         pending = [i for i in pending if len(changes[i]) <= intervals]
-    return [
-        statistics.median(b - a for a, b in itertools.pairwise(times)) if len(times) > 1 else None
-        for times in changes
-    ]
+    return [_period_s(times) for times in changes]
+
+
+def _period_s(times: Sequence[float]) -> float | None:
+    """The mean period over the whole span, its number of periods counted with the median
+    interval: a change seen late (a busy machine) shortens one interval and lengthens the
+    next, which the span evens out; a tick that added nothing (two periods between seen
+    changes) is counted as two."""
+    if len(times) < 2:
+        return None
+    median_s = statistics.median(b - a for a, b in itertools.pairwise(times))
+    span_s = times[-1] - times[0]
+    periods = max(round(span_s / median_s), 1) if median_s > 0 else len(times) - 1
+    return span_s / periods
 
 
 def _period_text(period_s: float | None) -> str:

@@ -20,6 +20,9 @@ class MeterOptions:
     sample_interval_s: float | None = None
     cpu_tdp_w: float | None = None  # overrides the CPU TDP table of the estimate
     powercap_root: str | None = None  # default: $LLMENERGY_POWERCAP_ROOT or /sys/class/powercap
+    # Roots of other process trees whose CPU time is charged as this process's (a server
+    # the session sends requests to); the CPU meters' attribution covers them too.
+    attributed_pids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.sample_interval_s is not None and not self.sample_interval_s > 0:

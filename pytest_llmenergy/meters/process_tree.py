@@ -15,6 +15,7 @@ Two counters the CPU-based meters and the busy-machine check share:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -140,6 +141,56 @@ class ProcessTreeCpu:
     @property
     def has_children(self) -> bool:
         return bool(_descendants(self._root))
+
+
+class ProcessTrees:
+    """Several process trees as one counter: this process's and a server's it talks to.
+
+    A tree that is part of another (a server started by this process) would count twice,
+    so such roots are dropped; a root that ends keeps what it used (its counter never
+    goes back)."""
+
+    def __init__(self, pids: tuple[int, ...] = ()) -> None:
+        own = ProcessTreeCpu()
+        inside = set(_descendants(own._root))
+        self.pids = tuple(p for p in dict.fromkeys(pids) if p != own.pid and p not in inside)
+        # this process inside a given tree (a server that started it): that tree holds it
+        holders = [p for p in self.pids if _holds(p, own.pid)]
+        self.trees = [] if holders else [own]
+        for pid in self.pids:
+            try:
+                self.trees.append(ProcessTreeCpu(pid))
+            except psutil.Error as exc:
+                raise ValueError(f"cannot read process {pid}: {exc}") from None
+        self._last = [0.0] * len(self.trees)
+
+    def read(self) -> float:
+        for i, tree in enumerate(self.trees):
+            # a server that ended keeps what it used
+            with contextlib.suppress(psutil.Error):
+                self._last[i] = tree.read()
+        return sum(self._last)
+
+
+def _holds(root: int, pid: int) -> bool:
+    try:
+        return pid in _descendants(psutil.Process(root))
+    except psutil.Error:
+        return False
+
+
+def attributed_note(pids: tuple[int, ...]) -> str:
+    """The header's words for what the CPU meter charges, beyond this process tree."""
+    roots = ", ".join(str(p) for p in pids)
+    return (
+        f"CPU time attributed: this process tree (the client) + the server's process "
+        f"tree (pid {roots}, with its live children)"
+    )
+
+
+def cpu_reader(pids: tuple[int, ...] = ()) -> Callable[[], float]:
+    """The CPU-seconds counter of this process tree, plus those of ``pids``."""
+    return ProcessTrees(pids).read if pids else ProcessTreeCpu().read
 
 
 def _os_children_cpu_s() -> float:

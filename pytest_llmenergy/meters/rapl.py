@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..errors import MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .options import MeterOptions
-from .process_tree import ProcessTreeCpu, machine_busy_cpu_seconds
+from .process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
 from .sampling import PeriodicThread
 
 BACKEND = "rapl"
@@ -247,10 +247,13 @@ def create(options: MeterOptions) -> RaplMeter:
             raise MeterUnavailable(
                 BACKEND, f"cannot read {zone.energy_path}: {PERMISSION_HINT}"
             ) from exc
-    return RaplMeter(
+    meter = RaplMeter(
         zones,
         guard_interval_s(zones, options.sample_interval_s),
         root,
-        tree_cpu_s=ProcessTreeCpu().read,
+        tree_cpu_s=cpu_reader(options.attributed_pids),
         machine_busy_s=machine_busy_cpu_seconds,
     )
+    if options.attributed_pids:  # cpu:process covers the server's tree too
+        meter.notes = (*meter.notes, attributed_note(options.attributed_pids))
+    return meter

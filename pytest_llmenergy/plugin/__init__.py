@@ -14,6 +14,8 @@ features, each owning its state, its hooks and its terminal-summary section:
   out the seed and the meter's lock and keeps what the workers measured;
 - ``gpu_settings.GpuSettings``: GPU power limits and clocks as axes, telemetry per
   trial, restoring the GPUs, and the time-energy frontier.
+- ``distributed.Distributed`` (under torchrun): joins the process group, takes rank 0's
+  seed, meters every rank's share in lockstep windows; rank 0 alone keeps and shows.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
 meter opens before the keeper claims the run file, and the energy tables print before
@@ -30,27 +32,30 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..controller.benchmark import EnergyBenchmark
-from ..errors import LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
 from .cases import CASE_PLAN, MARKER, CasePlan
 from .deciding import ROUTING, RoutingSection
+from .distributed import DISTRIBUTED, Distributed
 from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
-from .options import add_options, marker_help, read_options
+from .options import PluginOptions, add_options, marker_help, read_options
 from .results import CASE_RESULTS, CaseResults
+from .serving import SERVING, Serving, attribute_server, check_settings
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
 
 if TYPE_CHECKING:
     from ..gpu.settings import GpuSetting
     from ..llm.loader import ModelPool
+    from ..serving.target import ServerTarget
 
 __all__ = ["CASE_PLAN", "CASE_RESULTS", "KEEPER", "METERING", "ROUTING"]
 
@@ -78,14 +83,31 @@ def pytest_configure(config: pytest.Config) -> None:
                 pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
             )
     stash, manager = config.stash, config.pluginmanager
+    check_settings(options)
+    if options.serve.active and config.getoption("numprocesses", None):
+        raise pytest.UsageError(
+            "--llm-endpoint/--llm-serve: a server is measured one burst at a time; run "
+            "without pytest-xdist's -n (--llm-concurrency sends requests at once)"
+        )
+    options = attribute_server(options)  # before the meter opens: it charges the server
     seed = worker_seed(config)
     if seed is not None:  # an xdist worker collects in the controller's order
         options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
+    ranks = _join_torchrun(config, options)
+    if ranks is not None:  # every rank collects in rank 0's order, meters its own share
+        options = ranks.options
+        seed = ranks.seed(options.order.seed)
+        options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
+        stash[DISTRIBUTED] = ranks
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(config, options.controller, options.order, options.llm)
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
     keeper = Keeper(config, options.keep, options, metering, results.results)
     routing = RoutingSection(options.route, keeper, results.results)
+    serving = Serving(
+        config, options.serve, options.llm, options.record, options.meter.attributed_pids
+    )
+    stash[SERVING] = serving
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
     gpu = GpuSettings(
@@ -98,11 +120,26 @@ def pytest_configure(config: pytest.Config) -> None:
         system=lambda: keeper.hardware,
     )
     stash[GPU_SETTINGS] = gpu
+    if options.gpu.sweeping and ranks is not None:  # every rank stops alike
+        raise pytest.UsageError(
+            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
+            "sweep one process, without torchrun"
+        )
+    if options.measure.profile_ops:  # workers profile too: the profile travels with the case
+        from ..predict.plugin import OP_PROFILING, OpProfiling
+
+        stash[OP_PROFILING] = OpProfiling()
+        manager.register(stash[OP_PROFILING], "llmenergy-profile-ops")
     if is_worker(config):  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config)
         stash[WORKER_SIDE] = side
         results.listeners.append(lambda cases: side.on_case(cases[-1]))
         manager.register(side, "llmenergy-xdist-worker")
+        manager.register(metering, "llmenergy-metering")
+        manager.register(plan, "llmenergy-cases")
+        return
+    if ranks is not None and not ranks.is_main:  # rank 0 keeps, shows and decides
+        manager.register(ranks, "llmenergy-torchrun")
         manager.register(metering, "llmenergy-metering")
         manager.register(plan, "llmenergy-cases")
         return
@@ -114,6 +151,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from .benchmark_energy import BenchmarkEnergy
 
         manager.register(BenchmarkEnergy(metering), "llmenergy-pytest-benchmark")
+    if ranks is not None:  # between the meter's opening and the keeper's claiming the file
+        manager.register(ranks, "llmenergy-torchrun")
     for name, feature in (
         ("gpu-settings", gpu),
         ("routing", routing),
@@ -123,6 +162,30 @@ def pytest_configure(config: pytest.Config) -> None:
         ("metering", metering),
     ):
         manager.register(feature, f"llmenergy-{name}")
+    if options.serve.active:  # last registered: its session start comes first
+        manager.register(serving, "llmenergy-serving")
+
+
+def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed | None:
+    """Under torchrun: check the layout, give each rank its meter, join the group."""
+    from ..distributed import detect
+    from .distributed import check_layout, rank_options
+
+    try:
+        env = detect()
+    except ConfigError as exc:
+        raise pytest.UsageError(f"torchrun: {exc}") from None
+    if env is None or is_worker(config):
+        if options.llm.parallel == "tp":
+            raise pytest.UsageError(
+                "--llm-parallel=tp: needs several ranks; start pytest with torchrun, e.g. "
+                "torchrun --nproc-per-node=2 -m pytest benchmarks/ --llm-parallel=tp"
+            )
+        return None
+    options, notes = check_layout(options, env)
+    import torch
+
+    return Distributed(config, env, rank_options(options, env, torch.cuda.device_count()), notes)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -135,8 +198,24 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *stash[CASE_PLAN].header(),
         *stash[KEEPER].header(),
         *(stash[GPU_SETTINGS].header() if GPU_SETTINGS in stash else []),
+        *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
+        *(stash[SERVING].header() if SERVING in stash else []),
+        *_profiling_header(config),
     ]
     return header_lines(config, lines)
+
+
+def _profiling_header(config: pytest.Config) -> list[str]:
+    from ..predict.plugin import OP_PROFILING
+
+    return config.stash[OP_PROFILING].header() if OP_PROFILING in config.stash else []
+
+
+def _op_profiler(config: pytest.Config, labels: dict[str, str]) -> Any:
+    from ..predict.plugin import OP_PROFILING
+
+    profiling = config.stash.get(OP_PROFILING, None)
+    return profiling.profiler_for(labels) if profiling is not None else None
 
 
 # -- fixtures ----------------------------------------------------------------------------
@@ -236,12 +315,13 @@ def energy_benchmark(
     node = request.node
     controller = config.stash[CASE_PLAN].controller_for(node)
     gpu = config.stash.get(GPU_SETTINGS, None)
+    labels = config.stash[CASE_PLAN].labels_for(node)
     return EnergyBenchmark(
         energy_meter,
         controller,
         nodeid=node.nodeid,
         name=node.name,
-        labels=config.stash[CASE_PLAN].labels_for(node),
+        labels=labels,
         on_result=config.stash[CASE_RESULTS].add,
         progress=_progress_writer(request),
         background=(
@@ -249,6 +329,7 @@ def energy_benchmark(
         ),
         exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
         trial_probe=gpu.probe() if gpu is not None else None,
+        op_profiler=_op_profiler(config, labels),
     )
 
 
@@ -256,6 +337,22 @@ def energy_benchmark(
 def llm_grid(pytestconfig: pytest.Config) -> Grid:
     """The cases ``--llm-grid``, ``--llm-model`` and the token options select."""
     return pytestconfig.stash[CASE_PLAN].llm.grid
+
+
+def _check_metered(config: pytest.Config, loaded: Any) -> None:
+    """A model spread over GPUs (``device_map="auto"``) must be metered on every one."""
+    from ..llm.loader import occupied_gpus, unmetered_gpus
+
+    meter = config.stash[METERING].meter
+    if meter is None or not meter.domains:
+        return
+    missing = unmetered_gpus(occupied_gpus(loaded.model), meter.domains)
+    if missing and any(name.startswith("gpu:") for name in meter.domains):
+        on = ", ".join(f"cuda:{i}" for i in missing)
+        raise LLMEnergyError(
+            f"model {loaded.name!r} also runs on {on}, which the meter does not read; "
+            "meter every GPU it occupies (--energy-gpus, or leave it unset for all)"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -269,6 +366,16 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
         device=settings.device,
         trust_remote_code=settings.trust_remote_code,
         allow_beyond_context=settings.allow_beyond_context,
+        parallel=settings.parallel if DISTRIBUTED in pytestconfig.stash else "none",
+        on_load=lambda loaded: _check_metered(pytestconfig, loaded),
     )
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def llm_server(pytestconfig: pytest.Config) -> ServerTarget | None:
+    """The server the cases target (``--llm-endpoint`` or ``--llm-serve``), None without:
+    ``llm_server.run(input_tokens, output_tokens, concurrency)`` is one measured burst."""
+    serving = pytestconfig.stash.get(SERVING, None)
+    return serving.target if serving is not None else None

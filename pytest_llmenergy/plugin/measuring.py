@@ -13,6 +13,7 @@ import pytest
 from ..errors import ConfigError, LLMEnergyError, MeterUnavailable
 from ..meters import BUILTIN_BACKENDS, Meter, MeterFactory, MeterOptions, backend_names, open_meter
 from ..meters.background import BackgroundCpu
+from ..meters.process_tree import ProcessTrees
 from ..tables import wrap
 from .options import MeasureSettings
 
@@ -44,7 +45,9 @@ class Metering:
         """What the rest of the machine does: read around every trial (made on first use,
         so a session without energy cases does not pay for it)."""
         if self._background is None:
-            self._background = BackgroundCpu()
+            # a server this session talks to is not "the rest of the machine"
+            pids = self.options.attributed_pids
+            self._background = BackgroundCpu(ProcessTrees(pids) if pids else None)
         return self._background
 
     # -- hooks ---------------------------------------------------------------------

@@ -36,12 +36,14 @@ from ..gpu.settings import (
     parse_power_limits,
     parse_slowdowns,
 )
-from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_token_list
-from ..llm.loader import DTYPES
+from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_count_list, parse_token_list
+from ..llm.loader import DTYPES, PARALLEL
 from ..meters import BUILTIN_BACKENDS, MeterOptions, sample_interval_defaults
 from ..report import DEFAULT_GROUP_BY, DEFAULT_SORT, GROUP_CHOICES, parse_group_by, parse_sort
 from ..report import parse_columns as parse_report_columns
 from ..routing import BY_CHOICES, INPUT
+from ..serving.engine import ENGINES
+from ..serving.settings import ServeSettings, engine_choice, parse_args
 from ..storage.store import DEFAULT_STORAGE, check_run_name
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ INI_PREFIX = "llmenergy_"
 class MeasureSettings:
     backend: str = "auto"
     idle_s: float = 0.0
+    dist_timeout_s: float = 300.0  # under torchrun: how long a rank waits for the others
+    profile_ops: bool = False  # an unmeasured torch.profiler run after each case's trials
 
 
 @dataclass(frozen=True)
@@ -125,10 +129,20 @@ class LLMSettings:
     device: str = "auto"
     trust_remote_code: bool = False
     allow_beyond_context: bool = False  # rotary/ALiBi models may run cases past their context
+    parallel: str = "none"  # under torchrun: none (a whole model per rank) or tp
+    batch_sizes: tuple[int, ...] = (1,)  # prompts per generate call
+    concurrency: tuple[int, ...] = (1,)  # requests at once to a server
     grid: Grid = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        grid = make_grid(self.grid_name, self.models, self.input_tokens, self.output_tokens)
+        grid = make_grid(
+            self.grid_name,
+            self.models,
+            self.input_tokens,
+            self.output_tokens,
+            self.batch_sizes,
+            self.concurrency,
+        )
         object.__setattr__(self, "grid", grid)
 
 
@@ -160,6 +174,7 @@ class PluginOptions:
     route: RouteOptions = field(default_factory=RouteOptions)
     llm: LLMSettings = field(default_factory=LLMSettings)
     gpu: GpuOptions = field(default_factory=GpuOptions)
+    serve: ServeSettings = field(default_factory=ServeSettings)
     record: Mapping[str, Any] = field(default_factory=dict)  # for the run file, by option name
 
 
@@ -328,6 +343,16 @@ OPTIONS: tuple[Option, ...] = (
         "WATTS",
         "CPU TDP in watts for the estimate meter",
         default_text="from the CPU model table",
+    ),
+    Option(
+        "--energy-profile-ops",
+        "measure.profile_ops",
+        values.switch,
+        "on|off",
+        "after each case's trials, run it once more under torch.profiler (unmeasured, so "
+        "the profiler's overhead never enters a trial) and keep its operator trace with "
+        "the case, for llmenergy calibrate",
+        const="on",
     ),
     # -- repeating ---------------------------------------------------------------------
     Option(
@@ -641,6 +666,97 @@ OPTIONS: tuple[Option, ...] = (
         "tokens exceed their context (the research ran Llama-2-7B at 4128 of 4096); "
         "off: such a case stops the session at start",
         const="on",
+    ),
+    Option(
+        "--llm-parallel",
+        "llm.parallel",
+        values.choice(PARALLEL),
+        "LAYOUT",
+        "under torchrun: tp (the model split tensor-parallel over the ranks by transformers) "
+        "or none (every rank runs a whole model); choices: {choices}",
+        choices=lambda: PARALLEL,
+    ),
+    Option(
+        "--energy-dist-timeout",
+        "measure.dist_timeout_s",
+        values.seconds,
+        "SECONDS",
+        "under torchrun: how long a rank waits for the others at a trial's start or end "
+        "before it gives up, saves what was measured and names the silent rank (300)",
+    ),
+    # -- batches and servers -------------------------------------------------------------
+    Option(
+        "--llm-batch-sizes",
+        "llm.batch_sizes",
+        parse_count_list,
+        "LIST",
+        "run every case at these batch sizes, e.g. 1,8,32 (ids get -bs8): a batch of "
+        "distinct prompts of exactly the case's input tokens, each generating exactly its "
+        "output tokens; per-query figures share the batch's joules, J/token sums its tokens",
+    ),
+    Option(
+        "--llm-concurrency",
+        "llm.concurrency",
+        parse_count_list,
+        "LIST",
+        "send this many requests at once to the server (--llm-endpoint or --llm-serve) per "
+        "trial, e.g. 1,8 (ids get -c8); the window covers the whole burst",
+    ),
+    Option(
+        "--llm-endpoint",
+        "serve.endpoint",
+        values.text,
+        "URL",
+        "measure a running OpenAI-compatible server (vLLM, llama.cpp, ...) at URL, e.g. "
+        "http://127.0.0.1:8000, serving the one --llm-model (its tokenizer makes the prompts)",
+    ),
+    Option(
+        "--llm-served-model",
+        "serve.served_model",
+        values.text,
+        "NAME",
+        "the model's name on the server (the request's model field)",
+        default_text="the one model the server lists",
+    ),
+    Option(
+        "--llm-serve",
+        "serve.engine",
+        engine_choice,
+        "ENGINE",
+        "start this engine for the session on a free port, serving the one --llm-model, "
+        "and stop it and its children at the end: {choices}",
+        choices=lambda: list(ENGINES),
+    ),
+    Option(
+        "--llm-serve-python",
+        "serve.python",
+        values.text,
+        "PATH",
+        "the engine's Python interpreter (engines live in their own venv), e.g. "
+        "/work/venvs/vllm/bin/python",
+        default_text="$LLMENERGY_SERVE_PYTHON, else this Python",
+    ),
+    Option(
+        "--llm-serve-args",
+        "serve.args",
+        parse_args,
+        "FLAGS",
+        "extra flags for the engine, e.g. '--max-num-seqs 16' (never run through a shell)",
+    ),
+    Option(
+        "--llm-serve-timeout",
+        "serve.timeout_s",
+        values.seconds,
+        "SECONDS",
+        "how long the engine may take to answer after starting",
+    ),
+    Option(
+        "--llm-server-pid",
+        "serve.server_pid",
+        values.integer(1),
+        "PID",
+        "the --llm-endpoint server's process: the CPU meters charge its process tree too",
+        default_text="the process listening on the URL's port, when it is on this machine",
     ),
     # -- GPU settings (the time-energy frontier) ---------------------------------------
     Option(

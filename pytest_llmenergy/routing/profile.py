@@ -64,6 +64,7 @@ class Profile:
     source: str = ""
     confidence: float = 0.95  # the level its measurements' intervals are drawn at
     estimated: bool = False  # energy from the estimate meter, not measured: figures say so
+    predicted: bool = False  # from a calibration (llmenergy predict), never measured
 
     @property
     def average_power_w(self) -> float:
@@ -197,6 +198,7 @@ def profiles_from_cases(
             case.labels.get("sweep", "") if case.labels.get("sweep") in SWEEPS else "",
         )
         for case in cases
+        if case.queries == 1  # a batch's or a burst's trials are another operating point
         for t in case.trials
         if t.seconds > 0 and t.joules > 0
     ]

@@ -104,6 +104,13 @@ class RunRecorder:
         if self.run.cases:
             self._write()
 
+    def amend(self, **changes: Any) -> None:
+        """Change header fields (a distributed job's layout, its final status) and rewrite
+        the file if it holds cases."""
+        self.run = dataclasses.replace(self.run, **changes)
+        if self.run.cases:
+            self._write()
+
     def _write(self) -> None:
         cases = self.run.cases
         if len(self._encoded) > len(cases):

@@ -20,7 +20,7 @@ from ..controller.rule import ControllerOptions
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError
 from ..meters.resources import ResourceUsage
-from ..results import CaseResult, GpuTelemetry, PhaseRecord, Trial
+from ..results import CaseResult, GpuTelemetry, PhaseRecord, RequestRecord, Trial
 
 FORMAT = "pytest-llmenergy-run"
 # 1: pytest-llmenergy 0.1.0; "options" was a dump of the settings dataclasses.
@@ -140,6 +140,11 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         },
         "background_cpu": t.background_cpu,
         "passes": t.passes,
+        "queries": t.queries,
+        "requests": [
+            {"ttft_s": q.ttft_s, "latency_s": q.latency_s, "output_tokens": q.output_tokens}
+            for q in t.requests
+        ],
         **({"gpu": _gpu_dict(t.gpu)} if t.gpu is not None else {}),
     }
 
@@ -200,6 +205,8 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "resolution_s": r.resolution_s,
         "prefill_passes": [_trial_dict(t) for t in r.prefill_passes],
         "conversions": dict(r.conversions),
+        "queries": r.queries,
+        "op_profile": None if r.op_profile is None else dict(r.op_profile),
     }
 
 
@@ -344,6 +351,13 @@ def _trial(r: _Reader) -> Trial:
         phases=phases,
         background_cpu=r.get("background_cpu", float, optional=True),
         passes=r.get("passes", int, optional=True) or 1,
+        queries=r.get("queries", int, optional=True) or 1,
+        requests=tuple(
+            RequestRecord(
+                q.get("ttft_s", float), q.get("latency_s", float), q.get("output_tokens", int)
+            )
+            for q in r.objs("requests", optional=True)
+        ),
         gpu=_gpu(r.obj("gpu", optional=True)),
     )
 
@@ -415,6 +429,8 @@ def _case(r: _Reader) -> CaseResult:
         resolution_s=r.get("resolution_s", float, optional=True),
         prefill_passes=tuple(_trial(t) for t in r.objs("prefill_passes", optional=True)),
         conversions=r.numbers("conversions") if "conversions" in r.data else {},
+        queries=r.get("queries", int, optional=True) or 1,
+        op_profile=r.get("op_profile", dict, optional=True),
     )
 
 

@@ -1,0 +1,207 @@
+"""Serving: a server as the suite's target (``--llm-endpoint``), or an engine started
+for the session (``--llm-serve``) and stopped at its end, whatever happens.
+
+Which energy is the server's: GPU meters measure the devices, whoever uses them; CPU
+meters charge this process tree, and an engine started here is part of it (a child).
+A running server's process tree is added to it (``--llm-server-pid``, or the process
+listening on the URL's port when that is on this machine) before the meter opens, and
+the header says what is attributed to what.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ..errors import ConfigError, LLMEnergyError
+from ..serving.settings import ServeSettings
+from .options import LLMSettings, PluginOptions
+
+if TYPE_CHECKING:
+    from ..serving.engine import RunningEngine
+    from ..serving.target import ServerTarget
+
+
+def check_settings(options: PluginOptions) -> None:
+    """Combinations that cannot work stop the session at start, in one line."""
+    serve, grid = options.serve, options.llm.grid
+    if grid.concurrency != (1,) and not serve.active:
+        raise pytest.UsageError(
+            "--llm-concurrency: concurrent requests need a server: add --llm-endpoint=URL "
+            "or --llm-serve=vllm (a local model takes batches: --llm-batch-sizes)"
+        )
+    if serve.active and grid.batch_sizes != (1,):
+        raise pytest.UsageError(
+            "--llm-batch-sizes: a server batches requests itself; send them at once with "
+            "--llm-concurrency instead"
+        )
+    if serve.active and len(grid.models) != 1:
+        raise pytest.UsageError(
+            f"--llm-endpoint/--llm-serve measure one model, the grid has {len(grid.models)} "
+            f"({', '.join(grid.models)}): give one --llm-model (for vLLM's CPU build a "
+            "built-in model with heads of 32 dimensions: --llm-model=tiny-llama-h32)"
+        )
+
+
+def attribute_server(options: PluginOptions) -> PluginOptions:
+    """Add a running server's process tree to what the CPU meters charge."""
+    serve = options.serve
+    if not serve.endpoint:
+        return options
+    pid = serve.server_pid
+    if pid is None:
+        from ..serving.client import Endpoint
+        from ..serving.engine import find_server_pid
+
+        endpoint = Endpoint(serve.endpoint)
+        if endpoint.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+            pid = find_server_pid(endpoint.port)
+    if pid is None:
+        return options
+    meter = dataclasses.replace(options.meter, attributed_pids=(pid,))
+    return dataclasses.replace(options, meter=meter)
+
+
+class Serving:
+    """Owns the server: the engine's process (when started here), the endpoint, the
+    target the benchmark cases send their bursts to, and its lines in the header."""
+
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: ServeSettings,
+        llm: LLMSettings,
+        record: dict[str, Any],
+        attributed_pids: tuple[int, ...] = (),
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.llm = llm
+        self.record = record  # the run file's options: the engine's version and flags go in
+        self.attributed_pids = attributed_pids
+        self.engine: RunningEngine | None = None
+        self.target: ServerTarget | None = None
+        self._model = ""
+        self.session: pytest.Session | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+        if not self.settings.active or self.config.option.collectonly:
+            return
+        try:
+            self._start()
+        except LLMEnergyError as exc:
+            self.stop()
+            flag = "--llm-serve" if self.settings.engine else "--llm-endpoint"
+            raise pytest.UsageError(f"{flag}: {exc}") from None
+
+    def _start(self) -> None:
+        from ..llm.grid import split_model
+        from ..llm.loader import load_prompts, model_source
+        from ..serving.client import Endpoint
+        from ..serving.engine import default_python, start_engine
+        from ..serving.target import ServerTarget
+
+        _, source = split_model(self.llm.grid.models[0])
+        self._model = source
+        s = self.settings
+        if s.endpoint and not Endpoint(s.endpoint).healthy(timeout_s=5.0):
+            raise ConfigError(
+                f"no OpenAI-compatible server answers at {s.endpoint} (GET /v1/models); "
+                "start it first, or let the session start one with --llm-serve=vllm"
+            )
+        prompts = load_prompts(source, trust_remote_code=self.llm.trust_remote_code)
+        if s.engine:
+            folder = model_source(source)
+            self.engine = start_engine(
+                s.engine,
+                folder,
+                python=s.python or default_python(),
+                extra_args=s.args,
+                timeout_s=s.timeout_s,
+            )
+            endpoint = Endpoint(self.engine.url, s.served_model or folder)
+            self.record["serve_engine"] = self.engine.record()
+        else:
+            assert s.endpoint is not None
+            endpoint = Endpoint(s.endpoint, s.served_model or "")
+            if not endpoint.model:
+                served = endpoint.served_models()
+                if len(served) != 1:
+                    raise ConfigError(
+                        f"the server serves {len(served)} models ({', '.join(served)}): name "
+                        "one with --llm-served-model"
+                    )
+                endpoint = dataclasses.replace(endpoint, model=served[0])
+            self.record["serve_endpoint"] = {"url": s.endpoint, "model": endpoint.model}
+        engine = self.engine
+        self.target = ServerTarget(
+            endpoint, prompts, prompts.tokenizer, gone=engine.exited if engine else None
+        )
+        try:
+            self.target.probe()
+        except LLMEnergyError as exc:  # refused, failed, or counted otherwise
+            log = ""
+            if engine is not None:
+                log = f"; log {engine.log_path}, last lines: " + " | ".join(engine.last_log_lines())
+            raise ConfigError(
+                f"{endpoint.url} could not complete a first request for {endpoint.model}: "
+                f"{exc}{log}"
+            ) from None
+        key = "serve_engine" if engine is not None else "serve_endpoint"
+        self.record[key]["prompt"] = self.target.prompt_kind
+
+    def header(self) -> list[str]:
+        if self.target is None:
+            return []
+        endpoint = self.target.endpoint
+        if self.engine is not None:
+            e = self.engine
+            started = f", answered after {e.started_s:.0f} s" if e.started_s else ""
+            lines = [
+                f"server: {e.version} started here (pid {e.pid}) at {e.url}{started}, serving "
+                f"{endpoint.model}; log {e.log_path}",
+                "  energy: GPU meters measure the GPUs; CPU meters charge this process tree, "
+                "which holds the engine and its workers (children of this process)",
+            ]
+        else:
+            lines = [f"server: {endpoint.url} serving {endpoint.model} (not started here)"]
+            if self.attributed_pids:
+                lines.append(
+                    "  energy: GPU meters measure the GPUs; CPU meters charge this process "
+                    f"tree (the client) + the server's (pid "
+                    f"{', '.join(map(str, self.attributed_pids))}, with its live children)"
+                )
+            else:
+                lines.append(
+                    "  energy: GPU meters measure the GPUs; CPU meters charge this process "
+                    "(the client) alone: the server's process is not visible on this machine "
+                    "(give --llm-server-pid=PID if it runs here)"
+                )
+        lines.append(
+            f"  every request asks for exactly the case's tokens (prompt as "
+            f"{self.target.prompt_kind}, ignore_eos, min_tokens = max_tokens), checked against "
+            "each response's usage: another count fails the trial"
+        )
+        return lines
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """An engine that died takes every later case with it: stop at the first."""
+        if report.failed and self.engine is not None and self.session is not None:
+            why = self.engine.exited()
+            if why is not None:
+                self.session.shouldstop = why
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """Also after a failure or Ctrl-C: pytest unconfigures on every way out."""
+        self.stop()
+
+
+SERVING = pytest.StashKey[Serving]()

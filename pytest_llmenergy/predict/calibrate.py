@@ -1,0 +1,447 @@
+"""Fit the operator-class model to measured runs: one calibration per system and setting.
+
+time = sum over classes c of (a_c * FLOPs_c + b_c * bytes_c) + t_launch * operators, and
+energy likewise, with non-negative coefficients (a negative joule per FLOP means
+nothing), fitted by non-negative least squares on *relative* residuals (a 10 ms case
+counts as much as a 2 s one) over every measured case's prefill and decode phases.
+The error estimate a prediction carries is the leave-one-case-out error: each case
+predicted by a fit that never saw it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..results import DECODE, PREFILL, CaseResult
+from .features import (
+    ATTENTION,
+    COLUMNS,
+    MATMUL,
+    OTHER,
+    WORK_CLASSES,
+    ModelShape,
+    Work,
+    case_work,
+    load_shape,
+    shape_from_config,
+)
+from .profile import check_profile
+
+FORMAT = "llmenergy-calibration"
+VERSION = 1
+# Case labels that name a hardware setting (a GPU power limit or clock), when present.
+SETTING_LABELS = ("setting", "gpu_setting")
+BATCH_LABEL = "batch_size"
+SPEED_KEY = "speed_reference_s"  # a run's machine record (plugin/keeping.py)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured phase (or whole case when it was not split) and its work."""
+
+    case: int  # index into the cases, for leave-one-case-out
+    phase: str
+    time_s: float
+    energy_j: float
+    x: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Point:
+    """A measured case, as calibration reports it."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    batch_size: int
+    time_s: float
+    energy_j: float
+    work: Mapping[str, Work]
+    profile: Mapping[str, Any] | None
+    # mean (seconds, joules) of each phase; empty when the trials were not split
+    phases: Mapping[str, tuple[float, float]]
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 500) -> np.ndarray:
+    """Non-negative least squares, Lawson and Hanson's active-set method."""
+    n = a.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    for _ in range(iterations):
+        if passive.all() or (w[~passive] <= 1e-12 * max(1.0, float(np.abs(w).max()))).all():
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            bad = passive & (z <= 0)
+            alpha = np.min(x[bad] / (x[bad] - z[bad]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+KERNEL_CLASSES = (MATMUL, ATTENTION)
+
+# How the columns share coefficients.  ``shared``: one cost per FLOP and one per byte
+# whatever the class, and one per launch: three numbers, which one model's sizes can
+# determine (with a single model, per-class columns all grow with the tokens together
+# and the split between them is arbitrary).  ``per_class``: every column its own, for
+# calibrations over several models.  ``kernels``: the matrix-multiply and attention
+# kernels' cost per FLOP taken from the operator profiles (each kernel call's own time
+# against its FLOPs, over every shape profiled: AstraWattch's per-kernel models), the
+# rest shared as in ``shared`` and fitted to the windows.
+FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    "shared": (
+        tuple(f"{c}_flops" for c in WORK_CLASSES),
+        tuple(f"{c}_bytes" for c in WORK_CLASSES),
+        ("launches",),
+        ("generations",),
+    ),
+    "per_class": tuple((c,) for c in COLUMNS),
+    "kernels": (
+        tuple(f"{c}_flops" for c in WORK_CLASSES if c not in KERNEL_CLASSES),
+        tuple(f"{c}_bytes" for c in WORK_CLASSES),
+        ("launches",),
+        ("generations",),
+    ),
+}
+
+
+def fit(
+    rows: Sequence[Row],
+    target: str,
+    form: str = "shared",
+    fixed: Mapping[str, float] | None = None,
+) -> np.ndarray:
+    """Coefficients (per COLUMNS) minimizing the relative error of ``target`` per row;
+    ``fixed`` columns keep the given coefficients (their share is taken off first)."""
+    fixed = dict(fixed or {})
+    groups = FORMS[form]
+    tie = np.zeros((len(COLUMNS), len(groups)))
+    for j, names in enumerate(groups):
+        for name in names:
+            tie[COLUMNS.index(name), j] = 1.0
+    base = np.array([fixed.get(c, 0.0) for c in COLUMNS])
+    raw = np.array([r.x for r in rows], dtype=float)
+    x = raw @ tie
+    y = np.array([getattr(r, target) for r in rows], dtype=float)
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    a = (x / scale) / y[:, None]
+    coef = nnls(a, 1.0 - (raw @ base) / y)
+    return tie @ (coef / scale) + base
+
+
+def kernel_seconds_per_flop(points: Sequence[Point]) -> dict[str, float]:
+    """Per kernel class, from the profiles: seconds per FLOP of its calls, fitted with a
+    per-call constant (the profiler's own overhead lands there, not in the rate)."""
+    out: dict[str, float] = {}
+    for cls in KERNEL_CLASSES:
+        ops = [
+            op
+            for p in points
+            if p.profile
+            for op in p.profile.get("ops", [])
+            if op.get("class") == cls and op.get("flops", 0) > 0
+        ]
+        if len(ops) < 2:
+            raise ConfigError(
+                f"form 'kernels' needs operator profiles with {cls} kernels: measure the "
+                f"calibration runs with --energy-profile-ops"
+            )
+        x = np.array([[op["flops"], op["calls"]] for op in ops], dtype=float)
+        y = np.array([op["self_cpu_s"] for op in ops], dtype=float)
+        scale = x.max(axis=0)
+        out[f"{cls}_flops"] = float((nnls(x / scale, y) / scale)[0])
+    return out
+
+
+def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int) -> ModelShape:
+    """From the config kept in the case's profile, else from the model it names."""
+    profile = case.op_profile
+    if profile and isinstance(profile.get("model_config"), dict):
+        name = str(profile.get("model_name") or case.labels.get("model", ""))
+        return shape_from_config(profile["model_config"], name, elem_bytes)
+    source = case.labels.get("model_source") or case.labels.get("model") or ""
+    key = f"{case.labels.get('model', '')}={source}"
+    if key not in cache:
+        cache[key] = load_shape(key, elem_bytes)
+    return cache[key]
+
+
+def _mean(values: Iterable[float]) -> float:
+    vals = list(values)
+    return math.fsum(vals) / len(vals)
+
+
+def points_from_cases(
+    cases: Iterable[CaseResult], elem_bytes: int = 4, skipped: list[str] | None = None
+) -> list[Point]:
+    """Every case with undisturbed trials whose model's config can be read."""
+    cache: dict[str, ModelShape] = {}
+    out: list[Point] = []
+    for case in cases:
+        if not case.trials:
+            continue
+        try:
+            shape = _case_shape(case, cache, elem_bytes)
+            batch = int(case.labels.get(BATCH_LABEL, "1"))
+        except (ConfigError, ValueError) as exc:
+            if skipped is not None:
+                skipped.append(f"{case.name}: {exc}")
+            continue
+        profile = None
+        if case.op_profile is not None:
+            profile = check_profile(case.op_profile, case.name)
+        out.append(
+            Point(
+                model=shape.name,
+                input_tokens=case.input_tokens,
+                output_tokens=case.output_tokens,
+                batch_size=batch,
+                time_s=_mean(t.seconds for t in case.trials),
+                energy_j=_mean(t.joules for t in case.trials),
+                work=case_work(shape, case.input_tokens, case.output_tokens, batch),
+                profile=profile,
+                phases={
+                    phase: (
+                        _mean(t.phases[phase].seconds for t in case.trials),
+                        _mean(t.phases[phase].joules for t in case.trials),
+                    )
+                    for phase in (PREFILL, DECODE)
+                }
+                if case.has_phases
+                else {},
+            )
+        )
+    return out
+
+
+def rows_for(points: Sequence[Point]) -> list[Row]:
+    rows: list[Row] = []
+    for i, p in enumerate(points):
+        if p.phases and p.output_tokens > 1:
+            for phase, (t, e) in p.phases.items():
+                if t > 0 and e > 0:
+                    rows.append(Row(i, phase, t, e, tuple(p.work[phase].vector())))
+        else:
+            total = Work()
+            total.add(p.work[PREFILL])
+            total.add(p.work[DECODE])
+            rows.append(Row(i, "total", p.time_s, p.energy_j, tuple(total.vector())))
+    return rows
+
+
+def fit_both(
+    rows: Sequence[Row], form: str, fixed: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Time coefficients, energy coefficients and the average power between them.
+
+    Energy is power x the predicted time plus non-negative energy per unit of work
+    (``P * T + sum e_c * work_c``): the power is fitted first (one number, hard to get
+    wrong), so a meter whose power hardly changes (the estimate, a CPU package) gets
+    the time model's accuracy, and classes that draw more power than the average add
+    theirs.  Returned folded into one coefficient per column.
+    """
+    time_coef = fit(rows, "time_s", form, fixed)
+    t = np.array([np.dot(time_coef, r.x) for r in rows])
+    e = np.array([r.energy_j for r in rows])
+    ratio = t / e
+    power_w = float(ratio.sum() / (ratio * ratio).sum()) if (ratio > 0).any() else 0.0
+    base = dict(zip(COLUMNS, power_w * time_coef, strict=True))
+    energy_coef = fit(rows, "energy_j", form, base)
+    return time_coef, energy_coef, power_w
+
+
+def predict_work(coef: Sequence[float], work: Mapping[str, Work]) -> float:
+    return float(sum(np.dot(coef, w.vector()) for w in work.values()))
+
+
+def _errors(pred: Sequence[float], true: Sequence[float]) -> dict[str, float]:
+    rel = [(p - t) / t for p, t in zip(pred, true, strict=True)]
+    return {
+        "mean_abs_rel": _mean(abs(r) for r in rel),
+        "rms_rel": math.sqrt(_mean(r * r for r in rel)),
+        "max_abs_rel": max(abs(r) for r in rel),
+    }
+
+
+def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str, Any]:
+    """The coefficients, their in-sample and leave-one-case-out errors, per case and class."""
+    rows = rows_for(points)
+    if len(points) < 3 or len(rows) < len(COLUMNS) // 2:
+        raise ConfigError(
+            f"calibration needs at least 3 measured cases with phases, got {len(points)}; "
+            f"measure more token sizes (e.g. --llm-input-tokens=8..2048)"
+        )
+    result: dict[str, Any] = {"columns": list(COLUMNS), "form": form}
+    fixed: dict[str, float] = {}
+    if form == "kernels":
+        fixed = kernel_seconds_per_flop(points)
+        result["kernel_s_per_flop"] = fixed
+    fits = {"time_s": fit_both(rows, form, fixed)}
+    loo_fits = [fit_both([r for r in rows if r.case != i], form, fixed) for i in range(len(points))]
+    for target in ("time_s", "energy_j"):
+        index = 0 if target == "time_s" else 1
+        coef = fits["time_s"][index]
+        pred = [predict_work(coef, p.work) for p in points]
+        true = [getattr(p, target) for p in points]
+        loo = [predict_work(f[index], p.work) for f, p in zip(loo_fits, points, strict=True)]
+        result[target] = {
+            "coefficients": dict(zip(COLUMNS, (float(c) for c in coef), strict=True)),
+            "in_sample": _errors(pred, true),
+            "leave_one_out": _errors(loo, true),
+            "predicted": pred,
+        }
+    result["energy_j"]["power_w"] = fits["time_s"][2]
+    result["cases"] = [
+        {
+            "model": p.model,
+            "input_tokens": p.input_tokens,
+            "output_tokens": p.output_tokens,
+            "batch_size": p.batch_size,
+            "time_s": p.time_s,
+            "predicted_time_s": result["time_s"]["predicted"][i],
+            "energy_j": p.energy_j,
+            "predicted_energy_j": result["energy_j"]["predicted"][i],
+        }
+        for i, p in enumerate(points)
+    ]
+    for target in ("time_s", "energy_j"):
+        del result[target]["predicted"]
+    result["classes"] = class_errors(points, result["time_s"]["coefficients"])
+    return result
+
+
+def class_time(coef: Mapping[str, float], work: Work, cls: str) -> float:
+    if cls == OTHER:
+        return 0.0
+    return coef[f"{cls}_flops"] * work.flops[cls] + coef[f"{cls}_bytes"] * work.bytes[cls]
+
+
+def class_errors(points: Sequence[Point], coef: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Per class, over the profiled cases: the model's seconds against the profile's.
+
+    The profile's self CPU times are inflated by the profiler itself, so each case's
+    profile is scaled to the case's measured mean time (its shares are kept); the model's
+    launch term is split over the classes by the profile's operator calls.
+    """
+    profiled = [p for p in points if p.profile]
+    if not profiled:
+        return []
+    measured = dict.fromkeys((*WORK_CLASSES, OTHER), 0.0)
+    model = dict.fromkeys((*WORK_CLASSES, OTHER), 0.0)
+    for p in profiled:
+        classes = p.profile["classes"]  # type: ignore[index]
+        total_self = sum(c["self_cpu_s"] for c in classes.values()) or 1.0
+        calls = sum(c["calls"] for c in classes.values()) or 1
+        ops = sum(w.ops for w in p.work.values())
+        for cls in measured:
+            row = classes.get(cls, {"self_cpu_s": 0.0, "calls": 0})
+            measured[cls] += row["self_cpu_s"] / total_self * p.time_s
+            launch = coef["launches"] * ops * row["calls"] / calls
+            model[cls] += launch + sum(class_time(coef, w, cls) for w in p.work.values())
+        model[OTHER] += coef["generations"] * sum(w.generations for w in p.work.values())
+    return [
+        {
+            "class": cls,
+            "profiled_s": measured[cls],
+            "predicted_s": model[cls],
+            "error_rel": (model[cls] - measured[cls]) / measured[cls] if measured[cls] else None,
+        }
+        for cls in measured
+    ]
+
+
+def calibrate_runs(
+    runs: Sequence[Any], sources: Sequence[str], form: str = "shared"
+) -> dict[str, Any]:
+    """One calibration per (hardware, setting) found in ``runs`` (storage ``Run`` objects)."""
+    groups: dict[tuple[str, str | None], list[CaseResult]] = {}
+    meters: dict[tuple[str, str | None], str] = {}
+    speeds: dict[tuple[str, str | None], list[float]] = {}
+    skipped: list[str] = []
+    for run in runs:
+        for case in run.cases:
+            setting = next((case.labels[k] for k in SETTING_LABELS if k in case.labels), None)
+            key = (run.hardware, setting)
+            groups.setdefault(key, []).append(case)
+            meters[key] = run.backend
+            speed = run.machine.get(SPEED_KEY)
+            if isinstance(speed, int | float) and not isinstance(speed, bool) and speed > 0:
+                speeds.setdefault(key, []).append(float(speed))
+    calibrations = []
+    for (system, setting), cases in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        points = points_from_cases(cases, skipped=skipped)
+        fitted = calibrate_points(points, form)
+        calibrations.append(
+            {
+                "system": system,
+                "setting": setting,
+                "meter": meters[(system, setting)],
+                "estimated": any(c.estimated for c in cases),
+                "models": sorted({p.model for p in points}),
+                # the machine's speed when measured (meters/reference.py), to compare with
+                # a later run's: a prediction is for the machine as fast as it was then
+                SPEED_KEY: _mean(speeds[(system, setting)])
+                if speeds.get((system, setting))
+                else None,
+                **fitted,
+            }
+        )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "runs": list(sources),
+        "skipped": skipped,
+        "calibrations": calibrations,
+    }
+
+
+def load_calibration(path: str) -> dict[str, Any]:
+    """A calibration file, checked: one error naming the file when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: no such calibration file; make one with llmenergy calibrate"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a calibration file ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a calibration file; make one with llmenergy calibrate")
+    if data.get("version") != VERSION:
+        raise ConfigError(f"{path}: calibration version {data.get('version')} is not {VERSION}")
+    cals = data.get("calibrations")
+    if not isinstance(cals, list) or not cals:
+        raise ConfigError(f"{path}: holds no calibration")
+    for cal in cals:
+        coef = cal.get("time_s", {}).get("coefficients") if isinstance(cal, dict) else None
+        if not isinstance(coef, dict) or set(coef) != set(COLUMNS):
+            raise ConfigError(f"{path}: a calibration lacks the coefficients {', '.join(COLUMNS)}")
+    return data
+
+
+def class_names() -> tuple[str, ...]:
+    return (*WORK_CLASSES, OTHER)
+
+
+__all__ = ["MATMUL", "calibrate_runs", "load_calibration", "nnls"]

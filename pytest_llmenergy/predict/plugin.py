@@ -1,0 +1,75 @@
+"""``--energy-profile-ops``: the feature object that profiles each case once, unmeasured.
+
+The energy_benchmark fixture asks it for a profiler per case; the profile goes into the
+case's ``op_profile`` with the model's sizes (from its config, when the case names a
+model whose config can be read) so that ``llmenergy calibrate`` needs nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from ..errors import ConfigError
+
+Profiler = Callable[[Callable[[], Any]], Mapping[str, Any]]
+
+
+class OpProfiling:
+    """Registered with the plugin manager when ``--energy-profile-ops`` is on."""
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:  # stop at start, not at every case
+            raise pytest.UsageError(
+                "--energy-profile-ops needs torch (its profiler): pip install torch==2.13.0, "
+                "or leave the option off"
+            )
+        self.profiled = 0
+        self.profile_s = 0.0  # profiling and summarizing, summed over the cases
+
+    def header(self) -> list[str]:
+        return [
+            "operator profiles: one more run of each case after its trials, under "
+            "torch.profiler, unmeasured (--energy-profile-ops)"
+        ]
+
+    def profiler_for(self, labels: Mapping[str, str]) -> Profiler:
+        extra: dict[str, Any] = {}
+        model = labels.get("model_source") or labels.get("model")
+        if model:
+            try:
+                from .features import load_config
+
+                # the config itself, not sizes derived from it: a later version of the
+                # features reads it afresh
+                name, config = load_config(f"{labels.get('model', '')}={model}")
+                extra["model_name"], extra["model_config"] = name, config
+            except (ConfigError, OSError, ValueError):
+                pass  # a hub id: the profile alone
+
+        def run(call: Callable[[], Any]) -> Mapping[str, Any]:
+            import time
+
+            from .profile import profile_call
+
+            start = time.perf_counter()
+            profile = profile_call(call, extra=extra)
+            self.profile_s += time.perf_counter() - start
+            self.profiled += 1
+            return profile
+
+        return run
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.profiled:
+            terminalreporter.write_line(
+                f"llmenergy: {self.profiled} operator profiles recorded in "
+                f"{self.profile_s:.1f} s (outside the measured trials)"
+            )
+
+
+OP_PROFILING = pytest.StashKey[OpProfiling]()

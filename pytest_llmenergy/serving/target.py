@@ -1,0 +1,139 @@
+"""A server as the benchmark's target: one trial is a burst of concurrent requests.
+
+Prompts are the same natural text the local models get (``LoadedModel.prompt_list``),
+exactly the case's input tokens each, sent as token ids where the server takes them;
+a server that refuses ids gets the text they decode to, checked to tokenize back to the
+same count.  Each request of a burst starts at another place in the text, and so does
+each trial, so a server's prefix cache cannot skip prefills it was asked to measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, LLMEnergyError
+from ..meters.base import mark_phase
+from ..results import RequestRecord
+from .client import Completion, Endpoint, ServerError, burst, check
+
+IDS, TEXT = "token ids", "text"
+
+
+class ServerGone(LLMEnergyError):
+    """The server stopped (an engine started for the session exited)."""
+
+
+@dataclass(frozen=True)
+class Burst:
+    """What one trial did, in the shape ``energy_benchmark`` checks: counts per query
+    (verified from every response's usage), the number of queries, their timings."""
+
+    input_tokens: int
+    output_tokens: int
+    queries: int
+    requests: tuple[RequestRecord, ...]
+
+
+class ServerTarget:
+    """``run(input_tokens, output_tokens, concurrency)``: one burst, counts verified.
+
+    ``prompts`` builds the prompts (``LoadedModel.prompt_list`` of a model loaded for
+    its tokenizer alone); ``tokenizer`` turns ids into text for servers that take text.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        prompts: Any,
+        tokenizer: Any = None,
+        gone: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.prompts = prompts
+        self.tokenizer = tokenizer
+        # why the server is gone (an engine started here that exited), else None
+        self.gone = gone or (lambda: None)
+        self.prompt_kind: str | None = None  # IDS or TEXT, found by the first request
+        self._row = 0
+        self._text_cache: dict[tuple[int, int], str] = {}
+
+    def run(self, input_tokens: int, output_tokens: int, concurrency: int = 1) -> Burst:
+        """Send ``concurrency`` requests at once; a count other than the case's raises
+        ``CountMismatch`` for this trial.  At concurrency 1 the first streamed token
+        splits the measurement window into prefill | decode; with more requests in flight
+        their phases overlap, so the window is not split."""
+        try:
+            return self._run(input_tokens, output_tokens, concurrency)
+        except ServerError as exc:
+            why = self.gone()
+            if why is not None:
+                raise ServerGone(why) from exc
+            raise
+
+    def _run(self, input_tokens: int, output_tokens: int, concurrency: int) -> Burst:
+        rows = [self._row + i for i in range(concurrency)]
+        self._row += concurrency
+        if self.prompt_kind is None:
+            self.probe(input_tokens)
+
+        def send(i: int, hook: Any) -> Completion:
+            return self.endpoint.complete(
+                self._prompt(input_tokens, rows[i]), output_tokens, on_first_token=hook
+            )
+
+        def first_token() -> None:
+            # ValueError: the window was split already (not the first generate in it)
+            with contextlib.suppress(ValueError):
+                mark_phase("decode", ending="prefill")
+
+        done = burst(send, concurrency, first_token)
+        for i, completion in enumerate(done):
+            check(completion, input_tokens, output_tokens, f"request {i + 1} of {concurrency}")
+        return Burst(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            queries=concurrency,
+            requests=tuple(RequestRecord(c.ttft_s, c.latency_s, c.completion_tokens) for c in done),
+        )
+
+    # -- prompts ---------------------------------------------------------------------
+    def probe(self, input_tokens: int = 8) -> None:
+        """One unmeasured request, which finds how the server takes prompts (token ids
+        if it can, else text) and that it completes one at all."""
+        try:
+            self.prompt_kind = IDS
+            done = self.endpoint.complete(self._prompt(input_tokens, 0), 1)
+        except ServerError as exc:
+            if exc.status not in (400, 422) or self.tokenizer is None:
+                raise
+            self.prompt_kind = TEXT
+            done = self.endpoint.complete(self._prompt(input_tokens, 0), 1)
+        check(done, input_tokens, 1, f"the first request ({self.prompt_kind} prompt)")
+
+    def _prompt(self, input_tokens: int, row: int) -> list[int] | str:
+        ids = self.prompts.prompt_list(input_tokens, row)
+        if self.prompt_kind != TEXT:
+            return ids
+        key = (input_tokens, row)
+        if key not in self._text_cache:
+            self._text_cache[key] = self._as_text(ids)
+        return self._text_cache[key]
+
+    def _as_text(self, ids: list[int]) -> str:
+        """The text of ``ids`` (the BOS the server adds itself left out), checked to
+        tokenize back to as many tokens as ``ids`` has."""
+        tok = self.tokenizer
+        bos = tok.bos_token_id
+        body = ids[1:] if bos is not None and ids and ids[0] == bos else ids
+        text = tok.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        again = tok(text, add_special_tokens=True)["input_ids"]
+        if len(again) != len(ids):
+            raise ConfigError(
+                f"the server takes text prompts only, and this prompt's {len(ids)} tokens "
+                f"tokenize back to {len(again)}: the exact input count cannot be ensured; "
+                "use a server that takes token-id prompts (vLLM, llama.cpp's server)"
+            )
+        return text

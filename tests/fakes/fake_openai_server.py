@@ -1,0 +1,249 @@
+"""A fake OpenAI-compatible completion server (stdlib ``http.server``) with real semantics.
+
+What the exactness check and the request metrics depend on behaves as in real engines:
+
+* ``usage`` counts what was really processed and produced: prompt tokens are the ids
+  sent (or the text's tokens, counted by ``count_text``), output tokens the tokens
+  streamed;
+* generation stops at a "natural" EOS after ``natural_tokens`` unless the request's
+  ``ignore_eos`` is honoured (vLLM) or ``min_tokens`` is (vLLM, llama.cpp);
+  ``honour_ignore_eos=False`` is llama.cpp, which ignores that field;
+* ``extra_token_every=N`` returns ``max_tokens + 1`` tokens in every N-th response, as
+  llama.cpp's server does about one time in ten (a token split at a UTF-8 boundary);
+* ``accept_ids=False`` answers token-id prompts with HTTP 400, as text-only servers do;
+* responses stream as server-sent events, a chunk per token after ``prefill_s`` and
+  then every ``token_s``, the usage in a last chunk when ``stream_options.include_usage``
+  asks for it, then ``data: [DONE]``; requests run concurrently (one thread each) and the
+  server records how many were in flight at most.
+
+Run in a thread (``FakeServer(...).start()``) or as a process:
+``python -m tests.fakes.fake_openai_server --port N [--extra-token-every 10] [--spawn-child]``
+(``--spawn-child`` starts a child process that busy-loops, like an engine's worker, and
+ends it on SIGTERM, as engines do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Behaviour:
+    model: str = "fake-model"
+    natural_tokens: int = 5  # tokens before the model "chooses" EOS
+    honour_ignore_eos: bool = True
+    honour_min_tokens: bool = True
+    extra_token_every: int = 0  # every N-th completion gets max_tokens + 1 (0: never)
+    accept_ids: bool = True
+    prefill_s: float = 0.01
+    token_s: float = 0.002
+    count_text: Callable[[str], int] = field(default=lambda text: len(text.split()))
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # a real server's backlog, not http.server's 5
+    daemon_threads = True
+
+
+class FakeServer:
+    def __init__(self, behaviour: Behaviour | None = None, port: int = 0) -> None:
+        self.behaviour = behaviour or Behaviour()
+        self.completions = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        handler = _handler_for(self)
+        self.httpd = _Server(("127.0.0.1", port), handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> FakeServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- generation ------------------------------------------------------------------
+    def output_count(self, body: dict[str, Any]) -> int:
+        """How many tokens this request really gets, as an engine would decide."""
+        b = self.behaviour
+        max_tokens = int(body.get("max_tokens", 16))
+        min_tokens = int(body.get("min_tokens", 0)) if b.honour_min_tokens else 0
+        ignore_eos = bool(body.get("ignore_eos")) and b.honour_ignore_eos
+        n = max_tokens if ignore_eos else min(max_tokens, max(b.natural_tokens, min_tokens))
+        with self._lock:
+            self.completions += 1
+            nth = self.completions
+        if b.extra_token_every and nth % b.extra_token_every == 0:
+            n += 1  # the UTF-8 boundary case
+        return n
+
+
+def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _json(self, status: int, data: Any) -> None:
+            blob = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(blob)))
+            self.end_headers()
+            self.wfile.write(blob)
+
+        def do_GET(self) -> None:
+            if self.path in ("/v1/models", "/models"):
+                self._json(200, {"object": "list", "data": [{"id": server.behaviour.model}]})
+            elif self.path == "/health":
+                self._json(200, {})
+            else:
+                self._json(404, {"error": f"no route {self.path}"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            try:
+                body = json.loads(self.rfile.read(length))
+            except ValueError:
+                self._json(400, {"error": "body is not JSON"})
+                return
+            if self.path != "/v1/completions":
+                self._json(404, {"error": f"no route {self.path}"})
+                return
+            b = server.behaviour
+            if body.get("model") != b.model:
+                self._json(404, {"error": f"model {body.get('model')!r} does not exist"})
+                return
+            prompt = body.get("prompt")
+            if isinstance(prompt, list):
+                if not b.accept_ids:
+                    self._json(400, {"error": "prompt must be a string"})
+                    return
+                prompt_tokens = len(prompt)
+            elif isinstance(prompt, str):
+                prompt_tokens = b.count_text(prompt)
+            else:
+                self._json(400, {"error": "prompt missing"})
+                return
+            server.requests.append(body)
+            with server._lock:
+                server.in_flight += 1
+                server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            try:
+                n = server.output_count(body)
+                if body.get("stream"):
+                    self._stream(body, prompt_tokens, n)
+                else:
+                    time.sleep(b.prefill_s + b.token_s * max(n - 1, 0))
+                    self._json(200, _completion(b.model, prompt_tokens, n))
+            finally:
+                with server._lock:
+                    server.in_flight -= 1
+
+        def _stream(self, body: dict[str, Any], prompt_tokens: int, n: int) -> None:
+            b = server.behaviour
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            time.sleep(b.prefill_s)
+            for i in range(n):
+                if i:
+                    time.sleep(b.token_s)
+                chunk = {
+                    "object": "text_completion",
+                    "model": b.model,
+                    "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}],
+                }
+                self._event(chunk)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                self._event(
+                    {"object": "text_completion", "choices": [], "usage": _usage(prompt_tokens, n)}
+                )
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+        def _event(self, data: dict[str, Any]) -> None:
+            self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+            self.wfile.flush()
+
+    return Handler
+
+
+def _usage(prompt_tokens: int, n: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": prompt_tokens + n,
+    }
+
+
+def _completion(model: str, prompt_tokens: int, n: int) -> dict[str, Any]:
+    return {
+        "object": "text_completion",
+        "model": model,
+        "choices": [{"index": 0, "text": " w" * n, "finish_reason": "length"}],
+        "usage": _usage(prompt_tokens, n),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--extra-token-every", type=int, default=0)
+    parser.add_argument("--spawn-child", action="store_true")
+    parser.add_argument("--fail", default="", help="print this and exit 3 at once")
+    args, _ = parser.parse_known_args(argv)
+    if args.fail:
+        for i in range(8):
+            print(f"starting step {i}", flush=True)
+        print(args.fail, flush=True)
+        sys.exit(3)
+    if args.spawn_child:  # an engine's worker: a child that keeps a CPU busy
+        worker = subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            stdin=subprocess.DEVNULL,
+        )
+
+        def shut_down(signum: int, frame: object) -> None:  # as vLLM ends its workers
+            worker.terminate()
+            worker.wait()
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, shut_down)
+    behaviour = Behaviour(model=args.model, extra_token_every=args.extra_token_every)
+    server = FakeServer(behaviour, args.port)
+    print(f"fake server listening on {server.url}", flush=True)
+    server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
