@@ -78,7 +78,7 @@ def test_fake_physics_caps_compute_more_than_memory() -> None:
 
     def timed(kind: str) -> float:
         t0 = fake.clock()
-        fake.work(0, (Phase(kind, 0.02),))
+        fake.work(0, (Phase(kind, 1.0),))  # virtual seconds: far longer than a late wake-up
         return fake.clock() - t0
 
     full = {k: timed(k) for k in ("compute", "memory")}

@@ -136,7 +136,8 @@ NVML_TEMPERATURE_GPU = 0
 
 NVML_PERF_POLICY_POWER = 0
 NVML_PERF_POLICY_THERMAL = 1
-VISIBLE_S = 0.015  # real seconds a phase lasts under virtual time
+VISIBLE_S = 0.015  # real seconds a phase lasts under virtual time, at most
+MIN_VISIBLE_S = 0.005  # phases shorter than twice this pass at once
 _VIOLATION_BITS = ((NVML_PERF_POLICY_POWER, 0x4), (NVML_PERF_POLICY_THERMAL, 0x40))
 
 # Clock-event (formerly "throttle") reasons: both spellings, as nvidia-ml-py 12.535+ has.
@@ -760,7 +761,9 @@ class FakeNvml:
             start = trace.set(watts, self.clock())
             gpu.busy = (round(ratio * max_mhz), reasons, watts)
             if self.virtual_time:
-                time.sleep(min(seconds, VISIBLE_S))  # long enough for observers to see it
+                # long enough for observers (telemetry) to see it; short enough, against
+                # the phase's own duration, that a late wake-up rarely outlasts it
+                time.sleep(min(seconds / 2, VISIBLE_S) if seconds >= 2 * MIN_VISIBLE_S else 0)
                 elapsed = self.clock() - start
                 self.virtual_s += max(0.0, seconds - elapsed)
                 end = trace.set(physics.idle_w, start + max(seconds, elapsed))
