@@ -281,3 +281,22 @@ def test_one_figure_per_model_never_replacing_a_file(tmp_path: Path) -> None:
     (second,) = write_frontier_plots(items, tmp_path, system="a100")
     assert first.name == "frontier-a100-fake-7b.png" and second.name.endswith("-2.png")
     assert first.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ini_twins(pytester: pytest.Pytester, gpu: Any) -> None:
+    pytester.makeini(
+        """
+        [pytest]
+        llmenergy_gpu_power_limits = 160W
+        llmenergy_max_slowdown = 10%
+        """
+    )
+    pytester.makepyfile(test_fake_gpu=TEST_FILE)
+    result = pytester.runpytest(
+        "--energy-backend=nvml", "--energy-min-trials=2", "--energy-max-trials=2"
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*GPU settings: 2 per case*pl400W, pl160W*", "*bloat (<= 10% slower)*"]
+    )
+    result.assert_outcomes(passed=4)  # 2 queries x (160 W, the default)
