@@ -20,7 +20,7 @@ from pytest_llmenergy.meters.process_tree import ProcessTrees
 from pytest_llmenergy.results import CaseResult, RequestRecord, Trial
 from pytest_llmenergy.serving import engine as engine_module
 from pytest_llmenergy.serving.client import CountMismatch, Endpoint, ServerError, check
-from pytest_llmenergy.serving.engine import EngineFailed, EngineSpec, start_engine
+from pytest_llmenergy.serving.engine import EngineFailed, EngineSpec, start_engine, wait_gone
 from pytest_llmenergy.serving.target import IDS, TEXT, ServerGone, ServerTarget
 from tests.fakes.fake_openai_server import Behaviour, FakeServer
 from tests.test_plugin import assert_one_line_usage_error
@@ -416,5 +416,5 @@ def test_an_interrupted_or_killed_session_leaves_no_engine_behind(
     assert len(tree) == 2  # the engine and its busy worker
     proc.send_signal(how)
     proc.communicate(timeout=60)
-    _, alive = psutil.wait_procs(tree, timeout=15)
-    assert alive == []
+    alive = wait_gone(tree, 30)  # a zombie has ended (its new parent may reap it late)
+    assert alive == [], [(p.pid, p.status(), p.cmdline()) for p in alive]

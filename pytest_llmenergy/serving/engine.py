@@ -234,11 +234,11 @@ class RunningEngine:
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=STOP_GRACE_S)
+        alive = wait_gone(procs, STOP_GRACE_S)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+        wait_gone(alive, STOP_GRACE_S)
         # anything still in the engine's process group (re-parented grandchildren)
         with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
             os.killpg(self.pid, signal.SIGKILL)
@@ -325,6 +325,27 @@ def start_engine(
     engine = RunningEngine(spec, argv, port, process, log_path, log_file, version)
     engine.wait_healthy(timeout_s)
     return engine
+
+
+def wait_gone(procs: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """The processes still running after at most ``timeout_s``.  A zombie counts as gone:
+    it has ended, only its parent has not collected it yet (a grandchild re-parented to
+    an init that reaps slowly stays a zombie for a while)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def find_server_pid(port: int) -> int | None:
