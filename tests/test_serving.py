@@ -189,6 +189,27 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_the_first_exception_line_of_an_engine_log_is_its_root_cause(tmp_path: Path) -> None:
+    """vLLM's worker raises, then the engine core and the API server each log their own
+    traceback; the first exception line is the one that says what to fix."""
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING [system_utils.py:255] fd limit errors like `OSError: "
+        "[Errno 24] Too many open files`\n"
+        "(Worker pid=3) ERROR [multiproc_executor.py:1063] Traceback (most recent call last):\n"
+        "(Worker pid=3) ERROR [multiproc_executor.py:1063] RuntimeError: Unsupported CPU "
+        "attention configuration: head_dim=16 isa=2\n"
+        "(APIServer pid=1) ERROR [serving.py:500] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue.\n"
+    )
+    assert engine_module.first_error_line(log) == (
+        "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2"
+    )
+    log.write_text("INFO all fine\n")
+    assert engine_module.first_error_line(log) is None
+    assert engine_module.first_error_line(tmp_path / "missing.log") is None
+
+
 def test_an_engine_that_exits_fails_with_its_last_log_lines(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
