@@ -207,7 +207,8 @@ def _build_table(
     if explicit and not {"name", "tokens_in", "tokens_out"} & set(shown):
         # the rows' identity, as pytest-benchmark always shows the Name column
         several = any(r.queries != 1 for r in results)
-        shown = ["tokens_in", "tokens_out", *(["queries"] if several else []), *shown]
+        identity = ["tokens_in", "tokens_out", *(["queries"] if several else [])]
+        shown = list(dict.fromkeys([*identity, *shown]))
     if not explicit:
         shown = [k for k in shown if any(FIGURES[k].value(r) is not None for r in results)]
         if all(r.queries == 1 for r in results):  # one query per trial: nothing to say

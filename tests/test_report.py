@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -220,6 +221,9 @@ def test_named_columns_come_after_the_rows_tokens_unless_they_name_them() -> Non
     assert table.keys[:3] == ("tokens_in", "tokens_out", "time_s")
     (table,) = case_tables(cases, columns=["name", "time_s"])
     assert table.keys[:2] == ("name", "time_s")
+    batched = [make_case("a", (8, 32)), dataclasses.replace(make_case("b", (8, 32)), queries=4)]
+    (table,) = case_tables(batched, columns=["trials", "queries"])
+    assert table.keys[:4] == ("tokens_in", "tokens_out", "queries", "trials")
 
 
 def test_dram_outside_the_cpu_namespace_is_still_dram() -> None:

@@ -20,7 +20,7 @@ from pytest_llmenergy.meters.process_tree import ProcessTrees
 from pytest_llmenergy.results import CaseResult, RequestRecord, Trial
 from pytest_llmenergy.serving import engine as engine_module
 from pytest_llmenergy.serving.client import CountMismatch, Endpoint, ServerError, check
-from pytest_llmenergy.serving.engine import EngineFailed, EngineSpec, start_engine
+from pytest_llmenergy.serving.engine import EngineFailed, EngineSpec, start_engine, wait_gone
 from pytest_llmenergy.serving.target import IDS, TEXT, ServerGone, ServerTarget
 from tests.fakes.fake_openai_server import Behaviour, FakeServer
 from tests.test_plugin import assert_one_line_usage_error
@@ -187,6 +187,27 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def test_the_first_exception_line_of_an_engine_log_is_its_root_cause(tmp_path: Path) -> None:
+    """vLLM's worker raises, then the engine core and the API server each log their own
+    traceback; the first exception line is the one that says what to fix."""
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING [system_utils.py:255] fd limit errors like `OSError: "
+        "[Errno 24] Too many open files`\n"
+        "(Worker pid=3) ERROR [multiproc_executor.py:1063] Traceback (most recent call last):\n"
+        "(Worker pid=3) ERROR [multiproc_executor.py:1063] RuntimeError: Unsupported CPU "
+        "attention configuration: head_dim=16 isa=2\n"
+        "(APIServer pid=1) ERROR [serving.py:500] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue.\n"
+    )
+    assert engine_module.first_error_line(log) == (
+        "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2"
+    )
+    log.write_text("INFO all fine\n")
+    assert engine_module.first_error_line(log) is None
+    assert engine_module.first_error_line(tmp_path / "missing.log") is None
 
 
 def test_an_engine_that_exits_fails_with_its_last_log_lines(
@@ -416,5 +437,5 @@ def test_an_interrupted_or_killed_session_leaves_no_engine_behind(
     assert len(tree) == 2  # the engine and its busy worker
     proc.send_signal(how)
     proc.communicate(timeout=60)
-    _, alive = psutil.wait_procs(tree, timeout=15)
-    assert alive == []
+    alive = wait_gone(tree, 30)  # a zombie has ended (its new parent may reap it late)
+    assert alive == [], [(p.pid, p.status(), p.cmdline()) for p in alive]

@@ -146,7 +146,7 @@ class Serving:
         except LLMEnergyError as exc:  # refused, failed, or counted otherwise
             log = ""
             if engine is not None:
-                log = f"; log {engine.log_path}, last lines: " + " | ".join(engine.last_log_lines())
+                log = f"; {engine.log_excerpt()}"
             raise ConfigError(
                 f"{endpoint.url} could not complete a first request for {endpoint.model}: "
                 f"{exc}{log}"

@@ -14,6 +14,7 @@ import atexit
 import collections
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -177,6 +178,16 @@ class RunningEngine:
         lines = [raw.decode("utf-8", "replace").rstrip() for raw in tail]
         return [line for line in lines if line.strip()][-n:]
 
+    def log_excerpt(self) -> str:
+        """What a failure shows of the log: its first exception line (the root cause,
+        which a long traceback pushes far from the end), then the last lines."""
+        tail = " | ".join(self.last_log_lines()) or "(no output)"
+        first = first_error_line(self.log_path)
+        where = f"log {self.log_path}"
+        if first is not None and first not in tail:
+            return f"{where}, first error: {first}; last lines: {tail}"
+        return f"{where}, last lines: {tail}"
+
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> None:
         """Until the engine answers its model list; its exit or the timeout raises
         ``EngineFailed`` with the log's last lines (the engine is stopped then)."""
@@ -207,8 +218,7 @@ class RunningEngine:
         return self._failure(f"exited with code {code} during the session")
 
     def _failure(self, what: str) -> str:
-        tail = " | ".join(self.last_log_lines()) or "(no output)"
-        return f"{self.spec.name} {what}; log {self.log_path}, last lines: {tail}"
+        return f"{self.spec.name} {what}; {self.log_excerpt()}"
 
     def descendants(self) -> list[psutil.Process]:
         try:
@@ -234,11 +244,11 @@ class RunningEngine:
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=STOP_GRACE_S)
+        alive = wait_gone(procs, STOP_GRACE_S)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+        wait_gone(alive, STOP_GRACE_S)
         # anything still in the engine's process group (re-parented grandchildren)
         with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
             os.killpg(self.pid, signal.SIGKILL)
@@ -325,6 +335,48 @@ def start_engine(
     engine = RunningEngine(spec, argv, port, process, log_path, log_file, version)
     engine.wait_healthy(timeout_s)
     return engine
+
+
+_EXCEPTION_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
+
+
+def first_error_line(log_path: Path, max_bytes: int = 4_000_000) -> str | None:
+    """The first ``SomeError: message`` line of an engine's log (its logging prefix
+    dropped), skipping warnings that merely mention an error."""
+    try:
+        with open(log_path, "rb") as f:
+            text = f.read(max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if "WARNING" in line:
+            continue
+        found = _EXCEPTION_LINE.search(line)
+        if found:
+            message = f"{found.group(1)}: {found.group(2).strip()}"
+            return message if len(message) <= 300 else message[:297] + "..."
+    return None
+
+
+def wait_gone(procs: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """The processes still running after at most ``timeout_s``.  A zombie counts as gone:
+    it has ended, only its parent has not collected it yet (a grandchild re-parented to
+    an init that reaps slowly stays a zombie for a while)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def find_server_pid(port: int) -> int | None:
