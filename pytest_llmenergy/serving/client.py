@@ -253,9 +253,10 @@ def check(completion: Completion, input_tokens: int, output_tokens: int, where: 
     raise CountMismatch(
         f"{where}: the server counted {got[0]} input and {got[1]} output tokens (usage), the "
         f"case needs exactly {input_tokens} and {output_tokens}: the trial is not measured "
-        "as asked. The server must honour ignore_eos or min_tokens (vLLM does; llama.cpp "
-        "sometimes returns one token more), and take the prompt as token ids or tokenize "
-        "text as the model's tokenizer does"
+        "as asked. The server must honour ignore_eos or min_tokens (vLLM does; llama.cpp's "
+        "server sometimes returns a token or two more, finishing a character split across "
+        "tokens), and take the prompt as token ids or tokenize text as the model's "
+        "tokenizer does"
     )
 
 
