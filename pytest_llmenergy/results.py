@@ -56,14 +56,14 @@ class GpuTelemetry:
 class RequestRecord:
     """One request of a trial sent to a server, timed from its streamed response."""
 
-    ttft_s: float  # from sending the request to the first output token
+    ttft_s: float | None  # from sending the request to the first output token (None: not streamed)
     latency_s: float  # from sending it to the last byte of the response
     output_tokens: int  # as the response's usage counted them
 
     @property
     def tpot_s(self) -> float | None:
         """Time per output token after the first: (latency - TTFT) / (output tokens - 1)."""
-        if self.output_tokens < 2:
+        if self.output_tokens < 2 or self.ttft_s is None:
             return None
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 

@@ -327,6 +327,7 @@ def test_an_endpoint_run_records_every_request_and_checks_counts(served: pytest.
         "url": s.url,
         "model": "tiny",
         "prompt": "token ids",
+        "streamed": True,
     }
 
 

@@ -808,6 +808,16 @@ OPTIONS: tuple[Option, ...] = (
         "also write the time-energy frontier and the per-token-range setting policy to "
         "PATH (must not exist yet)",
     ),
+    Option(
+        "--llm-gguf-converter",
+        "serve.converter",
+        values.text,
+        "PATH",
+        "llama.cpp's convert_hf_to_gguf.py (in llama-cpp-python's sdist under "
+        "vendor/llama.cpp, or a llama.cpp checkout): --llm-serve=llama.cpp converts the "
+        "model to GGUF with it once (cached)",
+        default_text="$LLMENERGY_GGUF_CONVERTER, else one in the engine's venv",
+    ),
 )
 
 BY_FLAG = {o.flag: o for o in OPTIONS}

@@ -101,6 +101,7 @@ class Serving:
     def _start(self) -> None:
         from ..llm.grid import split_model
         from ..llm.loader import load_prompts, model_source
+        from ..llm.tiny import is_tiny
         from ..serving.client import Endpoint
         from ..serving.engine import default_python, start_engine
         from ..serving.target import ServerTarget
@@ -122,8 +123,10 @@ class Serving:
                 python=s.python or default_python(),
                 extra_args=s.args,
                 timeout_s=s.timeout_s,
+                converter=s.converter,
+                builtin=is_tiny(source),
             )
-            endpoint = Endpoint(self.engine.url, s.served_model or folder)
+            endpoint = Endpoint(self.engine.url, s.served_model or self.engine.model or folder)
             self.record["serve_engine"] = self.engine.record()
         else:
             assert s.endpoint is not None
@@ -153,6 +156,7 @@ class Serving:
             ) from None
         key = "serve_engine" if engine is not None else "serve_endpoint"
         self.record[key]["prompt"] = self.target.prompt_kind
+        self.record[key]["streamed"] = self.target.endpoint.stream
 
     def header(self) -> list[str]:
         if self.target is None:
@@ -186,6 +190,11 @@ class Serving:
             f"{self.target.prompt_kind}, ignore_eos, min_tokens = max_tokens), checked against "
             "each response's usage: another count fails the trial"
         )
+        if not self.target.endpoint.stream:
+            lines.append(
+                "  the server's streams carry no usage counts, so requests are not streamed: "
+                "latency is measured, time to first token and per output token are not"
+            )
         return lines
 
     def stop(self) -> None:

@@ -34,6 +34,11 @@ class ServerError(LLMEnergyError):
         self.status = status
 
 
+class NoStreamUsage(ServerError):
+    """A streamed response without usage counts (llama-cpp-python's server streams none):
+    the counts cannot be checked from it, a non-streamed request's can."""
+
+
 class CountMismatch(LLMEnergyError):
     """A response's usage says other token counts than the request asked for."""
 
@@ -44,7 +49,7 @@ class Completion:
 
     prompt_tokens: int
     completion_tokens: int
-    ttft_s: float  # send -> first streamed token
+    ttft_s: float | None  # send -> first streamed token (None: not streamed)
     latency_s: float  # send -> end of the response
     text: str
 
@@ -56,6 +61,9 @@ class Endpoint:
     url: str
     model: str = ""
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # False for servers whose streams carry no usage: then the response comes whole,
+    # its counts are checked, and time to first token is not known
+    stream: bool = True
 
     @property
     def base(self) -> urllib.parse.SplitResult:
@@ -118,16 +126,17 @@ class Endpoint:
     ) -> Completion:
         """Stream one greedy completion of exactly ``max_tokens`` tokens (if the server
         honours ``ignore_eos`` / ``min_tokens``: ``check`` finds out)."""
-        body = {
+        body: dict[str, object] = {
             "model": self.model,
             "prompt": prompt if isinstance(prompt, str) else list(prompt),
             "max_tokens": max_tokens,
             "min_tokens": max_tokens,
             "ignore_eos": True,
             "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": self.stream,
         }
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
         conn = self._connection()
         start = time.perf_counter()
         try:
@@ -157,7 +166,37 @@ class Endpoint:
             raise ServerError(
                 f"POST /v1/completions: HTTP {response.status}: {detail}", response.status
             )
+        if not body.get("stream"):
+            return _read_whole(response, start)
         return _read_stream(response, start, on_first_token)
+
+
+def _read_whole(response: http.client.HTTPResponse, start: float) -> Completion:
+    """A non-streamed completion: counts from its usage, no time to first token."""
+    raw = response.read()
+    latency_s = time.perf_counter() - start
+    # no first token is seen apart: the window is not split into prefill | decode
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ServerError(f"the response is not JSON: {raw[:80]!r}") from exc
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        raise ServerError(
+            "the response carries no usage counts: without them the token counts cannot "
+            "be checked: use a server that reports them"
+        )
+    choices = data.get("choices") or []
+    text = "".join(
+        c["text"] for c in choices if isinstance(c, dict) and isinstance(c.get("text"), str)
+    )
+    return Completion(
+        prompt_tokens=int(usage.get("prompt_tokens", -1)),
+        completion_tokens=int(usage.get("completion_tokens", -1)),
+        ttft_s=None,
+        latency_s=latency_s,
+        text=text,
+    )
 
 
 def _read_stream(
@@ -193,7 +232,7 @@ def _read_stream(
             usage = event["usage"]
     latency_s = time.perf_counter() - start
     if usage is None:
-        raise ServerError(
+        raise NoStreamUsage(
             "the streamed response carries no usage counts (stream_options.include_usage); "
             "without them the token counts cannot be checked: use a server that reports them"
         )
@@ -214,9 +253,10 @@ def check(completion: Completion, input_tokens: int, output_tokens: int, where: 
     raise CountMismatch(
         f"{where}: the server counted {got[0]} input and {got[1]} output tokens (usage), the "
         f"case needs exactly {input_tokens} and {output_tokens}: the trial is not measured "
-        "as asked. The server must honour ignore_eos or min_tokens (vLLM does; llama.cpp "
-        "sometimes returns one token more), and take the prompt as token ids or tokenize "
-        "text as the model's tokenizer does"
+        "as asked. The server must honour ignore_eos or min_tokens (vLLM does; llama.cpp's "
+        "server sometimes returns a token or two more, finishing a character split across "
+        "tokens), and take the prompt as token ids or tokenize text as the model's "
+        "tokenizer does"
     )
 
 

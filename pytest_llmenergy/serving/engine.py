@@ -1,4 +1,5 @@
-"""Serving engines started for a session (``--llm-serve=vllm``), and stopped after it.
+"""Serving engines started for a session (``--llm-serve=vllm``, ``--llm-serve=llama.cpp``),
+and stopped after it.
 
 The engine runs as a subprocess of this one, in its own process group, on a free port;
 the session waits for it to answer, and stops it *and every process it started* at the
@@ -41,6 +42,16 @@ class EngineFailed(LLMEnergyError):
 
 
 @dataclass(frozen=True)
+class Preparation:
+    """What an engine's ``prepare`` may need: the engine's interpreter, a converter the
+    user named, and whether the model is a built-in one (whose tokenizer is known)."""
+
+    python: str
+    converter: str | None = None
+    builtin: bool = False
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """How to start one engine: its command for a model directory and a port, its
     environment, and the distribution whose version identifies it."""
@@ -50,6 +61,8 @@ class EngineSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     distributions: tuple[str, ...] = ()  # looked up in order, for the version
     install_hint: str = ""
+    # the model directory -> what the command serves (None: the directory itself)
+    prepare: Callable[[str, Preparation], str] | None = None
 
 
 def _vllm_command(python: str, model: str, port: int) -> list[str]:
@@ -74,6 +87,36 @@ def _vllm_command(python: str, model: str, port: int) -> list[str]:
     ]
 
 
+def _llamacpp_command(python: str, model: str, port: int) -> list[str]:
+    # n_ctx covers the cases' prompt + output (the server's default is 2048); one
+    # request at a time is how llama-cpp-python's server runs (it queues the others).
+    return [
+        python,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "4096",
+    ]
+
+
+def _llamacpp_prepare(model_dir: str, prep: Preparation) -> str:
+    """llama.cpp loads GGUF: a ``.gguf`` given is served as is, a Hugging Face folder
+    is converted once (cached)."""
+    from .gguf import ensure_gguf, find_converter
+
+    if model_dir.endswith(".gguf"):
+        return model_dir
+    converter = find_converter(prep.converter, prep.python)
+    # the built-in models' byte-level BPE splits text as GPT-2's does
+    return str(ensure_gguf(model_dir, converter, bpe_pre="gpt-2" if prep.builtin else None))
+
+
 ENGINES: dict[str, EngineSpec] = {
     "vllm": EngineSpec(
         "vllm",
@@ -86,6 +129,17 @@ ENGINES: dict[str, EngineSpec] = {
             "vllm) && VENV/bin/pip uninstall -y torchvision torchaudio torchcodec, then pass "
             "--llm-serve-python=VENV/bin/python"
         ),
+    ),
+    "llama.cpp": EngineSpec(
+        "llama.cpp",
+        _llamacpp_command,
+        distributions=("llama_cpp_python", "llama-cpp-python"),
+        install_hint=(
+            "python -m venv VENV && CMAKE_BUILD_PARALLEL_LEVEL=2 VENV/bin/pip install "
+            "'llama-cpp-python[server]==0.3.36' (compiles, ~10 min), then pass "
+            "--llm-serve-python=VENV/bin/python"
+        ),
+        prepare=_llamacpp_prepare,
     ),
 }
 
@@ -139,6 +193,7 @@ class RunningEngine:
         log_path: Path,
         log_file: IO[bytes],
         version: str,
+        model: str = "",
     ) -> None:
         self.spec = spec
         self.argv = list(argv)
@@ -147,6 +202,7 @@ class RunningEngine:
         self.log_path = log_path
         self._log_file = log_file
         self.version = version
+        self.model = model  # what it serves: the model directory, or a file made from it
         self.url = f"http://127.0.0.1:{port}"
         self.started_s: float | None = None  # seconds until it answered
         self._stopped = False
@@ -166,6 +222,7 @@ class RunningEngine:
             "argv": self.argv,
             "env": dict(self.spec.env),
             "url": self.url,
+            "model": self.model,
             "startup_s": self.started_s,
         }
 
@@ -306,14 +363,19 @@ def start_engine(
     timeout_s: float = 300.0,
     log_dir: str | None = None,
     port: int | None = None,
+    converter: str | None = None,
+    builtin: bool = False,
 ) -> RunningEngine:
     """Start the engine ``name`` serving ``model_dir`` and wait until it answers."""
     spec = ENGINES.get(name)
     if spec is None:
         raise ConfigError(f"unknown serving engine {name!r}; choose one of: {', '.join(ENGINES)}")
     version = engine_version(spec, python)
+    model = model_dir
+    if spec.prepare is not None:
+        model = spec.prepare(model_dir, Preparation(python, converter, builtin))
     port = port or free_port()
-    argv = [*spec.command(python, model_dir, port), *extra_args]
+    argv = [*spec.command(python, model, port), *extra_args]
     folder = Path(log_dir or tempfile.gettempdir())
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / f"llmenergy-{name}-{port}.log"
@@ -332,7 +394,7 @@ def start_engine(
     except OSError as exc:
         log_file.close()
         raise ConfigError(f"cannot start {name} with {python!r}: {exc}") from None
-    engine = RunningEngine(spec, argv, port, process, log_path, log_file, version)
+    engine = RunningEngine(spec, argv, port, process, log_path, log_file, version, model)
     engine.wait_healthy(timeout_s)
     return engine
 

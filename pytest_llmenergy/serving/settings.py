@@ -15,11 +15,12 @@ DEFAULT_SERVE_TIMEOUT_S = 300.0
 class ServeSettings:
     endpoint: str | None = None  # a running server's URL
     served_model: str | None = None  # its model's name there (None: the one it serves)
-    engine: str | None = None  # an engine to start: vllm
+    engine: str | None = None  # an engine to start: vllm, llama.cpp
     python: str | None = None  # the engine's interpreter (None: $LLMENERGY_SERVE_PYTHON)
     args: tuple[str, ...] = ()  # extra engine flags
     timeout_s: float = DEFAULT_SERVE_TIMEOUT_S  # for the engine to answer
     server_pid: int | None = None  # the server's process (None: found from the port)
+    converter: str | None = None  # llama.cpp's convert_hf_to_gguf.py (None: looked for)
 
     def __post_init__(self) -> None:
         if self.endpoint and self.engine:

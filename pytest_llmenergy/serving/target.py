@@ -10,6 +10,7 @@ each trial, so a server's prefix cache cannot skip prefills it was asked to meas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError, LLMEnergyError
 from ..meters.base import mark_phase
 from ..results import RequestRecord
-from .client import Completion, Endpoint, ServerError, burst, check
+from .client import Completion, Endpoint, NoStreamUsage, ServerError, burst, check
 
 IDS, TEXT = "token ids", "text"
 
@@ -102,12 +103,20 @@ class ServerTarget:
     # -- prompts ---------------------------------------------------------------------
     def probe(self, input_tokens: int = 8) -> None:
         """One unmeasured request, which finds how the server takes prompts (token ids
-        if it can, else text) and that it completes one at all."""
+        if it can, else text), whether its streams carry usage counts (else requests
+        are not streamed), and that it completes one at all."""
+        try:
+            self._probe(input_tokens)
+        except NoStreamUsage:
+            self.endpoint = dataclasses.replace(self.endpoint, stream=False)
+            self._probe(input_tokens)
+
+    def _probe(self, input_tokens: int) -> None:
         try:
             self.prompt_kind = IDS
             done = self.endpoint.complete(self._prompt(input_tokens, 0), 1)
         except ServerError as exc:
-            if exc.status not in (400, 422) or self.tokenizer is None:
+            if not _refuses_ids(exc) or self.tokenizer is None:
                 raise
             self.prompt_kind = TEXT
             done = self.endpoint.complete(self._prompt(input_tokens, 0), 1)
@@ -137,3 +146,11 @@ class ServerTarget:
                 "use a server that takes token-id prompts (vLLM, llama.cpp's server)"
             )
         return text
+
+
+def _refuses_ids(exc: ServerError) -> bool:
+    """A refusal of token-id prompts: 400 or 422, or llama-cpp-python's 500 that holds
+    its validation errors for the prompt field."""
+    if exc.status in (400, 422):
+        return True
+    return exc.status == 500 and "validation error" in str(exc) and "prompt" in str(exc)

@@ -354,7 +354,9 @@ def _trial(r: _Reader) -> Trial:
         queries=r.get("queries", int, optional=True) or 1,
         requests=tuple(
             RequestRecord(
-                q.get("ttft_s", float), q.get("latency_s", float), q.get("output_tokens", int)
+                q.get("ttft_s", float, optional=True),
+                q.get("latency_s", float),
+                q.get("output_tokens", int),
             )
             for q in r.objs("requests", optional=True)
         ),

@@ -10,7 +10,12 @@ What the exactness check and the request metrics depend on behaves as in real en
   ``honour_ignore_eos=False`` is llama.cpp, which ignores that field;
 * ``extra_token_every=N`` returns ``max_tokens + 1`` tokens in every N-th response, as
   llama.cpp's server does about one time in ten (a token split at a UTF-8 boundary);
-* ``accept_ids=False`` answers token-id prompts with HTTP 400, as text-only servers do;
+* ``accept_ids=False`` answers token-id prompts with HTTP 400, as text-only servers do
+  (llama-cpp-python's server answers 500 with its validation errors: its prompt field
+  is text);
+* ``stream_usage=False`` never puts usage in a stream, ``include_usage`` or not, as
+  llama-cpp-python's server does (its non-streamed responses carry usage);
+  ``Behaviour.llama_cpp()`` is that server: all of its quirks at once;
 * responses stream as server-sent events, a chunk per token after ``prefill_s`` and
   then every ``token_s``, the usage in a last chunk when ``stream_options.include_usage``
   asks for it, then ``data: [DONE]``; requests run concurrently (one thread each) and the
@@ -45,9 +50,25 @@ class Behaviour:
     honour_min_tokens: bool = True
     extra_token_every: int = 0  # every N-th completion gets max_tokens + 1 (0: never)
     accept_ids: bool = True
+    ids_status: int = 400  # the refusal's status (llama-cpp-python: 500, with its
+    # validation errors as the message)
+    stream_usage: bool = True
     prefill_s: float = 0.01
     token_s: float = 0.002
     count_text: Callable[[str], int] = field(default=lambda text: len(text.split()))
+
+    @classmethod
+    def llama_cpp(cls, **kwargs: Any) -> Behaviour:
+        """llama-cpp-python's server: text prompts only, ``ignore_eos`` ignored,
+        ``min_tokens`` honoured, no usage in streams, one token more now and then."""
+        quirks: dict[str, Any] = {
+            "honour_ignore_eos": False,
+            "accept_ids": False,
+            "ids_status": 500,
+            "stream_usage": False,
+            "extra_token_every": 10,
+        }
+        return cls(**{**quirks, **kwargs})
 
 
 class _Server(ThreadingHTTPServer):
@@ -143,7 +164,11 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             prompt = body.get("prompt")
             if isinstance(prompt, list):
                 if not b.accept_ids:
-                    self._json(400, {"error": "prompt must be a string"})
+                    message = (
+                        "1 validation errors: {'type': 'string_type', 'loc': ('body', "
+                        "'prompt', 'str'), 'msg': 'Input should be a valid string'}"
+                    )
+                    self._json(b.ids_status, {"error": {"message": message}})
                     return
                 prompt_tokens = len(prompt)
             elif isinstance(prompt, str):
@@ -182,7 +207,7 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                     "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}],
                 }
                 self._event(chunk)
-            if (body.get("stream_options") or {}).get("include_usage"):
+            if b.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
                 self._event(
                     {"object": "text_completion", "choices": [], "usage": _usage(prompt_tokens, n)}
                 )
@@ -220,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--extra-token-every", type=int, default=0)
     parser.add_argument("--spawn-child", action="store_true")
+    parser.add_argument("--llama-cpp", action="store_true", help="llama-cpp-python's quirks")
+    parser.add_argument("--tokenizer", default="", help="count text prompts with this HF one")
     parser.add_argument("--fail", default="", help="print this and exit 3 at once")
     args, _ = parser.parse_known_args(argv)
     if args.fail:
@@ -240,6 +267,15 @@ def main(argv: list[str] | None = None) -> None:
 
         signal.signal(signal.SIGTERM, shut_down)
     behaviour = Behaviour(model=args.model, extra_token_every=args.extra_token_every)
+    if args.llama_cpp:
+        behaviour = Behaviour.llama_cpp(model=args.model)
+        if args.extra_token_every:
+            behaviour.extra_token_every = args.extra_token_every
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        behaviour.count_text = lambda text: len(tok(text)["input_ids"])
     server = FakeServer(behaviour, args.port)
     print(f"fake server listening on {server.url}", flush=True)
     server.httpd.serve_forever()
