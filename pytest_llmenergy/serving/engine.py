@@ -206,7 +206,7 @@ class RunningEngine:
         self.url = f"http://127.0.0.1:{port}"
         self.started_s: float | None = None  # seconds until it answered
         self._stopped = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a second SIGTERM may arrive inside stop()
         atexit.register(self.stop)
         self._previous_sigterm = _stop_on_sigterm(self)
 

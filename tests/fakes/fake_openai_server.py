@@ -30,7 +30,9 @@ ends it on SIGTERM, as engines do).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -260,10 +262,18 @@ def main(argv: list[str] | None = None) -> None:
             stdin=subprocess.DEVNULL,
         )
 
+        stopping: list[bool] = []
+
         def shut_down(signum: int, frame: object) -> None:  # as vLLM ends its workers
+            # Once: a second SIGTERM arriving inside the first handler must not wait on
+            # Popen's lock the first one holds (that deadlocked, leaving this server alive)
+            if stopping:
+                return
+            stopping.append(True)
             worker.terminate()
-            worker.wait()
-            sys.exit(0)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(worker.pid, 0)
+            os._exit(0)
 
         signal.signal(signal.SIGTERM, shut_down)
     behaviour = Behaviour(model=args.model, extra_token_every=args.extra_token_every)
