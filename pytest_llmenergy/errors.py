@@ -20,5 +20,12 @@ class MeterUnavailable(LLMEnergyError):
         self.reason = reason
 
 
+class TrialRejected(LLMEnergyError):
+    """The target ran, but what it did is not the case: a server generated other token
+    counts than asked (llama.cpp overshoots inside a multi-byte character).  Raised inside
+    a trial, it makes that trial kept, left out of every figure and repeated (within the
+    trial limit), like a disturbed one; never silently measured."""
+
+
 class MeterError(LLMEnergyError):
     """A meter failed while measuring (a device vanished, a reader died)."""

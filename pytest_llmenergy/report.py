@@ -59,6 +59,11 @@ BUSY_LEGEND = (
     "+Nb: N more trials were taken while other processes kept the CPUs busy; they are kept "
     "in the run file but left out of every figure, and no gate fails on such a case"
 )
+REJECTED_MARK = "x"
+REJECTED_LEGEND = (
+    "+Nx: N more trials were rejected: the target did not do the case (e.g. a server "
+    "counted other tokens than asked); kept in the run file, left out of every figure"
+)
 THROTTLED_MARK = "t"
 THROTTLED_LEGEND = (
     "+Nt: N more trials ran while the GPU was slowed by heat or a power brake; they are "
@@ -74,10 +79,11 @@ def cell(f: Figure, r: CaseResult) -> str:
     if f.key == "trials":
         if r.status == OOM or not r.measured:
             return DASH
-        n_hot = len(r.throttled)
-        n_busy = len(r.disturbed) - n_hot
+        n_hot, n_rejected = len(r.throttled), len(r.rejected)
+        n_busy = len(r.disturbed) - n_hot - n_rejected
         busy = f" +{n_busy}{BUSY_MARK}" if n_busy else ""
         busy += f" +{n_hot}{THROTTLED_MARK}" if n_hot else ""
+        busy += f" +{n_rejected}{REJECTED_MARK}" if n_rejected else ""
         return f"{len(r.trials)}{_STATUS_MARKS.get(r.status, '')}{busy}"
     summary = f.summary(r) if f.with_ci else None
     text = fmt_mean_ci(summary) if summary is not None else format_raw(clean(f.value(r)))
@@ -185,6 +191,8 @@ def _sorted(results: list[CaseResult], sort: str) -> list[CaseResult]:
 def _note_for(r: CaseResult) -> str | None:
     if r.measured and r.status != OOM:
         return None
+    if not r.reason and r.disturbed and len(r.rejected) == len(r.disturbed):
+        return f"{r.name}: not measured: every trial was rejected: {r.rejected[0].rejected}"
     if not r.reason and r.disturbed:
         return f"{r.name}: not measured: {busy_reason(r)}"
     return f"{r.name}: {r.reason or 'not measured'}"
@@ -239,6 +247,8 @@ def _build_table(
         legend.append(BUSY_LEGEND)
     if "trials" in shown and any(r.throttled for r in results):
         legend.append(THROTTLED_LEGEND)
+    if "trials" in shown and any(r.rejected for r in results):
+        legend.append(REJECTED_LEGEND)
     coarse = [
         r.resolution_s
         for r in results

@@ -92,6 +92,9 @@ class Trial:
     requests: tuple[RequestRecord, ...] = ()
     # The GPUs' temperature, clock and throttle reasons during the trial, when read.
     gpu: GpuTelemetry | None = None
+    # Why the target's result did not count (errors.TrialRejected, e.g. a server counted
+    # other tokens); such a trial is kept with the disturbed ones.  Empty: it counted.
+    rejected: str = ""
 
     @classmethod
     def from_measurement(
@@ -185,12 +188,21 @@ class CaseResult:
         """Some trials were disturbed by other work on the machine: its figures may be
         too, so a gate cannot fail on them.  (Trials left out only because the GPU was
         throttled by heat or a power brake are ``throttled``, not busy.)"""
-        return any(t.gpu is None or not t.gpu.throttled for t in self.disturbed)
+        return any(
+            not t.rejected and (t.gpu is None or not t.gpu.throttled) for t in self.disturbed
+        )
 
     @property
     def throttled(self) -> tuple[Trial, ...]:
         """Trials left out because the GPU ran slowed by heat or a power brake."""
-        return tuple(t for t in self.disturbed if t.gpu is not None and t.gpu.throttled)
+        return tuple(
+            t for t in self.disturbed if not t.rejected and t.gpu is not None and t.gpu.throttled
+        )
+
+    @property
+    def rejected(self) -> tuple[Trial, ...]:
+        """Trials whose result did not count (``errors.TrialRejected``), kept and repeated."""
+        return tuple(t for t in self.disturbed if t.rejected)
 
     @property
     def max_background_cpu(self) -> float | None:

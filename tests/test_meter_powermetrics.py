@@ -333,8 +333,10 @@ def test_end_to_end_window_marks_and_attribution(
     assert list(m.phases) == ["prefill", "decode"]
     assert sum(p.by_domain[GPU] for p in m.phases.values()) == pytest.approx(m.by_domain[GPU])
     i = inner.measurement
+    # 0.3 s between two 0.2 s samples stamped on arrival: a loaded machine's reader delay
+    # moves its edges by tens of ms, as for the phases above
     assert i.by_domain[GPU] == pytest.approx(
-        _truth_j(log, i.t_start, i.t_end, truth_w(GPU)), rel=0.02
+        _truth_j(log, i.t_start, i.t_end, truth_w(GPU)), rel=0.1
     )
 
     # cpu:process counts the child and not powermetrics: the truth with either changed

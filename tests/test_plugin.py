@@ -155,3 +155,57 @@ def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:llmenergy", "--energy-backend=bogus")
     assert result.ret == pytest.ExitCode.USAGE_ERROR  # the option no longer exists
     assert "unrecognized arguments" in result.stderr.str()
+
+
+REJECTING_TEST = """
+import time
+from pytest_llmenergy.errors import TrialRejected
+
+calls = {"n": 0}
+
+def test_every_third_run_is_off(energy_benchmark):
+    def run():
+        calls["n"] += 1
+        time.sleep(0.01)
+        if calls["n"] % 3 == 0:  # the warm-up is run 1
+            raise TrialRejected(f"run {calls['n']} generated 9 tokens, not 8")
+    energy_benchmark(run, input_tokens=4, output_tokens=8)
+
+def test_never_right(energy_benchmark):
+    def run():
+        raise TrialRejected("the server counted 5 output tokens, not 8")
+    energy_benchmark(run, input_tokens=4, output_tokens=8)
+"""
+
+
+def test_a_rejected_trial_is_kept_left_out_and_repeated(pytester: pytest.Pytester) -> None:
+    """A target that raises TrialRejected in a trial: that trial is kept with its reason,
+    left out of the figures, repeated within the limit; a case never done fails."""
+    import json
+
+    pytester.makepyfile(test_rejecting=REJECTING_TEST)
+    result = pytester.runpytest(
+        "-p",
+        "no:randomly",
+        "--energy-shuffle=off",
+        "--energy-backend=estimate",
+        "--energy-min-trials=6",
+        "--energy-max-trials=6",
+        "--energy-json=run.json",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*4 ✗ +2x*",
+            "*+Nx: N more trials were rejected*",
+            "*test_never_right*every trial (6) was rejected; the first: the server counted 5*",
+        ]
+    )
+    run = json.loads((pytester.path / "run.json").read_text())
+    first, never = run["cases"]
+    assert len(first["trials"]) == 4
+    assert [t["rejected"] for t in first["disturbed_trials"]] == [
+        "run 3 generated 9 tokens, not 8",
+        "run 6 generated 9 tokens, not 8",
+    ]
+    assert never["trials"] == [] and len(never["disturbed_trials"]) == 6

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from ..errors import LLMEnergyError
+from ..errors import LLMEnergyError, TrialRejected
 from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
 from ..meters.background import BackgroundCpu
 from ..meters.base import Meter
@@ -53,6 +53,12 @@ def _free_memory() -> None:
 
 # A bound on the prefill passes of one window (a 10 µs "prefill" on a 1 s counter).
 MAX_PREFILL_PASSES = 10_000
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line for a run file and a table note."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 class EnergyBenchmark:
@@ -222,7 +228,10 @@ class EnergyBenchmark:
         try:
             for _ in range(warmup):
                 args, kwargs = call_args()
-                out = self._call(fn, args, kwargs)
+                try:
+                    out = self._call(fn, args, kwargs)
+                except TrialRejected:  # unmeasured: the measured trials check it again
+                    continue
                 self._check_tokens(out, input_tokens, output_tokens, queries)
             with ResourceProbe() as probe:
                 while True:
@@ -232,15 +241,21 @@ class EnergyBenchmark:
                     gpu_probe = self.trial_probe
                     if gpu_probe is not None:
                         gpu_probe.start()
+                    rejected = ""
                     try:
                         with self.meter.measure() as window:
-                            out = self._call(fn, args, kwargs)
+                            try:
+                                out = self._call(fn, args, kwargs)
+                            except TrialRejected as exc:  # ran, but not the case: repeat
+                                out, rejected = None, _one_line(exc)
                     finally:
                         gpu = gpu_probe.stop() if gpu_probe is not None else None
                     share = None
                     if background is not None:
                         share = background.share_around(history, background.read())
-                    n_in, n_out = self._check_tokens(out, input_tokens, output_tokens, queries)
+                    n_in, n_out = input_tokens, output_tokens
+                    if not rejected:
+                        n_in, n_out = self._check_tokens(out, input_tokens, output_tokens, queries)
                     index = len(trials) + len(disturbed) + 1
                     trial = Trial.from_measurement(
                         index,
@@ -253,8 +268,10 @@ class EnergyBenchmark:
                     )
                     if gpu is not None:
                         trial = dataclasses.replace(trial, gpu=gpu)
+                    if rejected:
+                        trial = dataclasses.replace(trial, rejected=rejected)
                     throttled = gpu.throttled if gpu is not None else ""
-                    busy = self.options.disturbed(share) or bool(throttled)
+                    busy = self.options.disturbed(share) or bool(throttled) or bool(rejected)
                     (disturbed if busy else trials).append(trial)
                     if rounds is not None:
                         if index >= rounds:
@@ -263,7 +280,9 @@ class EnergyBenchmark:
                     decision = decide(self.options, trials, len(disturbed))
                     if self._progress is not None:
                         line = progress_line(self.options, len(trials), decision)
-                        if throttled:
+                        if rejected:
+                            line += f" [trial {index} rejected: {rejected}; repeated]"
+                        elif throttled:
                             line += f" [trial {index} throttled ({throttled}); repeated]"
                         elif busy and share is not None:
                             line += (
@@ -294,7 +313,7 @@ class EnergyBenchmark:
                 queries=queries,
             )
             pytest.skip(reason)
-        return self._finish(
+        result = self._finish(
             input_tokens,
             output_tokens,
             status,
@@ -305,6 +324,13 @@ class EnergyBenchmark:
             queries=queries,
             op_profile=op_profile,
         )
+        if not trials and disturbed and all(t.rejected for t in disturbed):
+            # kept in the run (every trial's reason), but the case was never done
+            pytest.fail(
+                f"every trial ({len(disturbed)}) was rejected; the first: {disturbed[0].rejected}",
+                pytrace=False,
+            )
+        return result
 
     def _profile_ops(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]

@@ -188,7 +188,7 @@ class Serving:
         lines.append(
             f"  every request asks for exactly the case's tokens (prompt as "
             f"{self.target.prompt_kind}, ignore_eos, min_tokens = max_tokens), checked against "
-            "each response's usage: another count fails the trial"
+            "each response's usage: another count rejects the trial (kept, left out, repeated)"
         )
         if not self.target.endpoint.stream:
             lines.append(

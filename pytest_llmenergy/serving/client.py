@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..errors import ConfigError, LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError, TrialRejected
 
 Prompt = str | Sequence[int]  # text, or token ids where the server takes them
 DEFAULT_TIMEOUT_S = 600.0
@@ -39,7 +39,7 @@ class NoStreamUsage(ServerError):
     the counts cannot be checked from it, a non-streamed request's can."""
 
 
-class CountMismatch(LLMEnergyError):
+class CountMismatch(TrialRejected):
     """A response's usage says other token counts than the request asked for."""
 
 

@@ -32,7 +32,8 @@ FORMAT = "pytest-llmenergy-run"
 #    "rule", "min_time_s" and "max_time_s" (absent: none); a case's "resolution_s" (the meter's)
 #    and "prefill_passes" (trials of repeated prefill-only passes, each with "passes");
 #    a case's "conversions" (gCO2e and price per kWh of its session); a trial's "gpu"
-#    (temperature, SM clock, throttle reasons: see results.GpuTelemetry).
+#    (temperature, SM clock, throttle reasons: see results.GpuTelemetry); a trial's
+#    "rejected" (why the target's result did not count, e.g. a server's token counts).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -146,6 +147,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
             for q in t.requests
         ],
         **({"gpu": _gpu_dict(t.gpu)} if t.gpu is not None else {}),
+        **({"rejected": t.rejected} if t.rejected else {}),
     }
 
 
@@ -361,6 +363,7 @@ def _trial(r: _Reader) -> Trial:
             for q in r.objs("requests", optional=True)
         ),
         gpu=_gpu(r.obj("gpu", optional=True)),
+        rejected=r.get("rejected", str, optional=True) or "",
     )
 
 
