@@ -23,6 +23,7 @@ from pytest_llmenergy.serving.client import CountMismatch, Endpoint, ServerError
 from pytest_llmenergy.serving.engine import EngineFailed, EngineSpec, start_engine, wait_gone
 from pytest_llmenergy.serving.target import IDS, TEXT, ServerGone, ServerTarget
 from tests.fakes.fake_openai_server import Behaviour, FakeServer
+from tests.fakes.signals import ctrl_c_reaches_it
 from tests.test_plugin import assert_one_line_usage_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -423,6 +424,7 @@ def test_an_interrupted_or_killed_session_leaves_no_engine_behind(
         cwd=served.path,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_reaches_it,
     )
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from pytest_llmenergy.serving.engine import ENGINES, engine_version
+from tests.fakes.signals import ctrl_c_reaches_it
 from tests.test_plugin import assert_one_line_usage_error
 from tests.test_plugin_suite import BENCHMARKS
 
@@ -123,6 +124,7 @@ def test_ctrl_c_stops_the_engine(suite: pytest.Pytester) -> None:
         cwd=suite.path,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_reaches_it,
     )
     assert proc.stdout is not None
     for line in proc.stdout:
