@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, frontier_cli, report, values
+from . import __version__, report, values
 from .compare import (
     GATE_EXAMPLES,
     Gate,
@@ -40,6 +40,7 @@ from .figures import (
     figure,
     per_trial_keys,
 )
+from .frontier import commands as frontier_cli
 from .meters.reference import speed_drift
 from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route

@@ -13,19 +13,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .frontier import (
+from ..errors import ConfigError
+from ..gpu.control import StateFile, default_state_path, recover
+from ..gpu.settings import parse_slowdowns
+from ..storage.runfile import Run
+from ..tables import render
+from ..values import fraction
+from . import (
     DEFAULT_MAX_SLOWDOWNS,
     frontier_json,
     frontier_table,
     frontiers,
     with_settings,
 )
-from .gpu.control import StateFile, default_state_path, recover
-from .gpu.settings import parse_slowdowns
-from .storage.runfile import Run
-from .tables import render
-from .values import fraction
 
 
 def _checked(parse: Any) -> Any:
@@ -138,7 +138,7 @@ def frontier_command(runs: list[Run], args: argparse.Namespace) -> tuple[str, li
         tables.append(replace(table, title=f"{table.title} · {system}"))
         documents.append(frontier_json(items, system))
         if args.plots:
-            from .frontier_plots import write_frontier_plots
+            from .plots import write_frontier_plots
 
             written = write_frontier_plots(items, Path(args.plots), system=system)
             notes += [f"figure {p}" for p in written]
@@ -176,9 +176,9 @@ def _route(
 ) -> list[dict[str, Any]]:
     """Route between the systems, each at its lam-best settings: system and setting
     chosen together."""
-    from .routing.decide import RouteSettings, route
-    from .routing.profile import profiles_from_run
-    from .routing.workload import load_workload
+    from ..routing.decide import RouteSettings, route
+    from ..routing.profile import profiles_from_run
+    from ..routing.workload import load_workload
 
     profiles = [p for run in runs for p in profiles_from_run(run, lam=args.lam)]
     routed = route(

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .frontier import CaseFrontier
-from .routing.plots import _make_dir, _new_figure, _save, slug
+from ..routing.plots import _make_dir, _new_figure, _save, slug
+from . import CaseFrontier
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

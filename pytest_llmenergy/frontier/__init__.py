@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .figures import value
-from .gpu.settings import (
+from ..figures import value
+from ..gpu.settings import (
     CLOCK_LABEL,
     DEFAULT_LABEL,
     GPU_LABELS,
@@ -25,8 +25,8 @@ from .gpu.settings import (
     POWER_LABEL,
     SETTING_LABEL,
 )
-from .results import CaseResult
-from .tables import DASH, Table, fmt_number
+from ..results import CaseResult
+from ..tables import DASH, Table, fmt_number
 
 DEFAULT_MAX_SLOWDOWNS = (0.0, 0.05)
 FORMAT, VERSION = "pytest-llmenergy-frontier", 1
