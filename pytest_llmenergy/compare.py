@@ -298,7 +298,7 @@ def compare_cases(
         not_comparable=not_comparable,
         drift=drift,
         drift_note=drift_note,
-        busy_unmeasured=tuple(c.name for c in current if not c.measured and c.disturbed),
+        busy_unmeasured=tuple(c.name for c in current if not c.measured and c.busy),
     )
 
 

@@ -79,8 +79,7 @@ def cell(f: Figure, r: CaseResult) -> str:
     if f.key == "trials":
         if r.status == OOM or not r.measured:
             return DASH
-        n_hot, n_rejected = len(r.throttled), len(r.rejected)
-        n_busy = len(r.disturbed) - n_hot - n_rejected
+        n_hot, n_rejected, n_busy = len(r.throttled), len(r.rejected), len(r.busy_trials)
         busy = f" +{n_busy}{BUSY_MARK}" if n_busy else ""
         busy += f" +{n_hot}{THROTTLED_MARK}" if n_hot else ""
         busy += f" +{n_rejected}{REJECTED_MARK}" if n_rejected else ""

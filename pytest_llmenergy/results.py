@@ -200,6 +200,13 @@ class CaseResult:
         )
 
     @property
+    def busy_trials(self) -> tuple[Trial, ...]:
+        """The disturbed trials that other processes disturbed (not a throttled GPU, not a
+        rejected result)."""
+        left = {id(t) for t in (*self.throttled, *self.rejected)}
+        return tuple(t for t in self.disturbed if id(t) not in left)
+
+    @property
     def rejected(self) -> tuple[Trial, ...]:
         """Trials whose result did not count (``errors.TrialRejected``), kept and repeated."""
         return tuple(t for t in self.disturbed if t.rejected)

@@ -89,7 +89,7 @@ def busy_line(results: Sequence[CaseResult]) -> str:
     busy = [r for r in results if r.busy]
     if not busy:
         return ""
-    trials = sum(len(r.disturbed) for r in busy)
+    trials = sum(len(r.busy_trials) for r in busy)
     share = max(r.max_background_cpu or 0.0 for r in busy)
     return (
         f"machine busy: other processes used up to {share:.0%} of the CPUs during {trials} "

