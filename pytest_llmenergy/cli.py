@@ -222,6 +222,46 @@ def _parser() -> argparse.ArgumentParser:
         choices=PLOT_FORMATS,
         help="png or svg, repeatable (default: png)",
     )
+    check = sub.add_parser(
+        "gatecheck",
+        help="measure what this runner's energy gate can see: A/A sessions and sessions "
+        "with a known regression injected, judged by each gating procedure",
+    )
+    check.add_argument("--out", required=True, metavar="DIR", help="folder for the sessions")
+    check.add_argument(
+        "--rounds", type=int, default=3, help="rounds of A, each size, A (default: 3)"
+    )
+    check.add_argument(
+        "--inject",
+        default="10%,25%,50%",
+        metavar="LIST",
+        help="injected regressions (--llm-inject-regression) (default: 10%%,25%%,50%%)",
+    )
+    check.add_argument(
+        "--gate",
+        default="j_per_token:5%",
+        metavar="EXPR",
+        help="the gate (default: j_per_token:5%%)",
+    )
+    check.add_argument("--confidence", type=values.confidence, default=0.95)
+    check.add_argument(
+        "--session-noise",
+        type=values.fraction,
+        default=None,
+        metavar="SHARE",
+        help="the noise assumed without history (default: --energy-session-noise's default)",
+    )
+    check.add_argument(
+        "--judge-only", action="store_true", help="judge the sessions already in --out"
+    )
+    check.add_argument("--format", choices=FORMATS, default="table")
+    check.add_argument(
+        "pytest_args",
+        nargs="*",
+        metavar="PYTEST_ARG",
+        help="each session's pytest arguments, after -- (default: benchmarks/ "
+        "--llm-grid=quick -p no:randomly)",
+    )
     frontier_cli.add_commands(sub, common)
     from .predict.commands import add_parsers as add_predict_parsers
 
@@ -496,6 +536,42 @@ def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str],
     return render(tables, args.format, width=_width(args.format)), verdicts, failed
 
 
+def _gatecheck(args: argparse.Namespace) -> tuple[str, list[str]]:
+    from . import gatecheck
+    from .sessions import DEFAULT_SESSION_NOISE
+
+    gates = parse_gates(args.gate)
+    shares = [values.fraction(x, "an injected regression") for x in values.items(args.inject)]
+    if args.rounds < 1 or not shares or min(shares) <= 0:
+        raise ConfigError(
+            "gatecheck needs --rounds of 1 or more and regressions above 0 in --inject"
+        )
+    out = Path(args.out)
+    if args.judge_only:
+        sessions = gatecheck.read_sessions(out)
+    else:
+        if out.exists() and any(out.iterdir()):
+            raise ConfigError(f"--out {out} is not empty; give a new folder (or --judge-only)")
+        pytest_args = args.pytest_args or ["benchmarks/", "--llm-grid=quick", "-p", "no:randomly"]
+        sessions = gatecheck.run_sessions_now(
+            pytest_args,
+            args.rounds,
+            shares,
+            out,
+            log=lambda line: print(f"llmenergy: {line}", file=sys.stderr, flush=True),
+        )
+    noise = args.session_noise if args.session_noise is not None else DEFAULT_SESSION_NOISE
+    outcomes, times = gatecheck.judge(
+        sessions, gates, confidence=args.confidence, session_noise=noise
+    )
+    real = gatecheck.realized(sessions, gates[0].metric)
+    table = gatecheck.quality_table(outcomes, times, real)
+    notes = [
+        f"{len(sessions)} sessions in {out}; gate {gates[0]}; assumed session noise {noise:.0%}"
+    ]
+    return render([table], args.format, width=_width(args.format)), notes
+
+
 def _speed(run: Run) -> float | None:
     """The reference workload's time at the run's start (runs since 0.2.0), if any."""
     value = run.machine.get("speed_reference_s")
@@ -765,6 +841,8 @@ def _main(argv: Sequence[str] | None) -> int:
             from .predict.commands import predict_command
 
             out = predict_command(args, storage)
+        elif args.command == "gatecheck":
+            out, notes = _gatecheck(args)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args)

@@ -1,15 +1,17 @@
 """Comparing runs: per-case deltas, energy gates for CI, and runs side by side.
 
 A gate such as ``j_per_token:5%`` fails a case only when the figure got worse by
-more than the threshold *and* Welch's t-test on the two runs' trials says the
-difference is significant at the configured confidence: noise must not fail CI.
+more than the threshold *and* the worsening is significant once the variance between
+sessions is counted (see ``sessions.py``: a session's trials agree far better than two
+sessions do), with the false discovery rate over every gated case held at one minus the
+confidence (Benjamini-Hochberg): noise must not fail CI, and many cases must not either.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .figures import (
     DEFAULT_COMPARE_METRICS,
@@ -20,8 +22,20 @@ from .figures import (
     parse_figure_threshold,
     resolved,
 )
-from .results import CaseResult
-from .stats import Summary, summarize, welch_t_test
+from .results import PREFILL_PASSES, CaseResult
+from .sessions import (
+    DEFAULT_SESSION_NOISE,
+    HISTORY,
+    PRIOR,
+    ROUNDS,
+    NoiseEstimate,
+    SideSessions,
+    Test,
+    benjamini_hochberg,
+    build_tests,
+    side_sessions,
+)
+from .stats import Summary, summarize
 from .tables import Table, clean, fmt_mean_ci, fmt_number
 from .values import words
 
@@ -86,7 +100,9 @@ class Delta:
     metric: str
     baseline: Summary
     current: Summary
-    p_value: float | None  # Welch, two-sided; None with fewer than two trials on a side
+    # Two-sided, with the variance between sessions counted (sessions.Test); None with
+    # fewer than two trials on a side.
+    p_value: float | None
     confidence: float
     gate: Gate | None = None
     # Either run had trials of this case disturbed by other work on the machine: what
@@ -95,12 +111,19 @@ class Delta:
     # Measured, on either side, over stretches shorter than the meter resolves: the
     # figure is shown but never gated.
     unresolved: bool = False
-    # How much the machine's own speed differed (a fraction, see meters/reference.py): a
-    # regression within the gate plus this is one the machine could explain.
+    # How much the machine's own speed differed beyond its reference's noise (a
+    # fraction, see meters/reference.py): a regression within the gate plus this is one
+    # the machine could explain.
     drift: float = 0.0
     # The two runs' cases ran models of the same name but another config (see
     # llm.loader.config_hash): shown, never gated.
     other_model: bool = False
+    # The session-level test behind p_value, and whether the worsening survived the
+    # correction for many cases (Benjamini-Hochberg over the comparison's gated deltas).
+    test: Test | None = None
+    discovered: bool = False
+    # The smallest relative regression this comparison could have found here.
+    detectable: float = math.nan
 
     @property
     def change(self) -> float:
@@ -112,6 +135,8 @@ class Delta:
 
     @property
     def significant(self) -> bool:
+        if self.gate is not None:
+            return self.discovered
         return self.p_value is not None and self.p_value < 1.0 - self.confidence
 
     @property
@@ -158,6 +183,24 @@ class Delta:
         return DRIFT if self.drifted else FAIL
 
 
+def session_values(f: Figure, case: CaseResult) -> dict[int, list[float]] | None:
+    """The figure's trial values, by the session each trial was measured in (a pooled
+    run keeps several; a single run has one)."""
+    values = f.trial_values(case)
+    if values is None:
+        return None
+    trials = case.prefill_passes if f.source == PREFILL_PASSES else case.trials
+    out: dict[int, list[float]] = {}
+    for trial, value in zip(trials, values):
+        out.setdefault(trial.session, []).append(value)
+    return out
+
+
+def case_sessions(f: Figure, case: CaseResult) -> SideSessions | None:
+    by_session = session_values(f, case)
+    return side_sessions(by_session) if by_session else None
+
+
 def delta(
     baseline: CaseResult,
     current: CaseResult,
@@ -166,27 +209,20 @@ def delta(
     confidence: float = 0.95,
     gate: Gate | None = None,
     drift: float = 0.0,
+    session_noise: float = DEFAULT_SESSION_NOISE,
 ) -> Delta | None:
-    """None when either case lacks the metric (no trials, or no prefill/decode split)."""
-    f = figure(metric_key, per_trial=True, warn=False)
-    a, b = f.trial_values(baseline), f.trial_values(current)
-    if a is None or b is None:
-        return None
-    p = welch_t_test(a, b).p_value if len(a) >= 2 and len(b) >= 2 else None
-    return Delta(
-        nodeid=current.nodeid,
-        name=current.name,
-        metric=f.key,
-        baseline=summarize(a, confidence),
-        current=summarize(b, confidence),
-        p_value=p,
+    """One case alone (no correction for others; ``compare_cases`` does that).  None when
+    either case lacks the metric (no trials, or no prefill/decode split)."""
+    found = compare_cases(
+        [baseline],
+        [current],
+        gates=[gate] if gate is not None else (),
+        metrics=[metric_key],
         confidence=confidence,
-        gate=gate,
-        busy=baseline.busy or current.busy,
-        unresolved=not (resolved(f, baseline) and resolved(f, current)),
         drift=drift,
-        other_model=_other_model(baseline, current),
-    )
+        session_noise=session_noise,
+    ).deltas
+    return found[0] if found else None
 
 
 def _other_model(a: CaseResult, b: CaseResult) -> bool:
@@ -234,6 +270,7 @@ class Comparison:
     drift_note: str = ""  # how it was measured, for the verdict line
     # Cases of the current run with no undisturbed trial: the machine was busy throughout.
     busy_unmeasured: tuple[str, ...] = ()
+    session_noise: float = DEFAULT_SESSION_NOISE  # assumed where nothing else tells
 
     @property
     def failures(self) -> list[Delta]:
@@ -266,10 +303,14 @@ def compare_cases(
     not_comparable: str = "",
     drift: float = 0.0,
     drift_note: str = "",
+    session_noise: float = DEFAULT_SESSION_NOISE,
+    history: Mapping[str, NoiseEstimate] | None = None,
 ) -> Comparison:
     """Cases are matched by node id.  With gates, their metrics are compared; else
     ``metrics``.  ``not_comparable`` (why the runs' energies differ in kind) shows the
-    gates' figures without gating them."""
+    gates' figures without gating them.  ``history`` (key ``nodeid figure``) is the
+    between-session noise learned from earlier runs of the same code; without it and
+    without several sessions per side, ``session_noise`` is assumed."""
     before = {c.nodeid: c for c in baseline if c.measured}
     after = sorted((c for c in current if c.measured), key=_case_order)
     checks: list[tuple[str, Gate | None]] = (
@@ -277,15 +318,38 @@ def compare_cases(
         if gates
         else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
     )
-    deltas = []
+    found: list[tuple[str, CaseResult, CaseResult, Figure, Gate | None]] = []
+    pairs: dict[str, tuple[SideSessions, SideSessions]] = {}
     for case in after:
         base = before.get(case.nodeid)
         if base is None:
             continue
         for key, gate in checks:
-            d = delta(base, case, key, confidence=confidence, gate=gate, drift=drift)
-            if d is not None:
-                deltas.append(d)
+            f = figure(key, per_trial=True, warn=False)
+            a, b = case_sessions(f, base), case_sessions(f, case)
+            if a is None or b is None:
+                continue
+            test_key = noise_key(case.nodeid, f.key)
+            pairs[test_key] = (a, b)
+            found.append((test_key, base, case, f, gate))
+    tests = build_tests(pairs, history=history, session_noise=session_noise)
+    alpha = 1.0 - confidence
+    deltas = [
+        _delta(base, case, f, tests[key], confidence, gate, drift)
+        for key, base, case, f, gate in found
+    ]
+    # The correction runs over the gated deltas that have a p-value at all.
+    gated = [i for i, d in enumerate(deltas) if d.gate is not None and d.p_value is not None]
+    worse = [_p_worse(deltas[i]) for i in gated]
+    rejected = benjamini_hochberg(worse, alpha) if worse else []
+    m = max(1, len(gated))
+    for i, hit in zip(gated, rejected):
+        d = deltas[i]
+        assert d.test is not None and d.gate is not None
+        detectable = d.test.detectable(alpha / m)
+        if d.gate.relative:
+            detectable = max(detectable, d.gate.threshold)
+        deltas[i] = replace(d, discovered=hit, detectable=detectable)
     now = {c.nodeid for c in after}
     return Comparison(
         baseline_label=baseline_label,
@@ -299,7 +363,46 @@ def compare_cases(
         drift=drift,
         drift_note=drift_note,
         busy_unmeasured=tuple(c.name for c in current if not c.measured and c.busy),
+        session_noise=session_noise,
     )
+
+
+def noise_key(nodeid: str, metric: str) -> str:
+    """How a case's figure is named where its between-session noise is kept."""
+    return f"{nodeid} {metric}"
+
+
+def _delta(
+    base: CaseResult,
+    case: CaseResult,
+    f: Figure,
+    test: Test,
+    confidence: float,
+    gate: Gate | None,
+    drift: float,
+) -> Delta:
+    a, b = f.trial_values(base) or [], f.trial_values(case) or []
+    enough = len(a) >= 2 and len(b) >= 2
+    return Delta(
+        nodeid=case.nodeid,
+        name=case.name,
+        metric=f.key,
+        baseline=summarize(a, confidence),
+        current=summarize(b, confidence),
+        p_value=test.p_two_sided if enough else None,
+        confidence=confidence,
+        gate=gate,
+        busy=base.busy or case.busy,
+        unresolved=not (resolved(f, base) and resolved(f, case)),
+        drift=drift,
+        other_model=_other_model(base, case),
+        test=test,
+    )
+
+
+def _p_worse(d: Delta) -> float:
+    assert d.test is not None
+    return d.test.p_worse(higher_is_worse=FIGURES[d.metric].lower_is_better is not False)
 
 
 def _case_order(c: CaseResult) -> tuple[str, str, int, int, str]:
@@ -366,8 +469,14 @@ def comparison_table(c: Comparison) -> Table:
         rows.append(tuple(raw))
         cells.append(tuple(shown))
     notes = [
-        f"significant: Welch's t-test on the trials, p < {1 - c.confidence:.2g} "
-        f"({c.confidence:.0%} confidence)"
+        "p: sessions compared, not trials (the noise between sessions counted: "
+        f"{evidence_text(c)}); significant: "
+        + (
+            f"a worsening kept by Benjamini-Hochberg over the gated cases at "
+            f"{1 - c.confidence:.2g} false discovery rate"
+            if gated
+            else f"p < {1 - c.confidence:.2g}"
+        )
     ]
     if gated:
         notes.append(
@@ -388,7 +497,56 @@ def comparison_table(c: Comparison) -> Table:
     )
 
 
+def evidence_text(c: Comparison) -> str:
+    """Where the between-session noise came from, in words."""
+    sources = {d.test.source for d in c.deltas if d.test is not None}
+    parts = []
+    if ROUNDS in sources:
+        paired = any(d.test is not None and d.test.paired for d in c.deltas)
+        parts.append("the runs' own sessions" + (", paired round by round" if paired else ""))
+    if HISTORY in sources:
+        parts.append("saved runs of the same code")
+    if PRIOR in sources:
+        parts.append(f"assumed {c.session_noise:.0%} (--energy-session-noise)")
+    return "; ".join(parts) or "none"
+
+
+def detectable(c: Comparison) -> float:
+    """The median smallest regression the gated cases could have shown (NaN: none)."""
+    found = sorted(d.detectable for d in c.deltas if d.gate is not None and d.detectable >= 0)
+    return found[len(found) // 2] if found else math.nan
+
+
+def evidence_line(c: Comparison) -> str:
+    """What the verdict rests on, the smallest regression it could see, and what would
+    make it see more."""
+    gated = sum(1 for d in c.deltas if d.gate is not None)
+    if not gated:
+        return ""
+    found = detectable(c)
+    sees = f"detects >= {found:.0%} here" if math.isfinite(found) else "detects nothing here"
+    text = (
+        f"{gated} gated figure(s), Benjamini-Hochberg at {1 - c.confidence:.2g} false "
+        f"discovery rate; between-session noise: {evidence_text(c)}; {sees} (median case)"
+    )
+    if any(d.test is not None and d.test.source == PRIOR for d in c.deltas):
+        text += (
+            "; to see smaller regressions, measure the baseline in several sessions "
+            "(--energy-save=NAME three times, then --energy-compare=NAME learns the noise) "
+            "or base and head in alternating rounds (llmenergy merge, then compare)"
+        )
+    return text
+
+
 def verdict_line(c: Comparison) -> str:
+    """The gate's verdict, then (gated) what it rests on and the smallest regression it
+    could have seen."""
+    verdict = _verdict(c)
+    evidence = evidence_line(c) if c.gates and c.deltas and not c.not_comparable else ""
+    return f"{verdict} [{evidence}]" if evidence else verdict
+
+
+def _verdict(c: Comparison) -> str:
     failures = c.failures
     if c.not_comparable:
         return f"not gated: {c.not_comparable}"

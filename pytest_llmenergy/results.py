@@ -95,6 +95,9 @@ class Trial:
     # Why the target's result did not count (errors.TrialRejected, e.g. a server counted
     # other tokens); such a trial is kept with the disturbed ones.  Empty: it counted.
     rejected: str = ""
+    # Which session of a pooled run measured it (``llmenergy merge`` numbers its runs
+    # from 1); 0 in a run of one session.  Comparisons count sessions, not trials.
+    session: int = 0
 
     @classmethod
     def from_measurement(

@@ -471,8 +471,10 @@ class ModelPool:
         allow_beyond_context: bool = False,
         parallel: str = "none",
         on_load: Callable[[LoadedModel], None] | None = None,
+        inject_regression: float = 0.0,
     ) -> None:
         self.dtype = dtype
+        self.inject_regression = inject_regression  # llm/inject.py: the gate's self-check
         self.parallel = parallel
         self.on_load = on_load  # e.g. check that the meter reads every GPU the model is on
         self.device = device
@@ -499,6 +501,10 @@ class ModelPool:
             allow_beyond_context=self.allow_beyond_context,
             parallel=self.parallel,
         )
+        if self.inject_regression > 0:
+            from .inject import inject_regression
+
+            inject_regression(self._current.model, self.inject_regression)
         if self.on_load is not None:
             self.on_load(self._current)
         return self._current

@@ -368,6 +368,7 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
         allow_beyond_context=settings.allow_beyond_context,
         parallel=settings.parallel if DISTRIBUTED in pytestconfig.stash else "none",
         on_load=lambda loaded: _check_metered(pytestconfig, loaded),
+        inject_regression=settings.inject_regression,
     )
     yield pool
     pool.close()

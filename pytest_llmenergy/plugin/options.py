@@ -44,6 +44,7 @@ from ..report import parse_columns as parse_report_columns
 from ..routing import BY_CHOICES, INPUT
 from ..serving.engine import ENGINES
 from ..serving.settings import ServeSettings, engine_choice, parse_args
+from ..sessions import DEFAULT_SESSION_NOISE
 from ..storage.store import DEFAULT_STORAGE, check_run_name
 
 if TYPE_CHECKING:
@@ -94,6 +95,9 @@ class KeepSettings:
     gates: tuple[Gate, ...] = ()
     exports: tuple[tuple[str, Path], ...] = ()  # (format, path) written at the end
     strict: bool = False  # an inconclusive gate (busy machine) fails the session
+    # How much one session's figures vary from another's on this machine, assumed where
+    # neither several sessions nor earlier runs of the same code tell (sessions.py).
+    session_noise: float = DEFAULT_SESSION_NOISE
 
     def __post_init__(self) -> None:
         if self.gates and self.compare is None:  # a gate needs something to compare with
@@ -132,6 +136,8 @@ class LLMSettings:
     parallel: str = "none"  # under torchrun: none (a whole model per rank) or tp
     batch_sizes: tuple[int, ...] = (1,)  # prompts per generate call
     concurrency: tuple[int, ...] = (1,)  # requests at once to a server
+    # A known regression added to the models' work, to measure what a gate can see.
+    inject_regression: float = 0.0
     grid: Grid = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -278,6 +284,22 @@ def _background_share(text: str) -> float | None:
     value = values.fraction(text, "a share of the CPUs")
     if value == 0:
         raise ConfigError(f"expected a share above 0 such as 25%, or off, got {text!r}")
+    return value
+
+
+def _injected(text: str) -> float:
+    if text.strip().lower() in ("off", "none", "no", "0"):
+        return 0.0
+    parsed = values.split_number(text)
+    if not parsed or parsed[1] not in ("", "%") or parsed[0] <= 0:
+        raise ConfigError(f"expected a regression such as 25% or 0.25, or off, got {text!r}")
+    return parsed[0] / 100 if parsed[1] == "%" else parsed[0]
+
+
+def _session_noise(text: str) -> float:
+    value = values.fraction(text, "a session-to-session variation")
+    if value <= 0:
+        raise ConfigError(f"expected a variation above 0 such as 12%, got {text!r}")
     return value
 
 
@@ -552,6 +574,17 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
     ),
     Option(
+        "--energy-session-noise",
+        "keep.session_noise",
+        _session_noise,
+        "SHARE",
+        "how much a case's figures vary between two sessions of unchanged code on this "
+        "machine (the CV of session means), assumed by gates that have neither several "
+        "sessions nor earlier runs of the same code to learn it from; "
+        "'llmenergy gatecheck' measures it",
+        default_text=f"{DEFAULT_SESSION_NOISE:.0%}",
+    ),
+    Option(
         "--energy-export",
         "keep.exports",
         parse_exports,
@@ -666,6 +699,17 @@ OPTIONS: tuple[Option, ...] = (
         "tokens exceed their context (the research ran Llama-2-7B at 4128 of 4096); "
         "off: such a case stops the session at start",
         const="on",
+    ),
+    Option(
+        "--llm-inject-regression",
+        "llm.inject_regression",
+        _injected,
+        "SHARE",
+        "slow every model down on purpose: after each forward pass, extra CPU work of "
+        "SHARE times the pass's own CPU time (25%: about +25 % time, and energy on CPU "
+        "meters), to learn which regressions a gate finds on this runner "
+        "(llmenergy gatecheck); never in a baseline",
+        default_text="off",
     ),
     Option(
         "--llm-parallel",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..errors import ConfigError
-from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
+from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
 from .recorder import utc_now
 from .runfile import COMPLETE, Run
 
@@ -20,18 +20,44 @@ from .runfile import COMPLETE, Run
 _STATUS_ORDER = (OOM, LIMIT, ROUNDS, CONVERGED)
 
 
-def pool_cases(cases: Sequence[CaseResult]) -> CaseResult:
-    """One case from the same case measured in several runs: every trial, re-numbered."""
+def sessions_of(case: CaseResult) -> list[int]:
+    """The sessions a case's trials came from (one, 0, for a run that was not pooled)."""
+    return sorted({t.session for t in (*case.trials, *case.disturbed)}) or [0]
+
+
+def pool_cases(cases: Sequence[CaseResult], offsets: Sequence[int] | None = None) -> CaseResult:
+    """One case from the same case measured in several runs: every trial, re-numbered,
+    and marked with the session that measured it (the run, counted from 1 after
+    ``offsets[i]`` sessions of the runs before it), so that a comparison can tell the
+    sessions apart (sessions.py); a run that was itself pooled keeps its sessions."""
     first = cases[0]
-    trials = [t for case in cases for t in case.trials]
+    if offsets is None:
+        offsets, total = [], 0
+        for case in cases:
+            offsets.append(total)
+            total += len(sessions_of(case))
+    trials: list[Trial] = []
+    passes: list[Trial] = []
+    disturbed: list[Trial] = []
+    for case, offset in zip(cases, offsets):
+        number = {s: offset + i for i, s in enumerate(sessions_of(case), start=1)}
+        trials += _marked(case.trials, number, offset + 1)
+        passes += _marked(case.prefill_passes, number, offset + 1)
+        disturbed += _marked(case.disturbed, number, offset + 1)
     statuses = {case.status for case in cases}
     status = next((s for s in _STATUS_ORDER if s in statuses), first.status)
     return replace(
         first,
         trials=tuple(replace(t, index=i) for i, t in enumerate(trials, start=1)),
+        prefill_passes=tuple(passes),
+        disturbed=tuple(disturbed),
         status=status,
         reason="; ".join(dict.fromkeys(c.reason for c in cases if c.reason)),
     )
+
+
+def _marked(trials: Sequence[Trial], number: dict[int, int], default: int) -> list[Trial]:
+    return [replace(t, session=number.get(t.session, default)) for t in trials]
 
 
 def pool_runs(runs: Sequence[Run], name: str = "pooled") -> Run:
@@ -53,9 +79,13 @@ def pool_runs(runs: Sequence[Run], name: str = "pooled") -> Run:
             f"runs measured at different confidence levels ({shown}) cannot be pooled"
         )
     by_id: dict[str, list[CaseResult]] = {}
+    offsets: dict[str, list[int]] = {}
+    total = 0  # sessions of the runs before: numbered alike in every case
     for run in runs:
         for case in run.cases:
             by_id.setdefault(case.nodeid, []).append(case)
+            offsets.setdefault(case.nodeid, []).append(total)
+        total += max((len(sessions_of(c)) for c in run.cases), default=1)
     first = runs[0]
     return replace(
         first,
@@ -65,7 +95,7 @@ def pool_runs(runs: Sequence[Run], name: str = "pooled") -> Run:
         finished=utc_now(),
         status=next((run.status for run in runs if run.status != COMPLETE), COMPLETE),
         exit_status=max((run.exit_status or 0) for run in runs),
-        cases=tuple(pool_cases(cases) for cases in by_id.values()),
+        cases=tuple(pool_cases(cases, offsets[k]) for k, cases in by_id.items()),
         command=("llmenergy", "merge", *(run.label for run in runs)),
         path=None,
     )

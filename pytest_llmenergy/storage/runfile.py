@@ -33,7 +33,10 @@ FORMAT = "pytest-llmenergy-run"
 #    and "prefill_passes" (trials of repeated prefill-only passes, each with "passes");
 #    a case's "conversions" (gCO2e and price per kWh of its session); a trial's "gpu"
 #    (temperature, SM clock, throttle reasons: see results.GpuTelemetry); a trial's
-#    "rejected" (why the target's result did not count, e.g. a server's token counts).
+#    "rejected" (why the target's result did not count, e.g. a server's token counts);
+#    a trial's "session" (which run of a pooled run measured it; absent: the run's own);
+#    the machine's "speed_reference" (readings of the reference workload through the
+#    session) and "threads" (torch's and the OpenMP/MKL settings).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -148,6 +151,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         ],
         **({"gpu": _gpu_dict(t.gpu)} if t.gpu is not None else {}),
         **({"rejected": t.rejected} if t.rejected else {}),
+        **({"session": t.session} if t.session else {}),
     }
 
 
@@ -364,6 +368,7 @@ def _trial(r: _Reader) -> Trial:
         ),
         gpu=_gpu(r.obj("gpu", optional=True)),
         rejected=r.get("rejected", str, optional=True) or "",
+        session=r.get("session", int, optional=True) or 0,
     )
 
 

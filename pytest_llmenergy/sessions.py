@@ -1,0 +1,261 @@
+"""The session as the unit of replication: what a gate's verdict may claim.
+
+Two sessions of unchanged code differ by far more than one session's trials vary (on a
+shared 2-core VM, 7-18 % per case while trials agree to 1-5 %): the machine's speed
+drifts over seconds to minutes and a case is measured in one stretch of it.  Welch's test
+on trials treats 25 trials of one session as 25 sessions and calls that drift
+significant.  So a comparison works on the log of each session's mean (Kalibera & Jones,
+ISMM 2013: test at the level whose variance dominates) and takes the between-session
+variance from the best evidence there is:
+
+1. ``rounds``: both sides measured in several sessions (``llmenergy merge`` keeps which
+   session each trial came from), paired round by round when the counts match;
+2. ``history``: earlier runs of the same code and settings on this hardware;
+3. ``prior``: neither; the configured session noise (``--energy-session-noise``), which
+   the A/A self-check (``llmenergy gatecheck``) measures for a runner.
+
+Per case variances are moderated toward their pool across cases (as limma's moderated t
+does), and the cases' p-values are corrected together (Benjamini-Hochberg), so a gate over
+57 cases does not fail by chance.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .stats import t_cdf, t_quantile
+
+_NORMAL = statistics.NormalDist()
+
+
+def _cdf(t: float, df: float) -> float:
+    """Student's t, or the normal where the variance is taken as known (df infinite)."""
+    return _NORMAL.cdf(t) if math.isinf(df) else t_cdf(t, df)
+
+
+def _quantile(p: float, df: float) -> float:
+    return _NORMAL.inv_cdf(p) if math.isinf(df) else t_quantile(p, df)
+
+
+# How much an estimate from few sessions is pulled toward the pool of all cases: the
+# weight of the pool, in degrees of freedom (limma's d0; 4 is a modest prior).
+POOL_DF = 4.0
+# Power at which the smallest detectable regression is quoted.
+POWER = 0.8
+ROUNDS, HISTORY, PRIOR = "rounds", "history", "prior"
+# The session noise assumed when nothing else is known: this project's A/A measurements
+# on a shared 2-core VM (docs: gating guide); a quiet GPU box measures far less.
+DEFAULT_SESSION_NOISE = 0.12
+
+
+@dataclass(frozen=True)
+class SideSessions:
+    """One case on one side: the log of each session's mean, and each mean's own
+    (within-session) variance on the log scale."""
+
+    logs: tuple[float, ...]
+    within: tuple[float, ...]
+
+    @property
+    def k(self) -> int:
+        return len(self.logs)
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.logs) / len(self.logs)
+
+    @property
+    def within_mean(self) -> float:
+        return math.fsum(self.within) / len(self.within)
+
+
+def side_sessions(values_by_session: Mapping[int, Sequence[float]]) -> SideSessions | None:
+    """None when a session mean is not positive (a log needs it) or nothing was measured."""
+    logs, within = [], []
+    for key in sorted(values_by_session):
+        values = values_by_session[key]
+        if not values:
+            continue
+        mean = math.fsum(values) / len(values)
+        if mean <= 0:
+            return None
+        logs.append(math.log(mean))
+        var = statistics.variance(values) / len(values) if len(values) > 1 else 0.0
+        within.append(var / (mean * mean))
+    return SideSessions(tuple(logs), tuple(within)) if logs else None
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """Between-session variance of one case's log figure, and its degrees of freedom."""
+
+    variance: float  # of one session's log mean, within-session noise included
+    df: float  # math.inf: taken as known (the configured prior)
+    source: str  # ROUNDS, HISTORY or PRIOR
+
+
+def prior_noise(session_noise: float) -> NoiseEstimate:
+    sd = math.log1p(session_noise)
+    return NoiseEstimate(sd * sd, math.inf, PRIOR)
+
+
+def moderated(own: float, own_df: float, pool: float, pool_df: float = POOL_DF) -> float:
+    """A variance from few sessions, pulled toward the pool across cases."""
+    if own_df <= 0:
+        return pool
+    return (pool_df * pool + own_df * own) / (pool_df + own_df)
+
+
+@dataclass(frozen=True)
+class Test:
+    """The log ratio of current to baseline, its standard error and degrees of freedom."""
+
+    log_ratio: float
+    se: float
+    df: float
+    source: str
+    paired: bool = False
+
+    def p_worse(self, higher_is_worse: bool = True) -> float:
+        """One-sided p-value of a worsening (the gate's question)."""
+        if self.se <= 0:
+            worse = self.log_ratio > 0 if higher_is_worse else self.log_ratio < 0
+            return 0.0 if worse else 1.0
+        t = self.log_ratio / self.se
+        t = t if higher_is_worse else -t
+        return 1.0 - _cdf(t, self.df)
+
+    @property
+    def p_two_sided(self) -> float:
+        if self.se <= 0:
+            return 1.0 if self.log_ratio == 0 else 0.0
+        return 2.0 * (1.0 - _cdf(abs(self.log_ratio / self.se), self.df))
+
+    def detectable(self, alpha: float, power: float = POWER) -> float:
+        """The smallest relative regression this test finds with ``power`` at one-sided
+        level ``alpha``: exp((t_alpha + t_power) * se) - 1."""
+        if not math.isfinite(self.se):
+            return math.inf
+        df = self.df
+        return math.expm1((_quantile(1.0 - alpha, df) + _quantile(power, df)) * self.se)
+
+
+def paired_rounds(base: SideSessions, head: SideSessions) -> tuple[float, float] | None:
+    """Mean and sample variance of the round-by-round log differences (needs the same
+    number of sessions, at least two, on both sides)."""
+    if base.k != head.k or base.k < 2:
+        return None
+    diffs = [h - b for b, h in zip(base.logs, head.logs)]
+    return statistics.fmean(diffs), statistics.variance(diffs)
+
+
+def unpaired_variance(base: SideSessions, head: SideSessions) -> tuple[float, float] | None:
+    """Pooled sample variance of session log means within each side, and its df."""
+    df = (base.k - 1) + (head.k - 1)
+    if df <= 0:
+        return None
+    ss = sum(
+        math.fsum((x - side.mean) ** 2 for x in side.logs) for side in (base, head) if side.k > 1
+    )
+    return ss / df, float(df)
+
+
+def build_tests(
+    pairs: Mapping[str, tuple[SideSessions, SideSessions]],
+    *,
+    history: Mapping[str, NoiseEstimate] | None = None,
+    session_noise: float = DEFAULT_SESSION_NOISE,
+) -> dict[str, Test]:
+    """One test per key (a case and figure), from the best evidence there is.
+
+    Rounds (several sessions on both sides) estimate the noise from the comparison
+    itself, moderated toward the pool across keys; else a key's history; else the prior.
+    """
+    own: dict[str, tuple[float, float, bool]] = {}  # variance of one round's diff, df, paired
+    for key, (base, head) in pairs.items():
+        paired = paired_rounds(base, head)
+        if paired is not None:
+            own[key] = (paired[1], float(base.k - 1), True)
+            continue
+        unpaired = unpaired_variance(base, head)
+        if unpaired is not None:
+            own[key] = (unpaired[0], unpaired[1], False)
+    pool = _pool(list(own.values()))
+    history = history or {}
+    history_pool = _pool([(h.variance, h.df, False) for h in history.values() if h.df > 0])
+    prior = prior_noise(session_noise)
+    tests: dict[str, Test] = {}
+    for key, (base, head) in pairs.items():
+        diff = head.mean - base.mean
+        if key in own and pool is not None:
+            variance, df, paired = own[key]
+            var = moderated(variance, df, pool)
+            total_df = df + POOL_DF
+            if paired:
+                se = math.sqrt(var / base.k)
+            else:
+                se = math.sqrt(var * (1.0 / base.k + 1.0 / head.k))
+            tests[key] = Test(diff, se, total_df, ROUNDS, paired)
+            continue
+        noise = history.get(key)
+        if noise is not None and noise.df > 0 and history_pool is not None:
+            var = moderated(noise.variance, noise.df, history_pool)
+            df = noise.df + POOL_DF
+            source = HISTORY
+        else:
+            var, df, source = prior.variance, prior.df, PRIOR
+        # A session's log mean varies by ``var`` (its within-session noise included);
+        # where this comparison's own sessions are noisier inside, count that too.
+        within = max(base.within_mean, head.within_mean)
+        session_var = max(var, within)
+        se = math.sqrt(session_var * (1.0 / base.k + 1.0 / head.k))
+        tests[key] = Test(diff, se, df, source)
+    return tests
+
+
+def _pool(items: Sequence[tuple[float, float, bool]]) -> float | None:
+    df = sum(d for _, d, _ in items)
+    if df <= 0:
+        return None
+    return math.fsum(v * d for v, d, _ in items) / df
+
+
+def noise_from_runs(
+    runs_by_group: Sequence[Sequence[Mapping[str, SideSessions]]],
+) -> dict[str, NoiseEstimate]:
+    """Between-session variance per key from groups of runs of the same code and
+    settings (each run: key -> its sessions): the spread of a key's session log means
+    within each group, pooled over the groups."""
+    ss: dict[str, float] = {}
+    dfs: dict[str, float] = {}
+    for group in runs_by_group:
+        logs: dict[str, list[float]] = {}
+        for run in group:
+            for key, side in run.items():
+                logs.setdefault(key, []).extend(side.logs)
+        for key, values in logs.items():
+            if len(values) < 2:
+                continue
+            mean = statistics.fmean(values)
+            ss[key] = ss.get(key, 0.0) + math.fsum((v - mean) ** 2 for v in values)
+            dfs[key] = dfs.get(key, 0.0) + len(values) - 1
+    return {k: NoiseEstimate(ss[k] / dfs[k], dfs[k], HISTORY) for k in ss if dfs[k] > 0}
+
+
+def benjamini_hochberg(p_values: Sequence[float], q: float) -> list[bool]:
+    """Which hypotheses are rejected with the false discovery rate controlled at ``q``
+    (under the complete null, the chance of any rejection at all)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    cutoff = -1
+    for rank, i in enumerate(order, start=1):
+        if p_values[i] <= rank * q / m:
+            cutoff = rank
+    rejected = [False] * m
+    for rank, i in enumerate(order, start=1):
+        if rank <= cutoff:
+            rejected[i] = True
+    return rejected
