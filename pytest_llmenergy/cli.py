@@ -29,6 +29,7 @@ from .compare import (
     side_by_side,
     unlike_meters,
     verdict_line,
+    verdict_lines,
 )
 from .errors import ConfigError, LLMEnergyError
 from .export import EXPORT_FORMATS, export_text
@@ -50,6 +51,7 @@ from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
 from .routing.tables import ROUTE_FORMATS, render_routed
 from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
+from .sessions import DEFAULT_SESSION_NOISE
 from .storage.pool import pool_runs
 from .storage.recorder import check_json_target
 from .storage.runfile import COMPLETE, Run, RunFileError, dumps
@@ -141,6 +143,15 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also exit 1 when a gate is inconclusive: a case looks worse but the machine "
         "was busy, or the runs' meters differ (energies not comparable)",
+    )
+    cmp_.add_argument(
+        "--session-noise",
+        type=_checked(lambda text: values.fraction(text, "a session-to-session variation")),
+        default=DEFAULT_SESSION_NOISE,
+        metavar="SHARE",
+        help="how much a case varies between sessions of unchanged code, assumed where the "
+        "runs have one session each and the storage no runs of the same code "
+        f"(default: {DEFAULT_SESSION_NOISE * 100:.0f}%%; llmenergy gatecheck measures it)",
     )
     cmp_.add_argument(
         "--confidence",
@@ -507,7 +518,9 @@ def _show(run: Run, args: argparse.Namespace) -> str:
     return "\n".join([*header, "", body or "no cases in this run"])
 
 
-def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str], bool]:
+def _compare(
+    runs: list[Run], args: argparse.Namespace, storage: Storage
+) -> tuple[str, list[str], bool]:
     """The tables, the gates' verdict lines, and whether a gate failed."""
     confidence = args.confidence if args.confidence is not None else _run_confidence(runs[0])
     gates: tuple[Gate, ...] = tuple(g for given in args.fail_on for g in given)
@@ -529,9 +542,12 @@ def _compare(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str],
                     runs[0].meter_identity, run.meter_identity, current_label=label
                 ),
                 drift=speed_drift(_speed(runs[0]), _speed(run), None),
+                session_noise=args.session_noise,
+                history=_history(storage, runs, gates, exclude=run),
             )
             tables.append(comparison_table(comparison))
             verdicts.append(f"{label}: {verdict_line(comparison)}")
+            verdicts += [f"{label}: {line}" for line in verdict_lines(comparison)[1:]]
             failed = failed or comparison.failed or (args.strict and comparison.unsure)
     return render(tables, args.format, width=_width(args.format)), verdicts, failed
 
@@ -570,6 +586,22 @@ def _gatecheck(args: argparse.Namespace) -> tuple[str, list[str]]:
         f"{len(sessions)} sessions in {out}; gate {gates[0]}; assumed session noise {noise:.0%}"
     ]
     return render([table], args.format, width=_width(args.format)), notes
+
+
+def _history(
+    storage: Storage, runs: Sequence[Run], gates: Sequence[Gate], exclude: Run
+) -> dict[str, Any]:
+    """Noise learned from the storage's runs of the same code on the baseline's hardware,
+    as the in-session gate learns it (the judged run left out)."""
+    from .history import stored_noise
+
+    try:
+        noise, _ = stored_noise(
+            storage, runs[0].hardware, [g.metric for g in gates], exclude=[exclude.path]
+        )
+    except (ConfigError, OSError):
+        return {}
+    return noise
 
 
 def _speed(run: Run) -> float | None:
@@ -845,7 +877,7 @@ def _main(argv: Sequence[str] | None) -> int:
             out, notes = _gatecheck(args)
         else:
             runs = [storage.load(spec) for spec in args.runs]
-            out, verdicts, failed = _compare(runs, args)
+            out, verdicts, failed = _compare(runs, args, storage)
     except LLMEnergyError as exc:  # RunFileError, ConfigError: they name what is wrong
         return _error(str(exc))
     except OSError as exc:  # a storage folder that cannot be listed

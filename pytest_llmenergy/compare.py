@@ -526,8 +526,9 @@ def evidence_line(c: Comparison) -> str:
     found = detectable(c)
     sees = f"detects >= {found:.0%} here" if math.isfinite(found) else "detects nothing here"
     text = (
-        f"{gated} gated figure(s), Benjamini-Hochberg at {1 - c.confidence:.2g} false "
-        f"discovery rate; between-session noise: {evidence_text(c)}; {sees} (median case)"
+        f"gate {sees} (median case, 80 % power): {gated} gated figure(s), Benjamini-Hochberg "
+        f"at {1 - c.confidence:.2g} false discovery rate; between-session noise: "
+        f"{evidence_text(c)}"
     )
     if any(d.test is not None and d.test.source == PRIOR for d in c.deltas):
         text += (
@@ -538,15 +539,14 @@ def evidence_line(c: Comparison) -> str:
     return text
 
 
-def verdict_line(c: Comparison) -> str:
+def verdict_lines(c: Comparison) -> list[str]:
     """The gate's verdict, then (gated) what it rests on and the smallest regression it
     could have seen."""
-    verdict = _verdict(c)
     evidence = evidence_line(c) if c.gates and c.deltas and not c.not_comparable else ""
-    return f"{verdict} [{evidence}]" if evidence else verdict
+    return [verdict_line(c), *([evidence] if evidence else [])]
 
 
-def _verdict(c: Comparison) -> str:
+def verdict_line(c: Comparison) -> str:
     failures = c.failures
     if c.not_comparable:
         return f"not gated: {c.not_comparable}"

@@ -176,6 +176,9 @@ class CaseResult:
     # The operator trace of one unmeasured run after the trials (--energy-profile-ops):
     # plain JSON from predict.profile.  None: not profiled.
     op_profile: Mapping[str, Any] | None = None
+    # The reference workload's CPU seconds around the trials (meters/reference.py): how
+    # fast the machine ran while this case did.  None: not read.
+    reference_s: float | None = None
 
     # -- status --------------------------------------------------------------
     @property

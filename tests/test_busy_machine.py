@@ -329,10 +329,13 @@ def test_two_cpu_hogs_are_detected_for_real(project: pytest.Pytester, two_cpu_ho
 def test_speed_drift_is_the_largest_relative_difference() -> None:
     from pytest_llmenergy.meters.reference import reference_s, speed_drift
 
-    assert speed_drift(None, None, None) == 0.0
-    assert speed_drift(0.010, 0.012, 0.012) == pytest.approx(0.2)
-    assert speed_drift(0.010, 0.010, 0.013) == pytest.approx(0.3)  # slowed down meanwhile
-    assert speed_drift(None, 0.010, 0.009) == pytest.approx(0.1)
+    assert speed_drift(None, None, None, noise=0) == 0.0
+    assert speed_drift(0.010, 0.012, 0.012, noise=0) == pytest.approx(0.2)
+    assert speed_drift(0.010, 0.010, 0.013, noise=0) == pytest.approx(0.3)  # slowed meanwhile
+    assert speed_drift(None, 0.010, 0.009, noise=0) == pytest.approx(0.1)
+    # only what exceeds the reference's own noise between sessions counts
+    assert speed_drift(0.005, 0.008, None) == 0.0  # +60 %: the reference's A/A spread
+    assert speed_drift(0.005, 0.010, None) == pytest.approx(0.3)  # 2x: beyond it
     ticks = iter([0.0, 0.004, 1.0, 1.006, 2.0, 2.005])
     assert reference_s(3, work=lambda: None, clock=lambda: next(ticks)) == pytest.approx(0.005)
 
@@ -344,17 +347,19 @@ def test_a_regression_the_machine_speed_could_explain_is_inconclusive() -> None:
     gates = parse_gates("j_per_token:5%")
     worse_20 = [make_case([1.2, 1.21, 1.19])]
     worse_50 = [make_case([1.5, 1.51, 1.49])]
-    c = compare_cases(base, worse_20, gates=gates, drift=0.25)
+    quiet = {"gates": gates, "session_noise": 0.02}
+    c = compare_cases(base, worse_20, drift=0.25, **quiet)
     assert not c.failed and c.deltas[0].verdict == DRIFT
     assert "machine's own speed difference (25%" in verdict_line(c)
     # a regression beyond the gate plus the drift still fails
-    assert compare_cases(base, worse_50, gates=gates, drift=0.25).failed
-    assert compare_cases(base, worse_20, gates=gates, drift=0.0).failed
+    assert compare_cases(base, worse_50, drift=0.25, **quiet).failed
+    assert compare_cases(base, worse_20, drift=0.0, **quiet).failed
 
 
 def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytester) -> None:
-    """A saved baseline whose reference workload ran 3x faster than this machine does now:
-    its cases look 30 % worse, which the machine's speed explains."""
+    """A saved baseline whose reference workload ran 3x faster than this machine does now
+    (beyond the reference's own noise): its cases look 30 % worse, which the machine's
+    speed explains."""
     common = ("--energy-backend=trace", "--energy-rule=research", "--energy-shuffle=off")
     project.runpytest(*common, "--energy-save=base").assert_outcomes(passed=2)
     [path] = sorted((project.path / ".llmenergy").glob("*/*.json"))
@@ -366,10 +371,11 @@ def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytest
             t["joules"] /= 1.3
             t["seconds"] /= 1.3
     path.write_text(json.dumps(data))
-    result = project.runpytest(*common, "--energy-compare-fail=j_per_token:5%")
+    gate = ("--energy-compare-fail=j_per_token:5%", "--energy-session-noise=1%")
+    result = project.runpytest(*common, *gate)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*energy gate inconclusive*machine's own speed difference*"])
-    strict = project.runpytest(*common, "--energy-compare-fail=j_per_token:5%", "--energy-strict")
+    strict = project.runpytest(*common, *gate, "--energy-strict")
     assert strict.ret == pytest.ExitCode.TESTS_FAILED
 
 

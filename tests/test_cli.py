@@ -460,21 +460,22 @@ TIGHT = [0.100, 0.101, 0.099, 0.100, 0.1005]
 def test_gate_fails_on_a_significant_regression(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    gate_runs(root, TIGHT, [2.0 * s for s in TIGHT])
     code, out, _ = cli(
         capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%"
     )
     assert code == 1
     assert "0002_pr (current) against 0001_main (baseline)" in out.splitlines()
     verdict = gate_row(out)
-    assert verdict[-1] == "FAIL" and "+20.0" in verdict
-    assert out.splitlines()[-1].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
+    assert verdict[-1] == "FAIL" and "+100.0" in verdict
+    assert out.splitlines()[-2].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
+    assert out.splitlines()[-1].startswith("0002_pr: gate detects >= ")
 
 
 def test_gate_failure_with_data_formats_keeps_stdout_data(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    gate_runs(root, TIGHT, [2.0 * s for s in TIGHT])
     argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
     code, out, err = cli(capsys, *argv, "--format", "json")
     assert code == 1
@@ -506,7 +507,7 @@ def test_equal_runs_pass_the_gate(root: Path, capsys: pytest.CaptureFixture[str]
     assert code == 0
     assert gate_row(out)[-1] == "ok"
     assert (
-        out.splitlines()[-1]
+        out.splitlines()[-2]
         == "0002_pr: energy gate passed (energy_j:5%): no significant regression"
     )
 
@@ -514,11 +515,12 @@ def test_equal_runs_pass_the_gate(root: Path, capsys: pytest.CaptureFixture[str]
 def test_old_gate_and_metric_names_warn_on_stderr_and_still_gate(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    gate_runs(root, TIGHT, [2.0 * s for s in TIGHT])
     argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
     code, out, err = cli(capsys, *argv, "--metric", "joules")
-    assert code == 1  # the old name gates j_per_token: +20 %, significant
-    assert out.splitlines()[-1].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
+    assert code == 1  # the old name gates j_per_token: +100 %, significant
+    assert out.splitlines()[-2].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
+    assert out.splitlines()[-1].startswith("0002_pr: gate detects >= ")
     assert "J ± CI (energy_j), side by side" in out.splitlines()
     assert err.splitlines() == [
         f"llmenergy: warning: figure name {old!r} is deprecated, use {new!r} (the old name "
@@ -665,7 +667,7 @@ def test_console_script(two_machines: Path, tmp_path: Path) -> None:
 
 
 def test_python_dash_m_exits_1_on_a_failed_gate(root: Path, tmp_path: Path) -> None:
-    gate_runs(root, TIGHT, [1.2 * s for s in TIGHT])
+    gate_runs(root, TIGHT, [2.0 * s for s in TIGHT])
     gate = ("--fail-on", "j_per_token:5%")
     done = run_process([*MODULE, "--storage", root, "compare", "main", "pr", *gate], tmp_path)
     assert done.returncode == 1 and "energy gate FAILED" in done.stdout

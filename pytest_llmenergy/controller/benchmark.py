@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import gc
 import math
+import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -21,6 +22,7 @@ from ..errors import LLMEnergyError, TrialRejected
 from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
 from ..meters.background import BackgroundCpu
 from ..meters.base import Meter
+from ..meters.reference import reference_s
 from ..meters.resources import ResourceProbe
 from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, GpuTelemetry, Trial
 from .rule import ControllerOptions, decide, progress_line
@@ -97,6 +99,9 @@ class EnergyBenchmark:
         self._progress = progress
         self.result: CaseResult | None = None
         self.calls = 0  # how often the target ran, warm-up included
+        # The reference workload's time before and after the trials: the machine's speed
+        # while this case ran (a gate normalizes by it, see sessions.py).
+        self._reference: list[float] = []
 
     def __call__(
         self,
@@ -233,6 +238,7 @@ class EnergyBenchmark:
                 except TrialRejected:  # unmeasured: the measured trials check it again
                     continue
                 self._check_tokens(out, input_tokens, output_tokens, queries)
+            self._reference.append(reference_s(repeats=5))
             with ResourceProbe() as probe:
                 while True:
                     args, kwargs = call_args()
@@ -423,6 +429,8 @@ class EnergyBenchmark:
         op_profile: Mapping[str, Any] | None = None,
     ) -> CaseResult:
         domains = self.meter.domains
+        if self._reference:  # the machine's speed around the trials (meters/reference.py)
+            self._reference.append(reference_s(repeats=5))
         self.result = CaseResult(
             nodeid=self.nodeid,
             name=self.name,
@@ -442,6 +450,7 @@ class EnergyBenchmark:
             prefill_passes=prefill_passes,
             queries=queries,
             op_profile=op_profile,
+            reference_s=statistics.fmean(self._reference) if self._reference else None,
         )
         self._on_result(self.result)
         return self.result

@@ -12,11 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from ..compare import Comparison, compare_cases, comparison_table, unlike_meters, verdict_line
+from ..compare import (
+    Comparison,
+    compare_cases,
+    comparison_table,
+    evidence_line,
+    unlike_meters,
+    verdict_line,
+)
 from ..errors import ConfigError
 from ..export import export_text
 from ..meters.reference import reference_s, speed_drift
 from ..results import CaseResult
+from ..sessions import NoiseEstimate
 from ..storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
 from ..storage.runfile import COMPLETE, Run, RunFileError, load
 from ..storage.store import AtomicFile, Storage
@@ -128,6 +136,8 @@ class Keeper:
             green=not (failed or unsure),
             bold=True,
         )
+        if comparison.gates and comparison.deltas and not comparison.not_comparable:
+            write(evidence_line(comparison))
 
     # -- saving and comparing ------------------------------------------------------
     def _open(self) -> None:
@@ -140,6 +150,7 @@ class Keeper:
         machine = machine_info()
         self.reference_start_s = reference_s()
         machine[SPEED_KEY] = self.reference_start_s
+        machine["threads"] = thread_settings()
         self.hardware = hardware_key(machine, meter.kind)
         storage = Storage(keep.storage)
         if keep.compare:
@@ -219,6 +230,7 @@ class Keeper:
             meter = self.metering.meter
             identity = meter.identity() if meter is not None else {}
             drift, drift_note = self._speed_drift()
+            history = self._history()
             self.comparison = compare_cases(
                 self.baseline.cases,
                 self.results,
@@ -229,6 +241,8 @@ class Keeper:
                 not_comparable=unlike_meters(self.baseline.meter_identity, identity),
                 drift=drift,
                 drift_note=drift_note,
+                session_noise=self.settings.session_noise,
+                history=history,
             )
             failed = self.comparison.failed or (self.settings.strict and self.comparison.unsure)
         self._export()
@@ -240,6 +254,19 @@ class Keeper:
                 exit_status=final,
             )
         return failed
+
+    def _history(self) -> dict[str, NoiseEstimate]:
+        """The between-session noise saved runs of the same code on this hardware teach
+        (this session's own file left out: it is the one being judged)."""
+        from ..history import stored_noise
+
+        if not self.settings.gates:
+            return {}
+        metrics = [g.metric for g in self.settings.gates]
+        noise, _ = stored_noise(
+            Storage(self.settings.storage), self.hardware, metrics, exclude=self.saved_paths
+        )
+        return noise
 
     def _speed_drift(self) -> tuple[float, str]:
         """How much the machine's speed differed from the baseline's and within this
@@ -271,6 +298,25 @@ class Keeper:
                 self.export_errors.append(
                     f"could not export {fmt} to {path}: {exc.strerror or exc}"
                 )
+
+
+def thread_settings() -> dict[str, object]:
+    """What decides how many threads the math runs on: sessions with other settings are
+    not the same measurement (kept in the run's machine record)."""
+    import os
+    import sys
+
+    found: dict[str, object] = {
+        name: os.environ.get(name)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    }
+    affinity = getattr(os, "sched_getaffinity", None)
+    found["cpus_allowed"] = len(affinity(0)) if affinity is not None else os.cpu_count()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        found["torch_threads"] = torch.get_num_threads()
+        found["torch_interop_threads"] = torch.get_num_interop_threads()
+    return found
 
 
 KEEPER = pytest.StashKey[Keeper]()

@@ -213,6 +213,7 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "conversions": dict(r.conversions),
         "queries": r.queries,
         "op_profile": None if r.op_profile is None else dict(r.op_profile),
+        **({"reference_s": r.reference_s} if r.reference_s is not None else {}),
     }
 
 
@@ -441,6 +442,7 @@ def _case(r: _Reader) -> CaseResult:
         conversions=r.numbers("conversions") if "conversions" in r.data else {},
         queries=r.get("queries", int, optional=True) or 1,
         op_profile=r.get("op_profile", dict, optional=True),
+        reference_s=r.get("reference_s", float, optional=True),
     )
 
 
