@@ -55,10 +55,13 @@ def code(text: object) -> str:
 
 
 def rst_to_md(text: str) -> str:
-    """Docstrings use reST roles and double backticks; the pages use Markdown."""
+    """Docstrings use reST roles, double backticks and definition lists (a term, then its
+    indented text); the pages use Markdown, where indented text would be code."""
     text = re.sub(r":\w+:`~?\.*([\w.]+)`", lambda m: f"`{m.group(1).split('.')[-1]}`", text)
     text = text.replace("``", "`")
-    return re.sub(r"::\n", ":\n", text)
+    text = re.sub(r"::\n", ":\n", text)
+    text = re.sub(r"^(\S[^\n]*)\n(?=    \S)", r"**\1**\n\n", text, flags=re.M)
+    return re.sub(r"^    (?=\S)", "", text, flags=re.M)
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -163,11 +166,12 @@ def figures_page() -> str:
             ),
         ),
     ]
-    doc = inspect.getdoc(figures)
-    if doc and "\n\n" in doc:
-        parts.append(
-            "## How the per-token figures are meant\n\n" + rst_to_md(doc.split("\n\n", 1)[1])
-        )
+    # The module docstring after its summary and its paragraph for developers: how the
+    # per-token figures are meant, and which figures can be gated.
+    paragraphs = (inspect.getdoc(figures) or "").split("\n\n")[2:]
+    if paragraphs:
+        meant = rst_to_md("\n\n".join(paragraphs))
+        parts.append("## How the per-token figures are meant\n\n" + meant + "\n")
     return "\n".join(parts)
 
 
@@ -299,14 +303,10 @@ def meters_page() -> str:
         ),
     ]
     for name, target in meters.BUILTIN_BACKENDS.items():
-        module_name, _, func = target.partition(":")
+        module_name = target.partition(":")[0]
         module = importlib.import_module(module_name)  # vendor libraries load only on open
         parts.append(f"## `{name}` {{#{name}}}\n")
         parts.append(rst_to_md(inspect.getdoc(module) or "") + "\n")
-        factory = getattr(module, func, None)
-        doc = inspect.getdoc(factory) if factory is not None else None
-        if doc:
-            parts.append(f"Opening it: {rst_to_md(doc)}\n")
     return "\n".join(parts)
 
 
@@ -337,9 +337,11 @@ def sample_run_file() -> dict[str, Any]:
     """A real run file: a two-trial session on the estimate meter, in a temporary folder."""
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "test_sample.py").write_text(_SAMPLE_TEST)
+        Path(tmp, "pytest.ini").write_text("[pytest]\n")  # no configuration from above
         _commit(tmp)
         out = Path(tmp, "run.json")
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("PYTEST_ADDOPTS", None)
         done = subprocess.run(
             [
                 sys.executable,
