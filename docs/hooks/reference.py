@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE_DIR = "reference"
+SAMPLE_TIMEOUT_S = 600  # the sample session takes a few seconds on an idle machine
 # The option sections of plugin.options.PluginOptions, in words; an unknown one is titled
 # from its own name, so a new section needs no change here.
 SECTION_TITLES = {
@@ -342,28 +343,34 @@ def sample_run_file() -> dict[str, Any]:
         out = Path(tmp, "run.json")
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PYTEST_ADDOPTS", None)
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "no:randomly",
-                "--energy-backend=estimate",
-                "--energy-max-background=off",  # a busy build machine must not empty trials
-                f"--energy-json={out}",
-                "test_sample.py",
-            ],
-            cwd=tmp,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-p",
+                    "no:randomly",
+                    "--energy-backend=estimate",
+                    "--energy-max-background=off",  # a busy build machine must not empty trials
+                    f"--energy-json={out}",
+                    "test_sample.py",
+                ],
+                cwd=tmp,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=SAMPLE_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"the sample session for the run-file page took over {SAMPLE_TIMEOUT_S} s "
+                "(a machine this busy cannot build the docs; try again when it is quieter)"
+            ) from None
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"the sample session failed:\n{done.stdout}\n{done.stderr}")
         data: dict[str, Any] = json.loads(out.read_text())
@@ -378,6 +385,20 @@ def _commit(folder: str) -> None:
             subprocess.run([*git, *args], capture_output=True, check=True, timeout=60)
         except (OSError, subprocess.SubprocessError):
             return  # no git: the sample's commit record is empty, and says so
+
+
+_JSON_KINDS = {"float": "number", "int": "integer", "str": "string", "bool": "boolean",
+               "None": "null", "Mapping": "object", "dict": "object", "tuple": "array"}  # fmt: skip
+
+
+def _json_kind(annotation: str) -> str:
+    """A field's annotation in JSON's words: ``float | None`` is ``number or null``."""
+    parts = [p.strip().split("[")[0] for p in annotation.split("|")]
+    return " or ".join(_JSON_KINDS.get(p, "object") for p in parts)
+
+
+def _field_kinds(cls: type) -> dict[str, str]:
+    return {f.name: _json_kind(str(f.type)) for f in dataclasses.fields(cls)}
 
 
 def field_notes(cls: type) -> dict[str, str]:
@@ -481,6 +502,7 @@ def runfile_page(sample: Mapping[str, Any] | None = None) -> str:
     options = data.pop("options", {})
     classes = _schema_classes()
     notes = {prefix: field_notes(cls) for prefix, cls in classes.items()}
+    kinds = {prefix: _field_kinds(cls) for prefix, cls in classes.items()}
     rows = []
     seen: set[str] = set()
     for path, kind, example in _walk(data, ""):
@@ -491,13 +513,17 @@ def runfile_page(sample: Mapping[str, Any] | None = None) -> str:
             continue  # disturbed trials and prefill passes are trials: listed once
         seen.add(path)
         parent, _, leaf = path.rpartition(".")
-        known = notes.get(
-            re.sub(r"\.(disturbed_trials|prefill_passes)\[\]", ".trials[]", parent), {}
+        owner = re.sub(r"\.(disturbed_trials|prefill_passes)\[\]", ".trials[]", parent)
+        known = notes.get(owner, {})
+        # Run's fields are named run_id, ...: the file nests them under "run"; a case's
+        # disturbed trials are its "disturbed".
+        name = next(
+            (n for n in (leaf, f"{parent}_{leaf}", leaf.removesuffix("_trials")) if n in known),
+            leaf,
         )
-        # Run's fields are named run_id, ...: the file nests them under "run".
-        note = known.get(leaf) or known.get(f"{parent}_{leaf}", "")
-        if not note and not parent:
-            note = SECTIONS.get(leaf, "")
+        note = known.get(name, "") or (SECTIONS.get(leaf, "") if not parent else "")
+        if kind == "null":  # the sample has no value here: the field's declared type
+            kind = kinds.get(owner, {}).get(name, kind)
         rows.append((code(path), kind, note, _example(example)))
     # A trial's fields the sample did not write (no GPU read, nothing rejected): still listed.
     written = {r[0].strip("`") for r in rows}
@@ -506,7 +532,7 @@ def runfile_page(sample: Mapping[str, Any] | None = None) -> str:
         path = f"{trial_prefix}.{f.name}"
         note = notes[trial_prefix].get(f.name)
         if path not in written and note:
-            rows.append((code(path), f"{f.type} (only when present)", note, ""))
+            rows.append((code(path), f"{_json_kind(str(f.type))}, only when present", note, ""))
     doc = inspect.getdoc(runfile) or ""
     history = _schema_history(runfile)
     return "\n".join(
