@@ -53,15 +53,6 @@ def test_help_lists_choices_from_the_registries(pytester: pytest.Pytester) -> No
     assert "ini: llmenergy_columns" in text
 
 
-def test_every_option_is_in_the_readme() -> None:
-    from pathlib import Path
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    for option in OPTIONS:
-        assert f"`{option.flag}" in readme, option.flag
-        assert f"`{option.ini}`" in readme, option.ini
-
-
 def test_ini_twins_of_list_options_take_comma_lists(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nllmenergy_compare_fail = j_per_token:5%, time_s:1s\n")
     pytester.makepyfile(

@@ -147,9 +147,3 @@ def test_tox_has_tests_benchmarks_and_lint() -> None:
     tox.read(ROOT / "tox.ini")
     assert {"testenv:tests", "testenv:benchmarks", "testenv:lint"} <= set(tox.sections())
     assert "benchmarks/" in tox["testenv:benchmarks"]["commands"]
-
-
-def test_readme_documents_every_option_with_its_ini_twin() -> None:
-    readme = (ROOT / "README.md").read_text()
-    rows = dict(re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(llmenergy_\w+)` \|", readme, re.M))
-    assert rows == {flag: option.ini for flag, option in BY_FLAG.items()}
