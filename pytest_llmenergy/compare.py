@@ -473,9 +473,9 @@ def comparison_table(c: Comparison) -> Table:
         f"{evidence_text(c)}); significant: "
         + (
             f"a worsening kept by Benjamini-Hochberg over the gated cases at "
-            f"{1 - c.confidence:.2g} false discovery rate"
+            f"{1 - c.confidence:.2g} false discovery rate ({c.confidence:.0%} confidence)"
             if gated
-            else f"p < {1 - c.confidence:.2g}"
+            else f"p < {1 - c.confidence:.2g} ({c.confidence:.0%} confidence)"
         )
     ]
     if gated:

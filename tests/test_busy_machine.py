@@ -192,13 +192,15 @@ def test_a_gate_never_fails_on_a_busy_case() -> None:
     base = [make_case([1.0, 1.01, 0.99])]
     worse = [make_case([1.5, 1.51, 1.49])]
     gates = parse_gates("j_per_token:5%")
-    quiet = compare_cases(base, worse, gates=gates)
+    quiet = compare_cases(base, worse, gates=gates, session_noise=0.02)
     assert quiet.failed and quiet.deltas[0].verdict == FAIL
-    busy = compare_cases(base, [with_disturbed(worse[0])], gates=gates)
+    busy = compare_cases(base, [with_disturbed(worse[0])], gates=gates, session_noise=0.02)
     assert not busy.failed and busy.deltas[0].verdict == BUSY
     assert verdict_line(busy).startswith("energy gate inconclusive (j_per_token:5%): the machine")
     # a busy baseline is no better
-    assert not compare_cases([with_disturbed(base[0])], worse, gates=gates).failed
+    assert not compare_cases(
+        [with_disturbed(base[0])], worse, gates=gates, session_noise=0.02
+    ).failed
 
 
 # -- meter identity ----------------------------------------------------------------------

@@ -568,6 +568,7 @@ def test_compare_an_unknown_run(root: Path, capsys: pytest.CaptureFixture[str]) 
 # -- confidence ----------------------------------------------------------------------------
 BORDERLINE_A = [0.10, 0.11, 0.09]
 BORDERLINE_B = [0.125, 0.135, 0.115]  # +25 %, p between 0.01 and 0.05
+# (between sessions too, with sessions assumed to differ by 8 %: one-sided p = 0.02)
 
 
 def test_borderline_construction() -> None:
@@ -582,7 +583,17 @@ def test_confidence_decides_a_borderline_case(
     root: Path, capsys: pytest.CaptureFixture[str], confidence: str, code: int
 ) -> None:
     gate_runs(root, BORDERLINE_A, BORDERLINE_B)
-    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
+    argv = (
+        "--storage",
+        root,
+        "compare",
+        "main",
+        "pr",
+        "--fail-on",
+        "j_per_token:5%",
+        "--session-noise",
+        "8%",
+    )
     got, out, _ = cli(capsys, *argv, "--confidence", confidence)
     assert got == code
     verdict = " ".join(gate_row(out)[-2:])
@@ -596,7 +607,17 @@ def test_confidence_of_a_version_1_baseline_is_read_where_0_1_0_kept_it(
     path = next(root.rglob("*_main.json"))
     path.write_text(path.read_text().replace('"schema_version": 2', '"schema_version": 1'))
     save(root, [make_case(BORDERLINE_B)], name="pr")
-    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
+    argv = (
+        "--storage",
+        root,
+        "compare",
+        "main",
+        "pr",
+        "--fail-on",
+        "j_per_token:5%",
+        "--session-noise",
+        "8%",
+    )
     code, out, _ = cli(capsys, *argv)
     assert code == 0 and "(99% confidence)" in out
 
@@ -606,13 +627,32 @@ def test_confidence_defaults_to_the_baseline_runs(
 ) -> None:
     save(root, [make_case(BORDERLINE_A)], name="main", options={"confidence": 0.99})
     save(root, [make_case(BORDERLINE_B)], name="pr")
-    argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%")
+    argv = (
+        "--storage",
+        root,
+        "compare",
+        "main",
+        "pr",
+        "--fail-on",
+        "j_per_token:5%",
+        "--session-noise",
+        "8%",
+    )
     code, out, _ = cli(capsys, *argv)
     assert code == 0 and "(99% confidence)" in out
     # A baseline file with nonsense there falls back to 0.95 instead of crashing.
     save(root, [make_case(BORDERLINE_A)], name="odd", options={"confidence": "fast"})
     code, out, _ = cli(
-        capsys, "--storage", root, "compare", "odd", "pr", "--fail-on", "j_per_token:5%"
+        capsys,
+        "--storage",
+        root,
+        "compare",
+        "odd",
+        "pr",
+        "--fail-on",
+        "j_per_token:5%",
+        "--session-noise",
+        "8%",
     )
     assert code == 1 and "(95% confidence)" in out
 

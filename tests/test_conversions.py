@@ -64,7 +64,9 @@ def test_conversions_are_saved_and_gateable(tmp_path: Path) -> None:
     worse = replace(make_case([1.5, 1.51, 1.49]), conversions=conv)
     run = Run("", "x", "", "complete", "hw", {}, {}, {}, {}, cases=(base,))
     assert loads(dumps(run), tmp_path / "r.json").cases[0].conversions == conv
-    assert compare_cases([base], [worse], gates=parse_gates("co2_g_per_1k_tokens:5%")).failed
+    assert compare_cases(
+        [base], [worse], gates=parse_gates("co2_g_per_1k_tokens:5%"), session_noise=0.02
+    ).failed
 
 
 def test_the_session_shows_and_keeps_them(pytester: pytest.Pytester) -> None:

@@ -73,4 +73,6 @@ def test_another_config_under_the_same_name_is_not_gated() -> None:
     c = compare_cases([base], [other], gates=parse_gates("j_per_token:5%"))
     assert not c.failed and c.deltas[0].verdict == OTHER_MODEL
     same = replace(worse, labels={**worse.labels, "model_config": "aaa"})
-    assert compare_cases([base], [same], gates=parse_gates("j_per_token:5%")).failed
+    assert compare_cases(
+        [base], [same], gates=parse_gates("j_per_token:5%"), session_noise=0.02
+    ).failed
