@@ -172,7 +172,9 @@ def kernel_seconds_per_flop(points: Sequence[Point]) -> dict[str, float]:
     return out
 
 
-def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int) -> ModelShape:
+def _case_shape(
+    case: CaseResult, cache: dict[tuple[str, int], ModelShape], elem_bytes: int
+) -> ModelShape:
     """From the config kept in the case's profile, else from the model it names."""
     profile = case.op_profile
     if profile and isinstance(profile.get("model_config"), dict):
@@ -180,9 +182,9 @@ def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int)
         return shape_from_config(profile["model_config"], name, elem_bytes)
     source = case.labels.get("model_source") or case.labels.get("model") or ""
     key = f"{case.labels.get('model', '')}={source}"
-    if key not in cache:
-        cache[key] = load_shape(key, elem_bytes)
-    return cache[key]
+    if (key, elem_bytes) not in cache:
+        cache[key, elem_bytes] = load_shape(key, elem_bytes)
+    return cache[key, elem_bytes]
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -190,34 +192,50 @@ def _mean(values: Iterable[float]) -> float:
     return math.fsum(vals) / len(vals)
 
 
+# Labels of imported runs (storage/research.py) that say how the case generated.
+KV_CACHE_LABEL, DTYPE_LABEL = "kv_cache", "dtype"
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _tokens(case: CaseResult) -> tuple[int, int]:
+    """The tokens the trials really had (an imported trial's prompt may have tokenized to
+    more than the case's nominal size), else the case's."""
+    n_in = _mean(t.input_tokens for t in case.trials)
+    n_out = _mean(t.output_tokens for t in case.trials)
+    return max(1, round(n_in)), max(1, round(n_out))
+
+
 def points_from_cases(
     cases: Iterable[CaseResult], elem_bytes: int = 4, skipped: list[str] | None = None
 ) -> list[Point]:
     """Every case with undisturbed trials whose model's config can be read."""
-    cache: dict[str, ModelShape] = {}
+    cache: dict[tuple[str, int], ModelShape] = {}
     out: list[Point] = []
     for case in cases:
         if not case.trials:
             continue
         try:
-            shape = _case_shape(case, cache, elem_bytes)
+            dtype = case.labels.get(DTYPE_LABEL)
+            shape = _case_shape(case, cache, _DTYPE_BYTES.get(dtype or "", elem_bytes))
             batch = int(case.labels.get(BATCH_LABEL, "1"))
         except (ConfigError, ValueError) as exc:
             if skipped is not None:
                 skipped.append(f"{case.name}: {exc}")
             continue
+        n_in, n_out = _tokens(case)
+        kv_cache = case.labels.get(KV_CACHE_LABEL, "on") != "off"
         profile = None
         if case.op_profile is not None:
             profile = check_profile(case.op_profile, case.name)
         out.append(
             Point(
                 model=shape.name,
-                input_tokens=case.input_tokens,
-                output_tokens=case.output_tokens,
+                input_tokens=n_in,
+                output_tokens=n_out,
                 batch_size=batch,
                 time_s=_mean(t.seconds for t in case.trials),
                 energy_j=_mean(t.joules for t in case.trials),
-                work=case_work(shape, case.input_tokens, case.output_tokens, batch),
+                work=case_work(shape, n_in, n_out, batch, kv_cache),
                 profile=profile,
                 phases={
                     phase: (

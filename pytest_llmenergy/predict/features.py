@@ -145,13 +145,18 @@ def load_shape(model: str, elem_bytes: int = 4) -> ModelShape:
 
 def load_config(model: str) -> tuple[str, dict[str, Any]]:
     """The model's name and its ``config.json``.  A tiny model is built if it is not in
-    the cache yet (seconds), as the plugin would."""
+    the cache yet (seconds), as the plugin would; the research's 7B models are built in
+    (``configs.py``), unless a folder of that name is here."""
     from ..llm.tiny import ensure_tiny_model, is_tiny
+    from .configs import builtin_config
 
     name, _, source = model.partition("=")
     if not source:
         name, source = "", model
     path = Path(source).expanduser()
+    builtin = None if path.exists() else builtin_config(source)
+    if builtin is not None:
+        return name or builtin[0], builtin[1]
     if is_tiny(source):
         path = ensure_tiny_model(source) / "config.json"
         name = name or source
@@ -160,8 +165,8 @@ def load_config(model: str) -> tuple[str, dict[str, Any]]:
         name = name or path.parent.name
     if not path.is_file():
         raise ConfigError(
-            f"model {model!r}: no config.json there; give a built-in tiny model name, "
-            f"a config.json path or a model folder"
+            f"model {model!r}: no config.json there; give a built-in model name (tiny-llama, "
+            f"meta-llama/Llama-2-7b-hf, ...), a config.json path or a model folder"
         )
     try:
         config = json.loads(path.read_text())
@@ -249,9 +254,17 @@ def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work
 
 
 def case_work(
-    shape: ModelShape, input_tokens: int, output_tokens: int, batch: int = 1
+    shape: ModelShape,
+    input_tokens: int,
+    output_tokens: int,
+    batch: int = 1,
+    kv_cache: bool = True,
 ) -> dict[str, Work]:
-    """The prefill (with the first token) and the decode steps of one generation."""
+    """The prefill (with the first token) and the decode steps of one generation.
+
+    Without a KV cache (``generate(use_cache=False)``, as the research's scripts ran) every
+    decode step is a whole forward pass over the prompt and the tokens made so far.
+    """
     if input_tokens < 1 or output_tokens < 1 or batch < 1:
         raise ValueError("input_tokens, output_tokens and batch must be at least 1")
     prefill = forward_work(shape, input_tokens, 0, batch)
@@ -259,6 +272,9 @@ def case_work(
     prefill.generations = 1.0
     decode = Work()
     for step in range(output_tokens - 1):
-        decode.add(forward_work(shape, 1, input_tokens + step, batch))
+        if kv_cache:
+            decode.add(forward_work(shape, 1, input_tokens + step, batch))
+        else:
+            decode.add(forward_work(shape, input_tokens + step + 1, 0, batch))
         decode.ops += GENERATE_STEP_OPS
     return {"prefill": prefill, "decode": decode}
