@@ -292,8 +292,8 @@ def predict_command(args: argparse.Namespace, storage: Any = None) -> str:
     n_in = _sizes(args.input_tokens, "--input-tokens")
     n_out = _sizes(args.output_tokens, "--output-tokens")
     cal = choose(load_calibration(args.calibration), args.system, args.setting)
-    shape = load_shape(args.model)
-    rows = predict(cal, shape, n_in, n_out, batch)
+    shape = load_shape(args.model, int(cal.get("elem_bytes", 4)))
+    rows = predict(cal, shape, n_in, n_out, batch, bool(cal.get("kv_cache", True)))
     if args.format == "json":
         return json.dumps([r.to_dict() for r in rows], indent=1, allow_nan=False)
     if args.format == "csv":

@@ -63,9 +63,9 @@ def _held(
 ) -> Held:
     if len(train) < 3:
         raise ConfigError(f"{split} split on {system}: only {len(train)} cases to fit on")
-    time_coef, energy_coef, _ = fit_both(rows_for(train), form, {})
-    t_err = [(predict_work(time_coef, p.work) - p.time_s) / p.time_s for p in test]
-    e_err = [(predict_work(energy_coef, p.work) - p.energy_j) / p.energy_j for p in test]
+    f = fit_both(rows_for(train), form, {})
+    t_err = [(predict_work(f.time, p.work, f.time_k) - p.time_s) / p.time_s for p in test]
+    e_err = [(predict_work(f.energy, p.work, f.energy_k) - p.energy_j) / p.energy_j for p in test]
     n = len(test)
     return Held(
         split=split,

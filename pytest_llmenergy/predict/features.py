@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 
 MATMUL, ATTENTION, ELEMENTWISE, EMBEDDING, OTHER = (
@@ -187,6 +189,9 @@ class Work:
     # generate() calls: its Python set-up (validating the generation config, building
     # logits processors) costs a fixed time per generation, with few operators in it
     generations: float = 0.0
+    # Every forward pass's FLOPs and bytes (and how many times it ran), for the roofline
+    # column: a pass takes as long as the larger of its compute and its memory traffic.
+    passes: list[tuple[float, float, float]] = field(default_factory=list)
 
     def add(self, other: Work, times: float = 1.0) -> None:
         for c in CLASSES:
@@ -194,14 +199,25 @@ class Work:
             self.bytes[c] += other.bytes[c] * times
         self.ops += other.ops * times
         self.generations += other.generations * times
+        self.passes += [(f, b, n * times) for f, b, n in other.passes]
 
-    def vector(self) -> list[float]:
-        """The regression's columns, in ``COLUMNS`` order."""
+    def roofline(self, k: float) -> float:
+        """Sum over passes of max(k x FLOPs, bytes): byte-equivalents of the slower side,
+        ``k`` being the machine's bytes per FLOP at balance (fitted)."""
+        return roofline(self.pass_array(), k)
+
+    def pass_array(self) -> np.ndarray:
+        """``passes`` as an (n, 3) array: FLOPs, bytes, count."""
+        return np.asarray(self.passes, dtype=float).reshape(-1, 3)
+
+    def vector(self, k: float = 0.0) -> list[float]:
+        """The regression's columns, in ``COLUMNS`` order (``k``: see ``roofline``)."""
         return [
             *(self.flops[c] for c in WORK_CLASSES),
             *(self.bytes[c] for c in WORK_CLASSES),
             self.ops,
             self.generations,
+            self.roofline(k),
         ]
 
 
@@ -210,7 +226,15 @@ COLUMNS = (
     *(f"{c}_bytes" for c in WORK_CLASSES),
     "launches",
     "generations",
+    "roofline",
 )
+
+
+def roofline(passes: np.ndarray, k: float) -> float:
+    """See ``Work.roofline``; ``passes`` from ``Work.pass_array``."""
+    if k <= 0 or not len(passes):
+        return 0.0
+    return float(np.maximum(k * passes[:, 0], passes[:, 1]) @ passes[:, 2])
 
 
 def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work:
@@ -250,6 +274,7 @@ def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work
     w.bytes[EMBEDDING] = e * tokens * h
     per_prefill, per_decode, base = _OPS[shape.family]
     w.ops = base + shape.layers * (per_prefill if past == 0 else per_decode)
+    w.passes = [(sum(w.flops.values()), sum(w.bytes.values()), 1.0)]
     return w
 
 
