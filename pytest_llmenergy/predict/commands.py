@@ -123,19 +123,12 @@ def heldout_command(args: argparse.Namespace, storage: Any) -> str:
         if not body:
             parts.append(f"{titles[split]}: no such split in these runs")
             continue
+        headers = ["system", "fitted on", "predicted", "cases", "time |err|", "time bias"]
+        headers += ["energy |err|", "energy bias"]
+        if args.format == "markdown":  # a bare | would split the cell
+            headers = [h.replace("|", "\\|") for h in headers]
         table = tabulate(
-            body,
-            headers=(
-                "system",
-                "fitted on",
-                "predicted",
-                "cases",
-                "time |err|",
-                "time bias",
-                "energy |err|",
-                "energy bias",
-            ),
-            tablefmt="github" if args.format == "markdown" else "simple",
+            body, headers=headers, tablefmt="github" if args.format == "markdown" else "simple"
         )
         parts.append(f"{titles[split]} (form {args.form}):\n{table}")
     parts.append(
