@@ -149,8 +149,10 @@ def held_out(
                     )
     if not rows:
         raise ConfigError(
-            "no held-out split could be made: give runs with both sweeps, or several models "
-            "(e.g. llmenergy import examples/wilkins2024/*.csv)"
+            f"no held-out split ({', '.join(splits)}) could be made: the sweep split needs "
+            "runs with both sweeps, the model split several models on one system, the system "
+            "split two systems with the same GPU (e.g. llmenergy import "
+            "examples/wilkins2024/*.csv)"
             + (f"; not usable: {'; '.join(skipped[:3])}" if skipped else "")
         )
     return rows, skipped
