@@ -276,7 +276,10 @@ def _parser() -> argparse.ArgumentParser:
     frontier_cli.add_commands(sub, common)
     from .predict.commands import add_parsers as add_predict_parsers
 
-    add_predict_parsers(sub, storage_help)  # calibrate, predict
+    add_predict_parsers(sub, storage_help)  # calibrate, predict, heldout
+    from .storage.research import add_parser as add_import_parser
+
+    add_import_parser(sub, storage_help)
     return parser
 
 
@@ -875,6 +878,14 @@ def _main(argv: Sequence[str] | None) -> int:
             out = predict_command(args, storage)
         elif args.command == "gatecheck":
             out, notes = _gatecheck(args)
+        elif args.command == "import":
+            from .storage.research import import_command
+
+            out, notes = import_command(args, storage)
+        elif args.command == "heldout":
+            from .predict.commands import heldout_command
+
+            out = heldout_command(args, storage)
         else:
             runs = [storage.load(spec) for spec in args.runs]
             out, verdicts, failed = _compare(runs, args, storage)

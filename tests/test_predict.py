@@ -37,7 +37,7 @@ from tests.test_storage_runfile import sample_run
 LLAMA = ModelShape("l", "llama", 64, 2, 4, 4, 16, 128, 1024)
 BIG = ModelShape("big", "mistral", 256, 6, 8, 2, 32, 688, 2048)
 # s per FLOP, per byte, per launch: a machine whose truth we know
-TRUE = {"flops": 2e-11, "bytes": 5e-11, "launches": 6e-6, "generations": 1e-3}
+TRUE = {"flops": 2e-11, "bytes": 5e-11, "launches": 6e-6, "generations": 1e-3, "roofline": 0.0}
 
 
 def true_coef() -> list[float]:
@@ -224,7 +224,7 @@ def test_noise_shows_in_the_error_estimate() -> None:
     run = Run(**{**sample_run(tuple(cases)).__dict__, "status": COMPLETE})
     cal = calibrate_runs([run], ["noisy"])["calibrations"][0]
     assert 0.02 < cal["time_s"]["leave_one_out"]["rms_rel"] < 0.4
-    assert set(FORMS) == {"shared", "per_class", "kernels"}
+    assert set(FORMS) == {"shared", "per_class", "kernels", "roofline"}
 
 
 # -- the run file ------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from .features import (
     Work,
     case_work,
     load_shape,
+    roofline,
     shape_from_config,
 )
 from .profile import check_profile
@@ -52,6 +53,13 @@ class Row:
     time_s: float
     energy_j: float
     x: tuple[float, ...]
+    # every pass's FLOPs, bytes and count, for the roofline column (its k is fitted)
+    passes: np.ndarray | None = None
+
+    def vector(self, k: float) -> tuple[float, ...]:
+        if not k or self.passes is None:
+            return self.x
+        return (*self.x[:-1], roofline(self.passes, k))
 
 
 @dataclass(frozen=True)
@@ -113,14 +121,20 @@ FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("launches",),
         ("generations",),
     ),
-    "per_class": tuple((c,) for c in COLUMNS),
+    "per_class": tuple((c,) for c in COLUMNS if c != "roofline"),
     "kernels": (
         tuple(f"{c}_flops" for c in WORK_CLASSES if c not in KERNEL_CLASSES),
         tuple(f"{c}_bytes" for c in WORK_CLASSES),
         ("launches",),
         ("generations",),
     ),
+    # ``roofline``: each forward pass costs the larger of its compute and its memory
+    # traffic (max(k x FLOPs, bytes), k fitted: the machine's balance), plus launches and
+    # a cost per generation.  For GPUs, where a pass is either bound or the other.
+    "roofline": (("roofline",), ("launches",), ("generations",)),
 }
+# The balance points (bytes per FLOP) the roofline form tries.
+ROOFLINE_KS = tuple(float(k) for k in np.logspace(-4, 1, 41))
 
 
 def fit(
@@ -128,6 +142,7 @@ def fit(
     target: str,
     form: str = "shared",
     fixed: Mapping[str, float] | None = None,
+    k: float = 0.0,
 ) -> np.ndarray:
     """Coefficients (per COLUMNS) minimizing the relative error of ``target`` per row;
     ``fixed`` columns keep the given coefficients (their share is taken off first)."""
@@ -138,7 +153,7 @@ def fit(
         for name in names:
             tie[COLUMNS.index(name), j] = 1.0
     base = np.array([fixed.get(c, 0.0) for c in COLUMNS])
-    raw = np.array([r.x for r in rows], dtype=float)
+    raw = np.array([r.vector(k) for r in rows], dtype=float)
     x = raw @ tie
     y = np.array([getattr(r, target) for r in rows], dtype=float)
     scale = np.abs(x).max(axis=0)
@@ -172,7 +187,9 @@ def kernel_seconds_per_flop(points: Sequence[Point]) -> dict[str, float]:
     return out
 
 
-def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int) -> ModelShape:
+def _case_shape(
+    case: CaseResult, cache: dict[tuple[str, int], ModelShape], elem_bytes: int
+) -> ModelShape:
     """From the config kept in the case's profile, else from the model it names."""
     profile = case.op_profile
     if profile and isinstance(profile.get("model_config"), dict):
@@ -180,9 +197,9 @@ def _case_shape(case: CaseResult, cache: dict[str, ModelShape], elem_bytes: int)
         return shape_from_config(profile["model_config"], name, elem_bytes)
     source = case.labels.get("model_source") or case.labels.get("model") or ""
     key = f"{case.labels.get('model', '')}={source}"
-    if key not in cache:
-        cache[key] = load_shape(key, elem_bytes)
-    return cache[key]
+    if (key, elem_bytes) not in cache:
+        cache[key, elem_bytes] = load_shape(key, elem_bytes)
+    return cache[key, elem_bytes]
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -190,34 +207,50 @@ def _mean(values: Iterable[float]) -> float:
     return math.fsum(vals) / len(vals)
 
 
+# Labels of imported runs (storage/research.py) that say how the case generated.
+KV_CACHE_LABEL, DTYPE_LABEL = "kv_cache", "dtype"
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _tokens(case: CaseResult) -> tuple[int, int]:
+    """The tokens the trials really had (an imported trial's prompt may have tokenized to
+    more than the case's nominal size), else the case's."""
+    n_in = _mean(t.input_tokens for t in case.trials)
+    n_out = _mean(t.output_tokens for t in case.trials)
+    return max(1, round(n_in)), max(1, round(n_out))
+
+
 def points_from_cases(
     cases: Iterable[CaseResult], elem_bytes: int = 4, skipped: list[str] | None = None
 ) -> list[Point]:
     """Every case with undisturbed trials whose model's config can be read."""
-    cache: dict[str, ModelShape] = {}
+    cache: dict[tuple[str, int], ModelShape] = {}
     out: list[Point] = []
     for case in cases:
         if not case.trials:
             continue
         try:
-            shape = _case_shape(case, cache, elem_bytes)
+            dtype = case.labels.get(DTYPE_LABEL)
+            shape = _case_shape(case, cache, _DTYPE_BYTES.get(dtype or "", elem_bytes))
             batch = int(case.labels.get(BATCH_LABEL, "1"))
         except (ConfigError, ValueError) as exc:
             if skipped is not None:
                 skipped.append(f"{case.name}: {exc}")
             continue
+        n_in, n_out = _tokens(case)
+        kv_cache = case.labels.get(KV_CACHE_LABEL, "on") != "off"
         profile = None
         if case.op_profile is not None:
             profile = check_profile(case.op_profile, case.name)
         out.append(
             Point(
                 model=shape.name,
-                input_tokens=case.input_tokens,
-                output_tokens=case.output_tokens,
+                input_tokens=n_in,
+                output_tokens=n_out,
                 batch_size=batch,
                 time_s=_mean(t.seconds for t in case.trials),
                 energy_j=_mean(t.joules for t in case.trials),
-                work=case_work(shape, case.input_tokens, case.output_tokens, batch),
+                work=case_work(shape, n_in, n_out, batch, kv_cache),
                 profile=profile,
                 phases={
                     phase: (
@@ -239,19 +272,48 @@ def rows_for(points: Sequence[Point]) -> list[Row]:
         if p.phases and p.output_tokens > 1:
             for phase, (t, e) in p.phases.items():
                 if t > 0 and e > 0:
-                    rows.append(Row(i, phase, t, e, tuple(p.work[phase].vector())))
+                    w = p.work[phase]
+                    rows.append(Row(i, phase, t, e, tuple(w.vector()), w.pass_array()))
         else:
             total = Work()
             total.add(p.work[PREFILL])
             total.add(p.work[DECODE])
-            rows.append(Row(i, "total", p.time_s, p.energy_j, tuple(total.vector())))
+            x = tuple(total.vector())
+            rows.append(Row(i, "total", p.time_s, p.energy_j, x, total.pass_array()))
     return rows
 
 
-def fit_both(
-    rows: Sequence[Row], form: str, fixed: Mapping[str, float]
-) -> tuple[np.ndarray, np.ndarray, float]:
+@dataclass(frozen=True)
+class BothFit:
+    """Time and energy coefficients (per COLUMNS), the average power, and the roofline
+    form's balance point of each (0: not that form)."""
+
+    time: np.ndarray
+    energy: np.ndarray
+    power_w: float
+    time_k: float = 0.0
+    energy_k: float = 0.0
+
+
+def fit_roofline(rows: Sequence[Row], target: str) -> tuple[np.ndarray, float]:
+    """The roofline form's coefficients at the balance point that fits best."""
+    y = np.array([getattr(r, target) for r in rows], dtype=float)
+    best: tuple[float, np.ndarray, float] | None = None
+    for k in ROOFLINE_KS:
+        coef = fit(rows, target, "roofline", None, k)
+        pred = np.array([np.dot(coef, r.vector(k)) for r in rows])
+        err = float(np.mean(np.abs(pred / y - 1.0)))
+        if best is None or err < best[0]:
+            best = (err, coef, k)
+    assert best is not None
+    return best[1], best[2]
+
+
+def fit_both(rows: Sequence[Row], form: str, fixed: Mapping[str, float]) -> BothFit:
     """Time coefficients, energy coefficients and the average power between them.
+
+    The roofline form fits energy as it fits time, with its own balance point (a GPU's
+    power follows what bounds it).  The others:
 
     Energy is power x the predicted time plus non-negative energy per unit of work
     (``P * T + sum e_c * work_c``): the power is fitted first (one number, hard to get
@@ -259,6 +321,11 @@ def fit_both(
     the time model's accuracy, and classes that draw more power than the average add
     theirs.  Returned folded into one coefficient per column.
     """
+    if form == "roofline":
+        time_coef, time_k = fit_roofline(rows, "time_s")
+        energy_coef, energy_k = fit_roofline(rows, "energy_j")
+        ratio = np.array([r.energy_j / r.time_s for r in rows])
+        return BothFit(time_coef, energy_coef, float(ratio.mean()), time_k, energy_k)
     time_coef = fit(rows, "time_s", form, fixed)
     t = np.array([np.dot(time_coef, r.x) for r in rows])
     e = np.array([r.energy_j for r in rows])
@@ -266,11 +333,11 @@ def fit_both(
     power_w = float(ratio.sum() / (ratio * ratio).sum()) if (ratio > 0).any() else 0.0
     base = dict(zip(COLUMNS, power_w * time_coef, strict=True))
     energy_coef = fit(rows, "energy_j", form, base)
-    return time_coef, energy_coef, power_w
+    return BothFit(time_coef, energy_coef, power_w)
 
 
-def predict_work(coef: Sequence[float], work: Mapping[str, Work]) -> float:
-    return float(sum(np.dot(coef, w.vector()) for w in work.values()))
+def predict_work(coef: Sequence[float], work: Mapping[str, Work], k: float = 0.0) -> float:
+    return float(sum(np.dot(coef, w.vector(k)) for w in work.values()))
 
 
 def _errors(pred: Sequence[float], true: Sequence[float]) -> dict[str, float]:
@@ -298,18 +365,22 @@ def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str,
     fits = {"time_s": fit_both(rows, form, fixed)}
     loo_fits = [fit_both([r for r in rows if r.case != i], form, fixed) for i in range(len(points))]
     for target in ("time_s", "energy_j"):
-        index = 0 if target == "time_s" else 1
-        coef = fits["time_s"][index]
-        pred = [predict_work(coef, p.work) for p in points]
+        name = "time" if target == "time_s" else "energy"
+        coef, k = getattr(fits["time_s"], name), getattr(fits["time_s"], f"{name}_k")
+        pred = [predict_work(coef, p.work, k) for p in points]
         true = [getattr(p, target) for p in points]
-        loo = [predict_work(f[index], p.work) for f, p in zip(loo_fits, points, strict=True)]
+        loo = [
+            predict_work(getattr(f, name), p.work, getattr(f, f"{name}_k"))
+            for f, p in zip(loo_fits, points, strict=True)
+        ]
         result[target] = {
             "coefficients": dict(zip(COLUMNS, (float(c) for c in coef), strict=True)),
+            "roofline_k": k,
             "in_sample": _errors(pred, true),
             "leave_one_out": _errors(loo, true),
             "predicted": pred,
         }
-    result["energy_j"]["power_w"] = fits["time_s"][2]
+    result["energy_j"]["power_w"] = fits["time_s"].power_w
     result["cases"] = [
         {
             "model": p.model,
@@ -397,6 +468,11 @@ def calibrate_runs(
                 "meter": meters[(system, setting)],
                 "estimated": any(c.estimated for c in cases),
                 "models": sorted({p.model for p in points}),
+                # how its cases generated: predictions of this system assume the same
+                "kv_cache": any(c.labels.get(KV_CACHE_LABEL, "on") != "off" for c in cases),
+                "elem_bytes": min(
+                    _DTYPE_BYTES.get(c.labels.get(DTYPE_LABEL, ""), 4) for c in cases
+                ),
                 # the machine's speed when measured (meters/reference.py), to compare with
                 # a later run's: a prediction is for the machine as fast as it was then
                 SPEED_KEY: _mean(speeds[(system, setting)])
@@ -435,6 +511,9 @@ def load_calibration(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: holds no calibration")
     for cal in cals:
         coef = cal.get("time_s", {}).get("coefficients") if isinstance(cal, dict) else None
+        if isinstance(coef, dict):  # calibrations before the roofline form lack it
+            for target in ("time_s", "energy_j"):
+                cal[target]["coefficients"].setdefault("roofline", 0.0)
         if not isinstance(coef, dict) or set(coef) != set(COLUMNS):
             raise ConfigError(f"{path}: a calibration lacks the coefficients {', '.join(COLUMNS)}")
     return data

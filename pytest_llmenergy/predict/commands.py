@@ -60,6 +60,84 @@ def add_parsers(sub: Any, storage_help: str) -> None:
         help="table, json, or csv: the profile CSV llmenergy route --profile reads, with "
         "the model named '... (predicted)' (default: table)",
     )
+    _add_heldout_parser(sub, storage_help)
+
+
+def _add_heldout_parser(sub: Any, storage_help: str) -> None:
+    from .crossval import SPLITS
+
+    held = sub.add_parser(
+        "heldout",
+        help="error tables of predictions on held-out cases: fit on one sweep, model or "
+        "system of saved runs, predict the others",
+    )
+    held.add_argument("runs", nargs="+", metavar="RUN", help="saved runs, one system each")
+    held.add_argument(
+        "--split",
+        action="append",
+        choices=SPLITS,
+        help="sweep: fit on the input sweep, predict the output sweep and the reverse; "
+        "model: leave one model out; system: fit on one system, predict another with the "
+        "same GPU; repeatable (default: all three)",
+    )
+    held.add_argument("--form", choices=tuple(FORMS), default="shared")
+    held.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    held.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+
+
+def heldout_command(args: argparse.Namespace, storage: Any) -> str:
+    from tabulate import tabulate
+
+    from .crossval import ASTRAWATTCH, SPLITS, held_out
+
+    runs = [storage.load(spec) for spec in args.runs]
+    splits = args.split or SPLITS
+    rows, skipped = held_out(runs, splits, args.form)
+    if args.format == "json":
+        return json.dumps(
+            {"rows": [r.to_dict() for r in rows], "skipped": skipped, "form": args.form},
+            indent=1,
+            allow_nan=False,
+        )
+    titles = {
+        "sweep": "(a) fitted on one sweep, predicting the other",
+        "model": "(b) leave one model out: fitted on the other models",
+        "system": "(c) leave one system out: fitted on another system with the same GPU",
+    }
+    parts = []
+    for split in splits:
+        body = [
+            (
+                r.system,
+                r.fitted_on,
+                r.predicted,
+                r.cases,
+                f"{100 * r.time_mean_abs_err:.1f} %",
+                f"{100 * r.time_mean_err:+.1f} %",
+                f"{100 * r.energy_mean_abs_err:.1f} %",
+                f"{100 * r.energy_mean_err:+.1f} %",
+            )
+            for r in rows
+            if r.split == split
+        ]
+        if not body:
+            parts.append(f"{titles[split]}: no such split in these runs")
+            continue
+        headers = ["system", "fitted on", "predicted", "cases", "time |err|", "time bias"]
+        headers += ["energy |err|", "energy bias"]
+        if args.format == "markdown":  # a bare | would split the cell
+            headers = [h.replace("|", "\\|") for h in headers]
+        table = tabulate(
+            body, headers=headers, tablefmt="github" if args.format == "markdown" else "simple"
+        )
+        parts.append(f"{titles[split]} (form {args.form}):\n{table}")
+    parts.append(
+        f"{ASTRAWATTCH}. Errors are per case (the mean of its trials), averaged over the "
+        "predicted cases; bias is the mean signed error."
+    )
+    if skipped:
+        parts.append("not used (no config for their model): " + "; ".join(skipped))
+    return "\n\n".join(parts)
 
 
 def _sizes(text: str, what: str) -> list[int]:
@@ -207,8 +285,8 @@ def predict_command(args: argparse.Namespace, storage: Any = None) -> str:
     n_in = _sizes(args.input_tokens, "--input-tokens")
     n_out = _sizes(args.output_tokens, "--output-tokens")
     cal = choose(load_calibration(args.calibration), args.system, args.setting)
-    shape = load_shape(args.model)
-    rows = predict(cal, shape, n_in, n_out, batch)
+    shape = load_shape(args.model, int(cal.get("elem_bytes", 4)))
+    rows = predict(cal, shape, n_in, n_out, batch, bool(cal.get("kv_cache", True)))
     if args.format == "json":
         return json.dumps([r.to_dict() for r in rows], indent=1, allow_nan=False)
     if args.format == "csv":

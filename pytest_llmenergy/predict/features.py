@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 
 MATMUL, ATTENTION, ELEMENTWISE, EMBEDDING, OTHER = (
@@ -145,13 +147,18 @@ def load_shape(model: str, elem_bytes: int = 4) -> ModelShape:
 
 def load_config(model: str) -> tuple[str, dict[str, Any]]:
     """The model's name and its ``config.json``.  A tiny model is built if it is not in
-    the cache yet (seconds), as the plugin would."""
+    the cache yet (seconds), as the plugin would; the research's 7B models are built in
+    (``configs.py``), unless a folder of that name is here."""
     from ..llm.tiny import ensure_tiny_model, is_tiny
+    from .configs import builtin_config
 
     name, _, source = model.partition("=")
     if not source:
         name, source = "", model
     path = Path(source).expanduser()
+    builtin = None if path.exists() else builtin_config(source)
+    if builtin is not None:
+        return name or builtin[0], builtin[1]
     if is_tiny(source):
         path = ensure_tiny_model(source) / "config.json"
         name = name or source
@@ -160,8 +167,8 @@ def load_config(model: str) -> tuple[str, dict[str, Any]]:
         name = name or path.parent.name
     if not path.is_file():
         raise ConfigError(
-            f"model {model!r}: no config.json there; give a built-in tiny model name, "
-            f"a config.json path or a model folder"
+            f"model {model!r}: no config.json there; give a built-in model name (tiny-llama, "
+            f"meta-llama/Llama-2-7b-hf, ...), a config.json path or a model folder"
         )
     try:
         config = json.loads(path.read_text())
@@ -182,6 +189,9 @@ class Work:
     # generate() calls: its Python set-up (validating the generation config, building
     # logits processors) costs a fixed time per generation, with few operators in it
     generations: float = 0.0
+    # Every forward pass's FLOPs and bytes (and how many times it ran), for the roofline
+    # column: a pass takes as long as the larger of its compute and its memory traffic.
+    passes: list[tuple[float, float, float]] = field(default_factory=list)
 
     def add(self, other: Work, times: float = 1.0) -> None:
         for c in CLASSES:
@@ -189,14 +199,25 @@ class Work:
             self.bytes[c] += other.bytes[c] * times
         self.ops += other.ops * times
         self.generations += other.generations * times
+        self.passes += [(f, b, n * times) for f, b, n in other.passes]
 
-    def vector(self) -> list[float]:
-        """The regression's columns, in ``COLUMNS`` order."""
+    def roofline(self, k: float) -> float:
+        """Sum over passes of max(k x FLOPs, bytes): byte-equivalents of the slower side,
+        ``k`` being the machine's bytes per FLOP at balance (fitted)."""
+        return roofline(self.pass_array(), k)
+
+    def pass_array(self) -> np.ndarray:
+        """``passes`` as an (n, 3) array: FLOPs, bytes, count."""
+        return np.asarray(self.passes, dtype=float).reshape(-1, 3)
+
+    def vector(self, k: float = 0.0) -> list[float]:
+        """The regression's columns, in ``COLUMNS`` order (``k``: see ``roofline``)."""
         return [
             *(self.flops[c] for c in WORK_CLASSES),
             *(self.bytes[c] for c in WORK_CLASSES),
             self.ops,
             self.generations,
+            self.roofline(k),
         ]
 
 
@@ -205,7 +226,15 @@ COLUMNS = (
     *(f"{c}_bytes" for c in WORK_CLASSES),
     "launches",
     "generations",
+    "roofline",
 )
+
+
+def roofline(passes: np.ndarray, k: float) -> float:
+    """See ``Work.roofline``; ``passes`` from ``Work.pass_array``."""
+    if k <= 0 or not len(passes):
+        return 0.0
+    return float(np.maximum(k * passes[:, 0], passes[:, 1]) @ passes[:, 2])
 
 
 def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work:
@@ -245,13 +274,22 @@ def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work
     w.bytes[EMBEDDING] = e * tokens * h
     per_prefill, per_decode, base = _OPS[shape.family]
     w.ops = base + shape.layers * (per_prefill if past == 0 else per_decode)
+    w.passes = [(sum(w.flops.values()), sum(w.bytes.values()), 1.0)]
     return w
 
 
 def case_work(
-    shape: ModelShape, input_tokens: int, output_tokens: int, batch: int = 1
+    shape: ModelShape,
+    input_tokens: int,
+    output_tokens: int,
+    batch: int = 1,
+    kv_cache: bool = True,
 ) -> dict[str, Work]:
-    """The prefill (with the first token) and the decode steps of one generation."""
+    """The prefill (with the first token) and the decode steps of one generation.
+
+    Without a KV cache (``generate(use_cache=False)``, as the research's scripts ran) every
+    decode step is a whole forward pass over the prompt and the tokens made so far.
+    """
     if input_tokens < 1 or output_tokens < 1 or batch < 1:
         raise ValueError("input_tokens, output_tokens and batch must be at least 1")
     prefill = forward_work(shape, input_tokens, 0, batch)
@@ -259,6 +297,9 @@ def case_work(
     prefill.generations = 1.0
     decode = Work()
     for step in range(output_tokens - 1):
-        decode.add(forward_work(shape, 1, input_tokens + step, batch))
+        if kv_cache:
+            decode.add(forward_work(shape, 1, input_tokens + step, batch))
+        else:
+            decode.add(forward_work(shape, input_tokens + step + 1, 0, batch))
         decode.ops += GENERATE_STEP_OPS
     return {"prefill": prefill, "decode": decode}

@@ -71,22 +71,27 @@ def predict(
     input_tokens: Sequence[int],
     output_tokens: Sequence[int],
     batch_size: int = 1,
+    kv_cache: bool = True,
 ) -> list[Prediction]:
-    """Every (input, output) combination of the given sizes."""
+    """Every (input, output) combination of the given sizes; ``kv_cache`` False: generated
+    without a KV cache, as the research's cases (the calibration's ``kv_cache``)."""
     coef = {t: [cal[t]["coefficients"][c] for c in COLUMNS] for t in ("time_s", "energy_j")}
+    k = {t: cal[t].get("roofline_k", 0.0) for t in ("time_s", "energy_j")}
     err = {t: cal[t]["leave_one_out"]["rms_rel"] for t in ("time_s", "energy_j")}
     out = []
     for n_in in input_tokens:
         for n_out in output_tokens:
-            work = case_work(shape, n_in, n_out, batch_size)
+            work = case_work(shape, n_in, n_out, batch_size, kv_cache)
             phase_s = {
-                p: sum(a * x for a, x in zip(coef["time_s"], work[p].vector(), strict=True))
+                p: sum(
+                    a * x for a, x in zip(coef["time_s"], work[p].vector(k["time_s"]), strict=True)
+                )
                 for p in (PREFILL, DECODE)
             }
             energy = sum(
                 a * x
                 for p in (PREFILL, DECODE)
-                for a, x in zip(coef["energy_j"], work[p].vector(), strict=True)
+                for a, x in zip(coef["energy_j"], work[p].vector(k["energy_j"]), strict=True)
             )
             time_s = phase_s[PREFILL] + phase_s[DECODE]
             out.append(
@@ -179,7 +184,9 @@ def check_against(
         coef = {t: [cal[t]["coefficients"][c] for c in COLUMNS] for t in ("time_s", "energy_j")}
         pred = {
             t: sum(
-                a * x for w in point.work.values() for a, x in zip(coef[t], w.vector(), strict=True)
+                a * x
+                for w in point.work.values()
+                for a, x in zip(coef[t], w.vector(cal[t].get("roofline_k", 0.0)), strict=True)
             )
             for t in coef
         }
