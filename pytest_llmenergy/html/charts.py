@@ -120,10 +120,11 @@ def _spec(chart: Chart, data: list[Record], several_runs: bool) -> dict[str, Any
     ]
     points: dict[str, Any] = {
         "name": "cases",
-        "mark": {"type": "point", "filled": True, "size": 55},
+        "mark": {"type": "point", "filled": True, "size": 60, "strokeWidth": 1.5},
         "encoding": {
             "y": y,
             "color": color,
+            "stroke": color,
             "tooltip": tooltip,
             # an estimate (no energy sensor) is drawn hollow
             "fillOpacity": {"condition": {"test": "datum.estimated", "value": 0.1}, "value": 1},
