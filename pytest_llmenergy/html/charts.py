@@ -105,9 +105,15 @@ def _spec(chart: Chart, data: list[Record], several_runs: bool) -> dict[str, Any
     y_title = f"{f.label} [{f.unit}]" if f.unit and f.unit not in f.label else f.label
     x_title = AXES[chart.x]
     log = {"type": "log"}
-    x = {"field": "x", "type": "quantitative", "scale": log, "title": x_title}
+    x = {
+        "field": "x",
+        "type": "quantitative",
+        "scale": {**log, "nice": False, "padding": 12},
+        "title": x_title,
+    }
     y = {"field": "y", "type": "quantitative", "scale": log, "title": y_title}
     color = {"field": "group", "type": "nominal", "title": "model"}
+    unlisted = {**color, "legend": None}  # the points' outline: no legend of its own
     tooltip = [
         *([{"field": "run", "title": "run"}] if several_runs else []),
         {"field": "case", "title": "case"},
@@ -124,7 +130,7 @@ def _spec(chart: Chart, data: list[Record], several_runs: bool) -> dict[str, Any
         "encoding": {
             "y": y,
             "color": color,
-            "stroke": color,
+            "stroke": unlisted,
             "tooltip": tooltip,
             # an estimate (no energy sensor) is drawn hollow
             "fillOpacity": {"condition": {"test": "datum.estimated", "value": 0.1}, "value": 1},
