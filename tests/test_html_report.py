@@ -131,7 +131,13 @@ def test_two_runs_compared_with_verdicts_and_highlighted_rows() -> None:
     )
     page = render_report([base, head], ["base", "head"], [comparison])
     assert "energy gate FAILED (j_per_token:5%)" in page
-    assert page.count('<tr class="worse">') == len(comparison.failures) == 54
+    found = re.search(
+        r'<script type="application/json" id="comparison-0-data">(.*?)</script>', page
+    )
+    assert found is not None
+    table = json.loads(found.group(1))
+    assert table["classes"].count("worse") == len(comparison.failures) == 54
+    assert len(table["rows"]) == 54 and "FAIL" in table["rows"][0]
     assert "ratio CI" in page
     specs = _specs(page)
     assert len(specs["jpt_in"]["data"]["values"]) == 2 * 27  # one mark per case and run

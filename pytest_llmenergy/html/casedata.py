@@ -220,7 +220,8 @@ def _direction(d: Delta) -> str:
 
 def comparison_rows(c: Comparison) -> list[Record]:
     """One record per case and figure of a comparison: the single adaptation point for
-    what ``compare`` computes (add a field here and it shows as a column)."""
+    what ``compare`` computes (add a field here and to ``COMPARISON_COLUMNS`` and it shows
+    as a column; ``KEY_value`` is what the column sorts by, else its text)."""
     short = short_names([d.name for d in c.deltas])
     rows: list[Record] = []
     for d in c.deltas:
@@ -235,6 +236,11 @@ def comparison_rows(c: Comparison) -> list[Record]:
                 "ratio": DASH if ratio is None else f"{ratio[0]:.3g}\u00d7",
                 "ratio_ci": DASH if ratio is None else f"{ratio[1]:.3g}\u2013{ratio[2]:.3g}",
                 "ratio_value": None if ratio is None else ratio[0],
+                "ratio_ci_value": None if ratio is None else ratio[1],
+                "baseline_value": clean(d.baseline.mean),
+                "current_value": clean(d.current.mean),
+                "change_value": clean(d.relative_change),
+                "p_value": d.p_value,
                 "change": DASH
                 if not math.isfinite(d.relative_change)
                 else f"{d.relative_change * 100:+.1f} %",

@@ -9,6 +9,7 @@ plain HTML, sorted and filtered by a few lines of script (and readable without i
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from html import escape
@@ -68,39 +69,58 @@ Promise.all(Object.keys(specs).map(function(key){
     .then(function(result){ views[key] = result.view; });
 })).then(function(){ document.body.dataset.charts = 'drawn'; },
          function(error){ document.body.dataset.charts = 'failed'; console.error(error); });
+// Tables are drawn from their JSON, the first LIMIT rows of the sorted and filtered
+// order (a thousand rows of thirty figures would take the browser a second to lay out).
+const LIMIT = 200;
 document.querySelectorAll('table.sortable').forEach(function(table){
-  const body = table.tBodies[0];
-  table.querySelectorAll('th').forEach(function(th, index){
+  const data = JSON.parse(document.getElementById(table.id + '-data').textContent);
+  const heads = Array.from(table.tHead.rows[0].cells);
+  const lower = data.rows.map(function(row){ return row.join(' ').toLowerCase(); });
+  const more = document.getElementById(table.id + '-more');
+  let order = data.rows.map(function(_, i){ return i; });
+  let words = [], all = false;
+  function draw(){
+    const shown = order.filter(function(i){
+      return words.every(function(w){ return lower[i].includes(w); });
+    });
+    const limit = all ? shown.length : Math.min(shown.length, LIMIT);
+    const body = document.createElement('tbody');
+    for (let k = 0; k < limit; k++) {
+      const i = shown[k], tr = body.insertRow();
+      if (data.classes) tr.className = data.classes[i];
+      data.rows[i].forEach(function(text, c){
+        const td = tr.insertCell(), v = data.values[i][c];
+        td.className = heads[c].className;
+        td.textContent = text;
+        td.dataset.v = v === null ? '' : v;
+      });
+    }
+    table.replaceChild(body, table.tBodies[0]);
+    more.hidden = limit >= shown.length;
+    more.firstChild.textContent = limit + ' of ' + shown.length + ' rows shown ';
+  }
+  heads.forEach(function(th, c){
     th.addEventListener('click', function(){
       const down = th.getAttribute('aria-sort') === 'ascending';
-      table.querySelectorAll('th').forEach(function(h){ h.removeAttribute('aria-sort'); });
+      heads.forEach(function(h){ h.removeAttribute('aria-sort'); });
       th.setAttribute('aria-sort', down ? 'descending' : 'ascending');
-      const numeric = th.dataset.numeric === '1';
-      const rows = Array.from(body.rows);
-      const key = function(row){
-        const v = row.cells[index].dataset.v;
-        if (v === undefined || v === '') return null;
-        return numeric ? Number(v) : v;
-      };
-      rows.sort(function(a, b){
-        const x = key(a), y = key(b);
+      const value = function(i){ return data.values[i][c]; };
+      order.sort(function(a, b){
+        const x = value(a), y = value(b);
         if (x === null || y === null) return (x === null) - (y === null);  // blanks last
-        const order = x < y ? -1 : x > y ? 1 : 0;
-        return down ? -order : order;
+        const sign = x < y ? -1 : x > y ? 1 : 0;
+        return down ? -sign : sign;
       });
-      rows.forEach(function(row){ body.appendChild(row); });
+      draw();
     });
   });
-});
-document.querySelectorAll('input.filter').forEach(function(input){
-  const table = document.getElementById(input.dataset.table);
-  input.addEventListener('input', function(){
-    const words = input.value.toLowerCase().split(/\\s+/).filter(Boolean);
-    Array.from(table.tBodies[0].rows).forEach(function(row){
-      const text = row.textContent.toLowerCase();
-      row.hidden = !words.every(function(w){ return text.includes(w); });
+  more.querySelector('button').addEventListener('click', function(){ all = true; draw(); });
+  document.querySelector('input.filter[data-table="' + table.id + '"]')
+    .addEventListener('input', function(event){
+      words = event.target.value.toLowerCase().split(/\\s+/).filter(Boolean);
+      draw();
     });
-  });
+  draw();
 });
 })();
 """
@@ -111,34 +131,50 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
 
 
-def _sort_value(value: Any) -> str:
-    if value is None:
-        return ""
+def _sort_value(value: Any) -> Any:
+    """What a cell sorts by: its number, else its text (booleans as 0/1)."""
     if isinstance(value, bool):
-        return str(int(value))
-    return escape(f"{value:.12g}" if isinstance(value, float) else str(value), quote=True)
+        return int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _table_html(
+    table_id: str,
+    heads: list[tuple[str, str, str, bool]],
+    rows: list[list[tuple[str, Any]]],
+    classes: list[str] | None = None,
+    placeholder: str = "filter rows",
+) -> str:
+    """A sortable, filterable table: its header here, its rows as JSON drawn by the
+    page's script.  ``heads``: (key, label, title, numeric); a row: (text, sort value)."""
+    ths = "".join(
+        f'<th class="{"num" if numeric else "text"}" data-key="{escape(key)}" '
+        f'title="{escape(title)}">{escape(label)}</th>'
+        for key, label, title, numeric in heads
+    )
+    data: dict[str, Any] = {
+        "rows": [[text for text, _ in row] for row in rows],
+        "values": [[_sort_value(v) for _, v in row] for row in rows],
+    }
+    if classes is not None:
+        data["classes"] = classes
+    return (
+        f'<input class="filter" type="search" data-table="{table_id}" '
+        f'placeholder="{escape(placeholder)}" aria-label="{escape(placeholder)}">'
+        f'<div class="scroll"><table id="{table_id}" class="sortable">'
+        f"<thead><tr>{ths}</tr></thead><tbody></tbody></table></div>"
+        f'<p class="note" id="{table_id}-more" hidden><span></span>'
+        "<button>show all</button></p>"
+        f'<script type="application/json" id="{table_id}-data">{_script_json(data)}</script>'
+    )
 
 
 def _case_table_html(table: CaseTable) -> str:
-    heads = "".join(
-        f'<th class="{"num" if c.numeric else "text"}" data-numeric="{int(c.numeric)}" '
-        f'data-key="{escape(c.key)}" title="{escape(c.title)}">{escape(c.label)}</th>'
-        for c in table.columns
-    )
-    rows = []
-    for row in table.rows:
-        cells = "".join(
-            f'<td class="{"num" if col.numeric else "text"}" data-v="{_sort_value(v)}">'
-            f"{escape(text)}</td>"
-            for col, (text, v) in zip(table.columns, row)
-        )
-        rows.append(f"<tr>{cells}</tr>")
-    return (
-        '<input class="filter" type="search" data-table="cases" '
-        'placeholder="filter rows: words that must all appear" aria-label="filter cases">'
-        '<div class="scroll"><table id="cases" class="sortable">'
-        f"<thead><tr>{heads}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-    )
+    heads = [(c.key, c.label, c.title, c.numeric) for c in table.columns]
+    rows = [list(row) for row in table.rows]
+    return _table_html("cases", heads, rows, placeholder="filter rows: words that must all appear")
 
 
 def _header_html(fields: list[tuple[str, str]]) -> str:
@@ -154,22 +190,9 @@ def _shorten(text: str, limit: int = 400) -> str:
 def _comparison_html(index: int, c: Comparison) -> str:
     rows = comparison_rows(c)
     shown = [(k, h) for k, h in COMPARISON_COLUMNS if any(r.get(k) for r in rows)]
-    heads = "".join(
-        f'<th class="{"text" if k in ("case", "figure", "verdict", "gate") else "num"}" '
-        f'data-numeric="{int(k == "ratio")}">{escape(h)}</th>'
-        for k, h in shown
-    )
-    body = []
-    for r in rows:
-        cells = []
-        for k, _ in shown:
-            v = r["ratio_value"] if k == "ratio" else r.get(k, "")
-            kind = "text" if k in ("case", "figure", "verdict", "gate") else "num"
-            title = f' title="{escape(r["nodeid"])}"' if k == "case" else ""
-            cells.append(
-                f'<td class="{kind}" data-v="{_sort_value(v)}"{title}>{escape(str(r[k]))}</td>'
-            )
-        body.append(f'<tr class="{r["direction"]}">{"".join(cells)}</tr>')
+    text_keys = ("case", "figure", "verdict", "gate")
+    heads = [(k, h, h, k not in text_keys) for k, h in shown]
+    body = [[(str(r[k]), r.get(f"{k}_value", r[k])) for k, _ in shown] for r in rows]
     verdict = verdict_line(c)
     state = "failed" if c.failed else "passed" if c.gates and not c.unsure else ""
     notes = [
@@ -185,10 +208,7 @@ def _comparison_html(index: int, c: Comparison) -> str:
     return (
         f"<h3>{escape(c.current_label)} against {escape(c.baseline_label)} (baseline)</h3>"
         f'<p class="verdict {state}" title="{escape(verdict)}">{escape(_shorten(verdict))}</p>'
-        f'<input class="filter" type="search" data-table="{table_id}" '
-        'placeholder="filter rows" aria-label="filter comparison">'
-        f'<div class="scroll"><table id="{table_id}" class="sortable comparison">'
-        f"<thead><tr>{heads}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        + _table_html(table_id, heads, body, [r["direction"] for r in rows])
         + "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
     )
 
