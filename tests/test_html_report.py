@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def _saved(tmp_path: Path, run, name: str) -> Path:
 def test_one_file_with_everything_inside_and_no_way_out() -> None:
     page = render_report([synthetic_run(12)])
     scripts = re.findall(r"<script[^>]*>(.*?)</script>", page, re.S)
-    assert len(scripts) == 3  # the library, the specs, the page's own script
+    assert len(scripts) == 4  # the library, the specs, the table's rows, the page's script
     assert "window.vegaEmbed" in scripts[0]  # the library itself, inlined
     markup = page
     for script in scripts:
@@ -237,3 +238,18 @@ def test_energy_report_bad_folder_stops_at_start(project: pytest.Pytester) -> No
     assert_one_line_usage_error(
         result, "--energy-report=missing/r.html: folder missing does not exist"
     )
+
+
+def test_without_the_report_extra_both_front_ends_say_what_to_install(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+) -> None:
+    monkeypatch.setitem(sys.modules, "vl_convert", None)  # import fails as if not installed
+    result = project.runpytest(*COMMON, "--energy-report=r.html")
+    assert_one_line_usage_error(
+        result, "--energy-report: the HTML report needs vl-convert-python", "[report]"
+    )
+    run = _saved(tmp_path, synthetic_run(6), "run")
+    capsys.readouterr()
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'pytest-llmenergy[report]'" in err and len(err.splitlines()) == 1

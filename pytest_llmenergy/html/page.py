@@ -232,6 +232,7 @@ def render_report(
     """The whole page for ``runs`` (the first is the baseline of ``comparisons``)."""
     if not runs:
         raise ConfigError("a report needs at least one run")
+    vega.check_available()
     names = list(labels) if labels is not None else [r.label for r in runs]
     several = len(runs) > 1
     keys = chart_figures()
