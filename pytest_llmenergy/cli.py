@@ -21,6 +21,7 @@ from typing import Any
 from . import __version__, report, values
 from .compare import (
     GATE_EXAMPLES,
+    Comparison,
     Gate,
     Lineup,
     compare_cases,
@@ -160,6 +161,35 @@ def _parser() -> argparse.ArgumentParser:
         help="confidence of the significance test, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
+
+    rep = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of runs: headers, charts, every figure per "
+        "case (sortable), and each later run compared with the first",
+    )
+    rep.add_argument(
+        "runs", nargs="+", metavar="RUN", help="one or more runs; the first is the baseline"
+    )
+    rep.add_argument(
+        "--out", required=True, metavar="FILE", help="the HTML file (an existing one is replaced)"
+    )
+    rep.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        type=_checked(parse_gates),
+        metavar="EXPR",
+        help=f"show each case's verdict under these gates: {GATE_EXAMPLES} (the report "
+        "never fails; llmenergy compare --fail-on does)".replace("%", "%%"),
+    )
+    rep.add_argument(
+        "--confidence",
+        type=_checked(values.confidence),
+        default=None,
+        help="confidence of intervals and tests, 0.95 or 95%% "
+        f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
+    )
+    rep.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
 
     scale = sub.add_parser(
         "scale",
@@ -533,24 +563,17 @@ def _compare(
     verdicts: list[str] = []
     failed = False
     if gates:
-        for label, run in zip(lineup.labels[1:], runs[1:]):
-            comparison = compare_cases(
-                runs[0].cases,
-                run.cases,
-                gates=gates,
-                confidence=confidence,
-                baseline_label=lineup.labels[0],
-                current_label=label,
-                not_comparable=unlike_meters(
-                    runs[0].meter_identity, run.meter_identity, current_label=label
-                ),
-                drift=speed_drift(_speed(runs[0]), _speed(run), None),
-                session_noise=args.session_noise,
-                history=_history(storage, runs, gates, exclude=run),
-            )
+        for comparison in _comparisons(
+            runs,
+            lineup.labels,
+            gates,
+            confidence,
+            session_noise=args.session_noise,
+            storage=storage,
+        ):
             tables.append(comparison_table(comparison))
-            verdicts.append(f"{label}: {verdict_line(comparison)}")
-            verdicts += [f"{label}: {line}" for line in verdict_lines(comparison)[1:]]
+            label = comparison.current_label
+            verdicts += [f"{label}: {line}" for line in verdict_lines(comparison)]
             failed = failed or comparison.failed or (args.strict and comparison.unsure)
     return render(tables, args.format, width=_width(args.format)), verdicts, failed
 
@@ -605,6 +628,58 @@ def _history(
     except (ConfigError, OSError):
         return {}
     return noise
+
+
+def _comparisons(
+    runs: Sequence[Run],
+    labels: Sequence[str],
+    gates: Sequence[Gate],
+    confidence: float,
+    *,
+    session_noise: float = DEFAULT_SESSION_NOISE,
+    storage: Storage | None = None,
+) -> list[Comparison]:
+    """Each later run against the first, gated (or, without gates, the default figures),
+    with the noise the storage's runs of the same code teach (as the in-session gate)."""
+    return [
+        compare_cases(
+            runs[0].cases,
+            run.cases,
+            gates=gates,
+            confidence=confidence,
+            baseline_label=labels[0],
+            current_label=label,
+            not_comparable=unlike_meters(
+                runs[0].meter_identity, run.meter_identity, current_label=label
+            ),
+            drift=speed_drift(_speed(runs[0]), _speed(run), None),
+            session_noise=session_noise,
+            history=_history(storage, runs, gates, exclude=run) if storage and gates else None,
+        )
+        for label, run in zip(labels[1:], runs[1:])
+    ]
+
+
+def _report(
+    runs: list[Run], args: argparse.Namespace, storage: Storage
+) -> tuple[str, list[str]]:
+    """Write the HTML report; stdout gets its path (for scripts), stderr what it holds."""
+    from .html import write_report
+
+    labels = _labels(runs)
+    confidence = args.confidence if args.confidence is not None else _run_confidence(runs[0])
+    gates: tuple[Gate, ...] = tuple(g for given in args.gate for g in given)
+    comparisons = (
+        _comparisons(runs, labels, gates, confidence, storage=storage) if len(runs) > 1 else []
+    )
+    target = write_report(args.out, runs, labels, comparisons)
+    size_mb = target.stat().st_size / 1e6
+    cases = sum(len(r.cases) for r in runs)
+    notes = [f"wrote {target}: {len(runs)} run(s), {cases} case(s), {size_mb:.2f} MB"]
+    notes += [
+        f"{c.current_label}: {line}" for c in comparisons if gates for line in verdict_lines(c)
+    ]
+    return str(target), notes
 
 
 def _speed(run: Run) -> float | None:
@@ -866,6 +941,8 @@ def _main(argv: Sequence[str] | None) -> int:
         elif args.command == "frontier":
             runs = [storage.load(spec) for spec in args.runs]
             out, notes = frontier_cli.frontier_command(runs, args)
+        elif args.command == "report":
+            out, notes = _report([storage.load(spec) for spec in args.runs], args, storage)
         elif args.command == "scale":
             out, notes = _scale([storage.load(spec) for spec in args.runs], args)
         elif args.command == "calibrate":

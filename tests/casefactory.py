@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Sequence
 
 from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.meters.resources import ResourceUsage
 from pytest_llmenergy.results import CONVERGED, CaseResult, PhaseRecord, Trial
+from pytest_llmenergy.storage.recorder import new_run
+from pytest_llmenergy.storage.runfile import COMPLETE, Run
 
 
 def make_trials(
@@ -85,3 +89,51 @@ def make_case(
         if resources
         else None,
     )
+
+
+def synthetic_run(
+    n_cases: int, *, seed: int = 1, slower: float = 1.0, name: str = "synthetic"
+) -> Run:
+    """A complete run of ``n_cases`` cases over two sweeps and several models, with noisy
+    trials (seeded): for reports of realistic shape at any size.  ``slower`` scales every
+    trial's seconds (and so its joules), to make a second run that regressed."""
+    rng = random.Random(seed)
+    models = (
+        [f"model-{i}" for i in range(max(1, n_cases // 100))]
+        if n_cases > 300
+        else [
+            "tiny-llama",
+            "tiny-mistral",
+            "tiny-falcon",
+        ]
+    )
+    per_sweep = max(1, n_cases // (2 * len(models)))
+    cases: list[CaseResult] = []
+    for sweep in ("input", "output"):
+        for m, model in enumerate(models):
+            for k in range(per_sweep):
+                size = round(8 * (2048 / 8) ** (k / max(per_sweep - 1, 1)))
+                tokens_in, tokens_out = (size, 32) if sweep == "input" else (32, size)
+                base_s = (0.02 + 0.0002 * tokens_in + 0.004 * tokens_out) * (1 + 0.2 * m)
+                seconds = [base_s * slower * rng.uniform(0.95, 1.05) for _ in range(5)]
+                cases.append(
+                    make_case(
+                        seconds,
+                        model=model,
+                        sweep=sweep,
+                        input_tokens=tokens_in,
+                        output_tokens=tokens_out,
+                        watts=20.0,
+                        method="estimated",
+                    )
+                )
+    header = new_run(
+        name=name,
+        hardware="cpu-x__no-gpu__estimate",
+        machine={"cpu": {"model": "CPU X", "logical_cores": 2}, "gpus": []},
+        commit={"id": "0123456789abcdef", "dirty": False, "branch": "main"},
+        options={"rule": "default", "confidence": 0.95, "max_trials": 25},
+        meter={"backend": "estimate", "description": "estimate: CPU time x TDP 20 W"},
+        command=["benchmarks/"],
+    )
+    return dataclasses.replace(header, cases=tuple(cases[:n_cases]), status=COMPLETE)

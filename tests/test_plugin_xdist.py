@@ -65,9 +65,16 @@ def test_two_workers_make_one_run_one_table_one_gate(project: pytest.Pytester) -
     for (_, end), (start, _) in itertools.pairwise(windows):
         assert start >= end, "two workers measured at once"
     # one gate, by the controller, against that run
-    gated = project.runpytest_subprocess(*common, "--energy-compare-fail=j_per_token:50%")
+    gated = project.runpytest_subprocess(
+        *common, "--energy-compare-fail=j_per_token:50%", "--energy-report=report.html"
+    )
     gated.assert_outcomes(passed=7)
     gated.stdout.fnmatch_lines(["llmenergy: energy gate passed (j_per_token:50%)*"])
+    # one HTML report, by the controller, of every case and the comparison
+    assert gated.stdout.str().count("llmenergy: HTML report of 6 case(s)") == 1
+    page = (project.path / "report.html").read_text()
+    assert "this run against 0001_base (baseline)" in page
+    assert all(f"test_case[{n}]" in page for n in (8, 16, 32, 64, 128, 256))
     assert len(sorted((project.path / ".llmenergy").glob("*/*.json"))) == 1  # nothing saved
 
 

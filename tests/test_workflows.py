@@ -78,9 +78,21 @@ def test_the_default_job_measures_base_and_head_alternately_then_pools() -> None
     measure = next(s["run"] for s in job["steps"] if s.get("name", "").startswith("Measure"))
     assert "for side in base head" in measure and 'seq 1 "$ROUNDS"' in measure
     calls = [w for w in commands(workflow("energy-gate.yml"), "alternate") if w[0] == "llmenergy"]
-    assert [c[1] for c in calls] == ["merge", "merge", "compare", "export"]
+    assert [c[1] for c in calls] == ["merge", "merge", "compare", "report", "export"]
     assert calls[0][2] == "runs/base-*.json" and calls[1][2] == "runs/head-*.json"
     assert calls[2][2:4] == ["runs/base.json", "runs/head.json"] and "--fail-on" in calls[2]
+    assert calls[3][2:4] == ["runs/base.json", "runs/head.json"]  # the HTML report
+
+
+def test_the_gate_jobs_keep_the_html_report_and_link_it_from_the_summary() -> None:
+    flow = workflow("energy-gate.yml")
+    for name, report in (("alternate", "runs/"), ("against-baseline", "energy-pr.html")):
+        steps = flow["jobs"][name]["steps"]
+        keep = next(s for s in steps if s.get("id") == "keep")
+        assert report in keep["with"]["path"]
+        link = next(s for s in steps if s.get("name") == "Link the report from the job summary")
+        assert link["env"]["URL"] == "${{ steps.keep.outputs.artifact-url }}"
+        assert "$GITHUB_STEP_SUMMARY" in link["run"]
 
 
 def test_actions_are_pinned_least_privileged_and_keep_no_credentials() -> None:
@@ -122,7 +134,7 @@ def test_every_gate_and_cli_call_in_the_workflows_parses() -> None:
             calls.append(args.command)
             if args.command == "compare":
                 assert args.format == "markdown"
-    assert sorted(calls) == ["compare", "compare", "export", "merge", "merge"]
+    assert sorted(calls) == ["compare", "compare", "export", "merge", "merge", "report"]
 
 
 def test_the_workflow_linter_runs_in_ci_and_tox() -> None:

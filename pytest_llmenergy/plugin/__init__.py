@@ -9,6 +9,7 @@ features, each owning its state, its hooks and its terminal-summary section:
 - ``results.CaseResults``: the measured cases and the energy-per-token tables;
 - ``keeping.Keeper``: the run file, the baseline, the comparison and gates;
 - ``deciding.RoutingSection``: routing between two systems, and figures;
+- ``reporting.HtmlReporting`` (``--energy-report``): the HTML report, written last;
 - ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests;
 - ``workers.Workers`` / ``workers.WorkerSide`` (with pytest-xdist): the controller hands
   out the seed and the meter's lock and keeps what the workers measured;
@@ -48,6 +49,7 @@ from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginOptions, add_options, marker_help, read_options
+from .reporting import HTML_REPORTING, HtmlReporting
 from .results import CASE_RESULTS, CaseResults
 from .serving import SERVING, Serving, attribute_server, check_settings
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
@@ -153,6 +155,9 @@ def pytest_configure(config: pytest.Config) -> None:
         manager.register(BenchmarkEnergy(metering), "llmenergy-pytest-benchmark")
     if ranks is not None:  # between the meter's opening and the keeper's claiming the file
         manager.register(ranks, "llmenergy-torchrun")
+    if options.keep.report_path:
+        stash[HTML_REPORTING] = HtmlReporting(config, options.keep.report_path, keeper)
+        manager.register(stash[HTML_REPORTING], "llmenergy-html-report")
     for name, feature in (
         ("gpu-settings", gpu),
         ("routing", routing),

@@ -55,6 +55,7 @@ class Keeper:
         self.baseline_note = ""
         self.comparison: Comparison | None = None
         self.exported: list[tuple[str, Path]] = []
+        self.header_run: Run | None = None  # the run's record without cases, for the report
         self.export_errors: list[str] = []
         self.reference_start_s: float | None = None  # the machine's speed at start
 
@@ -160,7 +161,9 @@ class Keeper:
                 check_json_target(str(path))
             except ConfigError as exc:
                 raise pytest.UsageError(f"--energy-export={fmt}:{path}: {exc}") from None
-        if self.config.option.collectonly or not (keep.saving or keep.json_path):
+        if self.config.option.collectonly or not (
+            keep.saving or keep.json_path or keep.report_path
+        ):
             return
         commit = commit_info(self.config.rootpath)
         header = new_run(
@@ -172,6 +175,9 @@ class Keeper:
             meter=self.metering.record(),
             command=[str(a) for a in self.config.invocation_params.args],
         )
+        self.header_run = header
+        if not (keep.saving or keep.json_path):
+            return
         try:
             json_path = check_json_target(keep.json_path) if keep.json_path else None
         except ConfigError as exc:

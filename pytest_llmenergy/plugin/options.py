@@ -94,6 +94,7 @@ class KeepSettings:
     compare: str | None = None  # a run spec, or "latest"
     gates: tuple[Gate, ...] = ()
     exports: tuple[tuple[str, Path], ...] = ()  # (format, path) written at the end
+    report_path: str | None = None  # the HTML report, replaced at the end
     strict: bool = False  # an inconclusive gate (busy machine) fails the session
     # How much one session's figures vary from another's on this machine, assumed where
     # neither several sessions nor earlier runs of the same code tell (sessions.py).
@@ -110,7 +111,9 @@ class KeepSettings:
     @property
     def active(self) -> bool:
         """Anything to keep or compare: only then is the machine read at start."""
-        return bool(self.saving or self.json_path or self.compare or self.exports)
+        return bool(
+            self.saving or self.json_path or self.compare or self.exports or self.report_path
+        )
 
 
 @dataclass(frozen=True)
@@ -594,6 +597,15 @@ OPTIONS: tuple[Option, ...] = (
         choices=lambda: EXPORT_FORMATS,
         multiple=True,
         record=lambda exports: [f"{fmt}:{path}" for fmt, path in exports],
+    ),
+    Option(
+        "--energy-report",
+        "keep.report_path",
+        values.text,
+        "PATH",
+        "also write one self-contained HTML report of this run to PATH at the end (charts, "
+        "every figure per case, the comparison with --energy-compare's run); an existing "
+        "file is replaced (needs vl-convert-python: the report extra)",
     ),
     # -- deciding ----------------------------------------------------------------------
     Option(

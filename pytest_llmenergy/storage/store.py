@@ -76,11 +76,13 @@ class AtomicFile:
 
     The first write fails with FileExistsError if anything is already at ``path``, so an
     existing run is never replaced; later writes replace this writer's own earlier ones.
+    ``replaces``: a derived file (a report) may replace what is there from the first write.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, replaces: bool = False) -> None:
         self.path = path
         self.written = False
+        self.replaces = replaces
 
     def write(self, text: str) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -89,8 +91,9 @@ class AtomicFile:
             f.flush()
             os.fsync(f.fileno())
         try:
-            if self.written:
+            if self.written or self.replaces:
                 os.replace(tmp, self.path)
+                self.written = True
             else:
                 _publish_new(tmp, self.path)
                 self.written = True

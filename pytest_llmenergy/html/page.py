@@ -1,0 +1,295 @@
+"""The page: one HTML file with every script and style inside it.
+
+A Content-Security-Policy forbids the page any request (``default-src 'none'``), so a
+report opened offline from a CI artifact draws exactly as it does anywhere; fonts are
+the system's.  Charts are Vega-Lite specs drawn by the inlined library; the case table is
+plain HTML, sorted and filtered by a few lines of script (and readable without it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..compare import Comparison, verdict_line
+from ..errors import ConfigError
+from ..storage.runfile import Run
+from . import vega
+from .casedata import (
+    COMPARISON_COLUMNS,
+    CaseTable,
+    case_table,
+    comparison_rows,
+    points,
+    run_header,
+)
+from .charts import DrawnChart, chart_figures, draw
+
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; "
+    "style-src 'unsafe-inline'; img-src data: blob:"
+)
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem;color:#222}
+h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+dl.run{display:grid;grid-template-columns:max-content auto;gap:.15rem 1rem;font-size:.9rem}
+dl.run dt{color:#666}dl.run dd{margin:0}
+.runs{display:flex;flex-wrap:wrap;gap:2rem}
+.charts{display:flex;flex-wrap:wrap;gap:1.5rem}
+.chart{min-width:460px;min-height:320px}
+table{border-collapse:collapse;font-size:.82rem;font-variant-numeric:tabular-nums}
+th,td{padding:.2rem .5rem;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{position:sticky;top:0;background:#f6f6f6;cursor:pointer;user-select:none}
+th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
+td.text,th.text{text-align:left}
+tr.worse td{background:#fde8e8}tr.better td{background:#e6f4ea}
+.verdict{font-weight:600}.failed{color:#b00020}.passed{color:#1b6e32}
+.scroll{max-height:70vh;overflow:auto;border:1px solid #ddd;content-visibility:auto;
+contain-intrinsic-size:auto 70vh}
+input.filter{margin:.5rem 0;padding:.3rem;width:24rem}
+.note{color:#555;font-size:.85rem}footer{margin-top:2rem;color:#777;font-size:.8rem}
+"""
+
+# Draws the charts, then marks the body (data-charts="drawn") so a browser test can time
+# it; the table's headers sort, the filter box hides rows lacking any of its words.
+_SCRIPT = """
+(function(){
+const specs = JSON.parse(document.getElementById('llmenergy-specs').textContent);
+const views = {};
+window.llmenergy = {views: views};
+Promise.all(Object.keys(specs).map(function(key){
+  return vegaEmbed('#chart-' + key, specs[key], {actions: false, renderer: 'canvas'})
+    .then(function(result){ views[key] = result.view; });
+})).then(function(){ document.body.dataset.charts = 'drawn'; },
+         function(error){ document.body.dataset.charts = 'failed'; console.error(error); });
+// Tables are drawn from their JSON, the first LIMIT rows of the sorted and filtered
+// order (a thousand rows of thirty figures would take the browser a second to lay out).
+const LIMIT = 200;
+document.querySelectorAll('table.sortable').forEach(function(table){
+  const data = JSON.parse(document.getElementById(table.id + '-data').textContent);
+  const heads = Array.from(table.tHead.rows[0].cells);
+  const lower = data.rows.map(function(row){ return row.join(' ').toLowerCase(); });
+  const more = document.getElementById(table.id + '-more');
+  let order = data.rows.map(function(_, i){ return i; });
+  let words = [], all = false;
+  function draw(){
+    const shown = order.filter(function(i){
+      return words.every(function(w){ return lower[i].includes(w); });
+    });
+    const limit = all ? shown.length : Math.min(shown.length, LIMIT);
+    const body = document.createElement('tbody');
+    for (let k = 0; k < limit; k++) {
+      const i = shown[k], tr = body.insertRow();
+      if (data.classes) tr.className = data.classes[i];
+      data.rows[i].forEach(function(text, c){
+        const td = tr.insertCell(), v = data.values[i][c];
+        td.className = heads[c].className;
+        td.textContent = text;
+        td.dataset.v = v === null ? '' : v;
+      });
+    }
+    table.replaceChild(body, table.tBodies[0]);
+    more.hidden = limit >= shown.length;
+    more.firstChild.textContent = limit + ' of ' + shown.length + ' rows shown ';
+  }
+  heads.forEach(function(th, c){
+    th.addEventListener('click', function(){
+      const down = th.getAttribute('aria-sort') === 'ascending';
+      heads.forEach(function(h){ h.removeAttribute('aria-sort'); });
+      th.setAttribute('aria-sort', down ? 'descending' : 'ascending');
+      const value = function(i){ return data.values[i][c]; };
+      order.sort(function(a, b){
+        const x = value(a), y = value(b);
+        if (x === null || y === null) return (x === null) - (y === null);  // blanks last
+        const sign = x < y ? -1 : x > y ? 1 : 0;
+        return down ? -sign : sign;
+      });
+      draw();
+    });
+  });
+  more.querySelector('button').addEventListener('click', function(){ all = true; draw(); });
+  document.querySelector('input.filter[data-table="' + table.id + '"]')
+    .addEventListener('input', function(event){
+      words = event.target.value.toLowerCase().split(/\\s+/).filter(Boolean);
+      draw();
+    });
+  draw();
+});
+})();
+"""
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside a <script> element: no ``</`` can end it early."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+
+
+def _sort_value(value: Any) -> Any:
+    """What a cell sorts by: its number, else its text (booleans as 0/1)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _table_html(
+    table_id: str,
+    heads: list[tuple[str, str, str, bool]],
+    rows: list[list[tuple[str, Any]]],
+    classes: list[str] | None = None,
+    placeholder: str = "filter rows",
+) -> str:
+    """A sortable, filterable table: its header here, its rows as JSON drawn by the
+    page's script.  ``heads``: (key, label, title, numeric); a row: (text, sort value)."""
+    ths = "".join(
+        f'<th class="{"num" if numeric else "text"}" data-key="{escape(key)}" '
+        f'title="{escape(title)}">{escape(label)}</th>'
+        for key, label, title, numeric in heads
+    )
+    data: dict[str, Any] = {
+        "rows": [[text for text, _ in row] for row in rows],
+        "values": [[_sort_value(v) for _, v in row] for row in rows],
+    }
+    if classes is not None:
+        data["classes"] = classes
+    return (
+        f'<input class="filter" type="search" data-table="{table_id}" '
+        f'placeholder="{escape(placeholder)}" aria-label="{escape(placeholder)}">'
+        f'<div class="scroll"><table id="{table_id}" class="sortable">'
+        f"<thead><tr>{ths}</tr></thead><tbody></tbody></table></div>"
+        f'<p class="note" id="{table_id}-more" hidden><span></span>'
+        "<button>show all</button></p>"
+        f'<script type="application/json" id="{table_id}-data">{_script_json(data)}</script>'
+    )
+
+
+def _case_table_html(table: CaseTable) -> str:
+    heads = [(c.key, c.label, c.title, c.numeric) for c in table.columns]
+    rows = [list(row) for row in table.rows]
+    return _table_html("cases", heads, rows, placeholder="filter rows: words that must all appear")
+
+
+def _header_html(fields: list[tuple[str, str]]) -> str:
+    items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in fields)
+    return f'<dl class="run">{items}</dl>'
+
+
+def _shorten(text: str, limit: int = 400) -> str:
+    """A verdict naming hundreds of cases stays readable: the rows below list them."""
+    return text if len(text) <= limit else text[: limit - 1].rsplit(",", 1)[0] + ", \u2026"
+
+
+def _comparison_html(index: int, c: Comparison) -> str:
+    rows = comparison_rows(c)
+    shown = [(k, h) for k, h in COMPARISON_COLUMNS if any(r.get(k) for r in rows)]
+    text_keys = ("case", "figure", "verdict", "gate")
+    heads = [(k, h, h, k not in text_keys) for k, h in shown]
+    body = [[(str(r[k]), r.get(f"{k}_value", r[k])) for k, _ in shown] for r in rows]
+    verdict = verdict_line(c)
+    state = "failed" if c.failed else "passed" if c.gates and not c.unsure else ""
+    notes = [
+        f"ratio: current / baseline, with its {c.confidence:.0%} interval (t interval on the "
+        "log means); p: Welch's t-test on the trials; rows in red got significantly worse, "
+        "in green significantly better",
+    ]
+    if c.only_in_baseline:
+        notes.append(f"only in {c.baseline_label}: {', '.join(c.only_in_baseline)}")
+    if c.only_in_current:
+        notes.append(f"only in {c.current_label}: {', '.join(c.only_in_current)}")
+    table_id = f"comparison-{index}"
+    return (
+        f"<h3>{escape(c.current_label)} against {escape(c.baseline_label)} (baseline)</h3>"
+        f'<p class="verdict {state}" title="{escape(verdict)}">{escape(_shorten(verdict))}</p>'
+        + _table_html(table_id, heads, body, [r["direction"] for r in rows])
+        + "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
+    )
+
+
+def _charts_html(charts: list[DrawnChart]) -> str:
+    if not charts:
+        return '<p class="note">no measured case has a figure to chart</p>'
+    divs = "".join(
+        f'<div class="chart" id="chart-{c.key}" data-points="{c.points}" '
+        f'aria-label="{escape(c.title)}"></div>'
+        for c in charts
+    )
+    return f'<div class="charts">{divs}</div>'
+
+
+def render_report(
+    runs: Sequence[Run],
+    labels: Sequence[str] | None = None,
+    comparisons: Sequence[Comparison] = (),
+) -> str:
+    """The whole page for ``runs`` (the first is the baseline of ``comparisons``)."""
+    if not runs:
+        raise ConfigError("a report needs at least one run")
+    vega.check_available()
+    names = list(labels) if labels is not None else [r.label for r in runs]
+    several = len(runs) > 1
+    keys = chart_figures()
+    data = [p for run, name in zip(runs, names) for p in points(name, run.cases, keys)]
+    charts = draw(data, several)
+    table = case_table([(name, run.cases) for run, name in zip(runs, names)])
+    headers = "".join(
+        f"<section><h3>{escape(name)}</h3>{_header_html(run_header(run, name))}</section>"
+        for run, name in zip(runs, names)
+    )
+    title = f"pytest-llmenergy report: {', '.join(names)}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{escape(title)}</title><style>{_STYLE}</style>",
+        f"<!-- {escape(vega.versions())} --><script>{vega.bundle()}</script>",
+        "</head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f'<h2>Runs</h2><div class="runs">{headers}</div>',
+    ]
+    if comparisons:
+        parts.append("<h2>Comparison</h2>")
+        parts += [_comparison_html(i, c) for i, c in enumerate(comparisons)]
+    parts += [
+        "<h2>Charts</h2>",
+        _charts_html(charts),
+        f'<h2>Cases</h2><p class="note">{len(table.rows)} row(s); click a header to sort, '
+        "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
+        "✓ converged, ✗ stopped at the trial limit</p>",
+        _case_table_html(table),
+        f"<footer>pytest-llmenergy {escape(__version__)}; charts: "
+        f"{escape(vega.versions())}</footer>",
+        '<script type="application/json" id="llmenergy-specs">',
+        _script_json({c.key: c.spec for c in charts}),
+        "</script>",
+        f"<script>{_SCRIPT}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def write_report(
+    path: str | os.PathLike[str],
+    runs: Sequence[Run],
+    labels: Sequence[str] | None = None,
+    comparisons: Sequence[Comparison] = (),
+) -> Path:
+    """Write the page, replacing what is at ``path`` in one step (a report is derived,
+    like an export: a reader never sees half a file)."""
+    from ..storage.store import AtomicFile
+
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise ConfigError(f"{path}: folder {target.parent} does not exist")
+    if target.is_dir():
+        raise ConfigError(f"{path} is a folder; give the report's file name, e.g. report.html")
+    AtomicFile(target, replaces=True).write(render_report(runs, labels, comparisons))
+    return target

@@ -1,0 +1,224 @@
+"""The HTML report in a real browser: Debian's Chromium driven by Playwright (no browser
+download: Playwright is pointed at the system's).  Outside CI a missing browser skips
+with a message; with ``CI`` or ``LLMENERGY_REQUIRE_BROWSER`` set it fails.  Screenshots
+go to ``$LLMENERGY_SCREENSHOTS`` (CI keeps ``.ci/artifacts/``), else the test's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmenergy.cli import main
+from pytest_llmenergy.storage.runfile import dumps
+from tests.casefactory import synthetic_run
+
+pytest.importorskip("vl_convert")
+
+BROWSER_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _required() -> bool:
+    return bool(os.environ.get("CI") or os.environ.get("LLMENERGY_REQUIRE_BROWSER"))
+
+
+def _missing(why: str) -> None:
+    message = f"no browser test: {why}"
+    if _required():
+        pytest.fail(f"{message} (required: CI or LLMENERGY_REQUIRE_BROWSER is set)")
+    pytest.skip(message)
+
+
+def _executable() -> str | None:
+    given = os.environ.get("LLMENERGY_CHROMIUM")
+    if given:
+        return given
+    return next((found for name in CANDIDATES if (found := shutil.which(name))), None)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed (pip install playwright; no browser download)")
+    executable = _executable()
+    if executable is None:
+        _missing("no Chromium found (apt-get install chromium, or set LLMENERGY_CHROMIUM)")
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=executable, args=BROWSER_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("LLMENERGY_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Opened:
+    """A page opened from disk, with every console error and request it made."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        start = time.perf_counter()
+        self.page.goto(path.as_uri())
+        self.page.wait_for_function("document.body.dataset.charts !== undefined")
+        self.seconds = time.perf_counter() - start
+        self.url = path.as_uri()
+        assert self.page.evaluate("document.body.dataset.charts") == "drawn", self.errors
+
+    def outside_requests(self) -> list[str]:
+        return [u for u in self.requests if u != self.url and not u.startswith(("data:", "blob:"))]
+
+
+# Counts the items of each chart's symbol marks (the points: legends are not role "mark").
+COUNT_POINTS = """() => {
+  const counts = {};
+  for (const [key, view] of Object.entries(window.llmenergy.views)) {
+    let n = 0;
+    const walk = (node) => {
+      if (!node) return;
+      if (node.marktype === 'symbol' && node.role === 'mark') n += node.items.length;
+      (node.items || []).forEach((item) => (item.items || []).forEach(walk));
+    };
+    walk(view.scenegraph().root);
+    counts[key] = n;
+  }
+  return counts;
+}"""
+
+# Where the first point of a chart is on the page, and what it stands for.
+FIRST_POINT = """(key) => {
+  const view = window.llmenergy.views[key];
+  let found = null;
+  const walk = (node, dx, dy) => {
+    if (!node || found) return;
+    if (node.marktype === 'symbol' && node.role === 'mark' && node.items.length) {
+      found = {item: node.items[0], dx, dy};
+      return;
+    }
+    (node.items || []).forEach((item) =>
+      (item.items || []).forEach((child) => walk(child, dx + (item.x || 0), dy + (item.y || 0))));
+  };
+  walk(view.scenegraph().root, 0, 0);
+  const box = view.container().querySelector('canvas').getBoundingClientRect();
+  const origin = view.origin(), pad = view.padding();
+  return {x: box.left + pad.left + origin[0] + found.dx + found.item.x,
+          y: box.top + pad.top + origin[1] + found.dy + found.item.y,
+          case: found.item.datum.case, value: found.item.datum.y};
+}"""
+
+
+def _column(page: Any, key: str) -> list[float]:
+    return page.evaluate(
+        """(key) => {
+          const index = Array.from(document.querySelectorAll('#cases th'))
+            .findIndex((th) => th.dataset.key === key);
+          return Array.from(document.querySelectorAll('#cases tbody tr'))
+            .map((row) => Number(row.cells[index].dataset.v));
+        }""",
+        key,
+    )
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Path:
+    """A report of a saved pair of runs, made the way users make it."""
+    base = tmp_path / "base.json"
+    head = tmp_path / "head.json"
+    base.write_text(dumps(synthetic_run(54, seed=1, name="base")))
+    head.write_text(dumps(synthetic_run(54, seed=2, slower=1.08, name="head")))
+    out = tmp_path / "report.html"
+    assert (
+        main(["report", str(base), str(head), "--out", str(out), "--gate", "j_per_token:5%"]) == 0
+    )
+    return out
+
+
+def test_a_compared_pair_draws_offline_sorts_and_shows_values(
+    browser: Any, pair: Path, shots: Path
+) -> None:
+    opened = Opened(browser, pair)
+    page = opened.page
+    assert opened.errors == []
+    assert opened.outside_requests() == []
+    # one mark per case (and run) in every chart: 27 cases per sweep, two runs
+    counts = page.evaluate(COUNT_POINTS)
+    assert counts == {"jpt_in": 54, "jpt_out": 54, "prefill_in": 54, "decode_out": 54}
+    drawn = page.evaluate(
+        "Object.fromEntries(Array.from(document.querySelectorAll('.chart'))"
+        ".map((d) => [d.id.slice(6), Number(d.dataset.points)]))"
+    )
+    assert drawn == counts
+    page.screenshot(path=str(shots / "report-two-runs.png"), full_page=True)
+    # sorting by J/token reorders the rows: ascending, then descending
+    before = _column(page, "j_per_token")
+    page.click("#cases th[data-key=j_per_token]")
+    ascending = _column(page, "j_per_token")
+    assert ascending == sorted(before) and ascending != before
+    page.click("#cases th[data-key=j_per_token]")
+    assert _column(page, "j_per_token") == sorted(before, reverse=True)
+    # filtering keeps the rows with every word
+    page.fill("input[data-table=cases]", "tiny-falcon in2048")
+    assert page.locator("#cases tbody tr").count() == 2  # one per run
+    # hovering a point shows its case, value and interval
+    page.locator("#chart-jpt_in").scroll_into_view_if_needed()
+    point = page.evaluate(FIRST_POINT, "jpt_in")
+    page.mouse.move(point["x"], point["y"])
+    tooltip = page.locator("#vg-tooltip-element")
+    tooltip.wait_for(state="visible")
+    shown = dict(re.findall(r"([^\t\n]+)\t\s*\n([^\n]+)", tooltip.inner_text()))
+    assert shown["case"].endswith("in8-out32]")  # a point at 8 input tokens (several overlap)
+    record = next(
+        p
+        for p in page.evaluate(
+            "JSON.parse(document.getElementById('llmenergy-specs').textContent)"
+        )["jpt_in"]["data"]["values"]
+        if p["case"] == shown["case"] and p["run"] == shown["run"]
+    )
+    # the value and its interval, as Vega formats them (.4~g)
+    for field, title in (("y", "J/token"), ("lo", "CI low"), ("hi", "CI high")):
+        assert float(shown[title]) == pytest.approx(record[field], rel=1e-3)
+    page.screenshot(path=str(shots / "report-hover.png"))
+    assert opened.errors == [] and opened.outside_requests() == []
+
+
+def test_a_thousand_cases_open_and_draw(browser: Any, tmp_path: Path, shots: Path) -> None:
+    run = tmp_path / "big.json"
+    run.write_text(dumps(synthetic_run(1000, name="big")))
+    out = tmp_path / "big.html"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    size_mb = out.stat().st_size / 1e6
+    opened = Opened(browser, out)
+    counts = opened.page.evaluate(COUNT_POINTS)
+    assert counts == {"jpt_in": 500, "jpt_out": 500, "prefill_in": 500, "decode_out": 500}
+    assert opened.errors == [] and opened.outside_requests() == []
+    opened.page.screenshot(path=str(shots / "report-1000-cases.png"))
+    print(f"1,000 cases: {size_mb:.2f} MB, opened and drawn in {opened.seconds:.2f} s")
+    assert size_mb < 3.0
+    # the target is 2 s on an idle machine; a loaded CI machine gets slack, not a flake
+    assert opened.seconds < 10.0
