@@ -29,7 +29,6 @@ from .compare import (
     parse_gates,
     side_by_side,
     unlike_meters,
-    verdict_line,
     verdict_lines,
 )
 from .errors import ConfigError, LLMEnergyError
@@ -660,9 +659,7 @@ def _comparisons(
     ]
 
 
-def _report(
-    runs: list[Run], args: argparse.Namespace, storage: Storage
-) -> tuple[str, list[str]]:
+def _report(runs: list[Run], args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
     """Write the HTML report; stdout gets its path (for scripts), stderr what it holds."""
     from .html import write_report
 
