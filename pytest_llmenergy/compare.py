@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .figures import (
     DEFAULT_COMPARE_METRICS,
@@ -20,7 +20,7 @@ from .figures import (
     parse_figure_threshold,
     resolved,
 )
-from .results import CaseResult
+from .results import CaseResult, distinct_names
 from .stats import Summary, summarize, welch_t_test
 from .tables import Table, clean, fmt_mean_ci, fmt_number
 from .values import words
@@ -277,6 +277,9 @@ def compare_cases(
         if gates
         else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
     )
+    # Cases are named in tables and messages by the shortest part of their node id that
+    # tells them apart (test_a.py::test_small, TestK::test_small).
+    names = distinct_names([c.nodeid for c in current])
     deltas = []
     for case in after:
         base = before.get(case.nodeid)
@@ -285,7 +288,7 @@ def compare_cases(
         for key, gate in checks:
             d = delta(base, case, key, confidence=confidence, gate=gate, drift=drift)
             if d is not None:
-                deltas.append(d)
+                deltas.append(replace(d, name=names[case.nodeid]))
     now = {c.nodeid for c in after}
     return Comparison(
         baseline_label=baseline_label,
@@ -298,7 +301,7 @@ def compare_cases(
         not_comparable=not_comparable,
         drift=drift,
         drift_note=drift_note,
-        busy_unmeasured=tuple(c.name for c in current if not c.measured and c.busy),
+        busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
     )
 
 
@@ -310,17 +313,6 @@ def _case_order(c: CaseResult) -> tuple[str, str, int, int, str]:
 
 def _sizes(c: CaseResult) -> tuple[int, int]:
     return (c.input_tokens, c.output_tokens)
-
-
-def short_names(names: Sequence[str]) -> dict[str, str]:
-    """``test_input_tokens[tiny-llama-in8-out32]`` -> ``tiny-llama-in8-out32`` where that
-    id is unique among ``names`` (a comparison's case column is the widest one); names of
-    up to 30 characters stay whole."""
-    ids = {n: n.split("[", 1)[1].rstrip("]") if "[" in n and len(n) > 30 else n for n in names}
-    counts: dict[str, int] = {}
-    for short in ids.values():
-        counts[short] = counts.get(short, 0) + 1
-    return {n: short if counts[short] == 1 else n for n, short in ids.items()}
 
 
 def _signed_percent(value: float) -> str:
@@ -338,7 +330,6 @@ def comparison_table(c: Comparison) -> Table:
         headers += ["gate", "verdict"]
         priorities += [2, 0]
     rows, cells = [], []
-    short = short_names([d.name for d in c.deltas])
     for d in c.deltas:
         raw: list[object] = [
             d.name,
@@ -350,7 +341,7 @@ def comparison_table(c: Comparison) -> Table:
             d.significant,
         ]
         shown = [
-            short[d.name],
+            d.name,
             d.metric,
             fmt_mean_ci(d.baseline),
             fmt_mean_ci(d.current),
@@ -486,6 +477,7 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
             c.nodeid,
         )
     )
+    names = distinct_names([c.nodeid for c in order])
     first = lineup.labels[0]
     keys = ["case", "nodeid", "tokens_in", "tokens_out", *lineup.labels]
     headers = ["case", "node id", "in", "out", *lineup.short]
@@ -509,7 +501,7 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         )
         cells.append(
             (
-                case.name,
+                names[case.nodeid],
                 case.nodeid,
                 str(case.input_tokens),
                 str(case.output_tokens),

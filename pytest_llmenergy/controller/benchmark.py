@@ -222,6 +222,7 @@ class EnergyBenchmark:
         trials: list[Trial] = []
         disturbed: list[Trial] = []
         status = ROUNDS
+        stopped = ""  # why the precision was not reached, when it was not
         background = self.background
         # readings of what the rest of the machine did, from before the warm-up on
         history = [background.read()] if background is not None else []
@@ -292,6 +293,7 @@ class EnergyBenchmark:
                         self._progress(line)
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
+                        stopped = decision.why()
                         break
                 passes = self._prefill_passes(prefill_pass, trials, input_tokens, queries)
             op_profile = self._profile_ops(fn, args, kwargs) if trials or disturbed else None
@@ -318,6 +320,7 @@ class EnergyBenchmark:
             output_tokens,
             status,
             trials,
+            reason=stopped,
             resources=probe.usage,
             disturbed=disturbed,
             prefill_passes=passes,
