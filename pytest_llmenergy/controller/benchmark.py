@@ -278,7 +278,8 @@ class EnergyBenchmark:
                         if index >= rounds:
                             break
                         continue
-                    decision = decide(self.options, trials, len(disturbed))
+                    counted = {name: d.counted for name, d in self.meter.domains.items()}
+                    decision = decide(self.options, trials, len(disturbed), counted)
                     if self._progress is not None:
                         line = progress_line(self.options, len(trials), decision)
                         if rejected:

@@ -202,19 +202,25 @@ class StopDecision:
         return f"stopped at {self.stopped_by or TRIAL_LIMIT}: {', '.join(unmet)}"
 
 
-def decide(options: ControllerOptions, trials: Sequence[Trial], disturbed: int = 0) -> StopDecision:
+def decide(
+    options: ControllerOptions,
+    trials: Sequence[Trial],
+    disturbed: int = 0,
+    counted: Mapping[str, bool] | None = None,
+) -> StopDecision:
     """Stop when, and only when, there are ``min_trials``, every target holds and the
     minimum time is measured; or at ``max_trials`` measured in all (``disturbed`` ones
     count against the limit but not in the statistics) unless the targets hold and only
     the minimum time is missing (then up to ``SHORT_CASE_TRIALS`` times the limit); or at
-    the measured-time budget.  A target whose figure a trial lacks never holds."""
+    the measured-time budget.  A target whose figure a trial lacks never holds; ``counted``
+    (the meter's domains: in the totals?) is for targets on one family's joules."""
     n = len(trials)
     summaries: dict[str, Summary] = {}
     for target in options.targets:
         if target.metric in summaries:
             continue
         f = FIGURES[target.metric]
-        values = [f.trial(t) for t in trials] if f.trial is not None else []
+        values = [f.of_trial(t, counted) for t in trials] if f.per_trial else []
         clean = [float(v) for v in values if v is not None]
         summaries[target.metric] = summarize(
             clean if len(clean) == len(values) else [], options.confidence

@@ -50,7 +50,7 @@ from .measuring import METERING, Metering, header_lines
 from .options import PluginOptions, add_options, marker_help, read_options
 from .results import CASE_RESULTS, CaseResults
 from .serving import SERVING, Serving, attribute_server, check_settings
-from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
+from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
 if TYPE_CHECKING:
     from ..gpu.settings import GpuSetting
@@ -131,7 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
         stash[OP_PROFILING] = OpProfiling()
         manager.register(stash[OP_PROFILING], "llmenergy-profile-ops")
     if is_worker(config):  # measure and send; the controller keeps, shows and decides
-        side = WorkerSide(config)
+        side = WorkerSide(config, lambda: metering.meter)
         stash[WORKER_SIDE] = side
         results.listeners.append(lambda cases: side.on_case(cases[-1]))
         manager.register(side, "llmenergy-xdist-worker")
@@ -194,6 +194,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     lines = [
         *stash[METERING].header(),
+        *xdist_header(config, stash[METERING].meter),
         *stash[CASE_RESULTS].header(),
         *stash[CASE_PLAN].header(),
         *stash[KEEPER].header(),
