@@ -332,7 +332,7 @@ def comparison_table(c: Comparison) -> Table:
     rows, cells = [], []
     for d in c.deltas:
         raw: list[object] = [
-            d.name,
+            d.nodeid,  # csv/json: the whole node id, the same in every run
             d.metric,
             d.baseline.mean,
             d.current.mean,

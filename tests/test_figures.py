@@ -137,7 +137,7 @@ def test_unknown_figure_lists_the_choices() -> None:
 
 def test_only_per_trial_figures_can_be_gated_or_targeted() -> None:
     with pytest.raises(ConfigError, match="no value per trial"):
-        parse_gate("gpu_j:5%")
+        parse_gate("peak_rss_mib:5%")
     with pytest.raises(ConfigError, match="no value per trial"):
         parse_ci_target("tokens_in:1")
 

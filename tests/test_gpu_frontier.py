@@ -254,7 +254,7 @@ def test_routing_profiles_use_each_case_at_its_best_setting(
         assert len(point.joules) == 3  # one setting's trials, not all three pooled
         assert point.mean_joules == pytest.approx(best.energy_j, rel=0.01)
     # Without the frontier's choice, three settings' trials are refused, never pooled.
-    with pytest.raises(ProfileError, match="3 GPU settings"):
+    with pytest.raises(ProfileError, match="a case measured at 3 GPU settings"):
         profiles_from_run(run, "a100")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..gpu.settings import SETTING_LABEL
+from ..gpu.settings import GPU_LABELS, SETTING_LABEL
 from ..results import CaseResult
 from ..storage.runfile import Run
 
@@ -194,11 +194,17 @@ def profiles_from_cases(
     refused rather than pooled."""
     if pick is not None:
         cases = pick(cases)
-    settings = {c.labels[SETTING_LABEL] for c in cases if SETTING_LABEL in c.labels}
-    if len(settings) > 1:
+    settings: dict[tuple[object, ...], set[str]] = defaultdict(set)
+    for c in cases:
+        if SETTING_LABEL in c.labels:
+            rest = tuple(sorted((k, v) for k, v in c.labels.items() if k not in GPU_LABELS))
+            key = (c.nodeid.split("[", 1)[0], c.input_tokens, c.output_tokens, c.queries, rest)
+            settings[key].add(c.labels[SETTING_LABEL])
+    most = max((len(s) for s in settings.values()), default=0)
+    if most > 1:
         raise ProfileError(
-            f"{source or system}: cases measured at {len(settings)} GPU settings; route "
-            "each at its best setting (llmenergy frontier --workload)"
+            f"{source or system}: a case measured at {most} GPU settings; route each at "
+            "its best setting (llmenergy frontier --workload)"
         )
     rows: list[Row] = [
         (
