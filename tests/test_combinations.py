@@ -68,8 +68,9 @@ def test_every_refused_pair_is_run_here() -> None:
 
 @pytest.mark.parametrize("features", sorted(REFUSING), ids="-".join)
 def test_refused_pairs_stop_in_one_line(
-    pytester: pytest.Pytester, features: tuple[str, str]
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, features: tuple[str, str]
 ) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT), prepend=os.pathsep)
     pytester.makeconftest(TRACE_CONFTEST)
     pytester.makepyfile(test_x="def test_x(energy_benchmark): pass\n")
     result = pytester.runpytest_subprocess("--energy-backend=trace", *REFUSING[features])
