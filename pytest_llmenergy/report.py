@@ -282,7 +282,8 @@ def _build_table(
         cells=cells,
         notes=tuple(notes),
         hidden=(*hidden, _ESTIMATED_KEY, _NODEID_KEY),
-        priorities=(*(f.priority for f in figures), 0, 0),
+        # a row's name, when shown, is what a narrow terminal keeps longest
+        priorities=(*(0 if f.key == "name" else f.priority for f in figures), 0, 0),
         legend=tuple(legend),
     )
 

@@ -294,7 +294,7 @@ class EnergyBenchmark:
                         self._progress(line)
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
-                        stopped = decision.why()
+                        stopped = decision.why() if trials else ""  # else: busy
                         break
                 passes = self._prefill_passes(prefill_pass, trials, input_tokens, queries)
             op_profile = self._profile_ops(fn, args, kwargs) if trials or disturbed else None

@@ -190,11 +190,12 @@ class StopDecision:
         converged.  The run file keeps it as the case's reason."""
         if not self.stop or self.converged:
             return ""
-        unmet = []
+        unmet: list[str] = []
         for t in self.unmet:
             s = self.summaries[t.metric]
             if s.n < 2 or not math.isfinite(s.half_width):
-                unmet.append(f"{t.metric} has no interval")
+                if f"{t.metric} has no interval" not in unmet:
+                    unmet.append(f"{t.metric} has no interval")
             elif t.relative:
                 unmet.append(f"{t.metric} ±{s.relative_half_width:.1%} (wanted <= {t.value:.0%})")
             else:
