@@ -110,6 +110,11 @@ def pytest_configure(config: pytest.Config) -> None:
     stash[SERVING] = serving
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
+    if options.gpu.sweeping and ranks is not None:  # every rank stops alike, before NVML is asked
+        raise pytest.UsageError(
+            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
+            "sweep one process, without torchrun"
+        )
     gpu = GpuSettings(
         config,
         options.gpu,
@@ -120,11 +125,6 @@ def pytest_configure(config: pytest.Config) -> None:
         system=lambda: keeper.hardware,
     )
     stash[GPU_SETTINGS] = gpu
-    if options.gpu.sweeping and ranks is not None:  # every rank stops alike
-        raise pytest.UsageError(
-            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
-            "sweep one process, without torchrun"
-        )
     if options.measure.profile_ops:  # workers profile too: the profile travels with the case
         from ..predict.plugin import OP_PROFILING, OpProfiling
 
