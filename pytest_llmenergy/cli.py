@@ -41,12 +41,13 @@ from .figures import (
     figure,
     per_trial_keys,
 )
+from .frontier import at_best_settings
 from .frontier import commands as frontier_cli
 from .meters.reference import speed_drift
+from .plotting import FORMATS as PLOT_FORMATS
 from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
-from .routing.plots import FORMATS as PLOT_FORMATS
 from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
 from .routing.tables import ROUTE_FORMATS, render_routed
@@ -227,7 +228,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
     export.add_argument("--format", choices=EXPORT_FORMATS, required=True)
     export.add_argument(
-        "--out", metavar="FILE", help="write there (must not exist) instead of to stdout"
+        "--out", metavar="FILE", help="write there (replacing an earlier export), not to stdout"
     )
     export.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
 
@@ -721,11 +722,8 @@ def _export(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
     text = export_text(run.cases, args.format)
     if not args.out:
         return text, []
-    target = check_json_target(args.out)
-    try:
-        AtomicFile(target).write(text)
-    except FileExistsError:
-        raise ConfigError(f"{target} already exists; runs are never overwritten") from None
+    target = check_json_target(args.out, derived=True)
+    AtomicFile(target, derived=True).write(text)  # an export is made again at will
     return str(target), [f"exported {len(run.cases)} case(s) of {run.label} as {args.format}"]
 
 
@@ -785,7 +783,7 @@ def _profiles(specs: Sequence[str], storage: Storage, lam: float = 1.0) -> list[
         if spec.lower().endswith(".csv"):
             profiles += read_profile_csv(spec)
         else:
-            profiles += profiles_from_run(storage.load(spec), lam=lam)
+            profiles += profiles_from_run(storage.load(spec), pick=at_best_settings(lam))
     return profiles
 
 
@@ -845,7 +843,7 @@ def _scale(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
     rows = scale_rows(runs, _labels(runs))
     notes: list[str] = []
     if args.plot:
-        from .routing.plots import PlotError
+        from .plotting import PlotError
 
         try:
             notes.append(f"wrote {write_scale_plot(rows, Path(args.plot))}")

@@ -22,7 +22,7 @@ from .figures import (
     parse_figure_threshold,
     resolved,
 )
-from .results import PREFILL_PASSES, CaseResult
+from .results import PREFILL_PASSES, CaseResult, distinct_names
 from .sessions import (
     DEFAULT_SESSION_NOISE,
     HISTORY,
@@ -318,6 +318,9 @@ def compare_cases(
         if gates
         else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
     )
+    # Cases are named in tables and messages by the shortest part of their node id that
+    # tells them apart (test_a.py::test_small, TestK::test_small).
+    names = distinct_names([c.nodeid for c in current])
     found: list[tuple[str, CaseResult, CaseResult, Figure, Gate | None]] = []
     pairs: dict[str, tuple[SideSessions, SideSessions]] = {}
     for case in after:
@@ -350,6 +353,7 @@ def compare_cases(
         if d.gate.relative:
             detectable = max(detectable, d.gate.threshold)
         deltas[i] = replace(d, discovered=hit, detectable=detectable)
+    deltas = [replace(d, name=names[d.nodeid]) for d in deltas]
     now = {c.nodeid for c in after}
     return Comparison(
         baseline_label=baseline_label,
@@ -362,7 +366,7 @@ def compare_cases(
         not_comparable=not_comparable,
         drift=drift,
         drift_note=drift_note,
-        busy_unmeasured=tuple(c.name for c in current if not c.measured and c.busy),
+        busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
         session_noise=session_noise,
     )
 
@@ -415,17 +419,6 @@ def _sizes(c: CaseResult) -> tuple[int, int]:
     return (c.input_tokens, c.output_tokens)
 
 
-def short_names(names: Sequence[str]) -> dict[str, str]:
-    """``test_input_tokens[tiny-llama-in8-out32]`` -> ``tiny-llama-in8-out32`` where that
-    id is unique among ``names`` (a comparison's case column is the widest one); names of
-    up to 30 characters stay whole."""
-    ids = {n: n.split("[", 1)[1].rstrip("]") if "[" in n and len(n) > 30 else n for n in names}
-    counts: dict[str, int] = {}
-    for short in ids.values():
-        counts[short] = counts.get(short, 0) + 1
-    return {n: short if counts[short] == 1 else n for n, short in ids.items()}
-
-
 def _signed_percent(value: float) -> str:
     return "—" if not math.isfinite(value) else f"{value * 100:+.1f} %"
 
@@ -441,10 +434,9 @@ def comparison_table(c: Comparison) -> Table:
         headers += ["gate", "verdict"]
         priorities += [2, 0]
     rows, cells = [], []
-    short = short_names([d.name for d in c.deltas])
     for d in c.deltas:
         raw: list[object] = [
-            d.name,
+            d.nodeid,  # csv/json: the whole node id, the same in every run
             d.metric,
             d.baseline.mean,
             d.current.mean,
@@ -453,7 +445,7 @@ def comparison_table(c: Comparison) -> Table:
             d.significant,
         ]
         shown = [
-            short[d.name],
+            d.name,
             d.metric,
             fmt_mean_ci(d.baseline),
             fmt_mean_ci(d.current),
@@ -644,6 +636,7 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
             c.nodeid,
         )
     )
+    names = distinct_names([c.nodeid for c in order])
     first = lineup.labels[0]
     keys = ["case", "nodeid", "tokens_in", "tokens_out", *lineup.labels]
     headers = ["case", "node id", "in", "out", *lineup.short]
@@ -667,7 +660,7 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         )
         cells.append(
             (
-                case.name,
+                names[case.nodeid],
                 case.nodeid,
                 str(case.input_tokens),
                 str(case.output_tokens),

@@ -1,15 +1,17 @@
 """A run's figures for other tools: CI dashboards (github-action-benchmark) and CSV.
 
 ``github-action-benchmark`` is the JSON that the GitHub Action of the same name reads with
-``tool: customSmallerIsBetter``: one entry per case and figure, with the mean as the value
-and the confidence interval as the range, so a repository gets a chart per case over its
-commits and an alert when energy per token rises.  Every figure exported there is one of
-the registry's lower-is-better figures; CSV carries every figure of every case.
+``tool: customSmallerIsBetter``: one entry per case (named by its node id) and figure,
+with the mean as the value and the confidence interval as the range, so a repository gets
+a chart per case over its commits and an alert when energy per token rises.  Every figure
+exported there is one of the registry's lower-is-better figures; CSV carries every figure
+of every case, and the node id.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,16 +39,18 @@ def dashboard_entries(results: Sequence[CaseResult]) -> list[dict[str, object]]:
             if summary is None:
                 continue
             estimated = " (estimated: no energy sensor)" if case.estimated and f.energy else ""
-            entries.append(
-                {
-                    "name": f"{case.name} {key}",
-                    "unit": f.label if "/" in f.label else f.unit,
-                    "value": summary.mean,
-                    "range": f"± {fmt_number(summary.half_width, 2)}",
-                    "extra": f"{summary.n} trials, {summary.confidence:.0%} CI half-width; "
-                    f"meter {case.backend or 'unknown'}{estimated}",
-                }
-            )
+            trials = f"{summary.n} trial{'s' if summary.n != 1 else ''}"
+            entry: dict[str, object] = {
+                # The node id: unique across files and classes, the same in every run.
+                "name": f"{case.nodeid} {key}",
+                "unit": f.label if "/" in f.label else f.unit,
+                "value": summary.mean,
+            }
+            if math.isfinite(summary.half_width):  # no interval from one trial: no range
+                entry["range"] = f"± {fmt_number(summary.half_width, 2)}"
+                trials += f", {summary.confidence:.0%} CI half-width"
+            entry["extra"] = f"{trials}; meter {case.backend or 'unknown'}{estimated}"
+            entries.append(entry)
     return entries
 
 

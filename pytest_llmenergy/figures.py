@@ -13,16 +13,17 @@ Per token, as the research means it
     ``prefill_j_per_in_token * in + decode_j_per_out_token * (out - 1)`` is the query's
     joules.
 
-A figure with a per-trial value (``trial``) can be compared with Welch's t-test, gated
-and used as a CI target; its case value is the mean over the trials.  Figures without one
-(token counts, the trial count, energy by domain family) are shown only.
+A figure with a per-trial value (``trial``, or ``family``: the energy of one family of
+domains, GPU, CPU or DRAM) can be compared with Welch's t-test, gated and used as a CI
+target; its case value is the mean over the trials.  Figures without one (token counts,
+the trial count, memory) are shown only.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .conversions import G_PER_KWH, J_PER_KWH, PRICE_PER_KWH
@@ -70,16 +71,32 @@ class Figure:
     # A case's factor on every trial value (a session's gCO2e or price per kWh); a case
     # without it (None) does not have the figure.
     factor: Callable[[CaseResult], float | None] | None = None
+    # The joules of one family of domains ("gpu", "cpu", "dram") in a trial, and the figure
+    # made of them: ``gpu_j``, ``gpu_j_per_token``.  Which domains count is the meter's
+    # (a core inside a package does not), so the value needs the case's ``counted``.
+    family: tuple[str, Callable[[float, Trial], float | None]] | None = None
 
     @property
     def per_trial(self) -> bool:
         """Comparable between runs, gateable, usable as a CI target."""
-        return self.trial is not None
+        return self.trial is not None or self.family is not None
+
+    def of_trial(self, t: Trial, counted: Mapping[str, bool] | None = None) -> float | None:
+        """One trial's value; ``counted`` (domain -> in the totals?) for a family figure."""
+        if self.family is not None:
+            name, formula = self.family
+            joules = [
+                j
+                for d, j in t.joules_by_domain.items()
+                if (counted or {}).get(d, True) and _family(d) == name
+            ]
+            return formula(math.fsum(joules), t) if joules else None
+        return self.trial(t) if self.trial is not None else None
 
     def trial_values(self, r: CaseResult) -> list[float] | None:
         """Every trial's value; None when a trial lacks it or there are no trials."""
         trials = r.prefill_passes if self.source == PREFILL_PASSES else r.trials
-        if self.trial is None or not trials:
+        if not self.per_trial or not trials:
             return None
         scale = 1.0
         if self.factor is not None:
@@ -87,7 +104,7 @@ class Figure:
             if found is None:
                 return None
             scale = found
-        values = [self.trial(t) for t in trials]
+        values = [self.of_trial(t, r.counted) for t in trials]
         if any(v is None or not math.isfinite(v) for v in values):
             return None
         return [float(v) * scale for v in values if v is not None]
@@ -160,21 +177,6 @@ def _family(domain: str) -> str:
     if domain.startswith("cpu:"):
         return "cpu"
     return "other"
-
-
-def _family_joules(family: str) -> Callable[[CaseResult], float | None]:
-    """Only counted domains: an uncounted one (cpu:all, a core inside a package) would count
-    the same joules twice."""
-
-    def value(r: CaseResult) -> float | None:
-        values = [
-            j
-            for d, j in r.domain_joules().items()
-            if r.counted.get(d, True) and _family(d) == family
-        ]
-        return math.fsum(values) / r.queries if values else None
-
-    return value
 
 
 def _conversion(key: str) -> Callable[[CaseResult], float | None]:
@@ -507,27 +509,55 @@ FIGURES: dict[str, Figure] = {
             "GPU J",
             "J",
             "joules per query of the GPUs",
-            case=_family_joules("gpu"),
+            family=("gpu", _per_query),
             energy=True,
             priority=5,
+        ),
+        Figure(
+            "gpu_j_per_token",
+            "GPU J/tok",
+            "J",
+            "joules of the GPUs per token (input + output): a gate on one part of the machine",
+            family=("gpu", lambda j, t: _per(j, t.total_tokens)),
+            energy=True,
+            priority=8,
         ),
         Figure(
             "cpu_j",
             "CPU J",
             "J",
             "joules per query of the CPU packages (or this process's share)",
-            case=_family_joules("cpu"),
+            family=("cpu", _per_query),
             energy=True,
             priority=5,
+        ),
+        Figure(
+            "cpu_j_per_token",
+            "CPU J/tok",
+            "J",
+            "joules of the CPU packages (or this process's share) per token (input + "
+            "output): a gate on one part of the machine",
+            family=("cpu", lambda j, t: _per(j, t.total_tokens)),
+            energy=True,
+            priority=8,
         ),
         Figure(
             "dram_j",
             "DRAM J",
             "J",
             "joules per query of the DRAM",
-            case=_family_joules("dram"),
+            family=("dram", _per_query),
             energy=True,
             priority=5,
+        ),
+        Figure(
+            "dram_j_per_token",
+            "DRAM J/tok",
+            "J",
+            "joules of the DRAM per token (input + output): a gate on one part of the machine",
+            family=("dram", lambda j, t: _per(j, t.total_tokens)),
+            energy=True,
+            priority=8,
         ),
         Figure(
             "peak_rss_mib",

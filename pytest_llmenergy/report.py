@@ -8,8 +8,10 @@ live in :mod:`pytest_llmenergy.tables`.
 Data-only columns
     ``Table.hidden`` names keys that csv and json carry but the terminal and markdown do
     not show. Case tables always carry ``name`` (so a machine can tell rows apart even when
-    the terminal does not print it) and ``estimated`` (a bool: the row's energy is a CPU-time
-    x TDP estimate, shown in the terminal as a ``~`` before the figure).
+    the terminal does not print it), ``nodeid`` (the whole node id, unique across files and
+    classes, for machines and other runs) and ``estimated`` (a bool: the row's energy is a
+    CPU-time x TDP estimate, shown in the terminal as a ``~`` before the figure).  The
+    terminal's name is the shortest part of the node id that tells the table's rows apart.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .figures import (
     canonical,
     resolved,
 )
-from .results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
+from .results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, distinct_names
 from .tables import DASH, Raw, Table, clean, fmt_mean_ci, format_raw
 from .values import items
 
@@ -41,7 +43,8 @@ ESTIMATED_NOTE = (
 ALL_CASES = "all cases"
 _STATUS_MARKS = {CONVERGED: " \u2713", LIMIT: " \u2717", ROUNDS: ""}
 TRIALS_LEGEND = (
-    "trials: \u2713 the CI targets held, \u2717 stopped at the trial limit without meeting them"
+    "trials: \u2713 the CI targets held (the precision was reached), \u2717 stopped at the "
+    "trial limit or time budget before they held (the notes say which target)"
 )
 UNRESOLVED_MARK = "\u2020"  # dagger
 
@@ -71,6 +74,7 @@ THROTTLED_LEGEND = (
 )
 # Carried in csv/json only; see the module docstring.
 _ESTIMATED_KEY = "estimated"
+_NODEID_KEY = "nodeid"  # the case's whole node id: unique and stable across runs
 
 
 # -- how a figure is shown in a case table ------------------------------------------
@@ -187,14 +191,16 @@ def _sorted(results: list[CaseResult], sort: str) -> list[CaseResult]:
     return present + missing
 
 
-def _note_for(r: CaseResult) -> str | None:
+def _note_for(r: CaseResult, name: str) -> str | None:
+    if r.measured and r.status == LIMIT and r.reason:
+        return f"{name}: \u2717 {r.reason}"
     if r.measured and r.status != OOM:
         return None
     if not r.reason and r.disturbed and len(r.rejected) == len(r.disturbed):
-        return f"{r.name}: not measured: every trial was rejected: {r.rejected[0].rejected}"
+        return f"{name}: not measured: every trial was rejected: {r.rejected[0].rejected}"
     if not r.reason and r.disturbed:
-        return f"{r.name}: not measured: {busy_reason(r)}"
-    return f"{r.name}: {r.reason or 'not measured'}"
+        return f"{name}: not measured: {busy_reason(r)}"
+    return f"{name}: {r.reason or 'not measured'}"
 
 
 def busy_reason(r: CaseResult) -> str:
@@ -220,18 +226,28 @@ def _build_table(
         shown = [k for k in shown if any(FIGURES[k].value(r) is not None for r in results)]
         if all(r.queries == 1 for r in results):  # one query per trial: nothing to say
             shown = [k for k in shown if k != "queries"]
-        # Without names a non-LLM table could have rows that nothing tells apart.
+        # An LLM case is named by its table's title (model, sweep) and its tokens; any
+        # other row, or rows its tokens do not tell apart, need the test's name.
         tokens = [(r.input_tokens, r.output_tokens, r.queries) for r in results]
-        if "name" not in shown and len(set(tokens)) < len(tokens):
+        unnamed = len(set(tokens)) < len(tokens) or any("model" not in r.labels for r in results)
+        if "name" not in shown and unnamed:
             shown.insert(0, "name")
     hidden = [k for k in ("name",) if k not in shown]
     figures = [FIGURES[k] for k in [*shown, *hidden]]
-    keys = (*(f.key for f in figures), _ESTIMATED_KEY)
-    headers = (*(f.label for f in figures), _ESTIMATED_KEY)
+    keys = (*(f.key for f in figures), _ESTIMATED_KEY, _NODEID_KEY)
+    headers = (*(f.label for f in figures), _ESTIMATED_KEY, _NODEID_KEY)
     rows: tuple[tuple[Raw, ...], ...] = tuple(
-        (*(clean(f.value(r)) for f in figures), r.estimated) for r in results
+        (*(clean(f.value(r)) for f in figures), r.estimated, r.nodeid) for r in results
     )
-    cells = tuple((*(cell(f, r) for f in figures), "yes" if r.estimated else "no") for r in results)
+    names = distinct_names([r.nodeid for r in results])
+    cells = tuple(
+        (
+            *(names[r.nodeid] if f.key == "name" else cell(f, r) for f in figures),
+            "yes" if r.estimated else "no",
+            r.nodeid,
+        )
+        for r in results
+    )
     legend: list[str] = []
     with_ci = [FIGURES[k].label for k in shown if FIGURES[k].with_ci]
     if with_ci and results:
@@ -257,7 +273,7 @@ def _build_table(
         legend.append(unresolved_legend(max(coarse)))
     if any(r.estimated for r in results) and any(FIGURES[k].energy for k in shown):
         legend.append(ESTIMATED_NOTE)
-    notes = [n for n in map(_note_for, results) if n is not None]
+    notes = [n for n in (_note_for(r, names[r.nodeid]) for r in results) if n is not None]
     return Table(
         title=title,
         keys=keys,
@@ -265,8 +281,9 @@ def _build_table(
         rows=rows,
         cells=cells,
         notes=tuple(notes),
-        hidden=(*hidden, _ESTIMATED_KEY),
-        priorities=(*(f.priority for f in figures), 0),
+        hidden=(*hidden, _ESTIMATED_KEY, _NODEID_KEY),
+        # a row's name, when shown, is what a narrow terminal keeps longest
+        priorities=(*(0 if f.key == "name" else f.priority for f in figures), 0, 0),
         legend=tuple(legend),
     )
 

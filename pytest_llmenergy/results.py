@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -137,8 +137,8 @@ class Trial:
 
 
 # How a case ended.
-CONVERGED = "converged"  # every CI target held
-LIMIT = "limit"  # stopped at max_trials without meeting the targets
+CONVERGED = "converged"  # every CI target held (the precision was reached)
+LIMIT = "limit"  # stopped at the trial limit or time budget before the targets held
 ROUNDS = "rounds"  # pedantic: a fixed number of rounds, no stopping rule
 OOM = "oom"  # ran out of memory; recorded and skipped
 
@@ -158,7 +158,7 @@ class CaseResult:
     methods: Mapping[str, str] = field(default_factory=dict)  # domain -> counter/sampled/...
     counted: Mapping[str, bool] = field(default_factory=dict)  # domain -> in the totals?
     backend: str = ""
-    reason: str = ""  # for OOM and other non-measurements
+    reason: str = ""  # for OOM and other non-measurements; for LIMIT, the unmet targets
     resources: ResourceUsage | None = None
     # Trials taken while the machine was busy with other work: kept, but out of every
     # figure and test (``trials`` holds the undisturbed ones).
@@ -311,3 +311,39 @@ class CaseResult:
 
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
+
+
+def _id_levels(nodeid: str, by_param: bool) -> list[str]:
+    """A node id's names from the shortest to the whole id: the parameter id (when
+    ``by_param``: every row is a case of one test), the test with it, then its class(es),
+    its file, its folders."""
+    path, _, rest = nodeid.partition("::")
+    names = rest.split("::") if rest else []
+    folders = path.split("/") if path else []
+    test = names[-1] if names else (folders.pop() if folders else nodeid)
+    levels = []
+    if by_param and test.endswith("]") and "[" in test:
+        levels.append(test.split("[", 1)[1][:-1])
+    levels.append(test)
+    for outer in reversed(names[:-1]):
+        levels.append(f"{outer}::{levels[-1]}")
+    if folders:
+        levels.append(f"{folders[-1]}::{levels[-1]}")
+        for folder in reversed(folders[:-1]):
+            levels.append(f"{folder}/{levels[-1]}")
+    return levels
+
+
+def distinct_names(nodeids: Sequence[str]) -> dict[str, str]:
+    """Each node id's shortest part that no other of ``nodeids`` shares, so tables name
+    rows briefly and still tell apart same-named tests of two files or classes:
+    ``test_a.py::test_small`` and ``TestK::test_small``; a lone test keeps its name."""
+    ids = list(dict.fromkeys(nodeids))
+    # Parameter ids alone name rows only among the cases of one test (and of several).
+    by_param = len(ids) > 1 and len({n.split("[", 1)[0] for n in ids}) == 1
+    levels = {n: _id_levels(n, by_param) for n in ids}
+    taken: dict[str, int] = {}
+    for n in ids:
+        for name in levels[n]:
+            taken[name] = taken.get(name, 0) + 1
+    return {n: next((x for x in levels[n] if taken[x] == 1), n) for n in ids}

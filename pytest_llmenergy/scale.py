@@ -247,9 +247,9 @@ def scale_table(rows: Sequence[ScaleRow]) -> Table:
 def write_scale_plot(rows: Sequence[ScaleRow], out_dir: Path, fmt: str = "png") -> Path:
     """J/token and speed-up against the number of ranks, one line per case (the pooled
     row bold), with ideal speed-up dashed; a new file, never over an existing one."""
-    from .routing.plots import _new_figure, _write_new
+    from .plotting import new_figure, write_new_figure
 
-    fig, axes = _new_figure(1, 2, width=10.0, height=4.2)
+    fig, axes = new_figure(1, 2, width=10.0, height=4.2)
     energy_ax, speed_ax = axes[0][0], axes[0][1]
     cases = list(dict.fromkeys(r.case for r in rows))
     for case in cases:
@@ -271,7 +271,7 @@ def write_scale_plot(rows: Sequence[ScaleRow], out_dir: Path, fmt: str = "png") 
     for n in range(1, 1000):
         path = out_dir / (f"scale.{fmt}" if n == 1 else f"scale-{n}.{fmt}")
         try:
-            _write_new(fig, path, fmt)
+            write_new_figure(fig, path, fmt)
         except FileExistsError:
             continue
         return path

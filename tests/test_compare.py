@@ -162,9 +162,8 @@ def test_compare_cases_matches_by_node_id_and_lists_the_rest() -> None:
     assert c.only_in_baseline == (make_case(BASE, input_tokens=64).nodeid,)
     assert c.only_in_current == (make_case(BASE, input_tokens=512).nodeid,)
     line = verdict_line(c)
-    assert (
-        line.startswith("energy gate FAILED") and "test_input_tokens[tiny-llama-in8-out4]" in line
-    )
+    # named by the shortest part of the node id that tells the run's cases apart
+    assert line.startswith("energy gate FAILED") and line.endswith(": tiny-llama-in8-out4")
 
     table = comparison_table(c)
     assert table.title == "current (current) against 0001_base (baseline)"
@@ -281,7 +280,10 @@ def test_a_throughput_gate_fails_when_throughput_falls() -> None:
 
 
 def test_long_case_names_are_shortened_to_their_unique_ids() -> None:
-    c = compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["j_per_token"])
+    two = [make_case(BASE), make_case(BASE, input_tokens=64)]
+    c = compare_cases(two, two, metrics=["j_per_token"])
     table = comparison_table(c)
     assert table.cells[0][0] == "tiny-llama-in8-out4"
-    assert table.rows[0][0] == "test_input_tokens[tiny-llama-in8-out4]"  # csv/json: whole
+    assert table.rows[0][0] == two[0].nodeid  # csv/json: the whole node id
+    one = comparison_table(compare_cases(two[:1], two[:1], metrics=["j_per_token"]))
+    assert one.cells[0][0] == "test_input_tokens[tiny-llama-in8-out4]"  # the test, named

@@ -9,6 +9,9 @@ import pytest
 
 from pytest_llmenergy.controller.order import shuffle_in_place, shuffled_in_groups
 from pytest_llmenergy.controller.rule import (
+    SHORT_CASE_TRIALS,
+    TIME_BUDGET,
+    TRIAL_LIMIT,
     ControllerOptions,
     StopDecision,
     decide,
@@ -314,3 +317,44 @@ def test_the_default_rule_wants_relative_intervals_a_second_and_at_most_15(
         assert research == 3 and expected >= min(25, int(1.0 / mean_s))
     if cv > 0.2:  # noisy and long: the 15 s budget, not 25 trials of 4 s
         assert expected <= 5
+
+
+def test_a_short_precise_case_takes_more_trials_to_reach_the_minimum_time() -> None:
+    """A 30 ms case cannot measure 1 s in 25 trials: its intervals hold long before, so it
+    goes on to the minimum time and is marked converged; before, it showed ``25 ✗``."""
+    seconds = [0.03 + 0.0001 * (i % 3) for i in range(300)]
+    joules = [30.0 * s for s in seconds]
+    options = ControllerOptions()
+    n = rule_stop_point(options, seconds, joules)
+    assert n == next(k for k in range(1, 300) if sum(seconds[:k]) >= 1.0) > options.max_trials
+    assert decide(options, trials(seconds[:n], joules[:n])).converged
+    # a case too short for even SHORT_CASE_TRIALS x the limit stops there, still precise
+    tiny = [1e-4] * 300
+    n = rule_stop_point(options, tiny, tiny)
+    assert n == SHORT_CASE_TRIALS * options.max_trials
+    final = decide(options, trials(tiny[:n], tiny[:n]))
+    assert final.stop and final.converged and final.why() == ""
+
+
+def test_a_short_imprecise_case_stops_at_the_limit_and_says_which_target() -> None:
+    seconds = [0.01, 0.05] * 20
+    joules = [30.0 * s for s in seconds]
+    options = ControllerOptions()
+    n = rule_stop_point(options, seconds, joules)
+    final = decide(options, trials(seconds[:n], joules[:n]))
+    assert n == options.max_trials and not final.converged
+    assert final.stopped_by == TRIAL_LIMIT
+    assert final.why().startswith("stopped at the trial limit: time_s ±")
+    assert "(wanted <= 10%)" in final.why() and "energy_j ±" in final.why()
+    long = decide(options, trials([4.0, 1.0, 6.0, 5.0], [120.0, 30.0, 180.0, 150.0]))
+    assert long.stop and long.stopped_by == TIME_BUDGET and "budget" in long.why()
+
+
+def test_energy_of_one_domain_family_is_a_ci_target() -> None:
+    """gpu_j per trial counts the meter's counted domains only."""
+    options = ControllerOptions(targets=parse_ci_targets("gpu_j:5%"), min_time_s=0)
+    steady = trials([1.0, 1.0, 1.0], [10.0, 10.0, 10.0])
+    assert decide(options, steady, counted={"gpu:0": True}).converged
+    # an uncounted domain is never a target's value: no interval, never converged
+    d = decide(options, steady, counted={"gpu:0": False})
+    assert not d.converged and d.summaries["gpu_j"].n == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -18,6 +19,7 @@ from pytest_llmenergy.export import (
     parse_exports,
 )
 from pytest_llmenergy.figures import FIGURES, value
+from pytest_llmenergy.report import case_tables
 from tests.casefactory import make_case
 from tests.test_cli import cli, save
 from tests.test_plugin_keep import project, run  # noqa: F401  (the pytester project fixture)
@@ -29,15 +31,33 @@ def test_dashboard_entries_carry_each_cases_mean_and_interval() -> None:
     entries = dashboard_entries([measured, estimated])
     assert len(entries) == 2 * len(DASHBOARD_FIGURES)
     first = {e["name"]: e for e in entries[:3]}
-    ept = first[f"{measured.name} j_per_token"]
+    ept = first[f"{measured.nodeid} j_per_token"]
     assert ept["unit"] == "J/token" and ept["value"] == pytest.approx(100 * 0.11 / 12)
     summary = FIGURES["j_per_token"].summary(measured)
     assert summary is not None and ept["range"] == f"± {summary.half_width:.2g}"
-    assert first[f"{measured.name} time_s"]["unit"] == "s"
+    assert first[f"{measured.nodeid} time_s"]["unit"] == "s"
     assert "3 trials, 95% CI" in str(ept["extra"]) and "estimated" not in str(ept["extra"])
     assert "estimated" in str(entries[3]["extra"])  # the second case's energy is an estimate
     assert "estimated" not in str(entries[5]["extra"])  # ... its runtime is not
     json.dumps(entries, allow_nan=False)
+
+
+def test_export_names_tell_same_named_tests_apart_and_one_trial_has_no_range() -> None:
+    """Three tests named test_small in two files and a class: three names per figure, the
+    same in every run whatever the order; one trial: no interval, so no "range"."""
+    ids = ("t/test_a.py::test_small", "t/test_b.py::test_small", "t/test_b.py::TestK::test_small")
+    cases = [
+        dataclasses.replace(make_case([0.1, 0.12, 0.11]), nodeid=n, name="test_small") for n in ids
+    ]
+    names = [e["name"] for e in dashboard_entries(cases)]
+    assert len(set(names)) == len(names) == 3 * len(DASHBOARD_FIGURES)
+    assert set(names) == {e["name"] for e in dashboard_entries(cases[::-1])}
+    assert f"{ids[2]} j_per_token" in names
+    (table,) = case_tables(cases, group_by=())
+    shown = [dict(zip(table.keys, c))["name"] for c in table.cells]
+    assert shown == ["test_a.py::test_small", "test_b.py::test_small", "TestK::test_small"]
+    [single] = dashboard_entries([make_case([0.1])])[:1]
+    assert "range" not in single and str(single["extra"]).startswith("1 trial;")
 
 
 def test_csv_has_every_figure_of_every_case() -> None:
@@ -76,14 +96,21 @@ def test_a_session_exports_what_it_measured(project: pytest.Pytester) -> None:  
         "csv:cases.csv",
     ]
     seconds = [t["seconds"] for t in saved_run["cases"][0]["trials"]]
-    name = saved_run["cases"][0]["name"]
-    runtime = next(e for e in entries if e["name"] == f"{name} time_s")
+    nodeid = saved_run["cases"][0]["nodeid"]
+    runtime = next(e for e in entries if e["name"] == f"{nodeid} time_s")
     assert runtime["value"] == pytest.approx(sum(seconds) / len(seconds))
     assert len((project.path / "cases.csv").read_text().splitlines()) == 3
+    # a CI re-run in a workspace not cleaned: an export is derived, so it is replaced
+    again = run(project, "--energy-export=csv:cases.csv", "--energy-export=csv:new/x.csv")
+    assert again.ret == pytest.ExitCode.USAGE_ERROR  # but its folder must exist
+    assert "new/x.csv: folder new does not exist" in again.stderr.str()
     again = run(project, "--energy-export=csv:cases.csv")
-    assert again.ret == pytest.ExitCode.USAGE_ERROR  # never over an existing file
-    assert "cases.csv already exists" in again.stderr.str()
-    again.stdout.no_fnmatch_line("*passed*")
+    assert again.ret == 0
+    assert len((project.path / "cases.csv").read_text().splitlines()) == 3
+    # ... and a session that ran no case writes an empty export, not none
+    none = run(project, "--energy-export=github-action-benchmark:dash.json", "-k", "nothing")
+    assert none.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert json.loads((project.path / "dash.json").read_text()) == []
 
 
 def test_llmenergy_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,5 +122,6 @@ def test_llmenergy_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     code, out, err = cli(capsys, *argv, "--out", target)
     assert code == 0 and out.strip() == str(target) and "exported 1 case(s)" in err
     assert len(json.loads(target.read_text())) == len(DASHBOARD_FIGURES)
-    code, _, err = cli(capsys, *argv, "--out", target)
-    assert code == 2 and "already exists" in err
+    target.write_text("an earlier export")
+    code, _, err = cli(capsys, *argv, "--out", target)  # replaced: exports are derived
+    assert code == 0 and len(json.loads(target.read_text())) == len(DASHBOARD_FIGURES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -137,7 +138,7 @@ def test_unknown_figure_lists_the_choices() -> None:
 
 def test_only_per_trial_figures_can_be_gated_or_targeted() -> None:
     with pytest.raises(ConfigError, match="no value per trial"):
-        parse_gate("gpu_j:5%")
+        parse_gate("peak_rss_mib:5%")
     with pytest.raises(ConfigError, match="no value per trial"):
         parse_ci_target("tokens_in:1")
 
@@ -207,3 +208,60 @@ def test_the_deprecated_result_properties_agree_with_the_registry(case) -> None:
     for old, key in pairs.items():
         with pytest.warns(DeprecationWarning, match=key):
             assert getattr(case, old) == pytest.approx(value(case, key))
+
+
+DOMAIN_METER = """
+import os
+from tests.fakes.scripted import TraceMeter
+from tests.fakes.trace import PowerTrace
+
+def pytest_llmenergy_meters(config):
+    gpu_w, cpu_w = float(os.environ["GPU_W"]), float(os.environ["CPU_W"])
+    traces = {
+        "gpu:0": PowerTrace([(3600, gpu_w)]),
+        "cpu:package-0": PowerTrace([(3600, cpu_w)]),
+        "cpu:core-0": PowerTrace([(3600, cpu_w)]),  # inside the package: not counted
+    }
+    return {"two": lambda options: TraceMeter(traces, counted={"cpu:core-0": False})}
+"""
+
+
+def test_a_gate_on_the_gpus_energy_alone(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a shared runner the CPU's energy is anyone's: gpu_j gates the GPU alone."""
+    pytester.makeconftest(DOMAIN_METER)
+    pytester.makepyfile(
+        test_x="import time\n"
+        "def test_x(energy_benchmark):\n"
+        "    energy_benchmark(time.sleep, 0.01, input_tokens=4, output_tokens=4)\n"
+    )
+    common = (
+        "--energy-backend=two",
+        "--energy-rule=research",
+        "--energy-min-trials=6",
+        "--energy-max-trials=6",
+        "--energy-max-background=off",
+        "-p",
+        "no:randomly",
+    )
+    monkeypatch.setenv("GPU_W", "100")
+    monkeypatch.setenv("CPU_W", "50")
+    assert pytester.runpytest(*common, "--energy-json=base.json").ret == 0
+    base = json.loads((pytester.path / "base.json").read_text())["cases"][0]
+    trial = base["trials"][0]
+    assert trial["joules"] == pytest.approx(150 * trial["seconds"], rel=0.01)  # core uncounted
+    monkeypatch.setenv("CPU_W", "500")  # a neighbour keeps the CPU busy: not the GPU's doing
+    gates = ("--energy-compare=base.json", "--energy-compare-fail=gpu_j:50%,gpu_j_per_token:50%")
+    noisy = pytester.runpytest(*common, *gates)
+    assert noisy.ret == 0, noisy.stdout.str()
+    noisy.stdout.fnmatch_lines(["*energy gate passed (gpu_j:50%, gpu_j_per_token:50%)*"])
+    whole = pytester.runpytest(
+        *common, "--energy-compare=base.json", "--energy-compare-fail=energy_j:50%"
+    )
+    assert whole.ret == pytest.ExitCode.TESTS_FAILED  # the whole machine's energy did rise
+    monkeypatch.setenv("CPU_W", "50")
+    monkeypatch.setenv("GPU_W", "300")
+    worse = pytester.runpytest(*common, *gates)
+    assert worse.ret == pytest.ExitCode.TESTS_FAILED
+    worse.stdout.fnmatch_lines(["*energy gate FAILED (gpu_j:50%, gpu_j_per_token:50%)*"])

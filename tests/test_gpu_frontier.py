@@ -13,6 +13,7 @@ import pytest
 
 from pytest_llmenergy.frontier import (
     Point,
+    at_best_settings,
     bloat,
     frontier,
     frontiers,
@@ -239,19 +240,22 @@ def test_with_settings_splits_each_routed_range_at_its_systems_best_setting() ->
 def test_routing_profiles_use_each_case_at_its_best_setting(
     pytester: pytest.Pytester, gpu: Any
 ) -> None:
-    from pytest_llmenergy.routing.profile import profiles_from_run
+    from pytest_llmenergy.routing.profile import ProfileError, profiles_from_run
 
     pytester.makepyfile(test_fake_gpu=TEST_FILE)
     result = pytester.runpytest(*SWEEP, "--energy-json=run.json")
     assert result.ret == 0, result.stdout.str()
     run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
-    (profile,) = profiles_from_run(run, "a100", lam=LAM)
+    (profile,) = profiles_from_run(run, "a100", pick=at_best_settings(LAM))
     by_size = {(pt.input_tokens, pt.output_tokens): pt for pt in profile.points}
     for query in QUERIES:
         best = frontier("t", {}, 0, 0, truth_points(query), lam=LAM, p_ref_w=P_REF_W).lam_best
         point = by_size[(query.input_tokens, query.output_tokens)]
         assert len(point.joules) == 3  # one setting's trials, not all three pooled
         assert point.mean_joules == pytest.approx(best.energy_j, rel=0.01)
+    # Without the frontier's choice, three settings' trials are refused, never pooled.
+    with pytest.raises(ProfileError, match="a case measured at 3 GPU settings"):
+        profiles_from_run(run, "a100")
 
 
 def test_llmenergy_frontier_on_saved_runs(pytester: pytest.Pytester, gpu: Any) -> None:

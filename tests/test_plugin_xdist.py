@@ -96,3 +96,43 @@ def test_a_worker_result_is_checked_like_a_run_file(tmp_path: Path) -> None:
     assert decode_case(json.dumps(case_dict(case))).trials == case.trials
     with pytest.raises(LLMEnergyError, match="not a case"):
         decode_case('{"nodeid": 3}')
+
+
+# Each test writes its whole span, from the fixture's setup to its teardown: the part of a
+# test outside the measurement window (loading a model, building prompts).
+SPANS = """
+import json, os, time, pytest
+
+@pytest.fixture(autouse=True)
+def span():
+    t0 = time.time()
+    time.sleep(0.05)  # "loading a model": CPU work outside every window
+    yield
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(json.dumps([os.environ.get("PYTEST_XDIST_WORKER", "-"), t0, time.time()]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("backend,turns", [("estimate", True), ("trace", False)])
+def test_a_cpu_meter_runs_one_whole_test_at_a_time(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend: str, turns: bool
+) -> None:
+    """A meter that sees the CPU sees the other worker's work outside its windows too: the
+    workers take turns on whole tests, and the header says that -n gains nothing."""
+    monkeypatch.setenv("SPANS", str(project.path / "spans.jsonl"))
+    (project.path / "conftest.py").write_text(TRACE_METER + SPANS)
+    result = project.runpytest_subprocess(
+        "-n", "2", f"--energy-backend={backend}", "--energy-rule=research", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=7)
+    said = "*pytest-xdist: 2 workers take turns, one test at a time*-n gains nothing here"
+    if turns:
+        result.stdout.fnmatch_lines([said])
+    else:
+        result.stdout.no_fnmatch_line(said)
+    spans = [json.loads(x) for x in (project.path / "spans.jsonl").read_text().splitlines()]
+    assert {worker for worker, _, _ in spans} == {"gw0", "gw1"}
+    ordered = sorted((t0, t1) for _, t0, t1 in spans)
+    overlaps = sum(start < end for (_, end), (start, _) in itertools.pairwise(ordered))
+    if turns:
+        assert overlaps == 0, "a worker worked while the other measured"

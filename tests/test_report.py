@@ -188,9 +188,10 @@ def test_raw_values_of_a_measured_case() -> None:
 
 def test_column_headers_are_the_figures_labels() -> None:
     (table,) = case_tables([make_case()], columns=list(FIGURES))
-    assert table.keys[:-1] == tuple(FIGURES)  # then "estimated", for csv/json only
-    assert table.headers[:-1] == tuple(f.label for f in FIGURES.values())
-    assert table.priorities[:-1] == tuple(f.priority for f in FIGURES.values())
+    assert table.keys[:-2] == tuple(FIGURES)  # then "estimated" and "nodeid", csv/json only
+    assert table.headers[:-2] == tuple(f.label for f in FIGURES.values())
+    assert table.priorities[1:-2] == tuple(f.priority for f in FIGURES.values())[1:]
+    assert table.priorities[0] == 0  # the name: kept longest
 
 
 def test_cell_formats_one_figure_of_one_case() -> None:
@@ -429,7 +430,8 @@ def test_an_oom_case_is_a_row_of_dashes_with_its_reason_in_the_notes() -> None:
     oom_row, oom_cells = rows_of(table)[1], cells_of(table)[1]
     assert (oom_row["tokens_in"], oom_row["tokens_out"]) == (8192, 32)
     assert oom_cells["trials"] == "—" and oom_cells["energy_j"] == "—"
-    numbers = [k for k in table.keys if k not in ("tokens_in", "tokens_out", "name", "estimated")]
+    named = ("tokens_in", "tokens_out", "name", "estimated", "nodeid")
+    numbers = [k for k in table.keys if k not in named]
     assert all(oom_row[k] is None for k in numbers)
     assert table.notes == (
         "test_input_tokens[tiny-llama-in8192-out32]: OOM at 8192 input tokens (32 output tokens)",

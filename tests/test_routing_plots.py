@@ -13,13 +13,13 @@ import pytest
 
 from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.plotting import FORMATS
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.routing.fit import SystemModel, build_model
 from pytest_llmenergy.routing.optimize import Router, pareto
 from pytest_llmenergy.routing.plots import (
     DEFAULT_LAMS,
     ESTIMATED,
-    FORMATS,
     PlotError,
     energy_per_token_figure,
     front_notes,

@@ -189,7 +189,8 @@ def test_run_cases_without_model_label_group_by_test_function_and_skip_empty_tri
     ]
     broken = make_case([0.2], model="broken", watts=0.0)
     profiles = profiles_from_run(sample_run((*plain, broken)))
-    assert [p.model for p in profiles] == [plain[0].name.split("[")[0]]
+    # the test by its node id: two files' same-named tests are two models
+    assert [p.model for p in profiles] == [plain[0].nodeid.split("[")[0]]
     assert [pt.input_tokens for pt in profiles[0].points] == [16, 64]
     assert {pt.sweep for pt in profiles[0].points} == {""}  # an unknown sweep is not kept
 

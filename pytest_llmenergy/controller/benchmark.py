@@ -227,6 +227,7 @@ class EnergyBenchmark:
         trials: list[Trial] = []
         disturbed: list[Trial] = []
         status = ROUNDS
+        stopped = ""  # why the precision was not reached, when it was not
         background = self.background
         # readings of what the rest of the machine did, from before the warm-up on
         history = [background.read()] if background is not None else []
@@ -283,7 +284,8 @@ class EnergyBenchmark:
                         if index >= rounds:
                             break
                         continue
-                    decision = decide(self.options, trials, len(disturbed))
+                    counted = {name: d.counted for name, d in self.meter.domains.items()}
+                    decision = decide(self.options, trials, len(disturbed), counted)
                     if self._progress is not None:
                         line = progress_line(self.options, len(trials), decision)
                         if rejected:
@@ -298,6 +300,7 @@ class EnergyBenchmark:
                         self._progress(line)
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
+                        stopped = decision.why() if trials else ""  # else: busy
                         break
                 passes = self._prefill_passes(prefill_pass, trials, input_tokens, queries)
             op_profile = self._profile_ops(fn, args, kwargs) if trials or disturbed else None
@@ -324,6 +327,7 @@ class EnergyBenchmark:
             output_tokens,
             status,
             trials,
+            reason=stopped,
             resources=probe.usage,
             disturbed=disturbed,
             prefill_passes=passes,

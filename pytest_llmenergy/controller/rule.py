@@ -4,10 +4,13 @@ The research behind this project repeated each case until the runtime's 95 %
 confidence interval was within 0.5 s of the mean, or 25 trials: the ``research`` rule.
 On its own that lets a 0.2 s case stop after 3 trials with an interval wider than its
 mean, so the ``default`` rule also asks for intervals within 10 % of the runtime and the
-energy, and for at least 1 s of measured time per case (within the trial limit).  Long
-cases on a noisy machine would then take 25 trials of many seconds, so the ``default``
-rule also stops a case once 15 s are measured (and ``min_trials`` are done), like
-pytest-benchmark's ``--benchmark-max-time``; such a case is marked as not converged.
+energy, and for at least 1 s of measured time per case.  A 30 ms case cannot measure
+1 s in 25 trials, so a case whose intervals already hold may take more trials (up to
+``SHORT_CASE_TRIALS`` times the limit) to reach the minimum time: the trial limit and the
+minimum time agree, and a case is marked as not converged only when its precision was
+not reached.  Long cases on a noisy machine would then take 25 trials of many seconds,
+so the ``default`` rule also stops a case once 15 s are measured (and ``min_trials`` are
+done), like pytest-benchmark's ``--benchmark-max-time``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ DEFAULT_RULE = "default"
 # A trial during which other processes used more than this share of the machine's CPU
 # capacity is disturbed: kept, left out of the statistics, and repeated.
 DEFAULT_MAX_BACKGROUND = 0.25
+# A case whose intervals hold but whose trials do not yet add up to the minimum time may
+# go on past the trial limit, up to this many times it (and the measured-time budget).
+SHORT_CASE_TRIALS = 10
+# What stopped a case that did not reach its precision (StopDecision.stopped_by).
+TRIAL_LIMIT, TIME_BUDGET = "the trial limit", "the measured-time budget"
 
 
 @dataclass(frozen=True)
@@ -170,38 +178,74 @@ class StopDecision:
     """What the rule said after a trial, and why."""
 
     stop: bool
-    converged: bool  # every target holds
+    converged: bool  # every CI target holds (the precision was reached)
     summaries: Mapping[str, Summary] = field(default_factory=dict)  # figure key -> summary
     unmet: tuple[CITarget, ...] = ()
     measured_s: float = 0.0  # runtime of the counted trials, for the rule's minimum
+    # When it stops without its precision: TRIAL_LIMIT or TIME_BUDGET; else "".
+    stopped_by: str = ""
+
+    def why(self) -> str:
+        """``stopped at the trial limit: energy_j ±14.2% (wanted <= 10%)``; "" if it
+        converged.  The run file keeps it as the case's reason."""
+        if not self.stop or self.converged:
+            return ""
+        unmet: list[str] = []
+        for t in self.unmet:
+            s = self.summaries[t.metric]
+            if s.n < 2 or not math.isfinite(s.half_width):
+                if f"{t.metric} has no interval" not in unmet:
+                    unmet.append(f"{t.metric} has no interval")
+            elif t.relative:
+                unmet.append(f"{t.metric} ±{s.relative_half_width:.1%} (wanted <= {t.value:.0%})")
+            else:
+                unmet.append(f"{t.metric} ±{s.half_width:.3g} {t.unit} (wanted <= {t.value:g})")
+        return f"stopped at {self.stopped_by or TRIAL_LIMIT}: {', '.join(unmet)}"
 
 
-def decide(options: ControllerOptions, trials: Sequence[Trial], disturbed: int = 0) -> StopDecision:
-    """Stop when, and only when, there are ``min_trials`` and every target holds, or at
-    ``max_trials`` measured in all (``disturbed`` ones count against the limit but not
-    in the statistics).  A target whose figure a trial lacks (no phases) never holds."""
+def decide(
+    options: ControllerOptions,
+    trials: Sequence[Trial],
+    disturbed: int = 0,
+    counted: Mapping[str, bool] | None = None,
+) -> StopDecision:
+    """Stop when, and only when, there are ``min_trials``, every target holds and the
+    minimum time is measured; or at ``max_trials`` measured in all (``disturbed`` ones
+    count against the limit but not in the statistics) unless the targets hold and only
+    the minimum time is missing (then up to ``SHORT_CASE_TRIALS`` times the limit); or at
+    the measured-time budget.  A target whose figure a trial lacks never holds; ``counted``
+    (the meter's domains: in the totals?) is for targets on one family's joules."""
     n = len(trials)
     summaries: dict[str, Summary] = {}
     for target in options.targets:
         if target.metric in summaries:
             continue
         f = FIGURES[target.metric]
-        values = [f.trial(t) for t in trials] if f.trial is not None else []
+        values = [f.of_trial(t, counted) for t in trials] if f.per_trial else []
         clean = [float(v) for v in values if v is not None]
         summaries[target.metric] = summarize(
             clean if len(clean) == len(values) else [], options.confidence
         )
     unmet = tuple(t for t in options.targets if not t.holds(summaries[t.metric]))
     measured_s = math.fsum(t.seconds for t in trials)
-    converged = not unmet and n >= max(2, options.min_trials) and measured_s >= options.min_time
+    held = not unmet and n >= max(2, options.min_trials)
+    short = held and measured_s < options.min_time  # precise, but too little time yet
     over_budget = (
         options.max_time is not None
         and measured_s >= options.max_time
         and n >= max(2, options.min_trials)
     )
-    stop = converged or over_budget or n + disturbed >= options.max_trials
+    limit = options.max_trials * (SHORT_CASE_TRIALS if short else 1)
+    at_limit = n + disturbed >= limit
+    stop = (held and not short) or over_budget or at_limit
+    stopped_by = "" if held or not stop else TIME_BUDGET if over_budget else TRIAL_LIMIT
     return StopDecision(
-        stop=stop, converged=converged, summaries=summaries, unmet=unmet, measured_s=measured_s
+        stop=stop,
+        converged=held,
+        summaries=summaries,
+        unmet=unmet,
+        measured_s=measured_s,
+        stopped_by=stopped_by,
     )
 
 

@@ -12,7 +12,7 @@ these, a per-system policy: the best setting for each token range.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -415,6 +415,16 @@ def best_setting_cases(
         if setting is None or key not in chosen or chosen[key] == setting:
             out.append(case)
     return out
+
+
+def at_best_settings(lam: float) -> Callable[[Sequence[CaseResult]], list[CaseResult]]:
+    """The cases routing should compare (``routing.profile``'s ``pick``): each case at its
+    lam-best GPU setting when measured at several, else every case as it is."""
+
+    def pick(cases: Sequence[CaseResult]) -> list[CaseResult]:
+        return best_setting_cases(cases, lam) if swept(cases) else list(cases)
+
+    return pick
 
 
 def with_settings(

@@ -21,6 +21,7 @@ from ..tables import render
 from ..values import fraction
 from . import (
     DEFAULT_MAX_SLOWDOWNS,
+    at_best_settings,
     frontier_json,
     frontier_table,
     frontiers,
@@ -180,7 +181,8 @@ def _route(
     from ..routing.profile import profiles_from_run
     from ..routing.workload import load_workload
 
-    profiles = [p for run in runs for p in profiles_from_run(run, lam=args.lam)]
+    pick = at_best_settings(args.lam)
+    profiles = [p for run in runs for p in profiles_from_run(run, pick=pick)]
     routed = route(
         profiles,
         load_workload(args.workload),

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..routing.plots import _make_dir, _new_figure, _save, slug
+from ..plotting import make_dir, new_figure, save_figure, slug
 from . import CaseFrontier
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ STEM = "frontier"
 
 
 def frontier_figure(items: Sequence[CaseFrontier], model: str, system: str = "") -> Figure:
-    fig, axes = _new_figure()
+    fig, axes = new_figure()
     ax = axes[0][0]
     for f in items:
         label = f"{f.sweep} in {f.input_tokens} / out {f.output_tokens}".strip()
@@ -59,12 +59,12 @@ def write_frontier_plots(
 ) -> list[Path]:
     """One file per model (and system, when named); an existing file is never replaced
     (``-2``, ``-3``, ...)."""
-    out_dir = _make_dir(out_dir)
+    out_dir = make_dir(out_dir)
     by_model: dict[str, list[CaseFrontier]] = {}
     for f in items:
         by_model.setdefault(f.model, []).append(f)
     written: list[Path] = []
     for model, members in by_model.items():
         stem = "-".join([STEM, *([slug(system)] if system else []), slug(model)])
-        written += _save(frontier_figure(members, model, system), out_dir, stem, formats)
+        written += save_figure(frontier_figure(members, model, system), out_dir, stem, formats)
     return written

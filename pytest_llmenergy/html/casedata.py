@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..compare import Comparison, Delta, short_names
+from ..compare import Comparison, Delta
 from ..figures import FIGURES, Figure
 from ..report import cell
 from ..results import CONVERGED, LIMIT, CaseResult
@@ -195,10 +195,17 @@ def case_table(runs: Sequence[tuple[str, Sequence[CaseResult]]]) -> CaseTable:
 
 # -- comparisons -------------------------------------------------------------------------
 def ratio_interval(d: Delta) -> tuple[float, float, float] | None:
-    """current / baseline with its interval: a t interval on the difference of the log
-    means (delta method, Welch's degrees of freedom), back-transformed.  None where a
-    mean is not positive or a side has a single trial."""
+    """current / baseline with its interval: the gate's own test between sessions
+    (sessions.py: the log ratio, its standard error with the noise between sessions
+    counted) where there is one, else a t interval on the trials' log means (delta
+    method, Welch's degrees of freedom), back-transformed.  None where a mean is not
+    positive or a side has a single trial."""
     a, b = d.baseline, d.current
+    if d.test is not None and a.n >= 2 and b.n >= 2 and math.isfinite(d.test.se):
+        ratio = math.exp(d.test.log_ratio)
+        df = d.test.df if math.isfinite(d.test.df) else 1e9
+        half = t_quantile(0.5 + d.confidence / 2, df) * d.test.se
+        return ratio, ratio * math.exp(-half), ratio * math.exp(half)
     if a.mean <= 0 or b.mean <= 0 or a.n < 2 or b.n < 2:
         return None
     va, vb = (a.stdev / a.mean) ** 2 / a.n, (b.stdev / b.mean) ** 2 / b.n
@@ -222,13 +229,12 @@ def comparison_rows(c: Comparison) -> list[Record]:
     """One record per case and figure of a comparison: the single adaptation point for
     what ``compare`` computes (add a field here and to ``COMPARISON_COLUMNS`` and it shows
     as a column; ``KEY_value`` is what the column sorts by, else its text)."""
-    short = short_names([d.name for d in c.deltas])
-    rows: list[Record] = []
+    rows: list[Record] = []  # d.name: the shortest part of the node id that tells cases apart
     for d in c.deltas:
         ratio = ratio_interval(d)
         rows.append(
             {
-                "case": short[d.name],
+                "case": d.name,
                 "nodeid": d.nodeid,
                 "figure": d.metric,
                 "baseline": fmt_mean_ci(d.baseline),
@@ -246,6 +252,10 @@ def comparison_rows(c: Comparison) -> list[Record]:
                 else f"{d.relative_change * 100:+.1f} %",
                 "p": DASH if d.p_value is None else f"{d.p_value:.3g}",
                 "gate": "" if d.gate is None else str(d.gate),
+                "detects": DASH
+                if d.gate is None or not math.isfinite(d.detectable)
+                else f">= {d.detectable:.0%}",
+                "detects_value": clean(d.detectable) if d.gate is not None else None,
                 "verdict": ("not gated" if c.not_comparable else d.verdict) if c.gates else "",
                 "direction": _direction(d),
             }
@@ -261,7 +271,8 @@ COMPARISON_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ratio", "ratio"),
     ("ratio_ci", "ratio CI"),
     ("change", "change"),
-    ("p", "p (Welch)"),
+    ("p", "p (sessions)"),
     ("gate", "gate"),
+    ("detects", "gate detects"),
     ("verdict", "verdict"),
 )

@@ -291,5 +291,5 @@ def write_report(
         raise ConfigError(f"{path}: folder {target.parent} does not exist")
     if target.is_dir():
         raise ConfigError(f"{path} is a folder; give the report's file name, e.g. report.html")
-    AtomicFile(target, replaces=True).write(render_report(runs, labels, comparisons))
+    AtomicFile(target, derived=True).write(render_report(runs, labels, comparisons))
     return target

@@ -52,7 +52,7 @@ from .options import PluginOptions, add_options, marker_help, read_options
 from .reporting import HTML_REPORTING, HtmlReporting
 from .results import CASE_RESULTS, CaseResults
 from .serving import SERVING, Serving, attribute_server, check_settings
-from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed
+from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
 if TYPE_CHECKING:
     from ..gpu.settings import GpuSetting
@@ -112,6 +112,11 @@ def pytest_configure(config: pytest.Config) -> None:
     stash[SERVING] = serving
     stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
     stash[KEEPER], stash[ROUTING] = keeper, routing
+    if options.gpu.sweeping and ranks is not None:  # every rank stops alike, before NVML is asked
+        raise pytest.UsageError(
+            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
+            "sweep one process, without torchrun"
+        )
     gpu = GpuSettings(
         config,
         options.gpu,
@@ -122,18 +127,13 @@ def pytest_configure(config: pytest.Config) -> None:
         system=lambda: keeper.hardware,
     )
     stash[GPU_SETTINGS] = gpu
-    if options.gpu.sweeping and ranks is not None:  # every rank stops alike
-        raise pytest.UsageError(
-            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
-            "sweep one process, without torchrun"
-        )
     if options.measure.profile_ops:  # workers profile too: the profile travels with the case
         from ..predict.plugin import OP_PROFILING, OpProfiling
 
         stash[OP_PROFILING] = OpProfiling()
         manager.register(stash[OP_PROFILING], "llmenergy-profile-ops")
     if is_worker(config):  # measure and send; the controller keeps, shows and decides
-        side = WorkerSide(config)
+        side = WorkerSide(config, lambda: metering.meter)
         stash[WORKER_SIDE] = side
         results.listeners.append(lambda cases: side.on_case(cases[-1]))
         manager.register(side, "llmenergy-xdist-worker")
@@ -199,6 +199,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     lines = [
         *stash[METERING].header(),
+        *xdist_header(config, stash[METERING].meter),
         *stash[CASE_RESULTS].header(),
         *stash[CASE_PLAN].header(),
         *stash[KEEPER].header(),

@@ -84,6 +84,7 @@ class RoutingSection:
 
     # -- the decision --------------------------------------------------------------
     def _route(self) -> None:
+        from ..frontier import at_best_settings
         from ..routing.decide import RouteSettings, route
         from ..routing.profile import profiles_from_cases, profiles_from_run
         from ..routing.workload import alpaca
@@ -93,8 +94,9 @@ class RoutingSection:
         hardware = self.keeper.hardware
         try:
             lam = self.settings.lam
-            profiles = profiles_from_run(baseline, lam=lam) + profiles_from_cases(
-                self.results, hardware, "this run", lam
+            pick = at_best_settings(lam)
+            profiles = profiles_from_run(baseline, pick=pick) + profiles_from_cases(
+                self.results, hardware, "this run", pick
             )
             self.routed = route(
                 profiles,
@@ -109,6 +111,7 @@ class RoutingSection:
             self.note = f"routing skipped: {exc}"
 
     def _plot(self) -> None:
+        from ..frontier import at_best_settings
         from ..routing.fit import build_model
         from ..routing.plots import write_profile_plots, write_routing_plots
         from ..routing.profile import profiles_from_cases
@@ -123,7 +126,8 @@ class RoutingSection:
                     )
             else:
                 hardware = self.keeper.hardware or "this run"
-                profiles = profiles_from_cases(self.results, hardware, "")
+                pick = at_best_settings(self.settings.lam)
+                profiles = profiles_from_cases(self.results, hardware, "", pick)
                 self.plots += write_profile_plots([build_model(p) for p in profiles], out)
         except LLMEnergyError as exc:
             self.plots_note = f"figures not (all) written: {exc}"

@@ -244,7 +244,7 @@ class GpuSettings:
                 )
         if items and self.plots_dir:
             from ..frontier.plots import write_frontier_plots
-            from ..routing.plots import PlotError
+            from ..plotting import PlotError
 
             try:
                 written = write_frontier_plots(items, Path(self.plots_dir))

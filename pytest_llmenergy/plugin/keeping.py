@@ -158,7 +158,7 @@ class Keeper:
             self._load_baseline(storage, keep.compare)
         for fmt, path in keep.exports:
             try:
-                check_json_target(str(path))
+                check_json_target(str(path), derived=True)
             except ConfigError as exc:
                 raise pytest.UsageError(f"--energy-export={fmt}:{path}: {exc}") from None
         if self.config.option.collectonly or not (
@@ -293,12 +293,14 @@ class Keeper:
         return drift, note
 
     def _export(self) -> None:
-        """Each export once, atomically, never over an existing file."""
-        if not self.results or self.config.option.collectonly:
+        """Each export once, atomically; an export is derived from the run, so it
+        replaces an earlier one (a CI re-run in an uncleaned workspace).  A session
+        that ran no case exports none: ``[]``, a CSV header."""
+        if self.config.option.collectonly:
             return
         for fmt, path in self.settings.exports:
             try:
-                AtomicFile(path).write(export_text(self.results, fmt))
+                AtomicFile(path, derived=True).write(export_text(self.results, fmt))
                 self.exported.append((fmt, path))
             except OSError as exc:
                 self.export_errors.append(

@@ -37,6 +37,11 @@ def check_settings(options: PluginOptions) -> None:
             "--llm-batch-sizes: a server batches requests itself; send them at once with "
             "--llm-concurrency instead"
         )
+    if serve.active and options.measure.profile_ops:
+        raise pytest.UsageError(
+            "--energy-profile-ops: the model runs in the server, so torch.profiler would "
+            "trace this client; profile a local model (without --llm-endpoint/--llm-serve)"
+        )
     if serve.active and len(grid.models) != 1:
         raise pytest.UsageError(
             f"--llm-endpoint/--llm-serve measure one model, the grid has {len(grid.models)} "

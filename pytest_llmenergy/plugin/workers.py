@@ -5,9 +5,13 @@
 * Workers measure; the controller keeps: each finished case travels to the controller
   inside its test report (``user_properties``) as run-file JSON, and the controller's
   results, tables, run file and gates take it from there.  Workers save nothing.
-* Workers take turns on a shared meter: a CPU meter sees the whole machine (or the whole
-  package), so a case holds a lock file from its warm-up to its last trial; the wait is
-  outside every measurement window.
+* Workers take turns on a shared meter: a case holds a lock file from its warm-up to its
+  last trial; the wait is outside every measurement window.  A meter that sees the CPU
+  (RAPL, the estimate, ...) sees every worker's work, and another worker loading a model
+  or building prompts would disturb the trials (and be counted as busy), so with such a
+  meter a worker holds the lock for its collection and for each whole test: the workers
+  run one test at a time, and ``-n`` gains nothing (the header says so).  GPU-only meters
+  keep the lock around the measured part alone.
 """
 
 from __future__ import annotations
@@ -23,12 +27,29 @@ from typing import Any
 
 import pytest
 
+from ..meters.base import Meter
 from ..results import CaseResult
 from ..storage.runfile import case_dict, decode_case
 
 SEED_KEY = "llmenergy_seed"
 LOCK_KEY = "llmenergy_lock"
 CASE_PROPERTY = "llmenergy_case"
+
+
+def sees_cpu(meter: Meter) -> bool:
+    """Does the meter count any domain besides GPUs (a CPU package, the process)?"""
+    return any(d.counted and not name.startswith("gpu") for name, d in meter.domains.items())
+
+
+def xdist_header(config: pytest.Config, meter: Meter | None) -> list[str]:
+    """The header's word on ``-n`` with a meter that sees the CPU."""
+    n = getattr(config.option, "numprocesses", None)
+    if not n or meter is None or not sees_cpu(meter):
+        return []
+    return [
+        f"pytest-xdist: {n} workers take turns, one test at a time: the meter sees the CPU, "
+        "where another worker's work would disturb the trials; -n gains nothing here"
+    ]
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -83,15 +104,52 @@ class Workers:
 class WorkerSide:
     """Worker side: sends each finished case to the controller with its test's report."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, meter: Callable[[], Meter | None]) -> None:
         self.lock_path: str | None = config.workerinput.get(LOCK_KEY)  # type: ignore[attr-defined]
         self._pending: dict[str, CaseResult] = {}
+        self._meter = meter
+        self._held = False  # the whole test holds the lock: a case must not take it again
 
     def on_case(self, result: CaseResult) -> None:
         self._pending[result.nodeid] = result
 
     def exclusive(self) -> contextlib.AbstractContextManager[None]:
-        return exclusive(self.lock_path) if self.lock_path else contextlib.nullcontext()
+        if self._held or not self.lock_path:
+            return contextlib.nullcontext()
+        return exclusive(self.lock_path)
+
+    @contextlib.contextmanager
+    def _whole(self) -> Iterator[None]:
+        """The lock around everything this worker does, when the meter sees the CPU."""
+        meter = self._meter()
+        if self.lock_path is None or self._held or meter is None or not sees_cpu(meter):
+            yield
+            return
+        with exclusive(self.lock_path):
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> Any:
+        """Opening the meter measures idle power: not while another worker starts up."""
+        if self.lock_path is None:
+            yield
+            return
+        with exclusive(self.lock_path):
+            yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_collection(self, session: pytest.Session) -> Any:
+        with self._whole():  # importing torch and the tests is CPU work too
+            yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        with self._whole():  # setup (loading a model), call, teardown
+            yield
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:

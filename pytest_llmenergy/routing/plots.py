@@ -30,15 +30,22 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..figures import FIGURES
+from ..plotting import (
+    PlotError,
+    check_formats,
+    make_dir,
+    matplotlib_parts,
+    new_figure,
+    save_figure,
+    slug,
+)
 from ..stats import Summary, summarize
 from . import BOTH, INPUT, OUTPUT
 from .fit import Sweep, SystemModel
@@ -51,23 +58,17 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-FORMATS = ("png", "svg")
 ENERGY_PER_TOKEN_INPUT = "energy-per-token-input"
 ENERGY_PER_TOKEN_OUTPUT = "energy-per-token-output"
 RUNTIME = "runtime"
 WORKLOAD_VS_THRESHOLD = "workload-vs-threshold"
 PARETO = "pareto"
 DEFAULT_LAMS = tuple(i / 20 for i in range(21))  # 0, 0.05, ..., 1
-MISSING = "matplotlib is not installed: pip install 'pytest-llmenergy[plots]'"
 _MARKERS = ("s", "^", "D", "v", "P", "X")  # the single-system baselines, one per system
 _NEAR = 0.03  # front points this close (share of the axis span) share one note
 _CURVE_POINTS = 200  # samples of an interpolated curve between its first and last size
 ESTIMATED = "(estimated)"  # in the legend label of every estimated energy
 _CAPSIZE_PT = 3.0
-
-
-class PlotError(ConfigError):
-    """A figure that cannot be drawn or saved; the message says what to change."""
 
 
 # -- figures: profiles -----------------------------------------------------------------
@@ -80,7 +81,7 @@ def energy_per_token_figure(models: Sequence[SystemModel], axis: str) -> Figure 
     """
     if all(_sweep_of(m, axis) is None for m in models):
         return None
-    fig, axes = _new_figure(width=10.5)
+    fig, axes = new_figure(width=10.5)
     ax = axes[0][0]
     _draw_sweeps(
         ax,
@@ -104,7 +105,7 @@ def runtime_figure(models: Sequence[SystemModel]) -> Figure | None:
     (None: no system measured either sweep).  Energy alone hides a slow system."""
     if all(_sweep_of(m, a) is None for m in models for a in (INPUT, OUTPUT)):
         return None
-    fig, axes = _new_figure(nrows=2, width=10.5, height=8.0)  # room for legends beside
+    fig, axes = new_figure(nrows=2, width=10.5, height=8.0)  # room for legends beside
     for ax, axis in zip(axes[:, 0], (INPUT, OUTPUT)):
         _draw_sweeps(ax, models, axis, runtime_summary, lambda s, n: s.time(n), energy=False)
         ax.set_ylabel(f"runtime (s per query){_ci_note(models, axis)}")
@@ -180,7 +181,7 @@ def threshold_figure(router: Router, capacities: Sequence[Capacity] = ()) -> Fig
     """
     if router.by == BOTH:
         raise PlotError("a threshold figure is for routing by input or by output, not both")
-    fig, axes = _new_figure(nrows=2, sharex=True, width=10.5, height=7.5)
+    fig, axes = new_figure(nrows=2, sharex=True, width=10.5, height=7.5)
     energy_ax, time_ax = axes[0][0], axes[1][0]
     smallest = np.inf
     for k, (low, high) in enumerate(threshold_pairs(router)):
@@ -245,7 +246,7 @@ def pareto_figure(
         raise PlotError("a Pareto figure needs one or more lambdas between 0 and 1")
     decisions = router.sweep(lams, capacities)
     front = pareto(decisions)
-    fig, axes = _new_figure(width=10.5, height=5.5)
+    fig, axes = new_figure(width=10.5, height=5.5)
     ax = axes[0][0]
     mixed = any(_is_estimated(m) for m in router.models)  # some policies' energy estimated
     tag = f" {ESTIMATED}" if mixed else ""
@@ -342,11 +343,11 @@ def write_profile_plots(
 ) -> list[Path]:
     """Per model name, the energy-per-token figures (input, output sweep) and the runtime
     figure; a figure no system has data for is not written.  Returns the paths written."""
-    formats = _check_formats(formats)
-    _matplotlib()
+    formats = check_formats(formats)
+    matplotlib_parts()
     if not models:
         return []
-    out_dir = _make_dir(out_dir)
+    out_dir = make_dir(out_dir)
     by_model: dict[str, list[SystemModel]] = {}
     for m in models:
         by_model.setdefault(m.profile.model, []).append(m)
@@ -359,7 +360,7 @@ def write_profile_plots(
         )
         for figure, fig in figures:
             if fig is not None:
-                written += _save(fig, out_dir, f"{slug(name)}-{figure}", formats)
+                written += save_figure(fig, out_dir, f"{slug(name)}-{figure}", formats)
     return written
 
 
@@ -372,111 +373,17 @@ def write_routing_plots(
 ) -> list[Path]:
     """The workload-vs-threshold figure (not when routing by both) and the Pareto figure
     of one router.  Returns the paths written."""
-    formats = _check_formats(formats)
-    _matplotlib()
-    out_dir = _make_dir(out_dir)
+    formats = check_formats(formats)
+    matplotlib_parts()
+    out_dir = make_dir(out_dir)
     stem = slug(router.model)
     written: list[Path] = []
     if router.by != BOTH:
         fig = threshold_figure(router, capacities)
-        written += _save(fig, out_dir, f"{stem}-{WORKLOAD_VS_THRESHOLD}", formats)
-    written += _save(pareto_figure(router, lams, capacities), out_dir, f"{stem}-{PARETO}", formats)
+        written += save_figure(fig, out_dir, f"{stem}-{WORKLOAD_VS_THRESHOLD}", formats)
+    pareto_fig = pareto_figure(router, lams, capacities)
+    written += save_figure(pareto_fig, out_dir, f"{stem}-{PARETO}", formats)
     return written
-
-
-def slug(name: str) -> str:
-    """A file-name-safe form of a model name: "Llama-2 (7B)" -> "llama-2-7b"."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "model"
-
-
-def _check_formats(formats: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(formats, str):  # "png" for ("png",)
-        formats = (formats,)
-    chosen = tuple(dict.fromkeys(str(f).lower().lstrip(".") for f in formats))
-    bad = [f for f in chosen if f not in FORMATS]
-    if bad or not chosen:
-        got = f"bad figure format {bad[0]!r}" if bad else "no figure format"
-        raise PlotError(f"{got}: give one or more of {', '.join(FORMATS)}")
-    return chosen
-
-
-def _make_dir(out_dir: Path) -> Path:
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _unwritable(out_dir, exc) from None
-    return out_dir
-
-
-def _unwritable(path: Path, exc: OSError) -> PlotError:
-    return PlotError(f"{path}: cannot write figures there: {exc.strerror or exc}")
-
-
-def _save(fig: Figure, out_dir: Path, stem: str, formats: Sequence[str]) -> list[Path]:
-    """Every format under the first of ``stem``, ``stem-2``, ... that names no file yet,
-    so a figure from an earlier run is never replaced."""
-    for n in itertools.count(1):
-        name = stem if n == 1 else f"{stem}-{n}"
-        paths = [out_dir / f"{name}.{fmt}" for fmt in formats]
-        if any(p.exists() for p in paths):
-            continue
-        done: list[Path] = []
-        try:
-            for path, fmt in zip(paths, formats):
-                _write_new(fig, path, fmt)
-                done.append(path)
-        except FileExistsError:  # another writer took the name since the check
-            for path in done:
-                path.unlink(missing_ok=True)
-            continue
-        return paths
-    raise AssertionError("unreachable")
-
-
-def _write_new(fig: Figure, path: Path, fmt: str) -> None:
-    """Create ``path`` (never replace it) and draw ``fig`` into it."""
-    mpl, _, _ = _matplotlib()
-    try:
-        file = path.open("xb")  # FileExistsError goes to the caller, which tries -2, -3...
-    except FileExistsError:
-        raise
-    except OSError as exc:
-        raise _unwritable(path.parent, exc) from None
-    try:
-        # text stays text in SVG: searchable and editable
-        with file, mpl.rc_context({"svg.fonttype": "none"}):
-            fig.savefig(file, format=fmt, dpi=120, bbox_inches="tight")
-    except BaseException as exc:
-        path.unlink(missing_ok=True)  # our own half-written file
-        if isinstance(exc, OSError):
-            raise _unwritable(path.parent, exc) from None
-        raise
-
-
-# -- helpers ---------------------------------------------------------------------------
-
-
-def _matplotlib() -> tuple[Any, Any, Any]:
-    """(matplotlib, Figure, FigureCanvasAgg), imported when a figure is drawn: matplotlib
-    is an optional dependency."""
-    try:
-        import matplotlib
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise PlotError(MISSING) from None
-    return matplotlib, Figure, FigureCanvasAgg
-
-
-def _new_figure(
-    nrows: int = 1, ncols: int = 1, sharex: bool = False, width: float = 7.5, height: float = 5.0
-) -> tuple[Figure, Any]:
-    """A figure on its own Agg canvas (no pyplot), with a grid of axes."""
-    _, figure_class, canvas_class = _matplotlib()
-    fig = figure_class(figsize=(width, height), layout="constrained")
-    canvas_class(fig)
-    return fig, fig.subplots(nrows, ncols, sharex=sharex, squeeze=False)
 
 
 def measured_points(model: SystemModel, axis: str) -> list[Point]:

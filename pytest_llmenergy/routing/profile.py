@@ -15,11 +15,12 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..gpu.settings import GPU_LABELS, SETTING_LABEL
 from ..results import CaseResult
 from ..storage.runfile import Run
 
@@ -170,27 +171,45 @@ def read_profile_csv(path: str | Path) -> list[Profile]:
     return _group(rows, str(path))
 
 
-def profiles_from_run(run: Run, system: str | None = None, lam: float = 1.0) -> list[Profile]:
+# Which of a run's cases to route: cases measured at several GPU settings count at one
+# setting each (``frontier.at_best_settings(lam)``: the frontier's choice, a layer above).
+CasePicker = Callable[[Sequence[CaseResult]], Sequence[CaseResult]]
+
+
+def profiles_from_run(
+    run: Run, system: str | None = None, pick: CasePicker | None = None
+) -> list[Profile]:
     """A saved run's cases, one profile per model; the system is the run's hardware."""
     source = str(run.path or run.label)
-    return profiles_from_cases(run.cases, system or run.hardware or run.label, source, lam)
+    return profiles_from_cases(run.cases, system or run.hardware or run.label, source, pick)
 
 
 def profiles_from_cases(
-    cases: Sequence[CaseResult], system: str, source: str, lam: float = 1.0
+    cases: Sequence[CaseResult], system: str, source: str, pick: CasePicker | None = None
 ) -> list[Profile]:
     """Benchmark results, one profile per model: the case's ``model`` label, else its test
-    function, whose parametrized cases are then the sizes of one model.  Cases measured
-    at several GPU settings count at their best setting for ``lam`` (the frontier's), so
-    a system is routed to as it would run."""
-    from ..frontier import best_setting_cases, swept
-
-    if swept(cases):
-        cases = best_setting_cases(cases, lam)
+    function (by node id), whose parametrized cases are then the sizes of one model.
+    ``pick`` chooses the cases to route (each at its best GPU setting), so a system is
+    routed to as it would run; without it, cases measured at several GPU settings are
+    refused rather than pooled."""
+    if pick is not None:
+        cases = pick(cases)
+    settings: dict[tuple[object, ...], set[str]] = defaultdict(set)
+    for c in cases:
+        if SETTING_LABEL in c.labels:
+            rest = tuple(sorted((k, v) for k, v in c.labels.items() if k not in GPU_LABELS))
+            key = (c.nodeid.split("[", 1)[0], c.input_tokens, c.output_tokens, c.queries, rest)
+            settings[key].add(c.labels[SETTING_LABEL])
+    most = max((len(s) for s in settings.values()), default=0)
+    if most > 1:
+        raise ProfileError(
+            f"{source or system}: a case measured at {most} GPU settings; route each at "
+            "its best setting (llmenergy frontier --workload)"
+        )
     rows: list[Row] = [
         (
             system,
-            case.labels.get("model") or case.name.split("[")[0],
+            _model_of(case),
             t.input_tokens,
             t.output_tokens,
             t.seconds,
@@ -206,7 +225,7 @@ def profiles_from_cases(
         raise ProfileError(f"{source}: no measured trials")
     by_model: dict[str, list[CaseResult]] = defaultdict(list)
     for case in cases:
-        by_model[case.labels.get("model") or case.name.split("[")[0]].append(case)
+        by_model[_model_of(case)].append(case)
     return [
         replace(
             p,
@@ -215,6 +234,12 @@ def profiles_from_cases(
         )
         for p in _group(rows, source)
     ]
+
+
+def _model_of(case: CaseResult) -> str:
+    """The ``model`` label, else the test (its node id without parameters): two files'
+    same-named tests are two models."""
+    return case.labels.get("model") or case.nodeid.split("[", 1)[0]
 
 
 def pool_models(profiles: Sequence[Profile]) -> list[Profile]:

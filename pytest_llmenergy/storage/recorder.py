@@ -50,10 +50,11 @@ def autosave_name(commit: dict[str, Any], now: datetime | None = None) -> str:
     return name + "_uncommitted-changes" if commit.get("dirty") else name
 
 
-def check_json_target(path: str) -> Path:
-    """``--energy-json`` never replaces a file: say so at start, not after the run."""
+def check_json_target(path: str, *, derived: bool = False) -> Path:
+    """``--energy-json`` never replaces a file: say so at start, not after the run.  A
+    ``derived`` file (an export) may replace one; its folder must exist all the same."""
     target = Path(path)
-    if target.exists():
+    if target.exists() and not derived:
         raise ConfigError(f"{path} already exists; runs are never overwritten, choose a new path")
     if not target.parent.is_dir():
         raise ConfigError(f"{path}: folder {target.parent} does not exist")

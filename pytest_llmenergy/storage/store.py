@@ -76,13 +76,13 @@ class AtomicFile:
 
     The first write fails with FileExistsError if anything is already at ``path``, so an
     existing run is never replaced; later writes replace this writer's own earlier ones.
-    ``replaces``: a derived file (a report) may replace what is there from the first write.
+    A derived file (an export, made again from a run at will) is ``derived``: its first
+    write replaces what is there, still in one step.
     """
 
-    def __init__(self, path: Path, *, replaces: bool = False) -> None:
+    def __init__(self, path: Path, *, derived: bool = False) -> None:
         self.path = path
-        self.written = False
-        self.replaces = replaces
+        self.written = derived
 
     def write(self, text: str) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -91,7 +91,7 @@ class AtomicFile:
             f.flush()
             os.fsync(f.fileno())
         try:
-            if self.written or self.replaces:
+            if self.written:
                 os.replace(tmp, self.path)
                 self.written = True
             else:

@@ -1,0 +1,111 @@
+"""The package's layer order holds for every import, function-local ones included.
+
+An import inside a function is still an import: it hides a cycle from Python's import
+graph but not from a reader.  Each part (a folder, or a top-level module) may import
+only parts of lower layers or its own; no part reaches into another's private names.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pytest_llmenergy
+
+ROOT = Path(pytest_llmenergy.__file__).parent
+PACKAGE = ROOT.name
+
+# Lowest first; a part imports only from earlier layers and its own.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("values", "stats", "meters"),
+    ("tables", "results", "conversions", "plotting"),
+    ("figures",),
+    ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
+    ("storage", "serving", "export"),
+    ("routing",),
+    ("frontier", "scale", "predict"),
+    ("__init__",),  # the public API
+    ("plugin", "cli"),  # the front ends
+    ("__main__",),
+)
+RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
+
+
+def _part(module: str) -> str:
+    """``pytest_llmenergy.routing.plots`` -> ``routing``; the package itself: ``__init__``."""
+    names = module.split(".")
+    return names[1] if len(names) > 1 else "__init__"
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(ROOT.rglob("*.py")):
+        names = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
+        if names[-1] == "__init__":
+            names.pop()
+        yield ".".join(names), path
+
+
+def _is_module(dotted: str) -> bool:
+    rel = Path(*dotted.split(".")[1:])
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def _imports(module: str, path: Path) -> Iterator[tuple[int, str, str]]:
+    """(line, imported module, imported name or "") for every import of the package,
+    wherever it stands in the file."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    yield node.lineno, alias.name, ""
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                if _is_module(sub):  # ``from . import plots``: the module is imported
+                    yield node.lineno, sub, ""
+                else:
+                    yield node.lineno, source, alias.name
+
+
+MODULES = list(_modules())
+
+
+def test_every_part_has_a_layer() -> None:
+    parts = {_part(m) for m, _ in MODULES}
+    assert parts == set(RANK), "add new parts to LAYERS (and the README's Layout)"
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_no_upward_import_and_no_private_reach(module: str, path: Path) -> None:
+    mine = _part(module)
+    wrong = []
+    for line, source, name in _imports(module, path):
+        theirs = _part(source)
+        if theirs == mine:
+            continue
+        if RANK[theirs] >= RANK[mine]:
+            wrong.append(f"{path.name}:{line} imports {source} (layer of {theirs!r})")
+        if name.startswith("_") and name != "__version__":
+            wrong.append(f"{path.name}:{line} uses {theirs}'s private {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_sees_function_local_imports(tmp_path: Path) -> None:
+    """The check itself: an import inside a function is found like any other."""
+    source = tmp_path / "profile.py"
+    source.write_text("def f():\n    from ..frontier import swept\n    return swept\n")
+    found = list(_imports(f"{PACKAGE}.routing.profile", source))
+    assert found == [(2, f"{PACKAGE}.frontier", "swept")]
+    assert RANK[_part(found[0][1])] > RANK["routing"]
