@@ -189,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
         help="confidence of intervals and tests, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
+    rep.add_argument(
+        "--session-noise",
+        type=_checked(lambda text: values.fraction(text, "a session-to-session variation")),
+        default=DEFAULT_SESSION_NOISE,
+        metavar="SHARE",
+        help="as for llmenergy compare",
+    )
     rep.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
 
     scale = sub.add_parser(
@@ -668,7 +675,11 @@ def _report(runs: list[Run], args: argparse.Namespace, storage: Storage) -> tupl
     confidence = args.confidence if args.confidence is not None else _run_confidence(runs[0])
     gates: tuple[Gate, ...] = tuple(g for given in args.gate for g in given)
     comparisons = (
-        _comparisons(runs, labels, gates, confidence, storage=storage) if len(runs) > 1 else []
+        _comparisons(
+            runs, labels, gates, confidence, session_noise=args.session_noise, storage=storage
+        )
+        if len(runs) > 1
+        else []
     )
     target = write_report(args.out, runs, labels, comparisons)
     size_mb = target.stat().st_size / 1e6

@@ -329,16 +329,17 @@ def compare_cases(
             continue
         for key, gate in checks:
             f = figure(key, per_trial=True, warn=False)
-            a, b = case_sessions(f, base), case_sessions(f, case)
-            if a is None or b is None:
+            if f.trial_values(base) is None or f.trial_values(case) is None:
                 continue
+            a, b = case_sessions(f, base), case_sessions(f, case)
             test_key = noise_key(case.nodeid, f.key)
-            pairs[test_key] = (a, b)
+            if a is not None and b is not None:  # else no log: shown, never tested
+                pairs[test_key] = (a, b)
             found.append((test_key, base, case, f, gate))
     tests = build_tests(pairs, history=history, session_noise=session_noise)
     alpha = 1.0 - confidence
     deltas = [
-        _delta(base, case, f, tests[key], confidence, gate, drift)
+        _delta(base, case, f, tests.get(key), confidence, gate, drift)
         for key, base, case, f, gate in found
     ]
     # The correction runs over the gated deltas that have a p-value at all.
@@ -380,7 +381,7 @@ def _delta(
     base: CaseResult,
     case: CaseResult,
     f: Figure,
-    test: Test,
+    test: Test | None,
     confidence: float,
     gate: Gate | None,
     drift: float,
@@ -393,7 +394,7 @@ def _delta(
         metric=f.key,
         baseline=summarize(a, confidence),
         current=summarize(b, confidence),
-        p_value=test.p_two_sided if enough else None,
+        p_value=test.p_two_sided if enough and test is not None else None,
         confidence=confidence,
         gate=gate,
         busy=base.busy or case.busy,

@@ -93,13 +93,13 @@ CASE = "test_input_tokens[tiny-llama-in8-out4]"
 
 
 def gate_row(out: str) -> list[str]:
-    """The gate table's row of CASE: the side-by-side table names it whole, the gate table
-    (narrower: a row per figure) by its id alone."""
-    whole = [line.split() for line in out.splitlines() if line.split()[:1] == [CASE]]
+    """The gate table's row of CASE: both tables name it by the shortest part of its node
+    id that tells it apart (its parameter id), the side-by-side table first."""
     short = CASE.split("[", 1)[1].rstrip("]")
-    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [short]]
-    assert len(whole) == 1 and len(rows) == 1, out
-    return rows[0]
+    names = ([short], [CASE])  # a lone case keeps its whole name
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in names]
+    assert len(rows) == 2, out
+    return rows[1]
 
 
 def energy_per_token(case: CaseResult) -> list[float]:
@@ -331,7 +331,7 @@ def test_show_takes_old_column_names_with_a_warning_on_stderr(
     argv = ("--storage", root, "show", "1", "--columns", "tokens_in,joules", "--format", "csv")
     code, out, err = cli(capsys, *argv)
     assert code == 0
-    assert out.splitlines()[0] == "group,tokens_in,energy_j,name,estimated"  # data only
+    assert out.splitlines()[0] == "group,tokens_in,energy_j,name,estimated,nodeid"  # data only
     assert err.splitlines() == [
         "llmenergy: warning: figure name 'joules' is deprecated, use 'energy_j' (the old "
         "name works until pytest-llmenergy 0.3)"

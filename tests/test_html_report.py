@@ -113,10 +113,12 @@ def test_the_case_table_has_every_figure_some_case_has() -> None:
 def test_ratio_interval_is_the_t_interval_of_the_log_means() -> None:
     base = make_case([1.0, 1.1, 0.9, 1.05, 0.95])
     head = make_case([1.2, 1.3, 1.1, 1.25, 1.15])
-    d = delta(base, head, "energy_j")
-    assert d is not None
+    d = delta(base, head, "energy_j", session_noise=0.02)
+    assert d is not None and d.test is not None
     ratio, low, high = ratio_interval(d)
     assert ratio == pytest.approx(1.2)
+    # the gate's own interval: sessions compared, the noise between them counted
+    assert math.log(high / ratio) == pytest.approx(1.959964 * d.test.se, rel=1e-4)
     assert low < 1.2 < high and low > 1.0  # a significant 20 % rise excludes 1
     assert math.log(high / ratio) == pytest.approx(math.log(ratio / low))  # symmetric in logs
     same = delta(base, base, "energy_j")
@@ -128,7 +130,11 @@ def test_ratio_interval_is_the_t_interval_of_the_log_means() -> None:
 def test_two_runs_compared_with_verdicts_and_highlighted_rows() -> None:
     base, head = synthetic_run(54, seed=1), synthetic_run(54, seed=2, slower=1.3)
     comparison = compare_cases(
-        base.cases, head.cases, gates=parse_gates("j_per_token:5%"), current_label="head"
+        base.cases,
+        head.cases,
+        gates=parse_gates("j_per_token:5%"),
+        current_label="head",
+        session_noise=0.02,
     )
     page = render_report([base, head], ["base", "head"], [comparison])
     assert "energy gate FAILED (j_per_token:5%)" in page
@@ -158,7 +164,8 @@ def test_cli_report_of_two_runs_with_a_gate(tmp_path: Path, capsys: pytest.Captu
     a = _saved(tmp_path, synthetic_run(12, seed=1), "base")
     b = _saved(tmp_path, synthetic_run(12, seed=2, slower=1.3), "head")
     out = tmp_path / "report.html"
-    assert main(["report", str(a), str(b), "--out", str(out), "--gate", "j_per_token:5%"]) == 0
+    gate = ["--gate", "j_per_token:5%", "--session-noise", "2%"]
+    assert main(["report", str(a), str(b), "--out", str(out), *gate]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() == str(out)
     assert f"llmenergy: wrote {out}: 2 run(s), 24 case(s)" in captured.err

@@ -22,12 +22,12 @@ PACKAGE = ROOT.name
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("values", "stats", "meters"),
-    ("tables", "results", "conversions", "plotting"),
+    ("tables", "results", "conversions", "plotting", "sessions"),
     ("figures",),
     ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
     ("storage", "serving", "export"),
-    ("routing",),
-    ("frontier", "scale", "predict"),
+    ("routing", "history"),
+    ("frontier", "scale", "predict", "gatecheck", "html"),
     ("__init__",),  # the public API
     ("plugin", "cli"),  # the front ends
     ("__main__",),

@@ -129,7 +129,7 @@ def test_compare_with_the_latest_named_or_missing_run(project: pytest.Pytester) 
         [
             r"^=+ llmenergy: compared with 0001_base =+$",
             r"^this run \(current\) against 0001_base \(baseline\)$",
-            r"^test_case\[8\]\s+j_per_token\s+.*%\s+\S+\s+(yes|no)$",
+            r"^8\s+j_per_token\s+.*%\s+\S+\s+(yes|no)$",
             r"^llmenergy: compared \d+ figures against 0001_base$",
         ]
     )
@@ -145,9 +145,9 @@ def test_gate_fails_a_significant_regression(project: pytest.Pytester) -> None:
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.re_match_lines(
         [
-            r"^test_case\[8\]\s+j_per_token\s+.*\+\d+\.\d %\s+\S+\s+yes\s+j_per_token:5%\s+FAIL$",
+            r"^8\s+j_per_token\s+.*\+\d+\.\d %\s+\S+\s+yes\s+j_per_token:5%\s+FAIL$",
             r"^llmenergy: energy gate FAILED \(j_per_token:5%\): 2 significant "
-            r"regression\(s\) in 2 case\(s\): test_case\[64\], test_case\[8\]$",
+            r"regression\(s\) in 2 case\(s\): 64, 8$",
         ]
     )
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
@@ -160,7 +160,7 @@ def test_gate_passes_a_large_regression_that_is_not_significant(project: pytest.
     assert result.ret == 0
     result.stdout.re_match_lines(
         [
-            r"^test_case\[8\]\s+energy_j\s+.*\+\d\d\.\d %\s+\S+\s+no\s+energy_j:10%\s+"
+            r"^8\s+energy_j\s+.*\+\d\d\.\d %\s+\S+\s+no\s+energy_j:10%\s+"
             r"not significant$",
             r"^llmenergy: energy gate passed \(energy_j:10%\): no significant regression; "
             r"2 over the threshold but not significant$",
@@ -365,7 +365,8 @@ def test_a_baseline_from_other_hardware_gets_a_routing_section(
     result.stdout.re_match_lines(
         [
             r"^=+ llmenergy: routing between this run's and the baseline's hardware =+$",
-            r"^routing test_case: by input, lambda 1 \(energy only\), workload queries.csv "
+            r"^routing test_cases.py::test_case: by input, lambda 1 \(energy only\), workload "
+            r"queries.csv "
             r"\(100 queries\)$",
             r"^apple-m1-pro__no-gpu__powermetrics\s+0\.\.(\d+)\s+",
             r"^.*__no-gpu__trace\s+\d+ and more\s+",
@@ -376,7 +377,8 @@ def test_a_baseline_from_other_hardware_gets_a_routing_section(
     threshold = int(line.split()[1].split("..")[1])
     assert 18 <= threshold <= 27
     figures = {p.name for p in (project.path / "figs").iterdir()}
-    assert {"test-case-pareto.png", "test-case-workload-vs-threshold.png"} <= figures
+    assert any(f.endswith("test-case-pareto.png") for f in figures), figures
+    assert any(f.endswith("test-case-workload-vs-threshold.png") for f in figures), figures
 
 
 def test_plots_without_matplotlib_stop_the_session_at_start(

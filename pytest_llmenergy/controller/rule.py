@@ -4,13 +4,13 @@ The research behind this project repeated each case until the runtime's 95 %
 confidence interval was within 0.5 s of the mean, or 25 trials: the ``research`` rule.
 On its own that lets a 0.2 s case stop after 3 trials with an interval wider than its
 mean, so the ``default`` rule also asks for intervals within 10 % of the runtime and the
-energy, and for at least 1 s of measured time per case.  A 30 ms case cannot measure
-1 s in 25 trials, so a case whose intervals already hold may take more trials (up to
-``SHORT_CASE_TRIALS`` times the limit) to reach the minimum time: the trial limit and the
-minimum time agree, and a case is marked as not converged only when its precision was
-not reached.  Long cases on a noisy machine would then take 25 trials of many seconds,
-so the ``default`` rule also stops a case once 15 s are measured (and ``min_trials`` are
-done), like pytest-benchmark's ``--benchmark-max-time``.
+energy, and for at least 1 s of measured time per case. A 30 ms case cannot measure 1 s
+in 25 trials: the trial limit wins (a user's limit is a promise), and a case is marked
+as not converged only when its precision was not reached, so one whose intervals hold at
+the limit is converged though it measured less than the minimum time. Long cases on a
+noisy machine would then take 25 trials of many seconds, so the ``default`` rule also
+stops a case once 15 s are measured (and ``min_trials`` are done), like pytest-
+benchmark's ``--benchmark-max-time``.
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ DEFAULT_RULE = "default"
 # A trial during which other processes used more than this share of the machine's CPU
 # capacity is disturbed: kept, left out of the statistics, and repeated.
 DEFAULT_MAX_BACKGROUND = 0.25
-# A case whose intervals hold but whose trials do not yet add up to the minimum time may
-# go on past the trial limit, up to this many times it (and the measured-time budget).
-SHORT_CASE_TRIALS = 10
+# How many times the trial limit a case whose intervals hold may take to reach the
+# minimum time: 1, never past the limit (users set it to bound a session's length).
+SHORT_CASE_TRIALS = 1
 # What stopped a case that did not reach its precision (StopDecision.stopped_by).
 TRIAL_LIMIT, TIME_BUDGET = "the trial limit", "the measured-time budget"
 

@@ -16,7 +16,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..compare import Comparison, verdict_line
 from ..errors import ConfigError
 from ..storage.runfile import Run
@@ -265,7 +264,7 @@ def render_report(
         "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
         "✓ converged, ✗ stopped at the trial limit</p>",
         _case_table_html(table),
-        f"<footer>pytest-llmenergy {escape(__version__)}; charts: "
+        f"<footer>pytest-llmenergy {escape(_version())}; charts: "
         f"{escape(vega.versions())}</footer>",
         '<script type="application/json" id="llmenergy-specs">',
         _script_json({c.key: c.spec for c in charts}),
@@ -293,3 +292,14 @@ def write_report(
         raise ConfigError(f"{path} is a folder; give the report's file name, e.g. report.html")
     AtomicFile(target, derived=True).write(render_report(runs, labels, comparisons))
     return target
+
+
+def _version() -> str:
+    """The installed version (read from the package's metadata: this module sits below
+    the package's public API and must not import it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pytest-llmenergy")
+    except PackageNotFoundError:
+        return "unknown"
