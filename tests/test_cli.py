@@ -383,11 +383,11 @@ def test_compare_puts_cases_side_by_side_with_ratios(
     header = next(line for line in out.splitlines() if line.startswith("case"))
     assert header.split()[-3:] == ["#1", "base", "#2", "#2/#1"][-3:]
     assert f"#1 base: {LABEL_A}" in out.splitlines() and f"#2: {LABEL_B}" in out.splitlines()
-    both = row_of(out, "test_input_tokens[tiny-llama-in8-out4]")
+    both = row_of(out, "tiny-llama-in8-out4")
     assert both[-1] == "0.5\u00d7"
     assert float(both[-2]) == pytest.approx(float(both[-3]) / 2, rel=1e-3)
-    assert row_of(out, "test_input_tokens[tiny-llama-in64-out4]")[-2:] == ["—", "—"]
-    assert row_of(out, "test_input_tokens[tiny-llama-in8-out16]")[-3] == "—"
+    assert row_of(out, "tiny-llama-in64-out4")[-2:] == ["—", "—"]
+    assert row_of(out, "tiny-llama-in8-out16")[-3] == "—"
     assert "energy gate" not in out
 
 
