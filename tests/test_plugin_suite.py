@@ -232,7 +232,7 @@ def test_out_of_memory_case_is_skipped_and_the_sweep_goes_on(pytester: pytest.Py
         [
             r"^\S*\s+512\s+32\s+3 ✓\s+",
             r"^\S*\s+1024\s+32\s+—\s+",
-            r"test_sweep\[1024\]: OOM at 1024 input tokens \(32 output tokens\)$",
+            r"^(test_sweep\[)?1024\]?: OOM at 1024 input tokens \(32 output tokens\)$",
             r"SKIPPED .* OOM at 1024 input tokens \(32 output tokens\)$",
             r"SKIPPED .* OOM at 2048 input tokens \(32 output tokens\)$",
         ]
