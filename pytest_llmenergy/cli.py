@@ -52,7 +52,7 @@ from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
 from .routing.tables import ROUTE_FORMATS, render_routed
 from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
-from .sessions import DEFAULT_SESSION_NOISE
+from .sessions import DEFAULT_SESSION_NOISE, parse_session_noise
 from .storage.pool import pool_runs
 from .storage.recorder import check_json_target
 from .storage.runfile import COMPLETE, Run, RunFileError, dumps
@@ -145,15 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         help="also exit 1 when a gate is inconclusive: a case looks worse but the machine "
         "was busy, or the runs' meters differ (energies not comparable)",
     )
-    cmp_.add_argument(
-        "--session-noise",
-        type=_checked(lambda text: values.fraction(text, "a session-to-session variation")),
-        default=DEFAULT_SESSION_NOISE,
-        metavar="SHARE",
-        help="how much a case varies between sessions of unchanged code, assumed where the "
-        "runs have one session each and the storage no runs of the same code "
-        f"(default: {DEFAULT_SESSION_NOISE * 100:.0f}%%; llmenergy gatecheck measures it)",
-    )
+    _session_noise_argument(cmp_)
     cmp_.add_argument(
         "--confidence",
         type=_checked(values.confidence),
@@ -189,13 +181,7 @@ def _parser() -> argparse.ArgumentParser:
         help="confidence of intervals and tests, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
-    rep.add_argument(
-        "--session-noise",
-        type=_checked(lambda text: values.fraction(text, "a session-to-session variation")),
-        default=DEFAULT_SESSION_NOISE,
-        metavar="SHARE",
-        help="as for llmenergy compare",
-    )
+    _session_noise_argument(rep)
     rep.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
 
     scale = sub.add_parser(
@@ -291,14 +277,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="EXPR",
         help="the gate (default: j_per_token:5%%)",
     )
-    check.add_argument("--confidence", type=values.confidence, default=0.95)
-    check.add_argument(
-        "--session-noise",
-        type=values.fraction,
-        default=None,
-        metavar="SHARE",
-        help="the noise assumed without history (default: --energy-session-noise's default)",
-    )
+    check.add_argument("--confidence", type=_checked(values.confidence), default=0.95)
+    _session_noise_argument(check)
     check.add_argument(
         "--judge-only", action="store_true", help="judge the sessions already in --out"
     )
@@ -318,6 +298,20 @@ def _parser() -> argparse.ArgumentParser:
 
     add_import_parser(sub, storage_help)
     return parser
+
+
+def _session_noise_argument(parser: argparse.ArgumentParser) -> None:
+    """--session-noise, as compare, report and gatecheck take it (the plugin's
+    --energy-session-noise)."""
+    parser.add_argument(
+        "--session-noise",
+        type=_checked(parse_session_noise),
+        default=DEFAULT_SESSION_NOISE,
+        metavar="SHARE",
+        help="how much a case varies between sessions of unchanged code, assumed where the "
+        "runs have one session each and the storage no runs of the same code "
+        f"(default: {DEFAULT_SESSION_NOISE * 100:.0f}%%; llmenergy gatecheck measures it)",
+    )
 
 
 def _routing_arguments(parser: argparse.ArgumentParser, storage_help: str) -> None:
@@ -587,7 +581,6 @@ def _compare(
 
 def _gatecheck(args: argparse.Namespace) -> tuple[str, list[str]]:
     from . import gatecheck
-    from .sessions import DEFAULT_SESSION_NOISE
 
     gates = parse_gates(args.gate)
     shares = [values.fraction(x, "an injected regression") for x in values.items(args.inject)]
@@ -609,7 +602,7 @@ def _gatecheck(args: argparse.Namespace) -> tuple[str, list[str]]:
             out,
             log=lambda line: print(f"llmenergy: {line}", file=sys.stderr, flush=True),
         )
-    noise = args.session_noise if args.session_noise is not None else DEFAULT_SESSION_NOISE
+    noise = args.session_noise
     outcomes, times = gatecheck.judge(
         sessions, gates, confidence=args.confidence, session_noise=noise
     )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 from .compare import Comparison, Gate, compare_cases, detectable
 from .errors import ConfigError
 from .history import run_sessions
-from .sessions import DEFAULT_SESSION_NOISE, noise_from_runs
+from .sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, noise_from_runs
 from .storage.pool import pool_runs
 from .storage.runfile import Run, RunFileError, load
 from .tables import Table
@@ -101,7 +100,8 @@ def run_sessions_now(
     """Each session a fresh ``python -m pytest`` (a new process, as CI starts one)."""
     out.mkdir(parents=True, exist_ok=True)
     sessions = []
-    for i, (r, share) in enumerate(schedule(rounds, shares), start=1):
+    order = schedule(rounds, shares)
+    for i, (r, share) in enumerate(order, start=1):
         path = out / f"{i:03d}_{share_text(share).lstrip('+').replace('%', 'pct')}.json"
         if path.exists():
             raise ConfigError(f"{path} exists; give gatecheck a new --out folder")
@@ -129,8 +129,7 @@ def run_sessions_now(
             run = load(path)
         except RunFileError as exc:
             raise ConfigError(str(exc)) from None
-        total = len(schedule(rounds, shares))
-        log(f"session {i}/{total}: round {r}, {share_text(share)}, {seconds:.0f} s")
+        log(f"session {i}/{len(order)}: round {r}, {share_text(share)}, {seconds:.0f} s")
         sessions.append(Session(share_text(share), share, r, run, seconds))
     (out / "sessions.json").write_text(
         json.dumps(
@@ -182,7 +181,7 @@ def judge(
     firsts = {r: next(s for s in sessions if s.round == r and s.injected == 0) for r in rounds}
     seconds = statistics.fmean(s.seconds for s in sessions)
 
-    def cmp(base: Run, head: Run, history: dict | None = None) -> Comparison:
+    def cmp(base: Run, head: Run, history: dict[str, NoiseEstimate] | None = None) -> Comparison:
         return compare_cases(
             base.cases,
             head.cases,
@@ -200,10 +199,12 @@ def judge(
         "single+history": {k: [] for k in labels},
     }
 
+    sides = {id(a): run_sessions(a.run, metrics) for a in a_runs}  # each run read once
+
     def single(base: Session, head: Session, label: str) -> None:
         results["single"][label].append(cmp(base.run, head.run))
-        learn = [a.run for a in a_runs if a is not head]
-        history = noise_from_runs([[run_sessions(x, metrics) for x in learn]])
+        # the noise the other A sessions teach, as if saved before (the head left out)
+        history = noise_from_runs([[sides[id(a)] for a in a_runs if a is not head]])
         results["single+history"][label].append(cmp(base.run, head.run, history))
 
     for i, base in enumerate(a_runs):  # every earlier A session against every later one
@@ -316,19 +317,3 @@ def quality_table(
             "session",
         ),
     )
-
-
-def environment_note() -> str:
-    threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    return f"OMP_NUM_THREADS={threads}, {os.cpu_count()} CPUs"
-
-
-__all__ = [
-    "Session",
-    "judge",
-    "quality_table",
-    "read_sessions",
-    "realized",
-    "run_sessions_now",
-    "schedule",
-]

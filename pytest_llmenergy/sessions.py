@@ -26,6 +26,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from . import values
+from .errors import ConfigError
 from .stats import t_cdf, t_quantile
 
 _NORMAL = statistics.NormalDist()
@@ -50,6 +52,14 @@ ROUNDS, HISTORY, PRIOR = "rounds", "history", "prior"
 # comparisons on this project's shared 2-core VM under 1 in 20 with any FAIL (0 of 15;
 # 18 %: 2 of 15; docs/gate-quality.md); a quiet GPU box measures far less.
 DEFAULT_SESSION_NOISE = 0.25
+
+
+def parse_session_noise(text: str) -> float:
+    """``--energy-session-noise`` and the commands' ``--session-noise``: 25% or 0.25."""
+    value = values.fraction(text, "a session-to-session variation")
+    if value <= 0:
+        raise ConfigError(f"expected a variation above 0 such as 12%, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -237,12 +247,12 @@ def noise_from_runs(
         for run in group:
             for key, side in run.items():
                 logs.setdefault(key, []).extend(side.logs)
-        for key, values in logs.items():
-            if len(values) < 2:
+        for key, found in logs.items():
+            if len(found) < 2:
                 continue
-            mean = statistics.fmean(values)
-            ss[key] = ss.get(key, 0.0) + math.fsum((v - mean) ** 2 for v in values)
-            dfs[key] = dfs.get(key, 0.0) + len(values) - 1
+            mean = statistics.fmean(found)
+            ss[key] = ss.get(key, 0.0) + math.fsum((v - mean) ** 2 for v in found)
+            dfs[key] = dfs.get(key, 0.0) + len(found) - 1
     return {k: NoiseEstimate(ss[k] / dfs[k], dfs[k], HISTORY) for k in ss if dfs[k] > 0}
 
 

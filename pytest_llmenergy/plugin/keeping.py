@@ -83,7 +83,8 @@ class Keeper:
         if self.reference_start_s is not None:
             lines.append(
                 f"machine speed: a reference workload takes {self.reference_start_s * 1e3:.1f}"
-                " ms of CPU (a difference from the baseline's widens the gates)"
+                " ms of CPU (a difference from the baseline's beyond the reference's own noise "
+                "widens the gates)"
             )
         return lines
 

@@ -44,7 +44,7 @@ from ..report import parse_columns as parse_report_columns
 from ..routing import BY_CHOICES, INPUT
 from ..serving.engine import ENGINES
 from ..serving.settings import ServeSettings, engine_choice, parse_args
-from ..sessions import DEFAULT_SESSION_NOISE
+from ..sessions import DEFAULT_SESSION_NOISE, parse_session_noise
 from ..storage.store import DEFAULT_STORAGE, check_run_name
 
 if TYPE_CHECKING:
@@ -297,13 +297,6 @@ def _injected(text: str) -> float:
     if not parsed or parsed[1] not in ("", "%") or parsed[0] <= 0:
         raise ConfigError(f"expected a regression such as 25% or 0.25, or off, got {text!r}")
     return parsed[0] / 100 if parsed[1] == "%" else parsed[0]
-
-
-def _session_noise(text: str) -> float:
-    value = values.fraction(text, "a session-to-session variation")
-    if value <= 0:
-        raise ConfigError(f"expected a variation above 0 such as 12%, got {text!r}")
-    return value
 
 
 def _columns(text: str) -> tuple[str, ...]:
@@ -579,7 +572,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--energy-session-noise",
         "keep.session_noise",
-        _session_noise,
+        parse_session_noise,
         "SHARE",
         "how much a case's figures vary between two sessions of unchanged code on this "
         "machine (the CV of session means), assumed by gates that have neither several "

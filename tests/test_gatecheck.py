@@ -1,0 +1,98 @@
+"""What a runner's gate can see: the judging of gatecheck's sessions, and the injected
+regression it measures with."""
+
+from __future__ import annotations
+
+import json
+import re
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_llmenergy import gatecheck
+from pytest_llmenergy.cli import main
+from pytest_llmenergy.compare import parse_gates
+from pytest_llmenergy.storage.runfile import dumps
+from tests.test_sessions import run_of, session
+
+
+def sessions_of(sigma: float, rounds: int = 2, seed: int = 5) -> list[gatecheck.Session]:
+    """gatecheck's schedule, with simulated sessions: +50 % injected really +50 %."""
+    rng = random.Random(seed)
+    out = []
+    for r, share in gatecheck.schedule(rounds, [0.5]):
+        run = run_of(session(rng, sigma, 1.0 + share), f"s{len(out)}")
+        out.append(gatecheck.Session(gatecheck.share_text(share), share, r, run, 10.0))
+    return out
+
+
+def test_schedule_is_a_then_each_size_then_a_per_round() -> None:
+    assert gatecheck.schedule(2, [0.1, 0.5]) == [
+        (1, 0.0), (1, 0.1), (1, 0.5), (1, 0.0),
+        (2, 0.0), (2, 0.1), (2, 0.5), (2, 0.0),
+    ]  # fmt: skip
+
+
+def test_judging_a_quiet_runner_finds_the_regression_and_no_false_alarm() -> None:
+    outcomes, times = gatecheck.judge(
+        sessions_of(0.02), parse_gates("j_per_token:5%"), confidence=0.95, session_noise=0.02
+    )
+    assert set(outcomes) == {"single", "single+history", "2 rounds"}
+    for by in outcomes.values():
+        assert by["A"].any_fail == 0
+        assert by["+50%"].case_share >= 0.9
+    assert outcomes["single"]["A"].comparisons == 6  # every earlier A against every later
+    assert times["2 rounds"] == pytest.approx(4 * 10.0)
+
+
+def test_a_noisy_runner_is_told_it_sees_little() -> None:
+    """Sessions differing by 30 %, assumed so: no false alarm, and the table says the
+    smallest regression it could see is large."""
+    got = gatecheck.judge(
+        sessions_of(0.3), parse_gates("j_per_token:5%"), confidence=0.95, session_noise=0.3
+    )[0]["single"]["A"]
+    assert got.any_fail == 0
+    assert min(got.detectable) > 0.5
+
+
+def test_judge_only_reads_an_earlier_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = []
+    for i, s in enumerate(sessions_of(0.02)):
+        name = f"{i:03d}.json"
+        (tmp_path / name).write_text(dumps(s.run))
+        rows.append({"file": name, "label": s.label, "injected": s.injected, "round": s.round,
+                     "seconds": 10.0})  # fmt: skip
+    (tmp_path / "sessions.json").write_text(json.dumps(rows))
+    argv = ["gatecheck", "--out", str(tmp_path), "--judge-only", "--session-noise", "2%"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "what this runner's energy gate can see" in out
+    assert re.search(r"found \+50% \(real \+(4[89]|5[012])%\)", out)  # +50 % and noise
+    assert main(["gatecheck", "--out", str(tmp_path / "none"), "--judge-only"]) == 2
+    assert "not a gatecheck folder" in capsys.readouterr().err
+
+
+def test_the_injected_regression_adds_its_share_of_the_forward_pass() -> None:
+    torch = pytest.importorskip("torch")
+    from pytest_llmenergy.llm.inject import inject_regression
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
+    x = torch.randn(64, 256)
+
+    def cpu_s() -> float:
+        start = time.process_time()
+        with torch.no_grad():
+            for _ in range(200):
+                model(x)
+        return time.process_time() - start
+
+    cpu_s()  # warm
+    before = min(cpu_s() for _ in range(3))
+    inject_regression(model, 0.5)
+    after = min(cpu_s() for _ in range(3))
+    assert after >= 1.4 * before  # +50 % of each pass's own CPU time, by construction
