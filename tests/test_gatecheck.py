@@ -4,8 +4,8 @@ regression it measures with."""
 from __future__ import annotations
 
 import json
-import re
 import random
+import re
 import time
 from pathlib import Path
 
