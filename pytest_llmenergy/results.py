@@ -98,6 +98,9 @@ class Trial:
     # Which session of a pooled run measured it (``llmenergy merge`` numbers its runs
     # from 1); 0 in a run of one session.  Comparisons count sessions, not trials.
     session: int = 0
+    # Which visit of its case measured it, under --energy-interleave (the session visits
+    # every case several times, in a new random order each time); 0: not interleaved.
+    visit: int = 0
 
     @classmethod
     def from_measurement(

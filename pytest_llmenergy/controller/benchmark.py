@@ -57,6 +57,34 @@ def _free_memory() -> None:
 MAX_PREFILL_PASSES = 10_000
 
 
+@dataclasses.dataclass
+class CaseVisits:
+    """What the visits of one case measured so far (``--energy-interleave=N``).
+
+    The session visits every case ``count`` times, in a new random order each time, and
+    each visit runs a share of the case's trials: the case's mean then samples the whole
+    session's machine speed, not the one stretch of seconds its trials would otherwise
+    share (randomized multiple interleaved trials, Abedi & Brecht, ICPE 2017).
+    """
+
+    count: int
+    visit: int = 0  # the visit running now, from 1
+    trials: list[Trial] = dataclasses.field(default_factory=list)
+    disturbed: list[Trial] = dataclasses.field(default_factory=list)
+    reference: list[float] = dataclasses.field(default_factory=list)
+    # The case's result once it is done: after the last visit, or earlier when it cannot
+    # go on (out of memory) or took its fixed rounds (``pedantic`` runs at the first visit).
+    final: CaseResult | None = None
+
+    @property
+    def last(self) -> bool:
+        return self.visit >= self.count
+
+    def quota(self, max_trials: int) -> int:
+        """Trials one visit may run: the case's limit shared among its visits."""
+        return max(1, math.ceil(max_trials / self.count))
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as one line for a run file and a table note."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -80,7 +108,9 @@ class EnergyBenchmark:
         exclusive: Callable[[], AbstractContextManager[None]] | None = None,
         trial_probe: TrialProbe | None = None,
         op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
+        visits: CaseVisits | None = None,
     ) -> None:
+        self.visits = visits
         # --energy-profile-ops: one more run after the trials, outside every window
         self.op_profiler = op_profiler
         self.meter = meter
@@ -101,7 +131,7 @@ class EnergyBenchmark:
         self.calls = 0  # how often the target ran, warm-up included
         # The reference workload's time before and after the trials: the machine's speed
         # while this case ran (a gate normalizes by it, see sessions.py).
-        self._reference: list[float] = []
+        self._reference: list[float] = visits.reference if visits is not None else []
 
     def __call__(
         self,
@@ -196,6 +226,11 @@ class EnergyBenchmark:
             raise ValueError("input_tokens and output_tokens must be >= 0")
         if queries < 1:
             raise ValueError(f"queries must be >= 1, got {queries}")
+        done = self.visits.final if self.visits is not None else None
+        if done is not None:  # it ended at an earlier visit
+            if done.status == OOM:
+                pytest.skip(done.reason)
+            return done
         try:
             with self._exclusive():
                 return self._measure(
@@ -224,8 +259,11 @@ class EnergyBenchmark:
         prefill_pass: Callable[[], Any] | None,
         queries: int = 1,
     ) -> CaseResult:
-        trials: list[Trial] = []
-        disturbed: list[Trial] = []
+        visits = self.visits if rounds is None else None  # fixed rounds: all at once
+        trials: list[Trial] = list(visits.trials) if visits is not None else []
+        disturbed: list[Trial] = list(visits.disturbed) if visits is not None else []
+        earlier = len(trials) + len(disturbed)  # measured at earlier visits
+        paused = False  # this visit's share is done; the case goes on at its next visit
         status = ROUNDS
         stopped = ""  # why the precision was not reached, when it was not
         background = self.background
@@ -275,6 +313,8 @@ class EnergyBenchmark:
                     )
                     if gpu is not None:
                         trial = dataclasses.replace(trial, gpu=gpu)
+                    if visits is not None:
+                        trial = dataclasses.replace(trial, visit=visits.visit)
                     if rejected:
                         trial = dataclasses.replace(trial, rejected=rejected)
                     throttled = gpu.throttled if gpu is not None else ""
@@ -298,12 +338,22 @@ class EnergyBenchmark:
                                 f"{share:.0%} of the CPUs; repeated]"
                             )
                         self._progress(line)
+                    if visits is not None and not visits.last:
+                        ran = len(trials) + len(disturbed) - earlier
+                        if decision.stop or ran >= visits.quota(self.options.max_trials):
+                            paused = True
+                            break
                     if decision.stop:
                         status = CONVERGED if decision.converged else LIMIT
                         stopped = decision.why() if trials else ""  # else: busy
                         break
-                passes = self._prefill_passes(prefill_pass, trials, input_tokens, queries)
-            op_profile = self._profile_ops(fn, args, kwargs) if trials or disturbed else None
+                passes = (
+                    ()
+                    if paused
+                    else self._prefill_passes(prefill_pass, trials, input_tokens, queries)
+                )
+            ran_any = (trials or disturbed) and not paused
+            op_profile = self._profile_ops(fn, args, kwargs) if ran_any else None
         except BaseException as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -322,6 +372,9 @@ class EnergyBenchmark:
                 queries=queries,
             )
             pytest.skip(reason)
+        if paused:
+            assert visits is not None  # only a visit pauses
+            visits.trials, visits.disturbed = trials, disturbed
         result = self._finish(
             input_tokens,
             output_tokens,
@@ -333,6 +386,7 @@ class EnergyBenchmark:
             prefill_passes=passes,
             queries=queries,
             op_profile=op_profile,
+            keep=not paused,
         )
         if not trials and disturbed and all(t.rejected for t in disturbed):
             # kept in the run (every trial's reason), but the case was never done
@@ -431,7 +485,10 @@ class EnergyBenchmark:
         prefill_passes: tuple[Trial, ...] = (),
         queries: int = 1,
         op_profile: Mapping[str, Any] | None = None,
+        keep: bool = True,
     ) -> CaseResult:
+        """The case's result; ``keep`` False: a visit's share, shown to the test but not
+        kept (the last visit keeps the whole case)."""
         domains = self.meter.domains
         if self._reference:  # the machine's speed around the trials (meters/reference.py)
             self._reference.append(reference_s(repeats=5))
@@ -456,5 +513,8 @@ class EnergyBenchmark:
             op_profile=op_profile,
             reference_s=statistics.fmean(self._reference) if self._reference else None,
         )
-        self._on_result(self.result)
+        if keep:
+            if self.visits is not None:
+                self.visits.final = self.result
+            self._on_result(self.result)
         return self.result

@@ -42,10 +42,11 @@ from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
-from .cases import CASE_PLAN, MARKER, CasePlan
+from .cases import CASE_PLAN, MARKER, CasePlan, case_labels
 from .deciding import ROUTING, RoutingSection
 from .distributed import DISTRIBUTED, Distributed
 from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
+from .interleaving import INTERLEAVING, Interleaving
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginOptions, add_options, marker_help, read_options
@@ -91,6 +92,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "--llm-endpoint/--llm-serve: a server is measured one burst at a time; run "
             "without pytest-xdist's -n (--llm-concurrency sends requests at once)"
         )
+    if options.order.interleave > 1 and config.getoption("numprocesses", None):
+        raise pytest.UsageError(
+            "--energy-interleave: the visits of every case run in one process; run without "
+            "pytest-xdist's -n (or with --energy-interleave=1)"
+        )
     options = attribute_server(options)  # before the meter opens: it charges the server
     seed = worker_seed(config)
     if seed is not None:  # an xdist worker collects in the controller's order
@@ -127,6 +133,17 @@ def pytest_configure(config: pytest.Config) -> None:
         system=lambda: keeper.hardware,
     )
     stash[GPU_SETTINGS] = gpu
+    if options.order.interleave > 1:
+        if ranks is not None:
+            raise pytest.UsageError(
+                "--energy-interleave does not run under torchrun yet: leave it out (or =1)"
+            )
+        stash[INTERLEAVING] = Interleaving(
+            options.order.interleave,
+            options.order.seed or 0,
+            group=lambda item: case_labels(item).get("model"),
+        )
+        manager.register(stash[INTERLEAVING], "llmenergy-interleaving")
     if options.measure.profile_ops:  # workers profile too: the profile travels with the case
         from ..predict.plugin import OP_PROFILING, OpProfiling
 
@@ -202,6 +219,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *xdist_header(config, stash[METERING].meter),
         *stash[CASE_RESULTS].header(),
         *stash[CASE_PLAN].header(),
+        *(stash[INTERLEAVING].header() if INTERLEAVING in stash else []),
         *stash[KEEPER].header(),
         *(stash[GPU_SETTINGS].header() if GPU_SETTINGS in stash else []),
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
@@ -321,6 +339,7 @@ def energy_benchmark(
     node = request.node
     controller = config.stash[CASE_PLAN].controller_for(node)
     gpu = config.stash.get(GPU_SETTINGS, None)
+    interleaving = config.stash.get(INTERLEAVING, None)
     labels = config.stash[CASE_PLAN].labels_for(node)
     return EnergyBenchmark(
         energy_meter,
@@ -336,6 +355,7 @@ def energy_benchmark(
         exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
         trial_probe=gpu.probe() if gpu is not None else None,
         op_profiler=_op_profiler(config, labels),
+        visits=interleaving.visits_for(node) if interleaving is not None else None,
     )
 
 

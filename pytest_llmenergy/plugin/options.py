@@ -66,6 +66,7 @@ class MeasureSettings:
 class OrderSettings:
     shuffle: str = "auto"  # on, off, auto: shuffle when there are energy benchmark cases
     seed: int | None = None  # None: a new one each run, chosen here and printed
+    interleave: int = 1  # visits of every energy case; 1: its trials back to back
     seed_given: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -461,6 +462,15 @@ OPTIONS: tuple[Option, ...] = (
         choices=lambda: ("on", "off", "auto"),
         default_text="on wherever energy_benchmark is used",
         const="on",
+    ),
+    Option(
+        "--energy-interleave",
+        "order.interleave",
+        values.integer(1),
+        "N",
+        "visit every energy benchmark case N times, in a new random order each time, each "
+        "visit running a share of its trials, so that a case's mean samples the whole "
+        "session's machine speed, not one stretch of it; 1: each case's trials back to back",
     ),
     Option(
         "--energy-seed",

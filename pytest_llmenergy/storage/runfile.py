@@ -35,6 +35,7 @@ FORMAT = "pytest-llmenergy-run"
 #    (temperature, SM clock, throttle reasons: see results.GpuTelemetry); a trial's
 #    "rejected" (why the target's result did not count, e.g. a server's token counts);
 #    a trial's "session" (which run of a pooled run measured it; absent: the run's own);
+#    a trial's "visit" (which visit of its case, under --energy-interleave; absent: none);
 #    the machine's "speed_reference" (readings of the reference workload through the
 #    session) and "threads" (torch's and the OpenMP/MKL settings).
 SCHEMA_VERSION = 2
@@ -152,6 +153,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"gpu": _gpu_dict(t.gpu)} if t.gpu is not None else {}),
         **({"rejected": t.rejected} if t.rejected else {}),
         **({"session": t.session} if t.session else {}),
+        **({"visit": t.visit} if t.visit else {}),
     }
 
 
@@ -370,6 +372,7 @@ def _trial(r: _Reader) -> Trial:
         gpu=_gpu(r.obj("gpu", optional=True)),
         rejected=r.get("rejected", str, optional=True) or "",
         session=r.get("session", int, optional=True) or 0,
+        visit=r.get("visit", int, optional=True) or 0,
     )
 
 
