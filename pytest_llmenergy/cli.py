@@ -282,6 +282,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--judge-only", action="store_true", help="judge the sessions already in --out"
     )
+    check.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="divide CPU-measured figures by each session's machine speed, as comparisons "
+        "do (default: on; --no-normalize judges without)",
+    )
     check.add_argument("--format", choices=FORMATS, default="table")
     check.add_argument(
         "pytest_args",
@@ -604,12 +611,13 @@ def _gatecheck(args: argparse.Namespace) -> tuple[str, list[str]]:
         )
     noise = args.session_noise
     outcomes, times = gatecheck.judge(
-        sessions, gates, confidence=args.confidence, session_noise=noise
+        sessions, gates, confidence=args.confidence, session_noise=noise, normalize=args.normalize
     )
     real = gatecheck.realized(sessions, gates[0].metric)
     table = gatecheck.quality_table(outcomes, times, real)
     notes = [
         f"{len(sessions)} sessions in {out}; gate {gates[0]}; assumed session noise {noise:.0%}"
+        + ("" if args.normalize else "; not normalized by the machine's speed")
     ]
     return render([table], args.format, width=_width(args.format)), notes
 

@@ -10,6 +10,7 @@ confidence (Benjamini-Hochberg): noise must not fail CI, and many cases must not
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -105,8 +106,9 @@ class Delta:
     p_value: float | None
     confidence: float
     gate: Gate | None = None
-    # Either run had trials of this case disturbed by other work on the machine: what
-    # looks like a regression may be the machine, so it cannot fail a gate.
+    # Either run had many trials of this case disturbed by other work on the machine
+    # (``mostly_busy``): what looks like a regression may be the machine, so it cannot
+    # fail a gate.
     busy: bool = False
     # Measured, on either side, over stretches shorter than the meter resolves: the
     # figure is shown but never gated.
@@ -124,6 +126,10 @@ class Delta:
     discovered: bool = False
     # The smallest relative regression this comparison could have found here.
     detectable: float = math.nan
+    # How much the machine's speed alone moved this figure from the baseline's session(s)
+    # to the current's (from the speed reference, see ``session_speeds``): the test and
+    # the gate judge the current figure divided by it.  1: not normalized.
+    speed: float = 1.0
 
     @property
     def change(self) -> float:
@@ -141,7 +147,8 @@ class Delta:
 
     @property
     def exceeded(self) -> bool:
-        return self.gate is not None and self.gate.exceeded(self.baseline.mean, self.current.mean)
+        current = self.current.mean / self.speed
+        return self.gate is not None and self.gate.exceeded(self.baseline.mean, current)
 
     @property
     def drifted(self) -> bool:
@@ -196,9 +203,65 @@ def session_values(f: Figure, case: CaseResult) -> dict[int, list[float]] | None
     return out
 
 
-def case_sessions(f: Figure, case: CaseResult) -> SideSessions | None:
+def case_sessions(
+    f: Figure, case: CaseResult, log_offsets: Mapping[int, float] | None = None
+) -> SideSessions | None:
     by_session = session_values(f, case)
-    return side_sessions(by_session) if by_session else None
+    return side_sessions(by_session, log_offsets) if by_session else None
+
+
+# How a figure follows the machine's speed: times, and the joules, grams and money of
+# CPU work, grow on a slower machine; throughputs fall; power stays.
+SPEED_EXPONENT = {"s": 1, "J": 1, "g": 1, "money": 1, "tokens/s": -1}
+# A session's speed is the median of its cases' readings: with fewer cases, one slow
+# reading would move it (and a lone case's own reading did not help in A/A runs).
+MIN_SPEED_CASES = 5
+
+
+def session_speeds(cases: Iterable[CaseResult]) -> dict[int, float]:
+    """Per session, the log of the machine-speed reference (meters/reference.py): the
+    median over the cases of their reading in that session.  Sessions of unchanged code
+    differ here mostly by a factor common to all cases, and the reference follows it
+    (correlation 0.86-0.95 in A/A runs; docs/gate-quality.md)."""
+    readings: dict[int, list[float]] = {}
+    for case in cases:
+        seen: dict[int, float] = {}
+        for t in case.trials:
+            ref = t.reference_s if t.reference_s is not None else case.reference_s
+            if ref is not None and ref > 0:
+                seen[t.session] = ref
+        for session, ref in seen.items():
+            readings.setdefault(session, []).append(math.log(ref))
+    return {s: statistics.median(v) for s, v in readings.items() if len(v) >= MIN_SPEED_CASES}
+
+
+def speed_exponent(f: Figure, *cases: CaseResult) -> int:
+    """How the figure of these cases follows the CPU's speed; 0 where it need not: GPU
+    energy and time, and a server's (which may run elsewhere)."""
+    for case in cases:
+        if any(d.startswith("gpu") for d in case.counted) or any(t.requests for t in case.trials):
+            return 0
+    return SPEED_EXPONENT.get(f.unit, 0)
+
+
+def speed_offsets(
+    case: CaseResult, speeds: Mapping[int, float], exponent: int, center: float
+) -> dict[int, float] | None:
+    """Each session's log offset, or None unless every session of the case has a speed."""
+    sessions = {t.session for t in case.trials}
+    if not exponent or not sessions or not sessions <= speeds.keys():
+        return None
+    return {s: exponent * (speeds[s] - center) for s in sessions}
+
+
+def speed_note(base: Mapping[int, float], head: Mapping[int, float]) -> str:
+    if not base or not head:
+        return ""
+    b, h = math.exp(statistics.fmean(base.values())), math.exp(statistics.fmean(head.values()))
+    return (
+        f"normalized by the machine's speed (reference {b * 1e3:.2f} ms in the baseline, "
+        f"{h * 1e3:.2f} ms now, {h / b - 1:+.0%}; CPU-measured figures only)"
+    )
 
 
 def delta(
@@ -271,6 +334,7 @@ class Comparison:
     # Cases of the current run with no undisturbed trial: the machine was busy throughout.
     busy_unmeasured: tuple[str, ...] = ()
     session_noise: float = DEFAULT_SESSION_NOISE  # assumed where nothing else tells
+    speed_note: str = ""  # how the figures were normalized by the machine's speed
 
     @property
     def failures(self) -> list[Delta]:
@@ -305,12 +369,15 @@ def compare_cases(
     drift_note: str = "",
     session_noise: float = DEFAULT_SESSION_NOISE,
     history: Mapping[str, NoiseEstimate] | None = None,
+    normalize: bool = True,
 ) -> Comparison:
     """Cases are matched by node id.  With gates, their metrics are compared; else
     ``metrics``.  ``not_comparable`` (why the runs' energies differ in kind) shows the
     gates' figures without gating them.  ``history`` (key ``nodeid figure``) is the
     between-session noise learned from earlier runs of the same code; without it and
-    without several sessions per side, ``session_noise`` is assumed."""
+    without several sessions per side, ``session_noise`` is assumed.  ``normalize``:
+    CPU-measured figures are divided by each session's machine speed (``session_speeds``)
+    before they are tested."""
     before = {c.nodeid: c for c in baseline if c.measured}
     after = sorted((c for c in current if c.measured), key=_case_order)
     checks: list[tuple[str, Gate | None]] = (
@@ -321,8 +388,12 @@ def compare_cases(
     # Cases are named in tables and messages by the shortest part of their node id that
     # tells them apart (test_a.py::test_small, TestK::test_small).
     names = distinct_names([c.nodeid for c in current])
-    found: list[tuple[str, CaseResult, CaseResult, Figure, Gate | None]] = []
+    found: list[tuple[str, CaseResult, CaseResult, Figure, Gate | None, float]] = []
     pairs: dict[str, tuple[SideSessions, SideSessions]] = {}
+    base_speeds = session_speeds(before.values()) if normalize else {}
+    head_speeds = session_speeds(after) if normalize else {}
+    center = statistics.fmean(base_speeds.values()) if base_speeds else 0.0
+    normalized = False
     for case in after:
         base = before.get(case.nodeid)
         if base is None:
@@ -331,17 +402,29 @@ def compare_cases(
             f = figure(key, per_trial=True, warn=False)
             if f.trial_values(base) is None or f.trial_values(case) is None:
                 continue
-            a, b = case_sessions(f, base), case_sessions(f, case)
+            exponent = speed_exponent(f, base, case)
+            base_off = speed_offsets(base, base_speeds, exponent, center)
+            head_off = speed_offsets(case, head_speeds, exponent, center)
+            if base_off is None or head_off is None:
+                base_off = head_off = None
+            a, b = case_sessions(f, base, base_off), case_sessions(f, case, head_off)
+            speed = 1.0
+            if base_off is not None and head_off is not None:
+                normalized = True
+                shift = statistics.fmean(head_off.values()) - statistics.fmean(base_off.values())
+                speed = math.exp(shift)
             test_key = noise_key(case.nodeid, f.key)
             if a is not None and b is not None:  # else no log: shown, never tested
                 pairs[test_key] = (a, b)
-            found.append((test_key, base, case, f, gate))
+            found.append((test_key, base, case, f, gate, speed))
     tests = build_tests(pairs, history=history, session_noise=session_noise)
     alpha = 1.0 - confidence
     deltas = [
-        _delta(base, case, f, tests.get(key), confidence, gate, drift)
-        for key, base, case, f, gate in found
+        # a normalized figure needs no allowance for the speed drift: it is taken out
+        _delta(base, case, f, tests.get(key), confidence, gate, drift if speed == 1 else 0.0)
+        for key, base, case, f, gate, speed in found
     ]
+    deltas = [replace(d, speed=s) for d, (*_, s) in zip(deltas, found)]
     # The correction runs over the gated deltas that have a p-value at all.
     gated = [i for i, d in enumerate(deltas) if d.gate is not None and d.p_value is not None]
     worse = [_p_worse(deltas[i]) for i in gated]
@@ -369,6 +452,7 @@ def compare_cases(
         drift_note=drift_note,
         busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
         session_noise=session_noise,
+        speed_note=speed_note(base_speeds, head_speeds) if normalized else "",
     )
 
 
@@ -397,12 +481,22 @@ def _delta(
         p_value=test.p_two_sided if enough and test is not None else None,
         confidence=confidence,
         gate=gate,
-        busy=base.busy or case.busy,
+        busy=mostly_busy(base) or mostly_busy(case),
         unresolved=not (resolved(f, base) and resolved(f, case)),
         drift=drift,
         other_model=_other_model(base, case),
         test=test,
     )
+
+
+# A case whose trials were disturbed this often (a share of its kept trials) was measured
+# on a busy machine: a gate does not fail it.  Fewer disturbed trials were left out and
+# repeated, so the kept ones were measured undisturbed.
+BUSY_SHARE = 0.25
+
+
+def mostly_busy(case: CaseResult) -> bool:
+    return len(case.busy_trials) > BUSY_SHARE * max(1, len(case.trials))
 
 
 def _p_worse(d: Delta) -> float:
@@ -523,6 +617,8 @@ def evidence_line(c: Comparison) -> str:
         f"at {1 - c.confidence:.2g} false discovery rate; between-session noise: "
         f"{evidence_text(c)}"
     )
+    if c.speed_note:
+        text += f"; {c.speed_note}"
     if any(d.test is not None and d.test.source == PRIOR for d in c.deltas):
         text += (
             "; to see smaller regressions, measure the baseline in several sessions "

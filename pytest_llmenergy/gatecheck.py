@@ -174,6 +174,7 @@ def judge(
     *,
     confidence: float,
     session_noise: float = DEFAULT_SESSION_NOISE,
+    normalize: bool = True,
 ) -> tuple[dict[str, dict[str, Outcome]], dict[str, float]]:
     """Per procedure, per label (A/A, +25%, ...): the outcome; and each procedure's time
     in sessions' seconds."""
@@ -189,6 +190,7 @@ def judge(
             confidence=confidence,
             session_noise=session_noise,
             history=history,
+            normalize=normalize,
         )
 
     metrics = [g.metric for g in gates]
@@ -199,7 +201,7 @@ def judge(
         "single+history": {k: [] for k in labels},
     }
 
-    sides = {id(a): run_sessions(a.run, metrics) for a in a_runs}  # each run read once
+    sides = {id(a): run_sessions(a.run, metrics, normalize) for a in a_runs}  # each run read once
 
     def single(base: Session, head: Session, label: str) -> None:
         results["single"][label].append(cmp(base.run, head.run))

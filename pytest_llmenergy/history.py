@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .compare import case_sessions, noise_key
+from .compare import case_sessions, noise_key, session_speeds, speed_exponent, speed_offsets
 from .figures import figure
 from .sessions import NoiseEstimate, SideSessions, noise_from_runs
 from .storage.runfile import COMPLETE, Run, RunFileError, load
@@ -57,14 +57,18 @@ def code_key(run: Run) -> str | None:
     return json.dumps([commit["id"], measuring], sort_keys=True, default=str)
 
 
-def run_sessions(run: Run, metrics: Iterable[str]) -> dict[str, SideSessions]:
+def run_sessions(
+    run: Run, metrics: Iterable[str], normalize: bool = True
+) -> dict[str, SideSessions]:
+    """Each case's sessions, normalized by the machine's speed as a comparison would."""
     out: dict[str, SideSessions] = {}
     figures = [figure(m, per_trial=True, warn=False) for m in metrics]
-    for case in run.cases:
-        if not case.measured:
-            continue
+    measured = [case for case in run.cases if case.measured]
+    speeds = session_speeds(measured) if normalize else {}
+    for case in measured:
         for f in figures:
-            side = case_sessions(f, case)
+            offsets = speed_offsets(case, speeds, speed_exponent(f, case), 0.0)
+            side = case_sessions(f, case, offsets)
             if side is not None:
                 out[noise_key(case.nodeid, f.key)] = side
     return out

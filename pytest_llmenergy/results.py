@@ -101,6 +101,9 @@ class Trial:
     # Which visit of its case measured it, under --energy-interleave (the session visits
     # every case several times, in a new random order each time); 0: not interleaved.
     visit: int = 0
+    # The reference workload's time around the case's trials in this trial's session
+    # (meters/reference.py): the machine's speed then; None where it was not read.
+    reference_s: float | None = None
 
     @classmethod
     def from_measurement(

@@ -83,9 +83,15 @@ class SideSessions:
         return math.fsum(self.within) / len(self.within)
 
 
-def side_sessions(values_by_session: Mapping[int, Sequence[float]]) -> SideSessions | None:
-    """None when a session mean is not positive (a log needs it) or nothing was measured."""
+def side_sessions(
+    values_by_session: Mapping[int, Sequence[float]],
+    log_offsets: Mapping[int, float] | None = None,
+) -> SideSessions | None:
+    """None when a session mean is not positive (a log needs it) or nothing was measured.
+    ``log_offsets`` are taken off each session's log mean (the machine's speed in that
+    session, see ``compare.session_speeds``)."""
     logs, within = [], []
+    offsets = log_offsets or {}
     for key in sorted(values_by_session):
         values = values_by_session[key]
         if not values:
@@ -93,7 +99,7 @@ def side_sessions(values_by_session: Mapping[int, Sequence[float]]) -> SideSessi
         mean = math.fsum(values) / len(values)
         if mean <= 0:
             return None
-        logs.append(math.log(mean))
+        logs.append(math.log(mean) - offsets.get(key, 0.0))
         var = statistics.variance(values) / len(values) if len(values) > 1 else 0.0
         within.append(var / (mean * mean))
     return SideSessions(tuple(logs), tuple(within)) if logs else None

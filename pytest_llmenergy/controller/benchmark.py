@@ -492,6 +492,9 @@ class EnergyBenchmark:
         domains = self.meter.domains
         if self._reference:  # the machine's speed around the trials (meters/reference.py)
             self._reference.append(reference_s(repeats=5))
+        speed_s = statistics.fmean(self._reference) if self._reference else None
+        if speed_s is not None:  # on every trial: it stays with them when runs are pooled
+            trials = [dataclasses.replace(t, reference_s=speed_s) for t in trials]
         self.result = CaseResult(
             nodeid=self.nodeid,
             name=self.name,
@@ -511,7 +514,7 @@ class EnergyBenchmark:
             prefill_passes=prefill_passes,
             queries=queries,
             op_profile=op_profile,
-            reference_s=statistics.fmean(self._reference) if self._reference else None,
+            reference_s=speed_s,
         )
         if keep:
             if self.visits is not None:

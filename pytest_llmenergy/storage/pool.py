@@ -41,9 +41,9 @@ def pool_cases(cases: Sequence[CaseResult], offsets: Sequence[int] | None = None
     disturbed: list[Trial] = []
     for case, offset in zip(cases, offsets):
         number = {s: offset + i for i, s in enumerate(sessions_of(case), start=1)}
-        trials += _marked(case.trials, number, offset + 1)
-        passes += _marked(case.prefill_passes, number, offset + 1)
-        disturbed += _marked(case.disturbed, number, offset + 1)
+        trials += _marked(case.trials, number, offset + 1, case.reference_s)
+        passes += _marked(case.prefill_passes, number, offset + 1, case.reference_s)
+        disturbed += _marked(case.disturbed, number, offset + 1, case.reference_s)
     statuses = {case.status for case in cases}
     status = next((s for s in _STATUS_ORDER if s in statuses), first.status)
     return replace(
@@ -56,8 +56,19 @@ def pool_cases(cases: Sequence[CaseResult], offsets: Sequence[int] | None = None
     )
 
 
-def _marked(trials: Sequence[Trial], number: dict[int, int], default: int) -> list[Trial]:
-    return [replace(t, session=number.get(t.session, default)) for t in trials]
+def _marked(
+    trials: Sequence[Trial], number: dict[int, int], default: int, reference_s: float | None
+) -> list[Trial]:
+    """Trials marked with their session, and with their case's speed reference where a
+    run older than per-trial references has it on the case only."""
+    return [
+        replace(
+            t,
+            session=number.get(t.session, default),
+            reference_s=t.reference_s if t.reference_s is not None else reference_s,
+        )
+        for t in trials
+    ]
 
 
 def pool_runs(runs: Sequence[Run], name: str = "pooled") -> Run:

@@ -35,7 +35,8 @@ FORMAT = "pytest-llmenergy-run"
 #    (temperature, SM clock, throttle reasons: see results.GpuTelemetry); a trial's
 #    "rejected" (why the target's result did not count, e.g. a server's token counts);
 #    a trial's "session" (which run of a pooled run measured it; absent: the run's own);
-#    a trial's "visit" (which visit of its case, under --energy-interleave; absent: none);
+#    a trial's "visit" (which visit of its case, under --energy-interleave; absent: none)
+#    and "reference_s" (the machine-speed reference around its case in its session);
 #    the machine's "speed_reference" (readings of the reference workload through the
 #    session) and "threads" (torch's and the OpenMP/MKL settings).
 SCHEMA_VERSION = 2
@@ -154,6 +155,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"rejected": t.rejected} if t.rejected else {}),
         **({"session": t.session} if t.session else {}),
         **({"visit": t.visit} if t.visit else {}),
+        **({"reference_s": t.reference_s} if t.reference_s is not None else {}),
     }
 
 
@@ -373,6 +375,7 @@ def _trial(r: _Reader) -> Trial:
         rejected=r.get("rejected", str, optional=True) or "",
         session=r.get("session", int, optional=True) or 0,
         visit=r.get("visit", int, optional=True) or 0,
+        reference_s=r.get("reference_s", float, optional=True),
     )
 
 
