@@ -49,13 +49,14 @@ POOL_DF = 4.0
 POWER = 0.8
 ROUNDS, HISTORY, PRIOR = "rounds", "history", "prior"
 # The session noise assumed when nothing else is known: the smallest that kept A/A
-# comparisons on this project's shared 2-core VM under 1 in 20 with any FAIL (0 of 15;
-# 18 %: 2 of 15; docs/gate-quality.md); a quiet GPU box measures far less.
-DEFAULT_SESSION_NOISE = 0.25
+# comparisons on this project's shared 2-core VM under 1 in 20 with any FAIL once the
+# figures are normalized by the machine's speed (0 of 45 one day, 0 of 30 on a noisier
+# night; 12 %: 7 of 30; docs/gate-quality.md); a quiet GPU box measures far less.
+DEFAULT_SESSION_NOISE = 0.15
 
 
 def parse_session_noise(text: str) -> float:
-    """``--energy-session-noise`` and the commands' ``--session-noise``: 25% or 0.25."""
+    """``--energy-session-noise`` and the commands' ``--session-noise``: 15% or 0.15."""
     value = values.fraction(text, "a session-to-session variation")
     if value <= 0:
         raise ConfigError(f"expected a variation above 0 such as 12%, got {text!r}")
