@@ -245,7 +245,7 @@ def _subcommands(
 
 def _arguments_table(parser: argparse.ArgumentParser) -> str:
     rows = [
-        (code(_argument(a)), _help(parser, a), _notes(a))
+        (", ".join(code(part) for part in _argument(a).split(", ")), _help(parser, a), _notes(a))
         for a in parser._actions
         if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)
         and a.help != argparse.SUPPRESS

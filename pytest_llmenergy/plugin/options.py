@@ -596,7 +596,8 @@ OPTIONS: tuple[Option, ...] = (
         parse_exports,
         "FORMAT:PATH",
         "also write this run's figures for other tools, e.g. "
-        f"{EXPORT_EXAMPLES}: {{choices}} (repeatable; PATH must not exist yet)",
+        f"{EXPORT_EXAMPLES}: {{choices}} (repeatable; an export is derived from the run, "
+        "so an existing PATH is replaced)",
         choices=lambda: EXPORT_FORMATS,
         multiple=True,
         record=lambda exports: [f"{fmt}:{path}" for fmt, path in exports],
