@@ -663,6 +663,8 @@ def _comparisons(
             drift=speed_drift(_speed(runs[0]), _speed(run), None),
             session_noise=session_noise,
             history=_history(storage, runs, gates, exclude=run) if storage and gates else None,
+            # another machine's speed is part of what is compared, not noise to take out
+            normalize=run.hardware == runs[0].hardware,
         )
         for label, run in zip(labels[1:], runs[1:])
     ]

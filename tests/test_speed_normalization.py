@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from pytest_llmenergy.cli import main
 from pytest_llmenergy.compare import (
     BUSY,
     FAIL,
@@ -17,6 +20,7 @@ from pytest_llmenergy.compare import (
 )
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.pool import pool_cases
+from pytest_llmenergy.storage.runfile import Run, dumps
 from tests.casefactory import make_case
 
 GATES = parse_gates("j_per_token:5%")
@@ -100,3 +104,23 @@ def test_a_few_disturbed_trials_do_not_blind_the_gate() -> None:
     assert compare_cases(base, one, gates=GATES, session_noise=0.05).deltas[0].verdict == FAIL
     two = [replace(head[0], disturbed=(extra, replace(extra, index=98))), *head[1:]]
     assert compare_cases(base, two, gates=GATES, session_noise=0.05).deltas[0].verdict == BUSY
+
+
+def test_llmenergy_compare_normalizes_on_the_same_hardware_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def write(name: str, hardware: str, cases: list[CaseResult]) -> Path:
+        run = Run("", name, "2026-01-01T00:00:00Z", "complete", hardware, {}, {}, {}, {})
+        path = tmp_path / f"{name}.json"
+        path.write_text(dumps(dataclasses.replace(run, cases=tuple(cases))))
+        return path
+
+    base = write("base", "hw", session(1.0, 1.0))
+    slower = write("slower", "hw", session(1.0, 1.3))
+    elsewhere = write("elsewhere", "other-hw", session(1.0, 1.3))
+    argv = ["compare", "--fail-on", "j_per_token:5%", "--session-noise", "5%", base]
+    assert main([*map(str, argv), str(slower)]) == 0  # the machine, not the code
+    assert "normalized by the machine's speed" in capsys.readouterr().out
+    # another machine: its speed is what is compared
+    assert main([*map(str, argv), str(elsewhere)]) == 1
+    assert "normalized" not in capsys.readouterr().out

@@ -250,6 +250,7 @@ class Keeper:
                 drift_note=drift_note,
                 session_noise=self.settings.session_noise,
                 history=history,
+                normalize=self.baseline.hardware == self.hardware,
             )
             failed = self.comparison.failed or (self.settings.strict and self.comparison.unsure)
         self._export()
