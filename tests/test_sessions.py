@@ -140,5 +140,5 @@ def test_the_verdict_says_what_it_rests_on_and_what_it_can_see() -> None:
     c = compare_cases(session(rng, 0.1), session(rng, 0.1), gates=GATE)
     verdict, evidence = verdict_lines(c)
     assert verdict.startswith("energy gate")
-    assert "Benjamini-Hochberg" in evidence and "assumed 25%" in evidence
+    assert "Benjamini-Hochberg" in evidence and "assumed 15%" in evidence
     assert evidence.startswith("gate detects >= ") and "several sessions" in evidence
