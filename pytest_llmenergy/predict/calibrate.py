@@ -108,7 +108,7 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 500) -> np.ndarray:
 
 KERNEL_CLASSES = (MATMUL, ATTENTION)
 # Columns only the roofline form fits (the others keep their coefficients at zero).
-ROOFLINE_ONLY = ("roofline", "forward_passes", "score_bytes")
+ROOFLINE_ONLY = ("roofline", "forward_passes")
 # Columns that may be missing from older calibration files (taken as zero).
 NEWER_COLUMNS = (*ROOFLINE_ONLY, "beyond_cache_bytes")
 
@@ -138,14 +138,14 @@ FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
     ),
     # ``roofline``: each forward pass costs the larger of its compute and its memory
     # traffic (max(k x FLOPs, bytes), k fitted: the machine's balance), plus launches, a
-    # cost per generation and per forward pass, and the attention scores' traffic.  For
-    # GPUs, where a pass is either bound or the other.
+    # cost per generation and one per forward pass (the generate loop's own work: what
+    # made the research's three models differ least).  For GPUs, where a pass is either
+    # bound or the other.
     "roofline": (
         ("roofline",),
         ("launches",),
         ("generations",),
         ("forward_passes",),
-        ("score_bytes",),
     ),
 }
 # The balance points (bytes per FLOP) the roofline form tries.

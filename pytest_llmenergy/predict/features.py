@@ -195,10 +195,6 @@ class Work:
     # Forward passes: each costs the generate loop's fixed work (sampling the token,
     # the Python around the model) whatever the model; ``ops`` carries what differs.
     forward_passes: float = 0.0
-    # Bytes of the attention scores (one per head, query and key, every layer), had they
-    # been materialized: the quadratic traffic of eager and math-path attention, which a
-    # fit weighs from zero (fused kernels) up; Falcon's 71 heads make it twice Llama's.
-    score_bytes: float = 0.0
     # Weight bytes beyond the CPU's last-level cache, read again from memory every pass;
     # zero where the weights fit, or on a GPU (``forward_work``'s ``cache_bytes``).
     beyond_cache_bytes: float = 0.0
@@ -210,7 +206,6 @@ class Work:
         self.ops += other.ops * times
         self.generations += other.generations * times
         self.forward_passes += other.forward_passes * times
-        self.score_bytes += other.score_bytes * times
         self.beyond_cache_bytes += other.beyond_cache_bytes * times
         self.passes += [(f, b, n * times) for f, b, n in other.passes]
 
@@ -232,7 +227,6 @@ class Work:
             self.generations,
             self.roofline(k),
             self.forward_passes,
-            self.score_bytes,
             self.beyond_cache_bytes,
         ]
 
@@ -244,7 +238,6 @@ COLUMNS = (
     "generations",
     "roofline",
     "forward_passes",
-    "score_bytes",
     "beyond_cache_bytes",
 )
 ROOFLINE_INDEX = COLUMNS.index("roofline")
@@ -302,7 +295,6 @@ def forward_work(
     weight_bytes = e * (layer_w * shape.layers + h * shape.vocab)
     if cache_bytes > 0:
         w.beyond_cache_bytes = max(0.0, weight_bytes - cache_bytes)
-    w.score_bytes = e * b * shape.heads * n * total * shape.layers
     return w
 
 
