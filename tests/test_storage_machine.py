@@ -69,7 +69,9 @@ def test_machine_info_on_this_machine() -> None:
         "packages",
         "notes",
     }
-    assert set(info["cpu"]) == {"model", "arch", "logical_cores", "physical_cores"}
+    assert set(info["cpu"]) == {"model", "arch", "logical_cores", "physical_cores", "cache_bytes"}
+    caches = info["cpu"]["cache_bytes"]  # {} where sysfs does not tell
+    assert all(re.fullmatch(r"l\d", k) and v > 0 for k, v in caches.items())
     assert isinstance(info["cpu"]["model"], str) and info["cpu"]["model"]
     assert isinstance(info["cpu"]["arch"], str)
     assert isinstance(info["cpu"]["logical_cores"], int) and info["cpu"]["logical_cores"] >= 1

@@ -31,6 +31,20 @@ HELDOUT_MODELS: Mapping[str, TinySpec] = {
             "max_position_embeddings": _POSITIONS,
         },
     ),
+    # Weights beyond a 32 MiB L3 in float32 (about 55 MB): the size that lets a CPU
+    # calibration see memory traffic the caches do not hold (``features.beyond_cache``).
+    "rand-llama-512": TinySpec(
+        "rand-llama-512",
+        "LlamaConfig",
+        {
+            "hidden_size": 512,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+            "intermediate_size": 1376,
+            "max_position_embeddings": _POSITIONS,
+        },
+    ),
     "rand-mistral-384": TinySpec(
         "rand-mistral-384",
         "MistralConfig",

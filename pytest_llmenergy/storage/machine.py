@@ -26,7 +26,14 @@ import psutil
 
 from ..meters.cpu_tdp import cpu_brand
 
-__all__ = ["commit_info", "gpu_info", "hardware_key", "machine_info", "package_versions"]
+__all__ = [
+    "commit_info",
+    "cpu_caches",
+    "gpu_info",
+    "hardware_key",
+    "machine_info",
+    "package_versions",
+]
 
 # Distributions whose versions change results; read from metadata, never imported
 # (importing torch takes seconds).
@@ -90,6 +97,7 @@ def machine_info() -> dict[str, Any]:
             "physical_cores": _probe(
                 notes, "physical cores", lambda: psutil.cpu_count(logical=False), None
             ),
+            "cache_bytes": _probe(notes, "CPU caches", cpu_caches, {}),
         },
         "memory_bytes": _probe(notes, "memory", lambda: int(psutil.virtual_memory().total), None),
         "gpus": gpus,
@@ -105,6 +113,34 @@ def machine_info() -> dict[str, Any]:
         "packages": _probe(notes, "package versions", package_versions, {}),
         "notes": notes,
     }
+
+
+_CACHE_ROOT = "/sys/devices/system/cpu/cpu0/cache"
+_SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def cpu_caches(root: str = _CACHE_ROOT) -> dict[str, int]:
+    """Data cache sizes seen by one core, per level (``{"l1": 32768, "l2": ..., "l3":
+    ...}``): predictions charge the weights that do not fit in the last level
+    (``predict/features.py``).  Empty where Linux's sysfs does not tell."""
+    out: dict[str, int] = {}
+    if not os.path.isdir(root):
+        return out
+    for entry in sorted(os.listdir(root)):
+        folder = os.path.join(root, entry)
+        try:
+            with open(os.path.join(folder, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(folder, "level")) as f:
+                level = int(f.read().strip())
+            with open(os.path.join(folder, "size")) as f:
+                size = f.read().strip().upper()
+        except (OSError, ValueError):
+            continue
+        match = re.fullmatch(r"(\d+)([KMG]?)B?", size)
+        if kind in ("Data", "Unified") and match:
+            out[f"l{level}"] = int(match[1]) * _SIZE_UNITS[match[2]]
+    return out
 
 
 # -- GPUs ------------------------------------------------------------------------------
