@@ -243,6 +243,7 @@ def comparison_rows(c: Comparison) -> list[Record]:
                 "ratio_ci": DASH if ratio is None else f"{ratio[1]:.3g}\u2013{ratio[2]:.3g}",
                 "ratio_value": None if ratio is None else ratio[0],
                 "ratio_ci_value": None if ratio is None else ratio[1],
+                "ratio_hi_value": None if ratio is None else ratio[2],
                 "baseline_value": clean(d.baseline.mean),
                 "current_value": clean(d.current.mean),
                 "change_value": clean(d.relative_change),
