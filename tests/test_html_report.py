@@ -326,7 +326,9 @@ def _system(hardware: str, fixed_s: float, per_token_s: float) -> Run:
                     watts=100.0,
                 )
             )
-    return dataclasses.replace(synthetic_run(1, name=hardware), hardware=hardware, cases=cases)
+    return dataclasses.replace(
+        synthetic_run(1, name=hardware), hardware=hardware, cases=tuple(cases)
+    )
 
 
 def test_the_routing_threshold_on_the_workload_between_two_systems() -> None:
