@@ -350,6 +350,8 @@ def test_the_routing_threshold_on_the_workload_between_two_systems() -> None:
     assert best["threshold"] == routed.decision.policy.rules[0].max_input_tokens
     assert 128 < best["threshold"] < 512  # the systems cross near 250 input tokens
     assert f"{small.hardware}" in best["policy"] and "Routing" in page
+    # the session's own decision is shown instead: none, nothing drawn
+    assert not any(k.startswith("routing") for k in _specs(render_report([small, big], routed=[])))
     # one system (a comparison on one machine): nothing to route
     assert not any(k.startswith("routing") for k in _specs(render_report([small, small])))
 

@@ -49,7 +49,8 @@ _CSP = (
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem;color:#222}
-h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+h1{font-size:1.4rem}h3{font-size:1rem;margin:1.2rem 0 .4rem}
+h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
 dl.run{display:grid;grid-template-columns:max-content auto;gap:.15rem 1rem;font-size:.9rem}
 dl.run dt{color:#666}dl.run dd{margin:0}
 .runs{display:flex;flex-wrap:wrap;gap:2rem}

@@ -117,7 +117,8 @@ def frontier_spec(data: list[Record], several_runs: bool) -> dict[str, Any]:
             "shape": {
                 "field": "default",
                 "type": "nominal",
-                "title": "GPU default",
+                "title": "the GPU's default",
+                "legend": {"labelExpr": "datum.label == 'true' ? 'yes' : 'no'"},
                 "scale": {"domain": [False, True], "range": ["circle", "square"]},
             },
             "opacity": {"condition": {"test": "datum.pareto", "value": 1}, "value": 0.45},
@@ -222,7 +223,7 @@ def threshold_data(routed: Routed) -> tuple[list[Record], list[Record]]:
         thresholds, energy, runtime = router.threshold_curve(low, high)
         pair = f"\u2264 threshold \u2192 {router.systems[low]}, rest \u2192 {router.systems[high]}"
         for t, e, s in zip(thresholds.tolist(), energy.tolist(), runtime.tolist()):
-            if t >= 0:
+            if t > 0:  # a log axis: "nothing to the first system" has no place
                 curves.append(
                     {"pair": pair, "threshold": int(t), "energy_j": clean(e), "runtime_s": clean(s)}
                 )
@@ -236,7 +237,7 @@ def threshold_data(routed: Routed) -> tuple[list[Record], list[Record]]:
             "policy": decision.policy.describe(),
         }
         for rule in decision.policy.rules[:-1]
-        if getattr(rule, key, None) is not None
+        if (getattr(rule, key, None) or 0) > 0  # on the log axis
     ]
     return curves, optimum
 
@@ -246,7 +247,7 @@ def threshold_spec(routed: Routed, curves: list[Record], optimum: list[Record]) 
     x = {
         "field": "threshold",
         "type": "quantitative",
-        "scale": {"type": "symlog"},
+        "scale": {"type": "log"},
         "title": f"threshold ({router.by} tokens)",
     }
     y = {"field": "energy_j", "type": "quantitative", "title": "workload energy [J]"}
@@ -257,7 +258,12 @@ def threshold_spec(routed: Routed, curves: list[Record], optimum: list[Record]) 
         "encoding": {
             "x": x,
             "y": y,
-            "color": {"field": "pair", "type": "nominal", "title": None},
+            "color": {
+                "field": "pair",
+                "type": "nominal",
+                "title": None,
+                "legend": {"orient": "bottom", "labelLimit": 600},
+            },
             "tooltip": [
                 {"field": "pair", "title": "routing"},
                 {"field": "threshold", "title": "threshold"},
