@@ -21,7 +21,7 @@ from pytest_llmenergy.html import render_report, write_report
 from pytest_llmenergy.html.casedata import case_table, ratio_interval
 from pytest_llmenergy.html.charts import CHARTS
 from pytest_llmenergy.results import CaseResult
-from pytest_llmenergy.storage.runfile import dumps
+from pytest_llmenergy.storage.runfile import Run, dumps
 from tests.casefactory import make_case, synthetic_run
 from tests.test_plugin import assert_one_line_usage_error
 from tests.test_plugin_keep import CASES, REPO
@@ -260,3 +260,137 @@ def test_without_the_report_extra_both_front_ends_say_what_to_install(
     assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err
     assert "pip install 'pytest-llmenergy[report]'" in err and len(err.splitlines()) == 1
+
+
+# -- where the runs have them: frontier, routing, scale; ratios of a comparison -------------
+def _at_setting(case: CaseResult, setting: str, default: bool = False) -> CaseResult:
+    """The case measured at a GPU setting, labelled as the GPU-settings axis labels it."""
+    labels = {**case.labels, "gpu_setting": setting, "power_limit_w": setting[2:-1]}
+    labels["gpu_default"] = "yes" if default else "no"
+    name = case.name.replace("]", f"-{setting}]")
+    nodeid = case.nodeid.replace("]", f"-{setting}]")
+    return dataclasses.replace(case, labels=labels, name=name, nodeid=nodeid)
+
+
+# (setting, seconds per trial, watts): pl250W is slower than the default and dearer
+SETTINGS = (("pl100W", 1.0, 100.0), ("pl150W", 0.8, 150.0), ("pl200W", 0.75, 200.0))
+SETTINGS += (("pl250W", 0.8, 250.0),)
+
+
+def swept_run(models: tuple[str, ...] = ("tiny-llama", "tiny-falcon")) -> Run:
+    cases = [
+        _at_setting(make_case([s, s * 1.01, s * 0.99], model=m, watts=w), name, name == "pl200W")
+        for m in models
+        for name, s, w in SETTINGS
+    ]
+    cases.append(make_case([0.5, 0.51, 0.49], model="tiny-mistral"))  # no setting
+    return dataclasses.replace(synthetic_run(1), cases=tuple(cases))
+
+
+def test_the_frontier_has_a_point_per_case_at_a_setting_and_its_front() -> None:
+    run = swept_run()
+    page = render_report([run])
+    spec = _specs(page)["frontier"]
+    values = spec["data"]["values"]
+    assert len(values) == 8  # 2 models x 4 settings; the case without a setting is not one
+    assert sorted({v["panel"] for v in values}) == [
+        "tiny-falcon input in8-out4",
+        "tiny-llama input in8-out4",
+    ]
+    for v in values:
+        assert v["pareto"] is (v["setting"] != "pl250W")  # the one both slower and dearer
+        assert v["default"] is (v["setting"] == "pl200W")
+        seconds, watts = next((s, w) for name, s, w in SETTINGS if name == v["setting"])
+        assert v["time_s"] == pytest.approx(seconds)
+        assert v["energy_j"] == pytest.approx(seconds * watts)
+        assert v["energy_lo"] < v["energy_j"] < v["energy_hi"]
+    assert spec["facet"]["field"] == "panel"  # one panel per case
+    assert "time-energy frontier over GPU settings" in page  # llmenergy frontier's table
+    assert "frontier" not in _specs(render_report([synthetic_run(6)]))
+
+
+def _system(hardware: str, fixed_s: float, per_token_s: float) -> Run:
+    """A system whose query takes ``fixed_s`` plus ``per_token_s`` per input token at
+    100 W: a fast-starting small one and a big one cross at some input size."""
+    cases = []
+    for sweep in ("input", "output"):
+        for n in (8, 32, 128, 512, 2048):
+            n_in, n_out = (n, 32) if sweep == "input" else (32, n)
+            s = fixed_s + per_token_s * n_in + 0.001 * n_out
+            cases.append(
+                make_case(
+                    [s, s * 1.02, s * 0.98],
+                    sweep=sweep,
+                    input_tokens=n_in,
+                    output_tokens=n_out,
+                    watts=100.0,
+                )
+            )
+    return dataclasses.replace(
+        synthetic_run(1, name=hardware), hardware=hardware, cases=tuple(cases)
+    )
+
+
+def test_the_routing_threshold_on_the_workload_between_two_systems() -> None:
+    from pytest_llmenergy.routing.decide import route
+    from pytest_llmenergy.routing.profile import profiles_from_run
+    from pytest_llmenergy.routing.workload import alpaca
+
+    small, big = _system("small__a", 0.01, 0.0001), _system("big__b", 0.03, 0.00002)
+    page = render_report([small, big])
+    spec = _specs(page)["routing-0"]
+    curve, level, optimum = spec["layer"]
+    energies = [p["energy_j"] for p in curve["data"]["values"]]
+    (best,) = optimum["data"]["values"]  # one threshold between two systems
+    # the optimum is the curve's lowest point, and routing's own decision
+    assert best["energy_j"] == pytest.approx(min(energies))
+    assert level["data"]["values"][0]["energy_j"] == pytest.approx(min(energies))
+    profiles = [p for r in (small, big) for p in profiles_from_run(r)]
+    (routed,) = route(profiles, alpaca())
+    assert best["threshold"] == routed.decision.policy.rules[0].max_input_tokens
+    assert 128 < best["threshold"] < 512  # the systems cross near 250 input tokens
+    assert f"{small.hardware}" in best["policy"] and "Routing" in page
+    # the session's own decision is shown instead: none, nothing drawn
+    assert not any(k.startswith("routing") for k in _specs(render_report([small, big], routed=[])))
+    # one system (a comparison on one machine): nothing to route
+    assert not any(k.startswith("routing") for k in _specs(render_report([small, small])))
+
+
+def test_the_scale_table_where_the_runs_ran_at_several_scales() -> None:
+    one = dataclasses.replace(synthetic_run(1), cases=(make_case([1.0] * 3, watts=100.0),))
+    layout = {"world_size": 2, "nodes": 1, "ranks_per_node": 2, "parallel": "tp"}
+    two = dataclasses.replace(
+        one,
+        machine={**one.machine, "distributed": layout},
+        cases=(make_case([0.6] * 3, watts=200.0),),
+    )
+    page = render_report([one, two], ["one", "two"])
+    found = re.search(r'<script type="application/json" id="scale-0-data">(.*?)</script>', page)
+    assert found is not None
+    rows = json.loads(found.group(1))["rows"]
+    assert [r[1] for r in rows] == ["1 process", "2 ranks (tp)"]
+    assert "1.67x" in rows[1] and "83%" in rows[1]  # speed-up and efficiency
+    assert "scale-0-data" not in render_report([one, one], ["a", "b"])  # one scale
+
+
+def test_a_ratio_chart_per_gated_figure_with_a_mark_per_case() -> None:
+    base, head = synthetic_run(54, seed=1), synthetic_run(54, seed=2, slower=1.3)
+    gates = parse_gates("j_per_token:5%") + parse_gates("time_s:5%")
+    comparison = compare_cases(
+        base.cases, head.cases, gates=gates, current_label="head", session_noise=0.02
+    )
+    specs = _specs(render_report([base, head], ["base", "head"], [comparison]))
+    assert {k for k in specs if k.startswith("ratio")} == {
+        "ratio-0-j_per_token",
+        "ratio-0-time_s",
+    }
+    values = specs["ratio-0-j_per_token"]["data"]["values"]
+    assert len(values) == 54 == len({v["case"] for v in values})
+    for v in values:
+        assert v["lo"] < v["ratio"] < v["hi"]
+        assert v["ratio"] == pytest.approx(1.3, rel=0.1)
+        assert v["direction"] == "worse"
+    # without gates: J/token's ratios
+    plain = compare_cases(base.cases, head.cases, current_label="head")
+    specs = _specs(render_report([base, head], ["base", "head"], [plain]))
+    assert [k for k in specs if k.startswith("ratio")] == ["ratio-0-j_per_token"]

@@ -6,6 +6,7 @@ go to ``$LLMENERGY_SCREENSHOTS`` (CI keeps ``.ci/artifacts/``), else the test's 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -166,9 +167,16 @@ def test_a_compared_pair_draws_offline_sorts_and_shows_values(
     page = opened.page
     assert opened.errors == []
     assert opened.outside_requests() == []
-    # one mark per case (and run) in every chart: 27 cases per sweep, two runs
+    # one mark per case (and run) in every chart: 27 cases per sweep, two runs; the
+    # ratios of the gated figure: one mark per case
     counts = page.evaluate(COUNT_POINTS)
-    assert counts == {"jpt_in": 54, "jpt_out": 54, "prefill_in": 54, "decode_out": 54}
+    assert counts == {
+        "jpt_in": 54,
+        "jpt_out": 54,
+        "prefill_in": 54,
+        "decode_out": 54,
+        "ratio-0-j_per_token": 54,
+    }
     drawn = page.evaluate(
         "Object.fromEntries(Array.from(document.querySelectorAll('.chart'))"
         ".map((d) => [d.id.slice(6), Number(d.dataset.points)]))"
@@ -222,3 +230,29 @@ def test_a_thousand_cases_open_and_draw(browser: Any, tmp_path: Path, shots: Pat
     assert size_mb < 3.0
     # the target is 2 s on an idle machine; a loaded CI machine gets slack, not a flake
     assert opened.seconds < 10.0
+
+
+def test_the_frontier_and_the_routing_threshold_draw(
+    browser: Any, tmp_path: Path, shots: Path
+) -> None:
+    """Runs of two systems, one measured at several GPU settings: each case at a setting
+    is one point of its panel, the routing optimum one point on its curve."""
+    from tests.test_html_report import _system, swept_run
+
+    small = dataclasses.replace(
+        _system("small__a", 0.01, 0.0001),
+        cases=_system("small__a", 0.01, 0.0001).cases + swept_run(("tiny-falcon",)).cases,
+    )
+    paths = []
+    for run in (small, _system("big__b", 0.03, 0.00002)):
+        paths.append(tmp_path / f"{run.hardware}.json")
+        paths[-1].write_text(dumps(run))
+    out = tmp_path / "systems.html"
+    assert main(["report", *map(str, paths), "--out", str(out)]) == 0
+    opened = Opened(browser, out)
+    counts = opened.page.evaluate(COUNT_POINTS)
+    assert counts["frontier"] == 4  # tiny-falcon at four settings
+    assert counts["routing-0"] == 1  # one threshold between two systems
+    assert opened.errors == [] and opened.outside_requests() == []
+    opened.page.locator("#chart-frontier").scroll_into_view_if_needed()
+    opened.page.screenshot(path=str(shots / "report-frontier-routing.png"), full_page=True)

@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
     ("storage", "serving", "export"),
     ("routing", "history"),
-    ("frontier", "scale", "predict", "gatecheck", "html"),
+    ("frontier", "scale", "predict", "gatecheck"),
+    ("html",),  # the report draws the frontier, routing and scale analyses
     ("__init__",),  # the public API
     ("plugin", "cli"),  # the front ends
     ("__main__",),

@@ -3,7 +3,8 @@
 Each torchrun launch costs a few seconds of imports per rank on two cores, so there are
 two tests: two launches with node ranks 0 and 1 (one rank each, each node with its own
 fake RAPL tree at a known power) that run the built-in tiny Llama tensor-parallel over both
-ranks, and one launch of two ranks of which one is killed mid-session.
+ranks, one launch of two ranks of which one is killed mid-session, and one of two ranks
+that writes the HTML report.
 """
 
 from __future__ import annotations
@@ -200,3 +201,48 @@ def test_a_killed_rank_is_named_and_rank_0_saves_what_was_measured_as_incomplete
     assert run["run"]["status"] == "incomplete"
     assert "rank 1 (node 0)" in run["machine"]["distributed"]["fault"]
     assert [c["name"] for c in run["cases"]] == ["test_first"]
+
+
+REPORT_TEST = """
+import time
+
+def test_first(energy_benchmark):
+    energy_benchmark(time.sleep, 0.02, input_tokens=4, output_tokens=2)
+
+def test_second(energy_benchmark):
+    energy_benchmark(time.sleep, 0.02, input_tokens=8, output_tokens=2)
+"""
+
+
+def test_energy_report_under_torchrun_is_one_report_written_by_rank_0(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("vl_convert")
+    pytester.makepyfile(test_report=REPORT_TEST)
+    launch = _torchrun(
+        [
+            "--nproc-per-node=2",
+            f"--master-port={_free_port()}",
+            "-m",
+            "pytest",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "--energy-backend=estimate",
+            "--energy-min-trials=2",
+            "--energy-max-trials=2",
+            "--energy-report=report.html",
+        ],
+        pytester.path,
+        {},
+    )
+    out = launch.communicate(timeout=200)[0]
+    assert launch.returncode == 0, out
+    # both ranks ran the session; rank 0 alone wrote the report and announced it
+    assert out.count("2 passed") == 2, out
+    assert out.count("llmenergy: HTML report of 2 case(s): report.html") == 1, out
+    assert [p.name for p in pytester.path.glob("*.html")] == ["report.html"]
+    page = (pytester.path / "report.html").read_text()
+    assert "test_first" in page and "test_second" in page
+    assert "<dd>2 ranks (none) under torchrun</dd>" in page  # the job's layout

@@ -15,6 +15,7 @@ from ..compare import Comparison, Delta
 from ..figures import FIGURES, Figure
 from ..report import cell
 from ..results import CONVERGED, LIMIT, CaseResult
+from ..scale import scale_of
 from ..stats import t_quantile
 from ..storage.runfile import Run
 from ..tables import DASH, clean, fmt_mean_ci
@@ -73,6 +74,11 @@ def _rule_text(options: Mapping[str, Any], run: Run) -> str:
     return ", ".join(parts)
 
 
+def _scale_text(run: Run, label: str) -> str:
+    scale = scale_of(run, label)  # as the scale table names it
+    return scale.text + (" under torchrun" if scale.world_size > 1 else "")
+
+
 def run_header(run: Run, label: str) -> list[tuple[str, str]]:
     """(field, text) pairs: what a reader needs to trust or doubt the run's figures."""
     cases = run.cases
@@ -97,6 +103,7 @@ def run_header(run: Run, label: str) -> list[tuple[str, str]]:
         ("date", run.created + (f" to {run.finished}" if run.finished else "")),
         ("hardware", run.hardware or "unknown"),
         ("machine", _machine_text(_mapping(run.machine))),
+        ("scale", _scale_text(run, label)),
         ("meter", str(meter.get("description") or run.backend or "unknown")),
         (
             "figures",
@@ -243,6 +250,7 @@ def comparison_rows(c: Comparison) -> list[Record]:
                 "ratio_ci": DASH if ratio is None else f"{ratio[1]:.3g}\u2013{ratio[2]:.3g}",
                 "ratio_value": None if ratio is None else ratio[0],
                 "ratio_ci_value": None if ratio is None else ratio[1],
+                "ratio_hi_value": None if ratio is None else ratio[2],
                 "baseline_value": clean(d.baseline.mean),
                 "current_value": clean(d.current.mean),
                 "change_value": clean(d.relative_change),

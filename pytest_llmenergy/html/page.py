@@ -14,11 +14,12 @@ import os
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compare import Comparison, verdict_line
 from ..errors import ConfigError
 from ..storage.runfile import Run
+from ..tables import Table
 from . import vega
 from .casedata import (
     COMPARISON_COLUMNS,
@@ -29,6 +30,17 @@ from .casedata import (
     run_header,
 )
 from .charts import DrawnChart, chart_figures, draw
+from .sections import (
+    Section,
+    frontier_section,
+    ratio_section,
+    routed_between,
+    routing_section,
+    scale_section,
+)
+
+if TYPE_CHECKING:
+    from ..routing.decide import Routed
 
 _CSP = (
     "default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; "
@@ -37,7 +49,8 @@ _CSP = (
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem;color:#222}
-h1{font-size:1.4rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+h1{font-size:1.4rem}h3{font-size:1rem;margin:1.2rem 0 .4rem}
+h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
 dl.run{display:grid;grid-template-columns:max-content auto;gap:.15rem 1rem;font-size:.9rem}
 dl.run dt{color:#666}dl.run dd{margin:0}
 .runs{display:flex;flex-wrap:wrap;gap:2rem}
@@ -176,6 +189,36 @@ def _case_table_html(table: CaseTable) -> str:
     return _table_html("cases", heads, rows, placeholder="filter rows: words that must all appear")
 
 
+def _registry_table_html(table_id: str, table: Table) -> str:
+    """A table of the package's analyses (the terminal's ``Table``), sortable like the
+    case table: its cells as shown, its raw values to sort by."""
+    numeric = [
+        any(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in table.rows)
+        for i in range(len(table.keys))
+    ]
+    shown = [i for i, key in enumerate(table.keys) if key not in table.hidden]
+    heads = [(table.keys[i], table.headers[i], table.headers[i], numeric[i]) for i in shown]
+    rows = [[(cells[i], raw[i]) for i in shown] for raw, cells in zip(table.rows, table.cells)]
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in (*table.legend, *table.notes))
+    return (
+        f"<h3>{escape(table.title)}</h3>"
+        + _table_html(table_id, heads, rows, placeholder="filter rows")
+        + notes
+    )
+
+
+def _section_html(title: str, key: str, section: Section, intro: str = "") -> str:
+    if not section.charts and not section.tables:
+        return ""
+    parts = [f"<h2>{escape(title)}</h2>"]
+    if intro:
+        parts.append(f'<p class="note">{escape(intro)}</p>')
+    if section.charts:
+        parts.append(_charts_html(list(section.charts)))
+    parts += [_registry_table_html(f"{key}-{i}", t) for i, t in enumerate(section.tables)]
+    return "".join(parts)
+
+
 def _header_html(fields: list[tuple[str, str]]) -> str:
     items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in fields)
     return f'<dl class="run">{items}</dl>'
@@ -186,7 +229,7 @@ def _shorten(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1].rsplit(",", 1)[0] + ", \u2026"
 
 
-def _comparison_html(index: int, c: Comparison) -> str:
+def _comparison_html(index: int, c: Comparison, ratios: Sequence[DrawnChart] = ()) -> str:
     rows = comparison_rows(c)
     shown = [(k, h) for k, h in COMPARISON_COLUMNS if any(r.get(k) for r in rows)]
     text_keys = ("case", "figure", "verdict", "gate")
@@ -209,6 +252,7 @@ def _comparison_html(index: int, c: Comparison) -> str:
         f'<p class="verdict {state}" title="{escape(verdict)}">{escape(_shorten(verdict))}</p>'
         + _table_html(table_id, heads, body, [r["direction"] for r in rows])
         + "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
+        + (_charts_html(list(ratios)) if ratios else "")
     )
 
 
@@ -227,8 +271,11 @@ def render_report(
     runs: Sequence[Run],
     labels: Sequence[str] | None = None,
     comparisons: Sequence[Comparison] = (),
+    routed: Sequence[Routed] | None = None,
 ) -> str:
-    """The whole page for ``runs`` (the first is the baseline of ``comparisons``)."""
+    """The whole page for ``runs`` (the first is the baseline of ``comparisons``).
+    ``routed``: the session's routing decision; None: routed here between the runs'
+    systems, if they are two or more, on the Alpaca workload."""
     if not runs:
         raise ConfigError("a report needs at least one run")
     vega.check_available()
@@ -238,6 +285,10 @@ def render_report(
     data = [p for run, name in zip(runs, names) for p in points(name, run.cases, keys)]
     charts = draw(data, several)
     table = case_table([(name, run.cases) for run, name in zip(runs, names)])
+    ratios = ratio_section(comparisons).charts
+    frontier = frontier_section(runs, names)
+    routing = routing_section(routed_between(runs) if routed is None else routed)
+    scale = scale_section(runs, names)
     headers = "".join(
         f"<section><h3>{escape(name)}</h3>{_header_html(run_header(run, name))}</section>"
         for run, name in zip(runs, names)
@@ -256,10 +307,28 @@ def render_report(
     ]
     if comparisons:
         parts.append("<h2>Comparison</h2>")
-        parts += [_comparison_html(i, c) for i, c in enumerate(comparisons)]
+        parts += [
+            _comparison_html(i, c, [r for r in ratios if r.key.startswith(f"ratio-{i}-")])
+            for i, c in enumerate(comparisons)
+        ]
     parts += [
         "<h2>Charts</h2>",
         _charts_html(charts),
+        _section_html(
+            "Time-energy frontier",
+            "frontier",
+            frontier,
+            "cases measured at several GPU settings (llmenergy frontier)",
+        ),
+        _section_html(
+            "Routing",
+            "routing",
+            routing,
+            "which queries of the workload go to which system (llmenergy route)",
+        ),
+        _section_html(
+            "Scale", "scale", scale, "the same cases at several scales (llmenergy scale)"
+        ),
         f'<h2>Cases</h2><p class="note">{len(table.rows)} row(s); click a header to sort, '
         "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
         "✓ converged, ✗ stopped at the trial limit</p>",
@@ -267,7 +336,9 @@ def render_report(
         f"<footer>pytest-llmenergy {escape(_version())}; charts: "
         f"{escape(vega.versions())}</footer>",
         '<script type="application/json" id="llmenergy-specs">',
-        _script_json({c.key: c.spec for c in charts}),
+        _script_json(
+            {c.key: c.spec for c in (*charts, *ratios, *frontier.charts, *routing.charts)}
+        ),
         "</script>",
         f"<script>{_SCRIPT}</script>",
         "</body></html>",
@@ -280,6 +351,7 @@ def write_report(
     runs: Sequence[Run],
     labels: Sequence[str] | None = None,
     comparisons: Sequence[Comparison] = (),
+    routed: Sequence[Routed] | None = None,
 ) -> Path:
     """Write the page, replacing what is at ``path`` in one step (a report is derived,
     like an export: a reader never sees half a file)."""
@@ -290,7 +362,7 @@ def write_report(
         raise ConfigError(f"{path}: folder {target.parent} does not exist")
     if target.is_dir():
         raise ConfigError(f"{path} is a folder; give the report's file name, e.g. report.html")
-    AtomicFile(target, derived=True).write(render_report(runs, labels, comparisons))
+    AtomicFile(target, derived=True).write(render_report(runs, labels, comparisons, routed))
     return target
 
 

@@ -173,7 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if ranks is not None:  # between the meter's opening and the keeper's claiming the file
         manager.register(ranks, "llmenergy-torchrun")
     if options.keep.report_path:
-        stash[HTML_REPORTING] = HtmlReporting(config, options.keep.report_path, keeper)
+        stash[HTML_REPORTING] = HtmlReporting(config, options.keep.report_path, keeper, routing)
         manager.register(stash[HTML_REPORTING], "llmenergy-html-report")
     for name, feature in (
         ("gpu-settings", gpu),

@@ -190,6 +190,10 @@ class Distributed:
             machine = dict(recorder.run.machine)
             machine[RECORD_KEY] = self.layout()
             recorder.amend(machine=machine)
+        keeper = self._keeper()
+        if keeper is not None and keeper.header_run is not None:  # the HTML report's run
+            machine = {**keeper.header_run.machine, RECORD_KEY: self.layout()}
+            keeper.header_run = dataclasses.replace(keeper.header_run, machine=machine)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -304,12 +308,15 @@ class Distributed:
         )
         raise KeyboardInterrupt(self.fault)
 
-    def _recorder(self) -> Any:
+    def _keeper(self) -> Any:
         if not self.is_main:
             return None
         from .keeping import KEEPER
 
-        keeper = self.config.stash.get(KEEPER, None)
+        return self.config.stash.get(KEEPER, None)
+
+    def _recorder(self) -> Any:
+        keeper = self._keeper()
         return keeper.recorder if keeper is not None else None
 
 

@@ -17,6 +17,7 @@ import pytest
 from ..errors import ConfigError, LLMEnergyError
 from ..storage.recorder import utc_now
 from ..storage.runfile import COMPLETE, INTERRUPTED, Run
+from .deciding import RoutingSection
 from .keeping import Keeper
 from .measuring import header_lines
 
@@ -24,10 +25,13 @@ from .measuring import header_lines
 class HtmlReporting:
     """Owns ``--energy-report``: checked at start, written last, announced in the summary."""
 
-    def __init__(self, config: pytest.Config, path: str, keeper: Keeper) -> None:
+    def __init__(
+        self, config: pytest.Config, path: str, keeper: Keeper, routing: RoutingSection
+    ) -> None:
         self.config = config
         self.path = path
         self.keeper = keeper
+        self.routing = routing  # its decision, shown as the session's terminal shows it
         self.written: Path | None = None
         self.error = ""
 
@@ -94,7 +98,8 @@ class HtmlReporting:
             labels = [keeper.comparison.baseline_label, keeper.comparison.current_label]
             comparisons = [keeper.comparison]
         try:
-            self.written = write_report(self.path, runs, labels, comparisons)
+            routed = self.routing.routed
+            self.written = write_report(self.path, runs, labels, comparisons, routed)
         except (OSError, LLMEnergyError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             self.error = f"could not write the HTML report {self.path}: {why}"
