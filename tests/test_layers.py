@@ -22,7 +22,7 @@ PACKAGE = ROOT.name
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("values", "stats", "meters"),
-    ("tables", "results", "conversions", "plotting", "sessions"),
+    ("tables", "results", "conversions", "plotting", "sessions", "axes"),
     ("figures",),
     ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
     ("storage", "serving", "export"),

@@ -42,7 +42,7 @@ from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
-from .cases import CASE_PLAN, MARKER, CasePlan
+from .cases import CASE_PLAN, MARKER, CasePlan, with_added_axes
 from .deciding import ROUTING, RoutingSection
 from .distributed import DISTRIBUTED, Distributed
 from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
@@ -85,6 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
             )
     stash, manager = config.stash, config.pluginmanager
+    options = dataclasses.replace(options, llm=with_added_axes(config, options.llm))
     check_settings(options)
     if options.serve.active and config.getoption("numprocesses", None):
         raise pytest.UsageError(
