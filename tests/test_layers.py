@@ -22,14 +22,15 @@ PACKAGE = ROOT.name
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("values", "stats", "meters"),
-    ("tables", "results", "conversions", "plotting", "sessions", "axes"),
+    ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
     ("figures",),
     ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
     ("storage", "serving", "export"),
     ("routing", "history"),
     ("frontier", "scale", "predict", "gatecheck", "html"),
     ("__init__",),  # the public API
-    ("plugin", "cli"),  # the front ends
+    ("plugin",),  # the pytest front end
+    ("cli",),  # the llmenergy command: its flags that mean a pytest option use its row
     ("__main__",),
 )
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}

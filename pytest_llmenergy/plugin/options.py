@@ -902,6 +902,14 @@ def marker_help(marker: str) -> str:
     return f"{marker}({kwargs}): repetition settings of this test's energy_benchmark"
 
 
+def plugin_option(flag: str) -> Option:
+    """The row of ``flag``: for a front end whose flag means the same (``llmenergy``)."""
+    for option in OPTIONS:
+        if option.flag == flag:
+            return option
+    raise KeyError(f"no pytest option {flag}")
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmenergy", "LLM energy measurement (pytest-llmenergy)")
     for option in OPTIONS:
