@@ -42,17 +42,17 @@ from .figures import (
     per_trial_keys,
 )
 from .frontier import at_best_settings
-from .frontier import commands as frontier_cli
+from .frontier import frontier_cli
 from .meters.reference import speed_drift
 from .plotting import FORMATS as PLOT_FORMATS
 from .plugin.options import plugin_option
-from .predict.commands import COMMANDS as PREDICT_COMMANDS
+from .predict.predict_cli import COMMANDS as PREDICT_COMMANDS
 from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
 from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
-from .routing.tables import ROUTE_FORMATS, render_routed
+from .routing.route_tables import ROUTE_FORMATS, render_routed
 from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
 from .sessions import DEFAULT_SESSION_NOISE
 from .storage.pool import pool_runs
@@ -781,7 +781,7 @@ def _route(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
 
 def _plot(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
     from .routing.fit import build_model
-    from .routing.plots import write_profile_plots, write_routing_plots
+    from .routing.route_plots import write_profile_plots, write_routing_plots
 
     profiles = _profiles(args.profile, storage, args.lam)
     formats = tuple(dict.fromkeys(args.image_format or ["png"]))

@@ -17,7 +17,7 @@ from pytest_llmenergy.plotting import FORMATS
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.routing.fit import SystemModel, build_model
 from pytest_llmenergy.routing.optimize import Router, pareto
-from pytest_llmenergy.routing.plots import (
+from pytest_llmenergy.routing.route_plots import (
     DEFAULT_LAMS,
     ESTIMATED,
     PlotError,

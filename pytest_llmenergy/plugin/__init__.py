@@ -44,13 +44,13 @@ from ..llm.grid import Grid
 from ..meters import Meter
 from .cases import CASE_PLAN, MARKER, CasePlan, with_added_axes
 from .deciding import ROUTING, RoutingSection
-from .distributed import DISTRIBUTED, Distributed
+from .torchrun import DISTRIBUTED, Distributed
 from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginOptions, add_options, marker_help, read_options
 from .reporting import HTML_REPORTING, HtmlReporting
-from .results import CASE_RESULTS, CaseResults
+from .showing import CASE_RESULTS, CaseResults
 from .serving import SERVING, Serving, attribute_server, check_settings
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
@@ -175,7 +175,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed | None:
     """Under torchrun: check the layout, give each rank its meter, join the group."""
     from ..distributed import detect
-    from .distributed import check_layout, rank_options
+    from .torchrun import check_layout, rank_options
 
     try:
         env = detect()

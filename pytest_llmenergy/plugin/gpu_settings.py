@@ -243,7 +243,7 @@ class GpuSettings:
                     f"llmenergy: --energy-frontier-json={path}: {exc.strerror or exc}", red=True
                 )
         if items and self.plots_dir:
-            from ..frontier.plots import write_frontier_plots
+            from ..frontier.frontier_plots import write_frontier_plots
             from ..plotting import PlotError
 
             try:

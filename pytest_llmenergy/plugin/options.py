@@ -53,7 +53,7 @@ from ..report import DEFAULT_GROUP_BY, DEFAULT_SORT, GROUP_CHOICES, parse_group_
 from ..report import parse_columns as parse_report_columns
 from ..routing import BY_CHOICES, INPUT
 from ..serving.engine import ENGINES
-from ..serving.settings import ServeSettings, engine_choice, parse_args
+from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
 from ..sessions import DEFAULT_SESSION_NOISE, parse_session_noise
 from ..storage.store import DEFAULT_STORAGE, check_run_name
 

@@ -137,7 +137,7 @@ def frontier_command(runs: list[Run], args: argparse.Namespace) -> tuple[str, li
         tables.append(replace(table, title=f"{table.title} · {system}"))
         documents.append(frontier_json(items, system))
         if args.plots:
-            from .plots import write_frontier_plots
+            from .frontier_plots import write_frontier_plots
 
             written = write_frontier_plots(items, Path(args.plots), system=system)
             notes += [f"figure {p}" for p in written]
