@@ -41,8 +41,7 @@ from .figures import (
     figure,
     per_trial_keys,
 )
-from .frontier import at_best_settings
-from .frontier import frontier_cli
+from .frontier import at_best_settings, frontier_cli
 from .meters.reference import speed_drift
 from .plotting import FORMATS as PLOT_FORMATS
 from .plugin.options import plugin_option

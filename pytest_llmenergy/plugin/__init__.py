@@ -44,14 +44,14 @@ from ..llm.grid import Grid
 from ..meters import Meter
 from .cases import CASE_PLAN, MARKER, CasePlan, with_added_axes
 from .deciding import ROUTING, RoutingSection
-from .torchrun import DISTRIBUTED, Distributed
 from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginOptions, add_options, marker_help, read_options
 from .reporting import HTML_REPORTING, HtmlReporting
-from .showing import CASE_RESULTS, CaseResults
 from .serving import SERVING, Serving, attribute_server, check_settings
+from .showing import CASE_RESULTS, CaseResults
+from .torchrun import DISTRIBUTED, Distributed
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
 if TYPE_CHECKING:

@@ -113,8 +113,8 @@ class RoutingSection:
     def _plot(self) -> None:
         from ..frontier import at_best_settings
         from ..routing.fit import build_model
-        from ..routing.route_plots import write_profile_plots, write_routing_plots
         from ..routing.profile import profiles_from_cases
+        from ..routing.route_plots import write_profile_plots, write_routing_plots
 
         out = Path(self.settings.plots_dir or ".")
         try:
