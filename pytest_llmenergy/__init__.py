@@ -12,6 +12,7 @@ pytest::
 
 from __future__ import annotations
 
+from .axes import Axis
 from .controller import ControllerOptions
 from .controller.benchmark import EnergyBenchmark
 from .errors import ConfigError, LLMEnergyError, MeterError, MeterUnavailable
@@ -32,6 +33,7 @@ from .results import CaseResult, Trial
 __version__ = "0.2.0.dev0"
 
 __all__ = [
+    "Axis",
     "CaseResult",
     "ConfigError",
     "ControllerOptions",

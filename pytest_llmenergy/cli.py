@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, report, values
+from .commandline import Command, Outcome, check_commands
 from .compare import (
     GATE_EXAMPLES,
     Comparison,
@@ -35,28 +36,29 @@ from .errors import ConfigError, LLMEnergyError
 from .export import EXPORT_FORMATS, export_text
 from .figures import (
     DEFAULT_GATE_METRIC,
-    FIGURES,
     DeprecatedName,
     describe,
     figure,
     per_trial_keys,
 )
-from .frontier import at_best_settings
-from .frontier import commands as frontier_cli
+from .frontier import at_best_settings, frontier_cli
 from .meters.reference import speed_drift
 from .plotting import FORMATS as PLOT_FORMATS
+from .plugin.options import plugin_option
+from .predict.predict_cli import COMMANDS as PREDICT_COMMANDS
 from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
 from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
-from .routing.tables import ROUTE_FORMATS, render_routed
+from .routing.route_tables import ROUTE_FORMATS, render_routed
 from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
-from .sessions import DEFAULT_SESSION_NOISE, parse_session_noise
+from .sessions import DEFAULT_SESSION_NOISE
 from .storage.pool import pool_runs
 from .storage.recorder import check_json_target
+from .storage.research import COMMANDS as IMPORT_COMMANDS
 from .storage.runfile import COMPLETE, Run, RunFileError, dumps
-from .storage.store import DEFAULT_STORAGE, AtomicFile, Storage, check_run_name
+from .storage.store import DEFAULT_STORAGE, STORAGE_HELP, AtomicFile, Storage, check_run_name
 from .tables import FORMATS, Raw, Table, render, terminal_width, wrap
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
@@ -67,54 +69,49 @@ _RESERVED_LABELS = frozenset({"group", "case", "nodeid", "tokens_in", "tokens_ou
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The parser, built from the command table: one subparser per record."""
     parser = argparse.ArgumentParser(
         prog="llmenergy",
         description="Saved pytest-llmenergy runs: list them, show one, compare several.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    storage_help = f"storage folder of saved runs (default: {DEFAULT_STORAGE})"
-    parser.add_argument("--storage", default=DEFAULT_STORAGE, metavar="DIR", help=storage_help)
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, metavar="DIR", help=STORAGE_HELP)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--format", choices=FORMATS, default="table")
     # Also after the command (``llmenergy list --storage DIR``); SUPPRESS keeps the global
     # value when it is not given here.
-    common.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    common.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS.values():
+        parents = [common] if command.common else []
+        command.arguments(sub.add_parser(command.name, parents=parents, help=command.help))
+    return parser
 
-    ls = sub.add_parser("list", parents=[common], help="the saved runs, per hardware")
+
+def like_plugin_option(parser: argparse.ArgumentParser, flag: str) -> None:
+    """A flag that means what a pytest option means, built from that option's row (its
+    parser, default, metavar and help): ``--session-noise`` is ``--energy-session-noise``."""
+    row = plugin_option(f"--energy-{flag.removeprefix('--')}")
+    parser.add_argument(
+        flag,
+        type=_checked(row.parse),
+        default=row.default,
+        metavar=row.metavar,
+        help=f"{row.full_help()}; the pytest option {row.flag}".replace("%", "%%"),
+    )
+
+
+def _list_arguments(ls: argparse.ArgumentParser) -> None:
     ls.add_argument("--hardware", metavar="KEY", help="only this hardware folder")
 
-    show = sub.add_parser("show", parents=[common], help="one run's energy tables")
-    show.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
-    show.add_argument(
-        "--columns",
-        type=_checked(report.parse_columns),
-        metavar="LIST",
-        help=f"figures to show, comma-separated, from: {', '.join(FIGURES)} "
-        "(default: the default columns that have values; llmenergy metrics explains them)",
-    )
-    show.add_argument(
-        "--group-by",
-        type=_checked(report.parse_group_by),
-        default=report.DEFAULT_GROUP_BY,
-        metavar="KEYS",
-        help=f"one table per: {', '.join(report.GROUP_CHOICES)} "
-        f"(default: {','.join(report.DEFAULT_GROUP_BY)})",
-    )
-    show.add_argument(
-        "--sort",
-        type=_checked(report.parse_sort),
-        default=report.DEFAULT_SORT,
-        metavar="FIGURE",
-        help=f"row order: tokens, name or a figure; -FIGURE descending "
-        f"(default: {report.DEFAULT_SORT})",
-    )
 
-    cmp_ = sub.add_parser(
-        "compare",
-        parents=[common],
-        help="runs side by side (across hardware too), with ratios to the first",
-    )
+def _show_arguments(show: argparse.ArgumentParser) -> None:
+    show.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
+    for flag in ("--columns", "--group-by", "--sort"):
+        like_plugin_option(show, flag)
+
+
+def _compare_arguments(cmp_: argparse.ArgumentParser) -> None:
     cmp_.add_argument(
         "runs",
         nargs="+",
@@ -154,11 +151,8 @@ def _parser() -> argparse.ArgumentParser:
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
 
-    rep = sub.add_parser(
-        "report",
-        help="one self-contained HTML page of runs: headers, charts, every figure per "
-        "case (sortable), and each later run compared with the first",
-    )
+
+def _report_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "runs", nargs="+", metavar="RUN", help="one or more runs; the first is the baseline"
     )
@@ -182,14 +176,10 @@ def _parser() -> argparse.ArgumentParser:
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
     _session_noise_argument(rep)
-    rep.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    rep.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
-    scale = sub.add_parser(
-        "scale",
-        parents=[common],
-        help="the same cases at different scales (1 process, N ranks, M nodes): "
-        "J/token, speed-up, parallel efficiency, extra J/token",
-    )
+
+def _scale_arguments(scale: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "runs", nargs="+", action=_TwoOrMore, metavar="RUN", help="two or more runs, any order"
     )
@@ -197,11 +187,8 @@ def _parser() -> argparse.ArgumentParser:
         "--plot", metavar="DIR", help="also draw the figure into DIR (scale.png; needs plots)"
     )
 
-    merge = sub.add_parser(
-        "merge",
-        help="pool runs of the same cases on the same hardware into one run (e.g. a pull "
-        "request's base measured twice, alternating with its head), to compare or gate",
-    )
+
+def _merge_arguments(merge: argparse.ArgumentParser) -> None:
     merge.add_argument(
         "runs", nargs="+", action=_TwoOrMore, metavar="RUN", help="two or more runs to pool"
     )
@@ -211,31 +198,24 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument(
         "--name", default="pooled", type=_checked(check_run_name), help="the pooled run's name"
     )
-    merge.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    merge.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
-    export = sub.add_parser(
-        "export",
-        help="one run's figures for other tools: github-action-benchmark's JSON "
-        "(customSmallerIsBetter) for CI dashboards, or CSV",
-    )
+
+def _export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
     export.add_argument("--format", choices=EXPORT_FORMATS, required=True)
     export.add_argument(
         "--out", metavar="FILE", help="write there (replacing an earlier export), not to stdout"
     )
-    export.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    export.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
-    metrics = sub.add_parser(
-        "metrics",
-        help="every figure: its key (for --columns, gates, CI targets), unit and meaning",
-    )
+
+def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
     metrics.add_argument("--format", choices=FORMATS, default="table")
 
-    route = sub.add_parser(
-        "route",
-        help="which queries go to which system (thresholds), and what that saves",
-    )
-    _routing_arguments(route, storage_help)
+
+def _route_arguments(route: argparse.ArgumentParser) -> None:
+    _routing_arguments(route)
     route.add_argument("--format", choices=ROUTE_FORMATS, default="table")
     route.add_argument(
         "--policy-out",
@@ -243,12 +223,10 @@ def _parser() -> argparse.ArgumentParser:
         help="write the policy as JSON for a router (one object, or a list for several "
         "models); an existing file is left alone",
     )
-    plot = sub.add_parser(
-        "plot",
-        help="figures: energy per token and runtime per system; workload totals against "
-        "the threshold; the energy-runtime Pareto front",
-    )
-    _routing_arguments(plot, storage_help)
+
+
+def _plot_arguments(plot: argparse.ArgumentParser) -> None:
+    _routing_arguments(plot)
     plot.add_argument("--out", default="llmenergy-plots", metavar="DIR", help="folder")
     plot.add_argument(
         "--image-format",
@@ -256,11 +234,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=PLOT_FORMATS,
         help="png or svg, repeatable (default: png)",
     )
-    check = sub.add_parser(
-        "gatecheck",
-        help="measure what this runner's energy gate can see: A/A sessions and sessions "
-        "with a known regression injected, judged by each gating procedure",
-    )
+
+
+def _gatecheck_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument("--out", required=True, metavar="DIR", help="folder for the sessions")
     check.add_argument(
         "--rounds", type=int, default=3, help="rounds of A, each size, A (default: 3)"
@@ -297,31 +273,15 @@ def _parser() -> argparse.ArgumentParser:
         help="each session's pytest arguments, after -- (default: benchmarks/ "
         "--llm-grid=quick -p no:randomly)",
     )
-    frontier_cli.add_commands(sub, common)
-    from .predict.commands import add_parsers as add_predict_parsers
-
-    add_predict_parsers(sub, storage_help)  # calibrate, predict, heldout
-    from .storage.research import add_parser as add_import_parser
-
-    add_import_parser(sub, storage_help)
-    return parser
 
 
 def _session_noise_argument(parser: argparse.ArgumentParser) -> None:
-    """--session-noise, as compare, report and gatecheck take it (the plugin's
-    --energy-session-noise)."""
-    parser.add_argument(
-        "--session-noise",
-        type=_checked(parse_session_noise),
-        default=DEFAULT_SESSION_NOISE,
-        metavar="SHARE",
-        help="how much a case varies between sessions of unchanged code, assumed where the "
-        "runs have one session each and the storage no runs of the same code "
-        f"(default: {DEFAULT_SESSION_NOISE * 100:.0f}%%; llmenergy gatecheck measures it)",
-    )
+    """--session-noise, as compare, report and gatecheck take it: the plugin's
+    --energy-session-noise, from its row."""
+    like_plugin_option(parser, "--session-noise")
 
 
-def _routing_arguments(parser: argparse.ArgumentParser, storage_help: str) -> None:
+def _routing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         action="append",
@@ -393,7 +353,7 @@ def _routing_arguments(parser: argparse.ArgumentParser, storage_help: str) -> No
         help=f"lambdas from 0 to 1 for the Pareto front (default {DEFAULT_LAMBDA_STEPS}; "
         "0 for none)",
     )
-    parser.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    parser.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
 
 def _steps(text: str) -> int:
@@ -830,7 +790,7 @@ def _route(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
 
 def _plot(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
     from .routing.fit import build_model
-    from .routing.plots import write_profile_plots, write_routing_plots
+    from .routing.route_plots import write_profile_plots, write_routing_plots
 
     profiles = _profiles(args.profile, storage, args.lam)
     formats = tuple(dict.fromkeys(args.image_format or ["png"]))
@@ -864,6 +824,100 @@ def _scale(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
         except PlotError as exc:
             raise ConfigError(str(exc)) from None
     return render([scale_table(rows)], args.format, width=_width(args.format)), notes
+
+
+# -- the command table --------------------------------------------------------------------
+def _runs(args: argparse.Namespace, storage: Storage) -> list[Run]:
+    return [storage.load(spec) for spec in args.runs]
+
+
+def _compare_outcome(args: argparse.Namespace, storage: Storage) -> Outcome:
+    out, verdicts, failed = _compare(_runs(args, storage), args, storage)
+    return Outcome(out, verdicts=verdicts, failed=failed)
+
+
+_HERE: tuple[Command, ...] = (
+    Command(
+        "list",
+        "the saved runs, per hardware",
+        _list_arguments,
+        lambda args, storage: Outcome(_list(storage, args.hardware, args.format)),
+        common=True,
+    ),
+    Command(
+        "show",
+        "one run's energy tables",
+        _show_arguments,
+        lambda args, storage: Outcome(_show(storage.load(args.run), args)),
+        common=True,
+    ),
+    Command(
+        "compare",
+        "runs side by side (across hardware too), with ratios to the first",
+        _compare_arguments,
+        _compare_outcome,
+        common=True,
+    ),
+    Command(
+        "report",
+        "one self-contained HTML page of runs: headers, charts, every figure per case "
+        "(sortable), and each later run compared with the first",
+        _report_arguments,
+        lambda args, storage: Outcome(*_report(_runs(args, storage), args, storage)),
+    ),
+    Command(
+        "scale",
+        "the same cases at different scales (1 process, N ranks, M nodes): J/token, "
+        "speed-up, parallel efficiency, extra J/token",
+        _scale_arguments,
+        lambda args, storage: Outcome(*_scale(_runs(args, storage), args)),
+        common=True,
+    ),
+    Command(
+        "merge",
+        "pool runs of the same cases on the same hardware into one run (e.g. a pull "
+        "request's base measured twice, alternating with its head), to compare or gate",
+        _merge_arguments,
+        lambda args, storage: Outcome(*_merge(_runs(args, storage), args)),
+    ),
+    Command(
+        "export",
+        "one run's figures for other tools: github-action-benchmark's JSON "
+        "(customSmallerIsBetter) for CI dashboards, or CSV",
+        _export_arguments,
+        lambda args, storage: Outcome(*_export(storage.load(args.run), args)),
+    ),
+    Command(
+        "metrics",
+        "every figure: its key (for --columns, gates, CI targets), unit and meaning",
+        _metrics_arguments,
+        lambda args, storage: Outcome(_metrics(args.format)),
+    ),
+    Command(
+        "route",
+        "which queries go to which system (thresholds), and what that saves",
+        _route_arguments,
+        lambda args, storage: Outcome(*_route(args, storage)),
+    ),
+    Command(
+        "plot",
+        "figures: energy per token and runtime per system; workload totals against the "
+        "threshold; the energy-runtime Pareto front",
+        _plot_arguments,
+        lambda args, storage: Outcome(*_plot(args, storage)),
+    ),
+    Command(
+        "gatecheck",
+        "measure what this runner's energy gate can see: A/A sessions and sessions with a "
+        "known regression injected, judged by each gating procedure",
+        _gatecheck_arguments,
+        lambda args, storage: Outcome(*_gatecheck(args)),
+    ),
+)
+# Every command, in the order ``llmenergy --help`` lists them; each package contributes its own.
+COMMANDS: dict[str, Command] = check_commands(
+    (*_HERE, *frontier_cli.COMMANDS, *PREDICT_COMMANDS, *IMPORT_COMMANDS)
+)
 
 
 # -- output ------------------------------------------------------------------------------
@@ -927,68 +981,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(_glue_descending_sort(sys.argv[1:] if argv is None else argv))
     storage = Storage(args.storage)
-    verdicts: list[str] = []
-    notes: list[str] = []  # what was written where: stderr, so stdout stays data
-    failed = False
     try:
-        if args.command == "list":
-            out = _list(storage, args.hardware, args.format)
-        elif args.command == "metrics":
-            out = _metrics(args.format)
-        elif args.command == "export":
-            out, notes = _export(storage.load(args.run), args)
-        elif args.command == "merge":
-            out, notes = _merge([storage.load(spec) for spec in args.runs], args)
-        elif args.command == "show":
-            out = _show(storage.load(args.run), args)
-        elif args.command == "route":
-            out, notes = _route(args, storage)
-        elif args.command == "plot":
-            out, notes = _plot(args, storage)
-        elif args.command == "gpu":
-            out, notes = frontier_cli.restore_command(args)
-        elif args.command == "frontier":
-            runs = [storage.load(spec) for spec in args.runs]
-            out, notes = frontier_cli.frontier_command(runs, args)
-        elif args.command == "report":
-            out, notes = _report([storage.load(spec) for spec in args.runs], args, storage)
-        elif args.command == "scale":
-            out, notes = _scale([storage.load(spec) for spec in args.runs], args)
-        elif args.command == "calibrate":
-            from .predict.commands import calibrate_command
-
-            out, notes = calibrate_command(args, storage)
-        elif args.command == "predict":
-            from .predict.commands import predict_command
-
-            out = predict_command(args, storage)
-        elif args.command == "gatecheck":
-            out, notes = _gatecheck(args)
-        elif args.command == "import":
-            from .storage.research import import_command
-
-            out, notes = import_command(args, storage)
-        elif args.command == "heldout":
-            from .predict.commands import heldout_command
-
-            out = heldout_command(args, storage)
-        else:
-            runs = [storage.load(spec) for spec in args.runs]
-            out, verdicts, failed = _compare(runs, args, storage)
+        outcome = COMMANDS[args.command].run(args, storage)
     except LLMEnergyError as exc:  # RunFileError, ConfigError: they name what is wrong
         return _error(str(exc))
     except OSError as exc:  # a storage folder that cannot be listed
         where = f"{exc.filename}: " if exc.filename else ""
         return _error(f"{where}{exc.strerror or exc}")
+    out, verdicts = outcome.out, outcome.verdicts
     if verdicts and args.format not in _DATA_FORMATS:
         out = out.rstrip("\n") + "\n" + "\n".join(verdicts)
     _emit(out)
-    for line in notes:
+    for line in outcome.notes:  # what was written where: stderr, so stdout stays data
         print(f"llmenergy: {line}", file=sys.stderr)
     if verdicts and args.format in _DATA_FORMATS:
         for line in verdicts:  # stdout stays data; CI logs still say why it failed
             print(line, file=sys.stderr)
-    return EXIT_GATE if failed else EXIT_OK
+    return EXIT_GATE if outcome.failed else EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

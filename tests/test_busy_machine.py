@@ -23,7 +23,7 @@ from pytest_llmenergy.compare import BUSY, FAIL, compare_cases, unlike_meters, v
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerOptions
 from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
-from pytest_llmenergy.plugin.results import busy_line
+from pytest_llmenergy.plugin.showing import busy_line
 from pytest_llmenergy.report import case_tables
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import Run, dumps, loads

@@ -241,8 +241,8 @@ def test_tensor_parallel_needs_a_plan_and_a_grid_leaves_out_its_models_without_o
     """transformers cannot split Falcon: named, it is one line; from the grid's defaults,
     it is left out and the header says so."""
     from pytest_llmenergy.llm.tiny import ensure_tiny_model
-    from pytest_llmenergy.plugin.distributed import check_layout
     from pytest_llmenergy.plugin.options import LLMSettings, PluginOptions
+    from pytest_llmenergy.plugin.torchrun import check_layout
 
     monkeypatch.setenv("LLMENERGY_CACHE", str(tiny_cache))
     for name in ("tiny-llama", "tiny-falcon"):

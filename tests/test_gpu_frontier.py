@@ -275,7 +275,7 @@ def test_llmenergy_frontier_on_saved_runs(pytester: pytest.Pytester, gpu: Any) -
 
 def test_one_figure_per_model_never_replacing_a_file(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from pytest_llmenergy.frontier.plots import write_frontier_plots
+    from pytest_llmenergy.frontier.frontier_plots import write_frontier_plots
 
     items = [
         frontier("t", {"model": "fake-7b"}, q.input_tokens, q.output_tokens, truth_points(q))

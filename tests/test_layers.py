@@ -14,25 +14,11 @@ from pathlib import Path
 import pytest
 
 import pytest_llmenergy
+from pytest_llmenergy.layers import LAYERS, SHARED_NAMES
 
 ROOT = Path(pytest_llmenergy.__file__).parent
 PACKAGE = ROOT.name
 
-# Lowest first; a part imports only from earlier layers and its own.
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors",),
-    ("values", "stats", "meters"),
-    ("tables", "results", "conversions", "plotting", "sessions"),
-    ("figures",),
-    ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
-    ("storage", "serving", "export"),
-    ("routing", "history"),
-    ("frontier", "scale", "predict", "gatecheck"),
-    ("html",),  # the report draws the frontier, routing and scale analyses
-    ("__init__",),  # the public API
-    ("plugin", "cli"),  # the front ends
-    ("__main__",),
-)
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 
 
@@ -85,7 +71,18 @@ MODULES = list(_modules())
 
 def test_every_part_has_a_layer() -> None:
     parts = {_part(m) for m, _ in MODULES}
-    assert parts == set(RANK), "add new parts to LAYERS (and the README's Layout)"
+    assert parts == set(RANK), "add new parts to LAYERS in pytest_llmenergy/layers.py"
+
+
+def test_module_names_are_unique() -> None:
+    """A file's name says which one it is: no two modules share one (``__init__`` aside,
+    and the deprecated aliases ``SHARED_NAMES`` explains)."""
+    seen: dict[str, list[str]] = {}
+    for _, path in MODULES:
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert set(twice) == set(SHARED_NAMES), twice
 
 
 @pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])

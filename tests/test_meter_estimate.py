@@ -26,7 +26,7 @@ from pytest_llmenergy.meters.estimate import (
     create,
     machine_logical_cpus,
 )
-from pytest_llmenergy.meters.options import MeterOptions
+from pytest_llmenergy.meters.meter_options import MeterOptions
 
 
 # -- TDP table lookup -------------------------------------------------------------

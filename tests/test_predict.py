@@ -157,7 +157,7 @@ def test_features_match_the_profilers_flops_and_operator_count(
     """Matmul FLOPs and the launched operators of a real generate() on the tiny models."""
     monkeypatch.setenv("LLMENERGY_CACHE", str(tiny_cache))
     from pytest_llmenergy.llm.loader import load_model
-    from pytest_llmenergy.predict.profile import profile_call
+    from pytest_llmenergy.predict.op_profile import profile_call
 
     model = load_model(name)
     prompt = model.prompt_ids(48)
@@ -411,7 +411,7 @@ class FakeEvent:
 
 
 def test_profile_summary_rebuilds_nesting_and_self_times() -> None:
-    from pytest_llmenergy.predict.profile import summarize_events
+    from pytest_llmenergy.predict.op_profile import summarize_events
 
     us = 1000
     events = [  # linear -> addmm; sdpa -> flash kernel -> a nested mul; a top-level add

@@ -17,7 +17,14 @@ from pytest_llmenergy.plotting import FORMATS
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.routing.fit import SystemModel, build_model
 from pytest_llmenergy.routing.optimize import Router, pareto
-from pytest_llmenergy.routing.plots import (
+from pytest_llmenergy.routing.profile import (
+    Profile,
+    pool_models,
+    profiles_from_cases,
+    read_profile_csv,
+    select,
+)
+from pytest_llmenergy.routing.route_plots import (
     DEFAULT_LAMS,
     ESTIMATED,
     PlotError,
@@ -30,13 +37,6 @@ from pytest_llmenergy.routing.plots import (
     threshold_figure,
     write_profile_plots,
     write_routing_plots,
-)
-from pytest_llmenergy.routing.profile import (
-    Profile,
-    pool_models,
-    profiles_from_cases,
-    read_profile_csv,
-    select,
 )
 from pytest_llmenergy.routing.workload import Workload, load_workload
 from pytest_llmenergy.stats import summarize

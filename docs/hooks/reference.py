@@ -583,12 +583,59 @@ def _schema_history(runfile: Any) -> str:
     return ""
 
 
+# -- axes -------------------------------------------------------------------------------
+def _example_id(axis: Any) -> str:
+    if not axis.id_part:
+        return "none (one value per session)"
+    sample = {"model": ("tiny-llama", "tiny-llama"), "gpu_setting": None}
+    if axis.name in sample:
+        return "`tiny-llama`" if axis.name == "model" else "`pl250W`, `sm1410MHz`"
+    value = axis.default[-1] if axis.default else 8
+    value = 8 if value == axis.quiet else value
+    return code(axis.id_of(value))
+
+
+def axes_page() -> str:
+    from pytest_llmenergy import hookspec
+    from pytest_llmenergy.plugin.cases import BUILTIN_AXES
+
+    hook = rst_to_md(inspect.getdoc(hookspec.pytest_llmenergy_axes) or "")
+    return "\n".join(
+        [
+            "# Axes\n",
+            generated_note("the axis table, `BUILTIN_AXES` in `pytest_llmenergy/plugin/cases.py`"),
+            "Everything a case varies along is an axis: its values make the case ids, the "
+            "labels the run file keeps and reports group by, and the grid (the product of "
+            "the axes). A value equal to the axis's quiet value adds nothing, so ids stay "
+            "as they were before the axis existed.\n",
+            table(
+                ("axis (label)", "chosen with", "id part", "quiet value", "applies to"),
+                (
+                    (
+                        code(a.name),
+                        a.flag,
+                        _example_id(a),
+                        code(a.quiet) if a.quiet is not None else "",
+                        a.applies,
+                    )
+                    for a in BUILTIN_AXES
+                ),
+            ),
+            "## Your own axis\n",
+            "The `pytest_llmenergy_axes` hook, from a `conftest.py` or a plugin; its values "
+            "with `--llm-axis NAME=VALUES` (ini `llmenergy_axis`).\n",
+            hook + "\n",
+        ]
+    )
+
+
 # -- the hook -----------------------------------------------------------------------------
 PAGES: dict[str, Callable[[], str]] = {
     "options.md": options_page,
     "figures.md": figures_page,
     "commands.md": commands_page,
     "meters.md": meters_page,
+    "axes.md": axes_page,
     "run-file.md": runfile_page,
 }
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import values
+from ..axes import ENERGY_TESTS, Axis
 from ..errors import ConfigError
 
 AUTO_CLOCK = 0  # sm_clock_mhz of "clocks unlocked": the GPU chooses
@@ -239,3 +240,25 @@ def axis_record(spec: AxisSpec) -> dict[str, object] | None:
     if not spec:
         return None
     return {"values": list(spec.values), "percents": list(spec.percents), "all_step": spec.all_step}
+
+
+def _setting_id(setting: GpuSetting) -> str:
+    return setting.id
+
+
+def _setting_labels(name: str, setting: GpuSetting) -> dict[str, str]:
+    """Its id under ``gpu_setting``, and the limit and clock the frontier reads."""
+    return setting.labels()
+
+
+# Resolved at session start against what the GPUs allow, so no parser of its own here.
+GPU_SETTING_AXIS = Axis(
+    SETTING_LABEL,
+    "GPU settings",
+    None,
+    (),
+    id_part=_setting_id,
+    applies=ENERGY_TESTS,
+    flag="--energy-gpu-power-limits, --energy-gpu-clocks",
+    labels=_setting_labels,
+)

@@ -6,12 +6,17 @@ output tokens varied at a fixed input length.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from .. import values
+from ..axes import LOCAL_MODELS, SERVERS, TORCHRUN, Axis, case_id
 from ..errors import ConfigError
+from .loader import PARALLEL
 
 TINY_MODEL_NAMES = ("tiny-llama", "tiny-mistral", "tiny-falcon")
 # The research's models (7B each; Falcon was not run on the M1 Pro).
@@ -30,6 +35,9 @@ def powers_of_two(low: int, high: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Grid:
+    """The cases as a product of axes, per sweep: the input sweep varies the input
+    tokens at one output length, the output sweep the other way round."""
+
     name: str
     models: tuple[str, ...]
     input_tokens: tuple[int, ...]  # the input sweep's sizes
@@ -40,21 +48,35 @@ class Grid:
     # in flight at once to a server (``c8``).  Every token-size case runs at each.
     batch_sizes: tuple[int, ...] = (1,)
     concurrency: tuple[int, ...] = (1,)
+    # Axes added through the pytest_llmenergy_axes hook, with their chosen values.
+    extra: tuple[tuple[Axis, tuple[Any, ...]], ...] = ()
 
-    def cases(self, sweep: str) -> list[LLMCase]:
+    def axes(self, sweep: str) -> list[tuple[Axis, tuple[Any, ...]]]:
+        """Every axis of the sweep with its values, in the order of the case ids."""
         if sweep == INPUT_SWEEP:
-            sizes = [(n, self.fixed_output_tokens) for n in self.input_tokens]
+            ins, outs = self.input_tokens, (self.fixed_output_tokens,)
         elif sweep == OUTPUT_SWEEP:
-            sizes = [(self.fixed_input_tokens, n) for n in self.output_tokens]
+            ins, outs = (self.fixed_input_tokens,), self.output_tokens
         else:
             raise ValueError(f"unknown sweep {sweep!r}")
         return [
-            LLMCase(sweep, source, n_in, n_out, name, batch_size=b, concurrency=c)
-            for name, source in map(split_model, self.models)
-            for n_in, n_out in sizes
-            for b in self.batch_sizes
-            for c in self.concurrency
+            (MODEL_AXIS, tuple(map(split_model, self.models))),
+            (INPUT_AXIS, ins),
+            (OUTPUT_AXIS, outs),
+            (BATCH_AXIS, self.batch_sizes),
+            (CONCURRENCY_AXIS, self.concurrency),
+            *self.extra,
         ]
+
+    def cases(self, sweep: str) -> list[LLMCase]:
+        axes = self.axes(sweep)
+        n_builtin = len(axes) - len(self.extra)
+        cases = []
+        for point in itertools.product(*(chosen for _, chosen in axes)):
+            (name, source), n_in, n_out, b, c = point[:n_builtin]
+            extra = tuple((axis, v) for (axis, _), v in zip(self.extra, point[n_builtin:]))
+            cases.append(LLMCase(sweep, source, n_in, n_out, name, b, c, extra))
+        return cases
 
     def describe(self) -> str:
         def span(sizes: Sequence[int]) -> str:
@@ -69,13 +91,25 @@ class Grid:
             text += f"; batch sizes {','.join(map(str, self.batch_sizes))}"
         if self.concurrency != (1,):
             text += f"; concurrent requests {','.join(map(str, self.concurrency))}"
+        for axis, chosen in self.extra:
+            text += f"; {axis.describe(chosen)}"
         return text
+
+    def n_cases(self) -> int:
+        return sum(
+            len(self.models) * len(sizes) for sizes in (self.input_tokens, self.output_tokens)
+        ) * _product(len(v) for _, v in self.axes(INPUT_SWEEP)[3:])
 
     def models_text(self) -> str:
         """``3 tiny models, 57 cases``: what choosing this grid means, for help texts."""
-        n = len(self.models) * (len(self.input_tokens) + len(self.output_tokens))
-        n *= len(self.batch_sizes) * len(self.concurrency)
-        return f"{', '.join(m.rsplit('/', 1)[-1] for m in self.models)}; {n} cases"
+        return f"{', '.join(m.rsplit('/', 1)[-1] for m in self.models)}; {self.n_cases()} cases"
+
+
+def _product(counts: Any) -> int:
+    out = 1
+    for n in counts:
+        out *= n
+    return out
 
 
 GRIDS: dict[str, Grid] = {
@@ -116,7 +150,9 @@ def _default_name(source: str) -> str:
 class LLMCase:
     """One parametrized case; its ``id`` is what pytest shows: ``tiny-llama-in512-out32``.
 
-    ``model`` is where it loads from, ``name`` what it is called (see ``split_model``)."""
+    ``model`` is where it loads from, ``name`` what it is called (see ``split_model``).
+    Id and labels are made by the axes; ``value(name)`` reads any axis, a conftest's
+    included."""
 
     sweep: str
     model: str
@@ -125,6 +161,7 @@ class LLMCase:
     name: str = ""
     batch_size: int = 1  # prompts generated together in one call
     concurrency: int = 1  # requests sent at once to a server
+    extra: tuple[tuple[Axis, Any], ...] = ()  # the hook's axes and this case's values
 
     @property
     def queries(self) -> int:
@@ -135,16 +172,27 @@ class LLMCase:
     def model_name(self) -> str:
         return self.name or self.model
 
+    def axis_values(self) -> list[tuple[Axis, Any]]:
+        return [
+            (MODEL_AXIS, (self.model_name, self.model)),
+            (INPUT_AXIS, self.input_tokens),
+            (OUTPUT_AXIS, self.output_tokens),
+            (BATCH_AXIS, self.batch_size),
+            (CONCURRENCY_AXIS, self.concurrency),
+            *self.extra,
+        ]
+
+    def value(self, axis: str) -> Any:
+        """The case's value on the axis of that name (``case.value("temperature")``)."""
+        for a, v in self.axis_values():
+            if a.name == axis:
+                return v[1] if a is MODEL_AXIS else v
+        known = ", ".join(a.name for a, _ in self.axis_values())
+        raise KeyError(f"case {self.id} has no axis {axis!r}; its axes: {known}")
+
     @property
     def id(self) -> str:
-        short = self.model_name.rstrip("/").rsplit("/", 1)[-1]
-        text = f"{short}-in{self.input_tokens}-out{self.output_tokens}"
-        # batch 1 keeps the id it always had, so it compares with runs before the axis
-        if self.batch_size != 1:
-            text += f"-bs{self.batch_size}"
-        if self.concurrency != 1:
-            text += f"-c{self.concurrency}"
-        return text
+        return case_id(axis.id_of(v) for axis, v in self.axis_values())
 
     @property
     def positions(self) -> int:
@@ -152,13 +200,9 @@ class LLMCase:
         return self.input_tokens + self.output_tokens
 
     def labels(self) -> dict[str, str]:
-        labels = {"sweep": self.sweep, "model": self.model_name}
-        if self.model != self.model_name:
-            labels["model_source"] = self.model
-        if self.batch_size != 1:
-            labels["batch_size"] = str(self.batch_size)
-        if self.concurrency != 1:
-            labels["concurrency"] = str(self.concurrency)
+        labels = {"sweep": self.sweep}
+        for axis, v in self.axis_values():
+            labels.update(axis.labels_of(v))
         return labels
 
     def __str__(self) -> str:
@@ -204,6 +248,7 @@ def make_grid(
     output_tokens: Sequence[int] | None = None,
     batch_sizes: Sequence[int] = (1,),
     concurrency: Sequence[int] = (1,),
+    extra: Sequence[tuple[Axis, tuple[Any, ...]]] = (),
 ) -> Grid:
     if name not in GRIDS:
         raise ConfigError(f"unknown grid {name!r}; choose one of: {', '.join(GRIDS)}")
@@ -217,4 +262,89 @@ def make_grid(
         fixed_input_tokens=base.fixed_input_tokens,
         batch_sizes=tuple(batch_sizes) or (1,),
         concurrency=tuple(concurrency) or (1,),
+        extra=tuple(extra),
     )
+
+
+# -- the case axes ---------------------------------------------------------------------
+
+
+def _model_id(value: tuple[str, str]) -> str:
+    return value[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def _model_labels(name: str, value: tuple[str, str]) -> dict[str, str]:
+    """The name, and where it loads from when that differs (a folder, ``NAME=SOURCE``)."""
+    model_name, source = value
+    return {name: model_name, **({"model_source": source} if source != model_name else {})}
+
+
+def _no_labels(name: str, value: Any) -> dict[str, str]:
+    """Token counts are the result's own fields (``input_tokens``), not labels."""
+    return {}
+
+
+def _models(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple(map(split_model, values.names(text)))
+
+
+MODEL_AXIS = Axis(
+    "model",
+    "models",
+    _models,
+    tuple(map(split_model, TINY_MODEL_NAMES)),
+    id_part=_model_id,
+    flag="--llm-model",
+    labels=_model_labels,
+)
+INPUT_AXIS = Axis(
+    "input_tokens",
+    "input tokens",
+    parse_token_list,
+    powers_of_two(8, 2048),
+    id_part="in{}",
+    flag="--llm-input-tokens",
+    labels=_no_labels,
+)
+OUTPUT_AXIS = Axis(
+    "output_tokens",
+    "output tokens",
+    parse_token_list,
+    powers_of_two(8, 4096),
+    id_part="out{}",
+    flag="--llm-output-tokens",
+    labels=_no_labels,
+)
+BATCH_AXIS = Axis(
+    "batch_size",
+    "batch sizes",
+    parse_count_list,
+    (1,),
+    id_part="bs{}",
+    applies=LOCAL_MODELS,
+    flag="--llm-batch-sizes",
+    quiet=1,  # batch 1 keeps the id it always had, so it compares with runs before the axis
+)
+CONCURRENCY_AXIS = Axis(
+    "concurrency",
+    "concurrent requests",
+    parse_count_list,
+    (1,),
+    id_part="c{}",
+    applies=SERVERS,
+    flag="--llm-concurrency",
+    quiet=1,
+)
+CASE_AXES: tuple[Axis, ...] = (MODEL_AXIS, INPUT_AXIS, OUTPUT_AXIS, BATCH_AXIS, CONCURRENCY_AXIS)
+# One value per session: every case of a torchrun session runs in the same layout, so it
+# is no part of the ids; the run file keeps it in its torchrun record.
+PARALLEL_AXIS = Axis(
+    "parallel",
+    "parallel layout",
+    lambda text: (values.choice(PARALLEL)(text),),
+    ("none",),
+    id_part="",
+    applies=TORCHRUN,
+    flag="--llm-parallel",
+    quiet="none",
+)

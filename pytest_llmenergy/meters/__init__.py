@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import Domain, Measurement, Meter, Method, Phase, PowerSample, Window, mark_phase
-from .options import MeterOptions
+from .meter_options import MeterOptions
 
 MeterFactory = Callable[[MeterOptions], Meter]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import MeterUnavailable
 from .base import Domain, Meter, PowerSample, Reading
-from .options import MeterOptions
+from .meter_options import MeterOptions
 
 CPU_ORDER = ("rapl", "pyjoules", "powermetrics", "estimate")
 

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .cpu_tdp import TdpLookup, cpu_brand, resolve_tdp
-from .options import MeterOptions
+from .meter_options import MeterOptions
 from .process_tree import attributed_note, cpu_reader
 
 DOMAIN = PROCESS_DOMAIN

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
 from .base import Domain, Meter, Method, PowerSample, Reading, _frozen, duration_text
-from .options import MeterOptions
+from .meter_options import MeterOptions
 from .sampling import PowerSampler, integrate_instant
 
 BACKEND = "nvml"

@@ -36,7 +36,7 @@ import psutil
 
 from ..errors import MeterError, MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, PowerSample, Reading
-from .options import MeterOptions
+from .meter_options import MeterOptions
 from .sampling import SampleBuffer, integrate_intervals
 
 backend = "powermetrics"

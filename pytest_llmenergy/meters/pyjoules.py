@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import MeterError, MeterUnavailable
 from .base import Domain, Meter, Method, Reading
-from .options import MeterOptions
+from .meter_options import MeterOptions
 from .rapl import PERMISSION_HINT
 
 BACKEND = "pyjoules"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
-from .options import MeterOptions
+from .meter_options import MeterOptions
 from .process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
 from .sampling import PeriodicThread
 

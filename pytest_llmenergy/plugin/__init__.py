@@ -42,17 +42,17 @@ from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
-from .cases import CASE_PLAN, MARKER, CasePlan, case_labels
+from .cases import CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
 from .deciding import ROUTING, RoutingSection
-from .distributed import DISTRIBUTED, Distributed
 from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
 from .interleaving import INTERLEAVING, Interleaving
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginOptions, add_options, marker_help, read_options
 from .reporting import HTML_REPORTING, HtmlReporting
-from .results import CASE_RESULTS, CaseResults
 from .serving import SERVING, Serving, attribute_server, check_settings
+from .showing import CASE_RESULTS, CaseResults
+from .torchrun import DISTRIBUTED, Distributed
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
 if TYPE_CHECKING:
@@ -73,8 +73,52 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+# In which role each feature runs, in the order they are registered (pluggy calls the
+# last registered first: the meter opens before the keeper claims the run file, the energy
+# tables print before the comparison, and a server starts before anything else).
+CONTROLLER, XDIST_WORKER, TORCHRUN_RANK = "controller", "xdist worker", "torchrun rank"
+ROLES: dict[str, tuple[str, ...]] = {
+    XDIST_WORKER: ("profile-ops", "xdist-worker", "metering", "cases"),
+    TORCHRUN_RANK: ("profile-ops", "torchrun", "metering", "cases"),
+    CONTROLLER: (
+        "profile-ops",
+        "xdist",
+        "pytest-benchmark",
+        "torchrun",
+        "html-report",
+        "gpu-settings",
+        "routing",
+        "keeper",
+        "results",
+        "interleaving",
+        "cases",
+        "metering",
+        "serving",
+    ),
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", marker_help(MARKER))
+    options, ranks = resolved_options(config)
+    role = (
+        XDIST_WORKER
+        if is_worker(config)
+        else TORCHRUN_RANK
+        if ranks is not None and not ranks.is_main
+        else CONTROLLER
+    )
+    features = _features(config, options, ranks, role)
+    for name in ROLES[role]:
+        if features.get(name) is not None:
+            config.pluginmanager.register(features[name], f"llmenergy-{name}")
+
+
+def resolved_options(config: pytest.Config) -> tuple[PluginOptions, Distributed | None]:
+    """The options, read once and rewritten in one place, in order: the hook's axes,
+    combinations that cannot work, a server's processes charged by the CPU meters, an
+    xdist worker's seed (the controller's), and under torchrun each rank's share and rank
+    0's seed.  What comes back is final: no feature rewrites it."""
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -85,7 +129,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.issue_config_time_warning(
                 pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
             )
-    stash, manager = config.stash, config.pluginmanager
+    options = dataclasses.replace(options, llm=with_added_axes(config, options.llm))
     check_settings(options)
     if options.serve.active and config.getoption("numprocesses", None):
         raise pytest.UsageError(
@@ -100,13 +144,28 @@ def pytest_configure(config: pytest.Config) -> None:
     options = attribute_server(options)  # before the meter opens: it charges the server
     seed = worker_seed(config)
     if seed is not None:  # an xdist worker collects in the controller's order
-        options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
+        options = _with_seed(options, seed)
     ranks = _join_torchrun(config, options)
+    if ranks is not None and options.order.interleave > 1:
+        raise pytest.UsageError(
+            "--energy-interleave does not run under torchrun yet: leave it out (or =1)"
+        )
     if ranks is not None:  # every rank collects in rank 0's order, meters its own share
-        options = ranks.options
-        seed = ranks.seed(options.order.seed)
-        options = dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
-        stash[DISTRIBUTED] = ranks
+        options = _with_seed(ranks.options, ranks.seed(ranks.options.order.seed))
+        config.stash[DISTRIBUTED] = ranks
+    return options, ranks
+
+
+def _with_seed(options: PluginOptions, seed: int | None) -> PluginOptions:
+    return dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
+
+
+def _features(
+    config: pytest.Config, options: PluginOptions, ranks: Distributed | None, role: str
+) -> dict[str, object]:
+    """Every feature this role runs, built from the resolved options and stashed under
+    its key; ``ROLES`` says which of them are registered."""
+    stash, manager = config.stash, config.pluginmanager
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(config, options.controller, options.order, options.llm)
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
@@ -115,9 +174,8 @@ def pytest_configure(config: pytest.Config) -> None:
     serving = Serving(
         config, options.serve, options.llm, options.record, options.meter.attributed_pids
     )
-    stash[SERVING] = serving
-    stash[METERING], stash[CASE_PLAN], stash[CASE_RESULTS] = metering, plan, results
-    stash[KEEPER], stash[ROUTING] = keeper, routing
+    stash[SERVING], stash[METERING], stash[CASE_PLAN] = serving, metering, plan
+    stash[CASE_RESULTS], stash[KEEPER], stash[ROUTING] = results, keeper, routing
     if options.gpu.sweeping and ranks is not None:  # every rank stops alike, before NVML is asked
         raise pytest.UsageError(
             "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
@@ -133,65 +191,49 @@ def pytest_configure(config: pytest.Config) -> None:
         system=lambda: keeper.hardware,
     )
     stash[GPU_SETTINGS] = gpu
+    features: dict[str, object] = {
+        "metering": metering,
+        "cases": plan,
+        "results": results,
+        "keeper": keeper,
+        "routing": routing,
+        "gpu-settings": gpu,
+        "serving": serving if options.serve.active else None,
+        "torchrun": ranks,
+    }
+    if options.measure.profile_ops:  # workers profile too: the profile travels with the case
+        from ..predict.plugin import OP_PROFILING, OpProfiling
+
+        features["profile-ops"] = stash[OP_PROFILING] = OpProfiling()
+    if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
+        side = WorkerSide(config, lambda: metering.meter)
+        features["xdist-worker"] = stash[WORKER_SIDE] = side
+        results.listeners.append(lambda cases: side.on_case(cases[-1]))
+    if role != CONTROLLER:
+        return features
+    results.listeners.append(keeper.on_case)
+    if manager.hasplugin("xdist"):
+        features["xdist"] = Workers(options.order.seed or 0, results.add)
+    if manager.hasplugin("benchmark"):  # pytest-benchmark: its tests get energy too
+        from .benchmark_energy import BenchmarkEnergy
+
+        features["pytest-benchmark"] = BenchmarkEnergy(metering)
+    if options.keep.report_path:
+        reporting = HtmlReporting(config, options.keep.report_path, keeper, routing)
+        features["html-report"] = stash[HTML_REPORTING] = reporting
     if options.order.interleave > 1:
-        if ranks is not None:
-            raise pytest.UsageError(
-                "--energy-interleave does not run under torchrun yet: leave it out (or =1)"
-            )
-        stash[INTERLEAVING] = Interleaving(
+        features["interleaving"] = stash[INTERLEAVING] = Interleaving(
             options.order.interleave,
             options.order.seed or 0,
             group=lambda item: case_labels(item).get("model"),
         )
-        manager.register(stash[INTERLEAVING], "llmenergy-interleaving")
-    if options.measure.profile_ops:  # workers profile too: the profile travels with the case
-        from ..predict.plugin import OP_PROFILING, OpProfiling
-
-        stash[OP_PROFILING] = OpProfiling()
-        manager.register(stash[OP_PROFILING], "llmenergy-profile-ops")
-    if is_worker(config):  # measure and send; the controller keeps, shows and decides
-        side = WorkerSide(config, lambda: metering.meter)
-        stash[WORKER_SIDE] = side
-        results.listeners.append(lambda cases: side.on_case(cases[-1]))
-        manager.register(side, "llmenergy-xdist-worker")
-        manager.register(metering, "llmenergy-metering")
-        manager.register(plan, "llmenergy-cases")
-        return
-    if ranks is not None and not ranks.is_main:  # rank 0 keeps, shows and decides
-        manager.register(ranks, "llmenergy-torchrun")
-        manager.register(metering, "llmenergy-metering")
-        manager.register(plan, "llmenergy-cases")
-        return
-    results.listeners.append(keeper.on_case)
-    if manager.hasplugin("xdist"):
-        workers = Workers(options.order.seed or 0, results.add)
-        manager.register(workers, "llmenergy-xdist")
-    if manager.hasplugin("benchmark"):  # pytest-benchmark: its tests get energy too
-        from .benchmark_energy import BenchmarkEnergy
-
-        manager.register(BenchmarkEnergy(metering), "llmenergy-pytest-benchmark")
-    if ranks is not None:  # between the meter's opening and the keeper's claiming the file
-        manager.register(ranks, "llmenergy-torchrun")
-    if options.keep.report_path:
-        stash[HTML_REPORTING] = HtmlReporting(config, options.keep.report_path, keeper, routing)
-        manager.register(stash[HTML_REPORTING], "llmenergy-html-report")
-    for name, feature in (
-        ("gpu-settings", gpu),
-        ("routing", routing),
-        ("keeper", keeper),
-        ("results", results),
-        ("cases", plan),
-        ("metering", metering),
-    ):
-        manager.register(feature, f"llmenergy-{name}")
-    if options.serve.active:  # last registered: its session start comes first
-        manager.register(serving, "llmenergy-serving")
+    return features
 
 
 def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed | None:
     """Under torchrun: check the layout, give each rank its meter, join the group."""
     from ..distributed import detect
-    from .distributed import check_layout, rank_options
+    from .torchrun import check_layout, rank_options
 
     try:
         env = detect()

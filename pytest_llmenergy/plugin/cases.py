@@ -9,14 +9,17 @@ seed the header prints.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import pytest
 
+from ..axes import Axis, check_axes
 from ..controller.order import shuffle_in_place
 from ..controller.rule import ControllerOptions, with_overrides
 from ..errors import ConfigError
-from ..llm.grid import INPUT_SWEEP, OUTPUT_SWEEP, LLMCase
+from ..gpu.settings import GPU_SETTING_AXIS
+from ..llm.grid import CASE_AXES, INPUT_SWEEP, OUTPUT_SWEEP, PARALLEL_AXIS, LLMCase
 from .measuring import header_lines
 from .options import LLMSettings, OrderSettings
 
@@ -27,6 +30,49 @@ MARKER = "llmenergy"
 BENCHMARK_FIXTURE = "energy_benchmark"
 # Fixture name -> sweep: a test that asks for one is parametrized over the grid's cases.
 CASE_FIXTURES = {"llm_input_case": INPUT_SWEEP, "llm_output_case": OUTPUT_SWEEP}
+
+
+# Every axis the package has, in id order: the one table help texts and the docs read.
+BUILTIN_AXES: tuple[Axis, ...] = (*CASE_AXES, GPU_SETTING_AXIS, PARALLEL_AXIS)
+
+
+def added_axes(config: pytest.Config) -> list[Axis]:
+    """The axes conftests and plugins add through ``pytest_llmenergy_axes``."""
+    added = [a for rows in config.hook.pytest_llmenergy_axes(config=config) for a in rows or ()]
+    for axis in added:
+        if not isinstance(axis, Axis):
+            raise pytest.UsageError(
+                f"pytest_llmenergy_axes returned {axis!r}; return pytest_llmenergy.Axis rows"
+            )
+    try:
+        check_axes([*BUILTIN_AXES, *added])
+    except ConfigError as exc:
+        raise pytest.UsageError(f"pytest_llmenergy_axes: {exc}") from None
+    return added
+
+
+def with_added_axes(config: pytest.Config, llm: LLMSettings) -> LLMSettings:
+    """The settings with the hook's axes in the grid, at the values ``--llm-axis`` chose
+    (or their defaults); a choice no added axis has is one line naming those there are."""
+    added = {axis.name: axis for axis in added_axes(config)}
+    chosen = dict(llm.axis_choices)
+    for name in chosen:
+        if name in added:
+            continue
+        builtin = next((a for a in BUILTIN_AXES if a.name == name), None)
+        fix = (
+            f"choose its values with {builtin.flag}"
+            if builtin
+            else f"axes added here: {', '.join(added) or 'none'} (pytest_llmenergy_axes)"
+        )
+        raise pytest.UsageError(f"--llm-axis={name}=...: no added axis {name!r}; {fix}")
+    if not added:
+        return llm
+    try:
+        extra = tuple((axis, axis.values_from(chosen.get(name))) for name, axis in added.items())
+    except ConfigError as exc:
+        raise pytest.UsageError(f"--llm-axis: {exc}") from None
+    return dataclasses.replace(llm, extra_axes=extra)
 
 
 def uses_energy_benchmark(item: pytest.Item) -> bool:

@@ -65,7 +65,7 @@ class RoutingSection:
                 "llmenergy: routing between this run's and the baseline's hardware"
             )
         if self.routed:
-            from ..routing.tables import routed_tables
+            from ..routing.route_tables import routed_tables
 
             width = config.get_terminal_writer().fullwidth
             tables = [t for r in self.routed for t in routed_tables(r)]
@@ -113,8 +113,8 @@ class RoutingSection:
     def _plot(self) -> None:
         from ..frontier import at_best_settings
         from ..routing.fit import build_model
-        from ..routing.plots import write_profile_plots, write_routing_plots
         from ..routing.profile import profiles_from_cases
+        from ..routing.route_plots import write_profile_plots, write_routing_plots
 
         out = Path(self.settings.plots_dir or ".")
         try:

@@ -27,7 +27,7 @@ import pytest
 
 from ..errors import ConfigError, LLMEnergyError
 from ..gpu.control import GpuControl, GpuControlError, ReadBack, StateFile, recover
-from ..gpu.settings import GpuSetting, cross, resolve_clocks, resolve_power
+from ..gpu.settings import GPU_SETTING_AXIS, GpuSetting, cross, resolve_clocks, resolve_power
 from ..gpu.telemetry import TrialTelemetry
 from ..results import CaseResult
 from ..tables import render
@@ -143,7 +143,7 @@ class GpuSettings:
         """After the grid's parametrization, so ids read ``tiny-llama-in8-out32-pl250W``."""
         names = metafunc.fixturenames
         if self.settings and SETTING_FIXTURE in names and BENCHMARK_FIXTURE in names:
-            ids = [s.id for s in self.settings]
+            ids = [GPU_SETTING_AXIS.id_of(s) for s in self.settings]
             metafunc.parametrize(SETTING_FIXTURE, self.settings, ids=ids, indirect=True)
 
     def apply(self, setting: GpuSetting) -> list[ReadBack]:
@@ -243,7 +243,7 @@ class GpuSettings:
                     f"llmenergy: --energy-frontier-json={path}: {exc.strerror or exc}", red=True
                 )
         if items and self.plots_dir:
-            from ..frontier.plots import write_frontier_plots
+            from ..frontier.frontier_plots import write_frontier_plots
             from ..plotting import PlotError
 
             try:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import values
+from ..axes import Axis, parse_axis_choices
 from ..compare import GATE_EXAMPLES, Gate, parse_gates
 from ..controller.rule import DEFAULT_MAX_BACKGROUND, MARKER_KWARGS, RULES, ControllerOptions
 from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
@@ -36,14 +37,23 @@ from ..gpu.settings import (
     parse_power_limits,
     parse_slowdowns,
 )
-from ..llm.grid import GRIDS, TINY_MODEL_NAMES, Grid, make_grid, parse_count_list, parse_token_list
+from ..llm.grid import (
+    BATCH_AXIS,
+    CONCURRENCY_AXIS,
+    GRIDS,
+    INPUT_AXIS,
+    OUTPUT_AXIS,
+    TINY_MODEL_NAMES,
+    Grid,
+    make_grid,
+)
 from ..llm.loader import DTYPES, PARALLEL
 from ..meters import BUILTIN_BACKENDS, MeterOptions, sample_interval_defaults
 from ..report import DEFAULT_GROUP_BY, DEFAULT_SORT, GROUP_CHOICES, parse_group_by, parse_sort
 from ..report import parse_columns as parse_report_columns
 from ..routing import BY_CHOICES, INPUT
 from ..serving.engine import ENGINES
-from ..serving.settings import ServeSettings, engine_choice, parse_args
+from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
 from ..sessions import DEFAULT_SESSION_NOISE, parse_session_noise
 from ..storage.store import DEFAULT_STORAGE, check_run_name
 
@@ -142,6 +152,10 @@ class LLMSettings:
     concurrency: tuple[int, ...] = (1,)  # requests at once to a server
     # A known regression added to the models' work, to measure what a gate can see.
     inject_regression: float = 0.0
+    # --llm-axis NAME=VALUES: values of the axes conftests add (pytest_llmenergy_axes)
+    axis_choices: tuple[tuple[str, str], ...] = ()
+    # those axes with their values, set at configure once the hook has answered
+    extra_axes: tuple[tuple[Axis, tuple[Any, ...]], ...] = ()
     grid: Grid = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -152,6 +166,7 @@ class LLMSettings:
             self.output_tokens,
             self.batch_sizes,
             self.concurrency,
+            self.extra_axes,
         )
         object.__setattr__(self, "grid", grid)
 
@@ -662,7 +677,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--llm-input-tokens",
         "llm.input_tokens",
-        parse_token_list,
+        INPUT_AXIS.parse,
         "LIST",
         "sizes of the input sweep, e.g. 8,64,512 or 8..2048 (powers of two)",
         default_text="the grid's",
@@ -670,7 +685,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--llm-output-tokens",
         "llm.output_tokens",
-        parse_token_list,
+        OUTPUT_AXIS.parse,
         "LIST",
         "sizes of the output sweep, e.g. 8,64,512 or 8..4096 (powers of two)",
         default_text="the grid's",
@@ -748,7 +763,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--llm-batch-sizes",
         "llm.batch_sizes",
-        parse_count_list,
+        BATCH_AXIS.parse,
         "LIST",
         "run every case at these batch sizes, e.g. 1,8,32 (ids get -bs8): a batch of "
         "distinct prompts of exactly the case's input tokens, each generating exactly its "
@@ -757,10 +772,20 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--llm-concurrency",
         "llm.concurrency",
-        parse_count_list,
+        CONCURRENCY_AXIS.parse,
         "LIST",
         "send this many requests at once to the server (--llm-endpoint or --llm-serve) per "
         "trial, e.g. 1,8 (ids get -c8); the window covers the whole burst",
+    ),
+    Option(
+        "--llm-axis",
+        "llm.axis_choices",
+        parse_axis_choices,
+        "NAME=VALUES",
+        "values of an axis a conftest or plugin adds through the pytest_llmenergy_axes "
+        "hook, e.g. temperature=0,0.7 (repeatable): every case runs at each",
+        default_text="the axis's own default",
+        multiple=True,
     ),
     Option(
         "--llm-endpoint",
@@ -886,6 +911,14 @@ BY_FLAG = {o.flag: o for o in OPTIONS}
 def marker_help(marker: str) -> str:
     kwargs = ", ".join(f"{k}=" for k in MARKER_KWARGS)
     return f"{marker}({kwargs}): repetition settings of this test's energy_benchmark"
+
+
+def plugin_option(flag: str) -> Option:
+    """The row of ``flag``: for a front end whose flag means the same (``llmenergy``)."""
+    for option in OPTIONS:
+        if option.flag == flag:
+            return option
+    raise KeyError(f"no pytest option {flag}")
 
 
 def add_options(parser: pytest.Parser) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..errors import ConfigError, LLMEnergyError
-from ..serving.settings import ServeSettings
+from ..serving.serve_settings import ServeSettings
 from .options import LLMSettings, PluginOptions
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from .features import (
     roofline,
     shape_from_config,
 )
-from .profile import check_profile
+from .op_profile import check_profile
 
 FORMAT = "llmenergy-calibration"
 VERSION = 1

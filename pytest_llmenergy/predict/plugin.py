@@ -54,7 +54,7 @@ class OpProfiling:
         def run(call: Callable[[], Any]) -> Mapping[str, Any]:
             import time
 
-            from .profile import profile_call
+            from .op_profile import profile_call
 
             start = time.perf_counter()
             profile = profile_call(call, extra=extra)

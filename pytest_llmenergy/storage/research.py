@@ -23,13 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..commandline import Command, Outcome
 from ..controller.rule import ControllerOptions
 from ..controller.targets import CITarget
 from ..errors import ConfigError
 from ..results import ROUNDS, CaseResult, Trial
 from .machine import _slug
 from .runfile import COMPLETE, Run, dumps
-from .store import Storage
+from .store import STORAGE_HELP, Storage, check_run_name
 
 # The research's model names, and the hub ids their configs are built in under
 # (predict/configs.py), so features are computed without downloading anything.
@@ -292,11 +293,7 @@ def import_csvs(paths: Sequence[str], storage: Storage, name: str) -> list[tuple
     return saved
 
 
-def add_parser(sub: Any, storage_help: str) -> None:
-    imp = sub.add_parser(
-        "import",
-        help="the research's measurement CSVs as saved runs, one per system",
-    )
+def _import_arguments(imp: argparse.ArgumentParser) -> None:
     imp.add_argument(
         "csvs",
         nargs="+",
@@ -304,12 +301,10 @@ def add_parser(sub: Any, storage_help: str) -> None:
         help="all-input-stats.csv, all-output-stats.csv (examples/wilkins2024/)",
     )
     imp.add_argument("--name", default="research", help="the runs' name (default: research)")
-    imp.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    imp.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
 
-def import_command(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
-    from .store import check_run_name
-
+def import_command(args: argparse.Namespace, storage: Storage) -> Outcome:
     check_run_name(args.name)
     saved = import_csvs(args.csvs, storage, args.name)
     lines = [
@@ -318,4 +313,14 @@ def import_command(args: argparse.Namespace, storage: Storage) -> tuple[str, lis
         + ", ".join(sorted({c.labels["model"] for c in run.cases}))
         for _, run in saved
     ]
-    return "\n".join(lines), [f"wrote {path}" for path, _ in saved]
+    return Outcome("\n".join(lines), [f"wrote {path}" for path, _ in saved])
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "import",
+        "the research's measurement CSVs as saved runs, one per system",
+        _import_arguments,
+        import_command,
+    ),
+)

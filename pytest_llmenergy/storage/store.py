@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from .runfile import Run, RunFileError, load
 
 DEFAULT_STORAGE = ".llmenergy"
+STORAGE_HELP = f"storage folder of saved runs (default: {DEFAULT_STORAGE})"
 _RUN_FILE = re.compile(r"^(\d{4,})_(.*)\.json$")
 _CLAIM = re.compile(r"^\.(\d{4,})\.claimed$")
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")

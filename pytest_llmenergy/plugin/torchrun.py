@@ -225,7 +225,7 @@ class Distributed:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
         recorder = self._recorder()
         if recorder is not None and self.meter is not None:
-            from .results import CASE_RESULTS
+            from .showing import CASE_RESULTS
 
             results = self.config.stash[CASE_RESULTS].results
             machine = dict(recorder.run.machine)

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..commandline import Command, Outcome
 from ..errors import ConfigError
 from ..gpu.control import StateFile, default_state_path, recover
 from ..gpu.settings import parse_slowdowns
@@ -39,8 +40,7 @@ def _checked(parse: Any) -> Any:
     return run
 
 
-def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    gpu = sub.add_parser("gpu", help="GPU settings a session changed: restore them")
+def _gpu_arguments(gpu: argparse.ArgumentParser) -> None:
     gpu_sub = gpu.add_subparsers(dest="gpu_command", required=True, metavar="ACTION")
     restore = gpu_sub.add_parser(
         "restore",
@@ -56,11 +56,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="restore even though the session that wrote the file seems alive",
     )
-    front = sub.add_parser(
-        "frontier",
-        parents=[common],
-        help="the time-energy frontier of a run measured over GPU settings",
-    )
+
+
+def _frontier_arguments(front: argparse.ArgumentParser) -> None:
     front.add_argument(
         "runs",
         nargs="+",
@@ -139,7 +137,7 @@ def frontier_command(runs: list[Run], args: argparse.Namespace) -> tuple[str, li
         tables.append(replace(table, title=f"{table.title} · {system}"))
         documents.append(frontier_json(items, system))
         if args.plots:
-            from .plots import write_frontier_plots
+            from .frontier_plots import write_frontier_plots
 
             written = write_frontier_plots(items, Path(args.plots), system=system)
             notes += [f"figure {p}" for p in written]
@@ -198,3 +196,23 @@ def _route(
         }
         for r in routed
     ]
+
+
+def _restore(args: argparse.Namespace, storage: Any) -> Outcome:
+    return Outcome(*restore_command(args))
+
+
+def _frontier(args: argparse.Namespace, storage: Any) -> Outcome:
+    return Outcome(*frontier_command([storage.load(spec) for spec in args.runs], args))
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("gpu", "GPU settings a session changed: restore them", _gpu_arguments, _restore),
+    Command(
+        "frontier",
+        "the time-energy frontier of a run measured over GPU settings",
+        _frontier_arguments,
+        _frontier,
+        common=True,
+    ),
+)

@@ -6,17 +6,15 @@ import argparse
 import json
 from typing import Any
 
+from ..commandline import Command, Outcome
 from ..errors import ConfigError
+from ..storage.store import STORAGE_HELP
 from .calibrate import FORMS
 
 _OUT_FORMATS = ("table", "json")
 
 
-def add_parsers(sub: Any, storage_help: str) -> None:
-    cal = sub.add_parser(
-        "calibrate",
-        help="fit the operator-class time/energy model to saved runs, per system and setting",
-    )
+def _calibrate_arguments(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("runs", nargs="+", metavar="RUN", help="saved runs (number, name, path)")
     cal.add_argument("--out", required=True, metavar="FILE", help="calibration JSON to write (new)")
     cal.add_argument(
@@ -29,11 +27,10 @@ def add_parsers(sub: Any, storage_help: str) -> None:
         "the rest shared (default: shared)",
     )
     cal.add_argument("--format", choices=_OUT_FORMATS, default="table")
-    cal.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
-    pred = sub.add_parser(
-        "predict",
-        help="time and energy of cases never run, from a calibration and a model's config",
-    )
+    cal.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
+
+
+def _predict_arguments(pred: argparse.ArgumentParser) -> None:
     pred.add_argument("--calibration", required=True, metavar="FILE")
     pred.add_argument(
         "--model",
@@ -60,17 +57,11 @@ def add_parsers(sub: Any, storage_help: str) -> None:
         help="table, json, or csv: the profile CSV llmenergy route --profile reads, with "
         "the model named '... (predicted)' (default: table)",
     )
-    _add_heldout_parser(sub, storage_help)
 
 
-def _add_heldout_parser(sub: Any, storage_help: str) -> None:
+def _heldout_arguments(held: argparse.ArgumentParser) -> None:
     from .crossval import SPLITS
 
-    held = sub.add_parser(
-        "heldout",
-        help="error tables of predictions on held-out cases: fit on one sweep, model or "
-        "system of saved runs, predict the others",
-    )
     held.add_argument("runs", nargs="+", metavar="RUN", help="saved runs, one system each")
     held.add_argument(
         "--split",
@@ -82,7 +73,7 @@ def _add_heldout_parser(sub: Any, storage_help: str) -> None:
     )
     held.add_argument("--form", choices=tuple(FORMS), default="shared")
     held.add_argument("--format", choices=("table", "json", "markdown"), default="table")
-    held.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=storage_help)
+    held.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
 
 def heldout_command(args: argparse.Namespace, storage: Any) -> str:
@@ -390,3 +381,31 @@ def against_command(args: argparse.Namespace, storage: Any) -> str:
     if skipped:
         text += "\nnot predicted: " + "; ".join(skipped)
     return text
+
+
+def _calibrate(args: argparse.Namespace, storage: Any) -> Outcome:
+    out, notes = calibrate_command(args, storage)
+    return Outcome(out, notes)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "calibrate",
+        "fit the operator-class time/energy model to saved runs, per system and setting",
+        _calibrate_arguments,
+        _calibrate,
+    ),
+    Command(
+        "predict",
+        "time and energy of cases never run, from a calibration and a model's config",
+        _predict_arguments,
+        lambda args, storage: Outcome(predict_command(args, storage)),
+    ),
+    Command(
+        "heldout",
+        "error tables of predictions on held-out cases: fit on one sweep, model or system of "
+        "saved runs, predict the others",
+        _heldout_arguments,
+        lambda args, storage: Outcome(heldout_command(args, storage)),
+    ),
+)

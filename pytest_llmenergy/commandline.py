@@ -1,0 +1,50 @@
+"""A ``llmenergy`` command as a record: its name, help, arguments and what it runs.
+
+Each package contributes the commands it owns (``frontier.commands.COMMANDS``,
+``predict.commands.COMMANDS``, ...); ``cli.py`` gathers them into one table and builds
+the parser and the dispatch from it, so a new command is one record in its own package
+and one name in that table, never a branch in a dispatcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command printed and decided: ``out`` goes to stdout (data, for pipes),
+    ``notes`` to stderr (what was written where), ``verdicts`` are a gate's lines, and
+    ``failed`` makes the exit code 1."""
+
+    out: str
+    notes: Sequence[str] = ()
+    verdicts: Sequence[str] = ()
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``llmenergy`` command.  ``run`` gets the parsed arguments and the storage
+    folder (a ``storage.store.Storage``, passed as Any so that this kind stays below the
+    packages that contribute commands); ``common`` adds ``--format`` and ``--storage``
+    after the command."""
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Any], Outcome]
+    common: bool = False
+
+
+def check_commands(commands: Sequence[Command]) -> dict[str, Command]:
+    """The commands by name; a name given twice is a programming error, found at import."""
+    by_name: dict[str, Command] = {}
+    for command in commands:
+        if command.name in by_name:
+            raise ValueError(f"llmenergy command {command.name!r} is declared twice")
+        by_name[command.name] = command
+    return by_name

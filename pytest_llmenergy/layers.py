@@ -1,0 +1,29 @@
+"""The package's layer order, written once: tests/test_layers.py checks every import
+against it and the Developing page of the docs shows it.
+
+Lowest first.  A part (a folder, or a top-level module) imports only parts of earlier
+layers and its own; parts of one layer do not import each other.
+"""
+
+from __future__ import annotations
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "layers"),
+    ("values", "stats", "meters"),
+    ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
+    ("figures",),
+    ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
+    ("storage", "serving", "export"),
+    ("routing", "history"),
+    ("frontier", "scale", "predict", "gatecheck"),
+    ("html",),  # the report draws the frontier, routing and scale analyses
+    ("__init__",),  # the public API
+    ("plugin",),  # the pytest front end
+    ("cli",),  # the llmenergy command: its flags that mean a pytest option use that row
+    ("__main__",),
+)
+
+# Module names used twice, on purpose: a deprecated alias keeps its old import path.
+SHARED_NAMES: dict[str, str] = {
+    "results.py": "controller/results.py is the 0.1 import path of results.py, kept until 0.3",
+}
