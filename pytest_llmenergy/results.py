@@ -180,7 +180,7 @@ class CaseResult:
     # Queries per trial (batch size x concurrent requests); tokens above are per query.
     queries: int = 1
     # The operator trace of one unmeasured run after the trials (--energy-profile-ops):
-    # plain JSON from predict.profile.  None: not profiled.
+    # plain JSON from predict.op_profile.  None: not profiled.
     op_profile: Mapping[str, Any] | None = None
     # The reference workload's CPU seconds around the trials (meters/reference.py): how
     # fast the machine ran while this case did.  None: not read.

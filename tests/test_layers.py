@@ -23,7 +23,7 @@ RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 
 
 def _part(module: str) -> str:
-    """``pytest_llmenergy.routing.plots`` -> ``routing``; the package itself: ``__init__``."""
+    """``pytest_llmenergy.routing.route_plots`` -> ``routing``; the package itself: ``__init__``."""
     names = module.split(".")
     return names[1] if len(names) > 1 else "__init__"
 

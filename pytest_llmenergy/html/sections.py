@@ -211,7 +211,7 @@ def threshold_data(routed: Routed) -> tuple[list[Record], list[Record]]:
     """The workload's energy at every threshold, one curve per pair of systems; and the
     optimal policy's thresholds (one point each) at its total energy."""
     from ..routing.optimize import RoutingError
-    from ..routing.plots import threshold_pairs
+    from ..routing.route_plots import threshold_pairs
 
     router, decision = routed.router, routed.decision
     curves: list[Record] = []
@@ -313,7 +313,7 @@ def threshold_spec(routed: Routed, curves: list[Record], optimum: list[Record]) 
 
 
 def routing_section(routed: Sequence[Routed]) -> Section:
-    from ..routing.tables import policy_table, savings_table
+    from ..routing.route_tables import policy_table, savings_table
 
     charts, tables = [], []
     for i, r in enumerate(routed):
