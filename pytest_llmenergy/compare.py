@@ -420,11 +420,9 @@ def compare_cases(
     tests = build_tests(pairs, history=history, session_noise=session_noise)
     alpha = 1.0 - confidence
     deltas = [
-        # a normalized figure needs no allowance for the speed drift: it is taken out
-        _delta(base, case, f, tests.get(key), confidence, gate, drift if speed == 1 else 0.0)
+        _delta(base, case, f, tests.get(key), confidence, gate, drift, speed)
         for key, base, case, f, gate, speed in found
     ]
-    deltas = [replace(d, speed=s) for d, (*_, s) in zip(deltas, found)]
     # The correction runs over the gated deltas that have a p-value at all.
     gated = [i for i, d in enumerate(deltas) if d.gate is not None and d.p_value is not None]
     worse = [_p_worse(deltas[i]) for i in gated]
@@ -469,6 +467,7 @@ def _delta(
     confidence: float,
     gate: Gate | None,
     drift: float,
+    speed: float = 1.0,
 ) -> Delta:
     a, b = f.trial_values(base) or [], f.trial_values(case) or []
     enough = len(a) >= 2 and len(b) >= 2
@@ -483,9 +482,10 @@ def _delta(
         gate=gate,
         busy=mostly_busy(base) or mostly_busy(case),
         unresolved=not (resolved(f, base) and resolved(f, case)),
-        drift=drift,
+        drift=drift if speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
         other_model=_other_model(base, case),
         test=test,
+        speed=speed,
     )
 
 
