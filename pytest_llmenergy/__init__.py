@@ -13,14 +13,14 @@ pytest::
 from __future__ import annotations
 
 from .axes import Axis
-from .controller import ControllerOptions
+from .controller import ControllerSettings
 from .controller.benchmark import EnergyBenchmark
-from .errors import ConfigError, LLMEnergyError, MeterError, MeterUnavailable
+from .errors import ConfigError, LLMEnergyError, MeterError, MeterUnavailable, renamed_names
 from .meters import (
     Domain,
     Measurement,
     Meter,
-    MeterOptions,
+    MeterSettings,
     Method,
     Phase,
     PowerSample,
@@ -36,14 +36,14 @@ __all__ = [
     "Axis",
     "CaseResult",
     "ConfigError",
-    "ControllerOptions",
+    "ControllerSettings",
     "Domain",
     "EnergyBenchmark",
     "LLMEnergyError",
     "Measurement",
     "Meter",
     "MeterError",
-    "MeterOptions",
+    "MeterSettings",
     "MeterUnavailable",
     "Method",
     "Phase",
@@ -54,3 +54,10 @@ __all__ = [
     "mark_phase",
     "open_meter",
 ]
+
+# The 0.1 names, until 0.3.0.
+__getattr__ = renamed_names(
+    "pytest_llmenergy",
+    {"MeterOptions": "MeterSettings", "ControllerOptions": "ControllerSettings"},
+    globals(),
+)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, report, values
-from .commandline import Command, Outcome, check_commands
+from .commandline import ROUTING_LIKE_OPTIONS, Command, Outcome, check_commands
 from .compare import (
     GATE_EXAMPLES,
     Comparison,
@@ -46,13 +46,12 @@ from .meters.reference import speed_drift
 from .plotting import FORMATS as PLOT_FORMATS
 from .plugin.options import plugin_option
 from .predict.predict_cli import COMMANDS as PREDICT_COMMANDS
-from .routing import BY_CHOICES, INPUT
 from .routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from .routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
 from .routing.policy import write_policies
 from .routing.profile import Profile, profiles_from_run, read_profile_csv
 from .routing.route_tables import ROUTE_FORMATS, render_routed
-from .routing.workload import ALPACA, ALPACA_PAPER, load_workload
+from .routing.workload import alpaca
 from .sessions import DEFAULT_SESSION_NOISE
 from .storage.pool import pool_runs
 from .storage.recorder import check_json_target
@@ -84,16 +83,20 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
         parents = [common] if command.common else []
-        command.arguments(sub.add_parser(command.name, parents=parents, help=command.help))
+        command_parser = sub.add_parser(command.name, parents=parents, help=command.help)
+        command.arguments(command_parser)
+        for flag, option_flag in command.like_options:
+            like_plugin_option(command_parser, flag, option_flag)
     return parser
 
 
-def like_plugin_option(parser: argparse.ArgumentParser, flag: str) -> None:
+def like_plugin_option(parser: argparse.ArgumentParser, flag: str, option_flag: str) -> None:
     """A flag that means what a pytest option means, built from that option's row (its
     parser, default, metavar and help): ``--session-noise`` is ``--energy-session-noise``."""
-    row = plugin_option(f"--energy-{flag.removeprefix('--')}")
+    row = plugin_option(option_flag)
     parser.add_argument(
         flag,
+        dest=row.field_name,
         type=_checked(row.parse),
         default=row.default,
         metavar=row.metavar,
@@ -107,8 +110,6 @@ def _list_arguments(ls: argparse.ArgumentParser) -> None:
 
 def _show_arguments(show: argparse.ArgumentParser) -> None:
     show.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
-    for flag in ("--columns", "--group-by", "--sort"):
-        like_plugin_option(show, flag)
 
 
 def _compare_arguments(cmp_: argparse.ArgumentParser) -> None:
@@ -142,7 +143,6 @@ def _compare_arguments(cmp_: argparse.ArgumentParser) -> None:
         help="also exit 1 when a gate is inconclusive: a case looks worse but the machine "
         "was busy, or the runs' meters differ (energies not comparable)",
     )
-    _session_noise_argument(cmp_)
     cmp_.add_argument(
         "--confidence",
         type=_checked(values.confidence),
@@ -175,7 +175,6 @@ def _report_arguments(rep: argparse.ArgumentParser) -> None:
         help="confidence of intervals and tests, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
-    _session_noise_argument(rep)
     rep.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
 
@@ -254,7 +253,6 @@ def _gatecheck_arguments(check: argparse.ArgumentParser) -> None:
         help="the gate (default: j_per_token:5%%)",
     )
     check.add_argument("--confidence", type=_checked(values.confidence), default=0.95)
-    _session_noise_argument(check)
     check.add_argument(
         "--judge-only", action="store_true", help="judge the sessions already in --out"
     )
@@ -273,12 +271,6 @@ def _gatecheck_arguments(check: argparse.ArgumentParser) -> None:
         help="each session's pytest arguments, after -- (default: benchmarks/ "
         "--llm-grid=quick -p no:randomly)",
     )
-
-
-def _session_noise_argument(parser: argparse.ArgumentParser) -> None:
-    """--session-noise, as compare, report and gatecheck take it: the plugin's
-    --energy-session-noise, from its row."""
-    like_plugin_option(parser, "--session-noise")
 
 
 def _routing_arguments(parser: argparse.ArgumentParser) -> None:
@@ -305,23 +297,6 @@ def _routing_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="route this model, repeatable (default: every model measured on every system; "
         "'all' pools each system's models)",
-    )
-    parser.add_argument(
-        "--workload",
-        default=ALPACA,
-        metavar="SPEC",
-        help=f"{ALPACA} (the prompts with their template), {ALPACA_PAPER} (counted as the "
-        "research counted them), or a CSV / JSONL file of input_tokens,output_tokens "
-        f"(default: {ALPACA})",
-    )
-    parser.add_argument("--by", choices=BY_CHOICES, default=INPUT, help="route on these tokens")
-    parser.add_argument(
-        "--lambda",
-        dest="lam",
-        type=_checked(lambda text: values.fraction(text, "a weight of energy")),
-        default=1.0,
-        metavar="L",
-        help="weight of energy against time in [0, 1]: 1 energy only (default), 0 time only",
     )
     parser.add_argument(
         "--p-ref",
@@ -776,7 +751,7 @@ def _route_settings(args: argparse.Namespace) -> RouteSettings:
 
 def _routed(args: argparse.Namespace, storage: Storage) -> list[Routed]:
     profiles = _profiles(args.profile, storage, args.lam)
-    return route(profiles, load_workload(args.workload), _route_settings(args))
+    return route(profiles, args.workload or alpaca(), _route_settings(args))
 
 
 def _route(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
@@ -850,6 +825,11 @@ _HERE: tuple[Command, ...] = (
         _show_arguments,
         lambda args, storage: Outcome(_show(storage.load(args.run), args)),
         common=True,
+        like_options=(
+            ("--columns", "--energy-columns"),
+            ("--group-by", "--energy-group-by"),
+            ("--sort", "--energy-sort"),
+        ),
     ),
     Command(
         "compare",
@@ -857,6 +837,7 @@ _HERE: tuple[Command, ...] = (
         _compare_arguments,
         _compare_outcome,
         common=True,
+        like_options=(("--session-noise", "--energy-session-noise"),),
     ),
     Command(
         "report",
@@ -864,6 +845,7 @@ _HERE: tuple[Command, ...] = (
         "(sortable), and each later run compared with the first",
         _report_arguments,
         lambda args, storage: Outcome(*_report(_runs(args, storage), args, storage)),
+        like_options=(("--session-noise", "--energy-session-noise"),),
     ),
     Command(
         "scale",
@@ -898,6 +880,7 @@ _HERE: tuple[Command, ...] = (
         "which queries go to which system (thresholds), and what that saves",
         _route_arguments,
         lambda args, storage: Outcome(*_route(args, storage)),
+        like_options=ROUTING_LIKE_OPTIONS,
     ),
     Command(
         "plot",
@@ -905,6 +888,7 @@ _HERE: tuple[Command, ...] = (
         "threshold; the energy-runtime Pareto front",
         _plot_arguments,
         lambda args, storage: Outcome(*_plot(args, storage)),
+        like_options=ROUTING_LIKE_OPTIONS,
     ),
     Command(
         "gatecheck",
@@ -912,6 +896,7 @@ _HERE: tuple[Command, ...] = (
         "known regression injected, judged by each gating procedure",
         _gatecheck_arguments,
         lambda args, storage: Outcome(*_gatecheck(args)),
+        like_options=(("--session-noise", "--energy-session-noise"),),
     ),
 )
 # Every command, in the order ``llmenergy --help`` lists them; each package contributes its own.

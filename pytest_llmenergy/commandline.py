@@ -31,13 +31,20 @@ class Command:
     """One ``llmenergy`` command.  ``run`` gets the parsed arguments and the storage
     folder (a ``storage.store.Storage``, passed as Any so that this kind stays below the
     packages that contribute commands); ``common`` adds ``--format`` and ``--storage``
-    after the command."""
+    after the command.
+
+    ``like_options`` are this command's flags that mean what a pytest option means, as
+    (flag, pytest option) pairs, e.g. ``("--lambda", "--energy-route-lambda")``: the
+    front end builds them from that option's row (its parser, default, metavar and
+    help; the value lands under the row's field name), so the two never drift apart and
+    a package below the plugin can declare them without importing it."""
 
     name: str
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, Any], Outcome]
     common: bool = False
+    like_options: tuple[tuple[str, str], ...] = ()
 
 
 def check_commands(commands: Sequence[Command]) -> dict[str, Command]:
@@ -48,3 +55,11 @@ def check_commands(commands: Sequence[Command]) -> dict[str, Command]:
             raise ValueError(f"llmenergy command {command.name!r} is declared twice")
         by_name[command.name] = command
     return by_name
+
+
+# Flags that mean the routing section's pytest options, for every command that routes.
+ROUTING_LIKE_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("--workload", "--energy-route-workload"),
+    ("--by", "--energy-route-by"),
+    ("--lambda", "--energy-route-lambda"),
+)

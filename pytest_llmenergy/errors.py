@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class LLMEnergyError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -29,3 +31,23 @@ class TrialRejected(LLMEnergyError):
 
 class MeterError(LLMEnergyError):
     """A meter failed while measuring (a device vanished, a reader died)."""
+
+
+def renamed_names(
+    module: str, renamed: dict[str, str], namespace: dict[str, object]
+) -> Callable[[str], object]:
+    """A module ``__getattr__`` that still answers to names renamed in 0.2.0, with a
+    warning that says the new name: code written for 0.1 keeps importing until 0.3."""
+    import warnings
+
+    def __getattr__(name: str) -> object:
+        if name not in renamed:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} was renamed {renamed[name]} in 0.2.0; the old name goes in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return namespace[renamed[name]]
+
+    return __getattr__

@@ -19,7 +19,7 @@ def pytest_llmenergy_meters(config: pytest.Config) -> Mapping[str, MeterFactory]
     """Register energy meters of your own, usable as ``--energy-backend=NAME``.
 
     Return a mapping from backend name to a factory that takes the session's
-    :class:`~pytest_llmenergy.MeterOptions` and returns a
+    :class:`~pytest_llmenergy.MeterSettings` and returns a
     :class:`~pytest_llmenergy.Meter`; the factory raises
     :class:`~pytest_llmenergy.MeterUnavailable` when the machine cannot serve it, which
     stops the session at start with that reason.  A name can't replace a built-in one.

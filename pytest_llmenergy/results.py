@@ -25,7 +25,7 @@ PREFILL_PASSES = "prefill_passes"
 
 
 class RepeatSettings(Protocol):
-    """How a case was repeated (``controller.rule.ControllerOptions``); the data model
+    """How a case was repeated (``controller.rule.ControllerSettings``); the data model
     needs only its confidence level, and must not depend on the controller."""
 
     @property

@@ -6,7 +6,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.meters.resources import ResourceUsage
 from pytest_llmenergy.results import CONVERGED, CaseResult, PhaseRecord, Trial
 from pytest_llmenergy.storage.recorder import new_run
@@ -72,7 +72,7 @@ def make_case(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         status=status,
-        options=ControllerOptions(),
+        options=ControllerSettings(),
         trials=make_trials(
             seconds, watts=watts, input_tokens=input_tokens, output_tokens=output_tokens, **kwargs
         ),

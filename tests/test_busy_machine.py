@@ -21,7 +21,7 @@ import pytest
 
 from pytest_llmenergy.compare import BUSY, FAIL, compare_cases, unlike_meters, verdict_line
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
 from pytest_llmenergy.plugin.showing import busy_line
 from pytest_llmenergy.report import case_tables
@@ -128,7 +128,7 @@ def run_case(shares: list[float], **options: Any) -> CaseResult:
     results: list[CaseResult] = []
     bench = EnergyBenchmark(
         TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
-        ControllerOptions(**{"rule": "research", "warmup": 0, **options}),
+        ControllerSettings(**{"rule": "research", "warmup": 0, **options}),
         nodeid="t.py::test_case[x]",
         name="test_case[x]",
         labels={},

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_llmenergy import mark_phase, open_meter
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.controller.targets import parse_ci_targets
 from pytest_llmenergy.errors import ConfigError, LLMEnergyError
 from pytest_llmenergy.figures import value
@@ -34,7 +34,7 @@ def make_bench(meter: Any, **options: Any) -> tuple[EnergyBenchmark, list[CaseRe
     options.setdefault("rule", "research")  # the trial counts below are the research rule's
     bench = EnergyBenchmark(
         meter,
-        ControllerOptions(**options),
+        ControllerSettings(**options),
         nodeid="t.py::test_case[x]",
         name="test_case[x]",
         labels={"model": "m"},

@@ -12,7 +12,7 @@ from pytest_llmenergy.controller.rule import (
     SHORT_CASE_TRIALS,
     TIME_BUDGET,
     TRIAL_LIMIT,
-    ControllerOptions,
+    ControllerSettings,
     StopDecision,
     decide,
     progress_line,
@@ -145,7 +145,7 @@ def test_relative_and_absolute_targets_against_a_summary() -> None:
     assert not CITarget("time", 100.0).holds(summarize([1.0]))  # one trial: no interval
 
 
-def rule_stop_point(options: ControllerOptions, seconds: list[float], joules: list[float]) -> int:
+def rule_stop_point(options: ControllerSettings, seconds: list[float], joules: list[float]) -> int:
     """Feed trials one by one; the number of trials at which the rule stopped."""
     for n in range(1, len(seconds) + 1):
         d = decide(options, trials(seconds[:n], joules[:n]))
@@ -162,7 +162,7 @@ def test_stops_exactly_when_the_target_first_holds(sd: float, seed: int) -> None
     rng = random.Random(seed * 100 + int(sd * 1000))
     seconds = [rng.gauss(5.0, sd) for _ in range(25)]
     joules = [100.0 * s for s in seconds]
-    options = ControllerOptions(rule="research")
+    options = ControllerSettings(rule="research")
     stop = rule_stop_point(options, seconds, joules)
 
     def half_width(n: int) -> float:
@@ -181,17 +181,17 @@ def test_stops_exactly_when_the_target_first_holds(sd: float, seed: int) -> None
 def test_all_targets_must_hold() -> None:
     seconds = [1.0, 1.01, 0.99, 1.0]
     joules = [10.0, 14.0, 6.0, 10.0]  # time is tight, energy is not
-    both = ControllerOptions(targets=parse_ci_targets("time_s:0.5s,energy_j:1J"), max_trials=4)
+    both = ControllerSettings(targets=parse_ci_targets("time_s:0.5s,energy_j:1J"), max_trials=4)
     d = decide(both, trials(seconds[:3], joules[:3]))
     assert not d.stop and [str(t) for t in d.unmet] == ["energy_j:1J"]
     d = decide(both, trials(seconds, joules))
     assert d.stop and not d.converged  # the limit, not convergence
-    time_only = ControllerOptions(targets=parse_ci_targets("time_s:0.5s"), max_trials=4)
+    time_only = ControllerSettings(targets=parse_ci_targets("time_s:0.5s"), max_trials=4)
     assert decide(time_only, trials(seconds[:3], joules[:3])).converged
 
 
 def test_the_decision_summarizes_each_targeted_figure_by_its_key() -> None:
-    options = ControllerOptions(
+    options = ControllerSettings(
         targets=parse_ci_targets("time_s:0.5s, energy_j:1J, j_per_token:5%, time_s:10%")
     )
     d = decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
@@ -210,7 +210,7 @@ def test_the_decision_summarizes_each_targeted_figure_by_its_key() -> None:
 
 
 def test_a_prefill_target_holds_only_on_trials_split_into_phases() -> None:
-    options = ControllerOptions(targets=parse_ci_targets("ttft_s:0.5s"), max_trials=4)
+    options = ControllerSettings(targets=parse_ci_targets("ttft_s:0.5s"), max_trials=4)
     split = decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5], phases=True))
     assert split.converged and split.summaries["ttft_s"].mean == pytest.approx(0.2 * 1.1)
     unsplit = decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
@@ -222,29 +222,29 @@ def test_a_prefill_target_holds_only_on_trials_split_into_phases() -> None:
 
 
 def test_min_trials_is_respected_even_when_the_target_holds_earlier() -> None:
-    options = ControllerOptions(min_trials=5)
+    options = ControllerSettings(min_trials=5)
     for n in range(2, 5):
         assert not decide(options, trials([1.0] * n, [1.0] * n)).stop
     assert decide(options, trials([1.0] * 5, [1.0] * 5)).converged
 
 
 def test_one_trial_can_never_converge() -> None:
-    options = ControllerOptions(min_trials=1, max_trials=3)
+    options = ControllerSettings(min_trials=1, max_trials=3)
     assert not decide(options, trials([1.0], [1.0])).stop
     assert decide(options, trials([1.0, 1.0], [1.0, 1.0])).converged
 
 
 def test_bad_options_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="max_trials"):
-        ControllerOptions(min_trials=5, max_trials=3)
+        ControllerSettings(min_trials=5, max_trials=3)
     with pytest.raises(ConfigError, match="confidence"):
-        ControllerOptions(confidence=1.5)
+        ControllerSettings(confidence=1.5)
     with pytest.raises(ConfigError, match="warmup"):
-        ControllerOptions(warmup=-1)
+        ControllerSettings(warmup=-1)
 
 
 def test_marker_overrides_and_unknown_kwargs() -> None:
-    base = ControllerOptions()
+    base = ControllerSettings()
     got = with_overrides(base, {"max_trials": 2, "ci_target": "energy_j:5%", "warmup": 0})
     assert (got.min_trials, got.max_trials, got.warmup) == (2, 2, 0)
     assert [str(t) for t in got.targets] == ["energy_j:5%"]
@@ -255,14 +255,14 @@ def test_marker_overrides_and_unknown_kwargs() -> None:
 
 
 def test_progress_line_shows_half_width_against_target() -> None:
-    options = ControllerOptions()
+    options = ControllerSettings()
     line = progress_line(options, 3, decide(options, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5])))
     # both runtime targets in one part: ±0.5 s holds, 10 % of 1.1 s = 0.11 s does not
     assert line.startswith("trial 3: time_s 1.1 s ±0.248 (<= 0.5 s, > 0.11 s); energy_j 5.5 J")
     first = progress_line(options, 1, decide(options, trials([1.0], [5.0])))
     assert first.startswith("trial 1: time_s 1 s (no CI yet); energy_j 5 J (no CI yet)")
     # a relative target: its limit in the figure's unit, 2 % of the 5.5 J mean = 0.11 J
-    relative = ControllerOptions(targets=parse_ci_targets("energy_j:2%"))
+    relative = ControllerSettings(targets=parse_ci_targets("energy_j:2%"))
     d = decide(relative, trials([1.0, 1.2, 1.1], [5.0, 6.0, 5.5]))
     assert progress_line(relative, 3, d) == "trial 3: energy_j 5.5 J ±1.24 (> 0.11 J)"
 
@@ -297,7 +297,7 @@ def test_the_default_rule_wants_relative_intervals_a_second_and_at_most_15(
     rng = random.Random(seed)
     seconds = [max(1e-4, rng.gauss(mean_s, mean_s * cv)) for _ in range(25)]
     joules = [30.0 * s * rng.uniform(0.97, 1.03) for s in seconds]
-    options = ControllerOptions()
+    options = ControllerSettings()
     assert options.rule == "default" and options.min_time == 1.0 and options.max_time == 15.0
 
     def ok(n: int) -> bool:
@@ -312,7 +312,7 @@ def test_the_default_rule_wants_relative_intervals_a_second_and_at_most_15(
 
     expected = next((n for n in range(3, 26) if ok(n)), 25)
     assert rule_stop_point(options, seconds, joules) == expected
-    research = rule_stop_point(ControllerOptions(rule="research"), seconds, joules)
+    research = rule_stop_point(ControllerSettings(rule="research"), seconds, joules)
     if mean_s < 0.5:
         assert research == 3 and expected >= min(25, int(1.0 / mean_s))
     if cv > 0.2:  # noisy and long: the 15 s budget, not 25 trials of 4 s
@@ -325,7 +325,7 @@ def test_a_short_precise_case_stops_at_the_limit_converged() -> None:
     limit is never passed."""
     seconds = [0.03 + 0.0001 * (i % 3) for i in range(300)]
     joules = [30.0 * s for s in seconds]
-    options = ControllerOptions()
+    options = ControllerSettings()
     n = rule_stop_point(options, seconds, joules)
     assert n == SHORT_CASE_TRIALS * options.max_trials == options.max_trials
     final = decide(options, trials(seconds[:n], joules[:n]))
@@ -335,7 +335,7 @@ def test_a_short_precise_case_stops_at_the_limit_converged() -> None:
 def test_a_short_imprecise_case_stops_at_the_limit_and_says_which_target() -> None:
     seconds = [0.01, 0.05] * 20
     joules = [30.0 * s for s in seconds]
-    options = ControllerOptions()
+    options = ControllerSettings()
     n = rule_stop_point(options, seconds, joules)
     final = decide(options, trials(seconds[:n], joules[:n]))
     assert n == options.max_trials and not final.converged
@@ -348,7 +348,7 @@ def test_a_short_imprecise_case_stops_at_the_limit_and_says_which_target() -> No
 
 def test_energy_of_one_domain_family_is_a_ci_target() -> None:
     """gpu_j per trial counts the meter's counted domains only."""
-    options = ControllerOptions(targets=parse_ci_targets("gpu_j:5%"), min_time_s=0)
+    options = ControllerSettings(targets=parse_ci_targets("gpu_j:5%"), min_time_s=0)
     steady = trials([1.0, 1.0, 1.0], [10.0, 10.0, 10.0])
     assert decide(options, steady, counted={"gpu:0": True}).converged
     # an uncounted domain is never a target's value: no interval, never converged

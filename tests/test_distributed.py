@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy import ConfigError, MeterOptions, open_meter
+from pytest_llmenergy import ConfigError, MeterSettings, open_meter
 from pytest_llmenergy.distributed import (
     DistEnv,
     DistributedMeter,
@@ -223,7 +223,7 @@ def test_a_model_spread_over_two_gpus_is_metered_on_both(monkeypatch: pytest.Mon
     )
     occupied = occupied_gpus(model)
     assert occupied == (0, 1)
-    with open_meter("nvml", MeterOptions(sample_interval_s=0.01)) as meter:
+    with open_meter("nvml", MeterSettings(sample_interval_s=0.01)) as meter:
         assert unmetered_gpus(occupied, meter.domains) == []
         with meter.measure() as window:
             time.sleep(0.3)
@@ -231,7 +231,7 @@ def test_a_model_spread_over_two_gpus_is_metered_on_both(monkeypatch: pytest.Mon
         assert set(m.by_domain) == {"gpu:0", "gpu:1"}
         assert m.joules == pytest.approx(150.0 * m.seconds, rel=0.35)  # counters' resolution
         assert m.by_domain["gpu:0"] > m.by_domain["gpu:1"]
-    with open_meter("nvml", MeterOptions(gpus=(0,))) as meter:
+    with open_meter("nvml", MeterSettings(gpus=(0,))) as meter:
         assert unmetered_gpus(occupied, meter.domains) == [1]
 
 
@@ -241,7 +241,8 @@ def test_tensor_parallel_needs_a_plan_and_a_grid_leaves_out_its_models_without_o
     """transformers cannot split Falcon: named, it is one line; from the grid's defaults,
     it is left out and the header says so."""
     from pytest_llmenergy.llm.tiny import ensure_tiny_model
-    from pytest_llmenergy.plugin.options import LLMSettings, PluginOptions
+    from pytest_llmenergy.plugin.generating import LLMSettings
+    from pytest_llmenergy.plugin.options import PluginSettings
     from pytest_llmenergy.plugin.torchrun import check_layout
 
     monkeypatch.setenv("LLMENERGY_CACHE", str(tiny_cache))
@@ -249,13 +250,13 @@ def test_tensor_parallel_needs_a_plan_and_a_grid_leaves_out_its_models_without_o
         ensure_tiny_model(name)
     problem = tensor_parallel_problem("tiny-falcon", 2, cache_dir=tiny_cache)
     assert problem is not None and "no tensor-parallel plan" in problem and "(Falcon)" in problem
-    grid_options = PluginOptions(llm=LLMSettings(grid_name="quick", parallel="tp"))
+    grid_options = PluginSettings(llm=LLMSettings(grid_name="quick", parallel="tp"))
     options, notes = check_layout(grid_options, _env(0))
     assert options.llm.grid.models == ("tiny-llama", "tiny-mistral")
     assert notes == [
         "--llm-parallel=tp: model tiny-falcon left out: transformers has no tensor-parallel "
         "plan for its architecture (Falcon)"
     ]
-    named = PluginOptions(llm=LLMSettings(models=("tiny-falcon",), parallel="tp"))
+    named = PluginSettings(llm=LLMSettings(models=("tiny-falcon",), parallel="tp"))
     with pytest.raises(pytest.UsageError, match="model tiny-falcon cannot be split over 2"):
         check_layout(named, _env(0))

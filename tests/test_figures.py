@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from pytest_llmenergy.compare import Gate, parse_gate
-from pytest_llmenergy.controller.rule import ControllerOptions, decide
+from pytest_llmenergy.controller.rule import ControllerSettings, decide
 from pytest_llmenergy.controller.targets import CITarget, parse_ci_target
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import (
@@ -187,10 +187,10 @@ def test_old_ci_target_names_read_from_saved_runs_without_warning() -> None:
 def test_a_ci_target_on_energy_per_token_drives_the_stopping_rule() -> None:
     steady = make_case([1.0, 1.0, 1.0, 1.0])
     noisy = make_case([1.0, 2.0, 0.5, 1.5])
-    options = ControllerOptions(targets=(parse_ci_target("j_per_token:1%"),))
+    options = ControllerSettings(targets=(parse_ci_target("j_per_token:1%"),))
     assert decide(options, steady.trials).converged
     assert not decide(options, noisy.trials).converged
-    phases = ControllerOptions(targets=(parse_ci_target("decode_j_per_out_token:50%"),))
+    phases = ControllerSettings(targets=(parse_ci_target("decode_j_per_out_token:50%"),))
     assert not decide(phases, make_case([1.0, 1.0, 1.0], prefill_share=None).trials).converged
 
 

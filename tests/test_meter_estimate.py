@@ -26,7 +26,7 @@ from pytest_llmenergy.meters.estimate import (
     create,
     machine_logical_cpus,
 )
-from pytest_llmenergy.meters.meter_options import MeterOptions
+from pytest_llmenergy.meters.meter_settings import MeterSettings
 
 
 # -- TDP table lookup -------------------------------------------------------------
@@ -256,7 +256,7 @@ def _spin_cpu(cpu_s: float) -> None:
 
 
 def test_real_busy_loop_and_sleep() -> None:
-    meter = create(MeterOptions())
+    meter = create(MeterSettings())
     per_cpu_w = meter.tdp.watts / meter.logical_cpus
     assert meter.watts_per_cpu == pytest.approx(per_cpu_w)
 
@@ -299,5 +299,5 @@ def test_logical_cpus_are_the_machines_not_the_affinity_mask() -> None:
 def test_missing_psutil_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psutil", None)
     with pytest.raises(MeterUnavailable, match="pip install psutil") as info:
-        create(MeterOptions())
+        create(MeterSettings())
     assert info.value.backend == "estimate"

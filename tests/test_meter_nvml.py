@@ -14,7 +14,7 @@ import pytest
 from pytest_llmenergy import (
     ConfigError,
     MeterError,
-    MeterOptions,
+    MeterSettings,
     MeterUnavailable,
     Method,
     open_meter,
@@ -291,7 +291,7 @@ def test_methods_and_notes_per_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         make_gpu(3, None),  # architecture query unsupported: try the counter
     ]
     install_fake_pynvml(monkeypatch, gpus)
-    meter = create(MeterOptions())
+    meter = create(MeterSettings())
     try:
         assert isinstance(meter, NvmlMeter)
         assert {name: d.method for name, d in meter.domains.items()} == {
@@ -426,7 +426,7 @@ def test_real_pynvml_without_a_driver_is_unavailable_in_one_line(
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     pytest.importorskip("pynvml")
     try:
-        meter = create(MeterOptions())
+        meter = create(MeterSettings())
     except MeterUnavailable as exc:
         message = str(exc)
     else:

@@ -9,19 +9,22 @@ import pytest
 from pytest_llmenergy.figures import FIGURES
 from pytest_llmenergy.llm.grid import TINY_MODEL_NAMES
 from pytest_llmenergy.meters import BUILTIN_BACKENDS
-from pytest_llmenergy.plugin.options import _SECTION_OF, OPTIONS, PluginOptions
+from pytest_llmenergy.plugin.options import OPTIONS, SECTIONS, PluginSettings
 
 
 def test_every_option_has_one_flag_one_ini_twin_and_a_real_destination() -> None:
     assert len({o.flag for o in OPTIONS}) == len(OPTIONS)
     assert len({o.ini for o in OPTIONS}) == len(OPTIONS)
     assert all(o.ini.startswith("llmenergy_") for o in OPTIONS)
-    for option in OPTIONS:
-        cls = _SECTION_OF[option.section]
-        names = {f.name for f in dataclasses.fields(cls)}
-        assert option.field_name in names, option.to
-    sections = {f.name for f in dataclasses.fields(PluginOptions)} - {"record"}
-    assert sections == set(_SECTION_OF)
+    fields = {f.name: f for f in dataclasses.fields(PluginSettings)}
+    for section in SECTIONS:  # each section is a field of PluginSettings, of its own class
+        assert fields[section.name].default_factory is section.settings, section.name
+        names = {f.name for f in dataclasses.fields(section.settings)}
+        for option in section.options:
+            assert option.field_name in names, option.to
+            assert option.section == section.name and option.settings is section.settings
+    assert {s.name for s in SECTIONS} == set(fields) - {"record"}
+    assert all(s.settings.__name__.endswith("Settings") for s in SECTIONS)
 
 
 def test_defaults_come_from_the_settings_not_from_the_help_text() -> None:

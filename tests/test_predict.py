@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.predict.calibrate import (
     FORMS,
     calibrate_runs,
@@ -62,7 +62,7 @@ def synthetic_case(shape: ModelShape, n_in: int, n_out: int, noise: float = 0.0)
         input_tokens=n_in,
         output_tokens=n_out,
         status=CONVERGED,
-        options=ControllerOptions(),
+        options=ControllerSettings(),
         trials=(trial, trial),
         methods={"cpu:process": "counter"},
         counted={"cpu:process": True},

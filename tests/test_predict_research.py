@@ -145,7 +145,7 @@ def test_the_roofline_form_recovers_a_machine_that_is_bound_one_way_or_the_other
 
 
 def _case(model: str, n_in: int, n_out: int, secs: float, watts: float = 300.0) -> object:
-    from pytest_llmenergy.controller.rule import ControllerOptions
+    from pytest_llmenergy.controller.rule import ControllerSettings
     from pytest_llmenergy.results import ROUNDS, CaseResult
 
     trial = Trial(1, secs, watts * secs, watts * secs, {"gpu:0": watts * secs}, {}, n_in, n_out)
@@ -156,7 +156,7 @@ def _case(model: str, n_in: int, n_out: int, secs: float, watts: float = 300.0) 
         input_tokens=n_in,
         output_tokens=n_out,
         status=ROUNDS,
-        options=ControllerOptions(),
+        options=ControllerSettings(),
         trials=(trial,),
     )
 

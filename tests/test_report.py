@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import DEFAULT_COLUMNS, FIGURES, DeprecatedName
 from pytest_llmenergy.meters.resources import ResourceUsage
@@ -104,7 +104,7 @@ def make_case(
         input_tokens=tokens[0],
         output_tokens=tokens[1],
         status=status,
-        options=ControllerOptions(),
+        options=ControllerSettings(),
         trials=trials,
         methods=methods,
         counted=counted,

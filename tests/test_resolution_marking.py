@@ -15,7 +15,7 @@ import pytest
 
 from pytest_llmenergy.compare import UNRESOLVED, compare_cases, parse_gates
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.figures import FIGURES, PASS_WINDOW_MULTIPLE, resolved, value
 from pytest_llmenergy.meters import mark_phase, open_meter
 from pytest_llmenergy.report import case_tables
@@ -57,7 +57,7 @@ def case(monkeypatch: pytest.MonkeyPatch) -> CaseResult:
         assert meter.resolution_s == pytest.approx(0.1, rel=0.3)
         bench = EnergyBenchmark(
             meter,
-            ControllerOptions(rule="research", warmup=0, min_trials=2, max_trials=2),
+            ControllerSettings(rule="research", warmup=0, min_trials=2, max_trials=2),
             nodeid="t.py::test_q[x]",
             name="test_q[x]",
             labels={},

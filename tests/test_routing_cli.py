@@ -207,7 +207,6 @@ def test_capacity_limits_the_share(capsys) -> None:
             (*PAPER_ARGS[2:], "--capacity", "M1-Pro=0%", "--capacity", "Swing AMD+A100=0%"),
             "capacity",
         ),
-        (("--workload", "missing.csv"), "no such workload"),
         (("--by", "both"), "routes between two systems"),
     ],
 )
@@ -218,10 +217,12 @@ def test_bad_questions_are_one_line(capsys, args: tuple[str, ...], expect: str) 
 
 
 def test_a_bad_workload_row_names_its_line(capsys, tmp_path: Path) -> None:
+    """--workload is the pytest option --energy-route-workload's row: read as it is parsed."""
     bad = tmp_path / "w.csv"
     bad.write_text("input_tokens,output_tokens\n10,5\n12,x\n")
-    code, _, err = cli(capsys, "route", *PAPER_ARGS, "--workload", bad)
-    assert code == 2 and f"{bad}:3: output_tokens" in one_error_line(err)
+    line = usage_error(capsys, "route", *PAPER_ARGS, "--workload", bad)
+    assert f"argument --workload: {bad}:3: output_tokens" in line
+    assert "no such workload" in usage_error(capsys, "route", *PAPER_ARGS, "--workload", "no.csv")
 
 
 def test_a_bad_profile_row_names_its_line(capsys, tmp_path: Path) -> None:
@@ -237,7 +238,7 @@ def test_a_bad_profile_row_names_its_line(capsys, tmp_path: Path) -> None:
         (("--lambda", "2"), "argument --lambda: expected a weight of energy between 0 and 1"),
         (("--capacity", "M1-Pro=lots"), "bad capacity"),
         (("--p-ref", "-3"), "argument --p-ref: expected watts > 0"),
-        (("--by", "tokens"), "invalid choice"),
+        (("--by", "tokens"), "argument --by: expected one of input, output, both"),
         (("--lambda-steps", "1"), "expected 0 (no sweep) or 2 to 1001 steps"),
     ],
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.plotting import FORMATS
 from pytest_llmenergy.results import CaseResult
@@ -381,7 +381,7 @@ TRIALS = {8: (1.0, 1.2, 0.9), 16: (1.5, 1.9, 1.6, 1.4), 32: (2.0, 2.8, 2.3), 64:
 
 def _cases(confidence: float = 0.95, method: str = "counter") -> list[CaseResult]:
     """An input sweep of one model with known, unequal trials at each size."""
-    options = ControllerOptions(confidence=confidence)
+    options = ControllerSettings(confidence=confidence)
     return [
         dataclasses.replace(
             make_case(TRIALS[n], input_tokens=n, output_tokens=4, watts=50.0 + n, method=method),

@@ -232,7 +232,7 @@ def test_serve_llama_cpp_without_a_converter_stops_at_start_in_one_line(
 
 
 def test_an_unstreamed_request_keeps_no_ttft_through_the_run_file() -> None:
-    from pytest_llmenergy.controller.rule import ControllerOptions
+    from pytest_llmenergy.controller.rule import ControllerSettings
     from pytest_llmenergy.figures import value
     from pytest_llmenergy.results import CaseResult, RequestRecord, Trial
     from pytest_llmenergy.storage.runfile import decode_case, encode_case
@@ -240,7 +240,7 @@ def test_an_unstreamed_request_keeps_no_ttft_through_the_run_file() -> None:
     requests = (RequestRecord(None, 0.5, 16), RequestRecord(None, 0.7, 16))
     assert requests[0].tpot_s is None
     trial = Trial(1, 0.7, 4.0, 4.0, {}, {}, 32, 16, queries=2, requests=requests)
-    options = ControllerOptions()
+    options = ControllerSettings()
     case = CaseResult("n", "n", {}, 32, 16, "rounds", options, trials=(trial,), queries=2)
     again = decode_case(encode_case(case))
     assert again.trials[0].requests == requests

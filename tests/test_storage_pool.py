@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy.compare import compare_cases, parse_gates
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.results import CONVERGED, LIMIT
@@ -49,7 +49,7 @@ def test_runs_of_other_hardware_or_confidence_are_not_pooled() -> None:
     with pytest.raises(ConfigError, match="different hardware cannot be pooled"):
         pool_runs([one, replace(one, hardware="elsewhere")])
     other = make_case([0.1, 0.1])
-    other = replace(other, options=ControllerOptions(confidence=0.99))
+    other = replace(other, options=ControllerSettings(confidence=0.99))
     with pytest.raises(ConfigError, match=r"different confidence levels \(0.95, 0.99\)"):
         pool_runs([one, replace(one, cases=(other,))])
     with pytest.raises(ConfigError, match="at least two runs"):

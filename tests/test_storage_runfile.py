@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.controller.targets import CITarget
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.plugin.options import OPTIONS
@@ -46,7 +46,7 @@ def sample_run(cases: tuple[CaseResult, ...]) -> Run:
 
 
 def test_round_trip_keeps_every_trial_and_derived_figure(tmp_path: Path) -> None:
-    odd = ControllerOptions(
+    odd = ControllerSettings(
         min_trials=2,
         max_trials=7,
         confidence=0.9,
@@ -63,7 +63,7 @@ def test_round_trip_keeps_every_trial_and_derived_figure(tmp_path: Path) -> None
             input_tokens=9000,
             output_tokens=1,
             status=OOM,
-            options=ControllerOptions(),
+            options=ControllerSettings(),
             reason="OOM at 9000 input tokens (1 output tokens)",
         ),
     )
@@ -139,7 +139,7 @@ def test_files_are_strict_json_even_with_nan_figures(tmp_path: Path) -> None:
 
 
 def test_jsonable_turns_options_into_plain_values() -> None:
-    plain = jsonable({"o": ControllerOptions(rule="research"), "n": float("inf"), "s": {3}})
+    plain = jsonable({"o": ControllerSettings(rule="research"), "n": float("inf"), "s": {3}})
     assert plain["o"]["targets"] == [{"metric": "time_s", "value": 0.5, "relative": False}]
     assert plain["n"] is None and plain["s"] == [3]
     json.dumps(plain, allow_nan=False)

@@ -1,7 +1,7 @@
 """The reference pages, written at build time from the package's registries.
 
 MkDocs loads this file as a hook (``hooks:`` in ``mkdocs.yml``).  Each page is made from
-what the code declares: the pytest options (``plugin.options.OPTIONS``), the figures
+what the code declares: the pytest options (``plugin.options.SECTIONS``), the figures
 (``figures.describe``), the ``llmenergy`` command line (its argparse parser), the meters
 (``meters.BUILTIN_BACKENDS``) and the run file (a real run file written by a short
 session on the estimate meter).  Nothing here lists an option, a figure, a command or a
@@ -29,20 +29,6 @@ from typing import Any
 
 REFERENCE_DIR = "reference"
 SAMPLE_TIMEOUT_S = 600  # the sample session takes a few seconds on an idle machine
-# The option sections of plugin.options.PluginOptions, in words; an unknown one is titled
-# from its own name, so a new section needs no change here.
-SECTION_TITLES = {
-    "measure": "Measuring",
-    "meter": "The meter",
-    "controller": "Repeating a case",
-    "order": "Case order",
-    "report": "Tables",
-    "keep": "Saving, comparing and gating",
-    "route": "Routing",
-    "llm": "Models and cases",
-    "gpu": "GPU settings",
-    "serve": "Servers and engines",
-}
 
 
 # -- small helpers --------------------------------------------------------------------
@@ -100,24 +86,23 @@ def _option_meaning(option: Any) -> str:
 def options_page() -> str:
     from pytest_llmenergy.plugin import options as registry
 
-    sections: dict[str, list[Any]] = {}
-    for option in registry.OPTIONS:
-        sections.setdefault(getattr(option, "section", "other"), []).append(option)
+    sections = {s.name: (s.title, s.options) for s in registry.SECTIONS}
     parts = [
         "# pytest options\n",
-        generated_note("`pytest_llmenergy/plugin/options.py` (`OPTIONS`)"),
+        generated_note(
+            "the sections each feature declares (`Section`), collected in "
+            "`pytest_llmenergy/plugin/options.py` (`SECTIONS`)"
+        ),
         f"Every option has an ini twin: set it under `[pytest]` in `pytest.ini` or "
         f"`[tool.pytest.ini_options]` in `pyproject.toml`; the command line wins. "
         f"{len(registry.OPTIONS)} options. A bad value stops the session at start with one "
         f"line naming the option, and exit code 4.\n",
         "| section | options |\n|---|---|\n"
         + "".join(
-            f"| [{SECTION_TITLES.get(s, s.title())}](#{s}) | {len(opts)} |\n"
-            for s, opts in sections.items()
+            f"| [{title}](#{name}) | {len(opts)} |\n" for name, (title, opts) in sections.items()
         ),
     ]
-    for section, opts in sections.items():
-        title = SECTION_TITLES.get(section, section.replace("_", " ").title())
+    for section, (title, opts) in sections.items():
         parts.append(f"## {title} {{#{section}}}\n")
         rows = [
             (code(_option_usage(o)), code(o.ini), o.describe_default(), _option_meaning(o))
@@ -423,7 +408,7 @@ def field_notes(cls: type) -> dict[str, str]:
 def _schema_classes() -> dict[str, type]:
     """Which dataclass a path of the run file is written from (its fields' comments)."""
     from pytest_llmenergy import results
-    from pytest_llmenergy.controller.rule import ControllerOptions
+    from pytest_llmenergy.controller.rule import ControllerSettings
     from pytest_llmenergy.meters.resources import ResourceUsage
     from pytest_llmenergy.storage.runfile import Run
 
@@ -435,7 +420,7 @@ def _schema_classes() -> dict[str, type]:
         "cases[].disturbed_trials[]": trial,
         "cases[].prefill_passes[]": trial,
         "cases[].resources": ResourceUsage,
-        "cases[].controller": ControllerOptions,
+        "cases[].controller": ControllerSettings,
         "cases[].trials[].phases.<phase>": results.PhaseRecord,
         "cases[].trials[].gpu": results.GpuTelemetry,
         "cases[].trials[].requests[]": results.RequestRecord,

@@ -25,7 +25,7 @@ from ..meters.base import Meter
 from ..meters.reference import reference_s
 from ..meters.resources import ResourceProbe
 from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, GpuTelemetry, Trial
-from .rule import ControllerOptions, decide, progress_line
+from .rule import ControllerSettings, decide, progress_line
 
 
 class TrialProbe(Protocol):
@@ -97,7 +97,7 @@ class EnergyBenchmark:
     def __init__(
         self,
         meter: Meter,
-        options: ControllerOptions,
+        options: ControllerSettings,
         *,
         nodeid: str,
         name: str,

@@ -75,7 +75,7 @@ TRIAL_LIMIT, TIME_BUDGET = "the trial limit", "the measured-time budget"
 
 
 @dataclass(frozen=True)
-class ControllerOptions:
+class ControllerSettings:
     """How cases are repeated.  Empty ``targets`` and a ``min_time_s`` of None take the
     ``rule``'s; given ones replace them."""
 
@@ -157,7 +157,7 @@ class ControllerOptions:
 MARKER_KWARGS = ("min_trials", "max_trials", "confidence", "warmup", "ci_target")
 
 
-def with_overrides(base: ControllerOptions, overrides: Mapping[str, Any]) -> ControllerOptions:
+def with_overrides(base: ControllerSettings, overrides: Mapping[str, Any]) -> ControllerSettings:
     """``base`` with a marker's kwargs applied; unknown or bad ones are a ConfigError."""
     unknown = sorted(set(overrides) - set(MARKER_KWARGS))
     if unknown:
@@ -204,7 +204,7 @@ class StopDecision:
 
 
 def decide(
-    options: ControllerOptions,
+    options: ControllerSettings,
     trials: Sequence[Trial],
     disturbed: int = 0,
     counted: Mapping[str, bool] | None = None,
@@ -249,7 +249,7 @@ def decide(
     )
 
 
-def progress_line(options: ControllerOptions, n: int, decision: StopDecision) -> str:
+def progress_line(options: ControllerSettings, n: int, decision: StopDecision) -> str:
     """``trial 4: time_s 1.234 s ±0.021 (<= 0.5 s)`` for ``-v`` output."""
     parts = []
     by_metric: dict[str, list[CITarget]] = {}

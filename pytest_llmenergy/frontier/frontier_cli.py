@@ -13,13 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..commandline import Command, Outcome
+from ..commandline import ROUTING_LIKE_OPTIONS, Command, Outcome
 from ..errors import ConfigError
 from ..gpu.control import StateFile, default_state_path, recover
 from ..gpu.settings import parse_slowdowns
 from ..storage.runfile import Run
 from ..tables import render
-from ..values import fraction
 from . import (
     DEFAULT_MAX_SLOWDOWNS,
     at_best_settings,
@@ -74,32 +73,11 @@ def _frontier_arguments(front: argparse.ArgumentParser) -> None:
         help="slowdowns the energy bloat is reported at (default: 0%%,5%%)",
     )
     front.add_argument(
-        "--lambda",
-        dest="lam",
-        type=_checked(lambda t: fraction(t, "a weight of energy")),
-        default=1.0,
-        metavar="L",
-        help="weight of energy against time (1: energy only, the default; 0: time only)",
-    )
-    front.add_argument(
         "--p-ref",
         type=float,
         default=None,
         metavar="WATTS",
         help="price of time in W (default: the GPU's highest power limit, as recorded)",
-    )
-    front.add_argument(
-        "--workload",
-        default="alpaca",
-        metavar="SPEC",
-        help="workload of the routing between several runs: alpaca (default), "
-        "alpaca-paper, or a CSV / JSONL file",
-    )
-    front.add_argument(
-        "--by",
-        choices=("input", "output"),
-        default="input",
-        help="route on input (default) or output tokens",
     )
     front.add_argument("--json", metavar="FILE", help="also write the frontier and policy here")
     front.add_argument("--plots", metavar="DIR", help="also write one figure per model here")
@@ -177,13 +155,13 @@ def _route(
     chosen together."""
     from ..routing.decide import RouteSettings, route
     from ..routing.profile import profiles_from_run
-    from ..routing.workload import load_workload
+    from ..routing.workload import alpaca
 
     pick = at_best_settings(args.lam)
     profiles = [p for run in runs for p in profiles_from_run(run, pick=pick)]
     routed = route(
         profiles,
-        load_workload(args.workload),
+        args.workload or alpaca(),
         RouteSettings(by=args.by, lam=args.lam, lambda_steps=0),
     )
     setting_policies = [p for d in documents for p in d["policies"]]
@@ -214,5 +192,6 @@ COMMANDS: tuple[Command, ...] = (
         _frontier_arguments,
         _frontier,
         common=True,
+        like_options=ROUTING_LIKE_OPTIONS,
     ),
 )

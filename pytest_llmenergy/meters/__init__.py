@@ -10,11 +10,11 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_names
 from .base import Domain, Measurement, Meter, Method, Phase, PowerSample, Window, mark_phase
-from .meter_options import MeterOptions
+from .meter_settings import MeterSettings
 
-MeterFactory = Callable[[MeterOptions], Meter]
+MeterFactory = Callable[[MeterSettings], Meter]
 
 # name -> "module:function"; imported only when that backend is opened.
 BUILTIN_BACKENDS: dict[str, str] = {
@@ -53,20 +53,20 @@ def resolve_factory(name: str, extra: Mapping[str, MeterFactory] | None = None) 
 
 def open_meter(
     name: str = "auto",
-    options: MeterOptions | None = None,
+    options: MeterSettings | None = None,
     *,
     extra: Mapping[str, MeterFactory] | None = None,
     **option_kwargs: Any,
 ) -> Meter:
     """Open the named backend; raises :class:`MeterUnavailable` saying why it can't.
 
-    ``open_meter("nvml", gpus=(0, 1))`` is short for passing a :class:`MeterOptions`.
+    ``open_meter("nvml", gpus=(0, 1))`` is short for passing a :class:`MeterSettings`.
     """
     if options is None:
         if "gpus" in option_kwargs and option_kwargs["gpus"] is not None:
             option_kwargs["gpus"] = tuple(option_kwargs["gpus"])
         try:
-            options = MeterOptions(**option_kwargs)
+            options = MeterSettings(**option_kwargs)
         except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from exc
     elif option_kwargs:
@@ -80,7 +80,7 @@ __all__ = [
     "Measurement",
     "Meter",
     "MeterFactory",
-    "MeterOptions",
+    "MeterSettings",
     "Method",
     "Phase",
     "PowerSample",
@@ -91,3 +91,6 @@ __all__ = [
     "resolve_factory",
     "sample_interval_defaults",
 ]
+
+# The 0.1 names, until 0.3.0.
+__getattr__ = renamed_names("pytest_llmenergy.meters", {"MeterOptions": "MeterSettings"}, globals())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import MeterUnavailable
 from .base import Domain, Meter, PowerSample, Reading
-from .meter_options import MeterOptions
+from .meter_settings import MeterSettings
 
 CPU_ORDER = ("rapl", "pyjoules", "powermetrics", "estimate")
 
@@ -103,7 +103,7 @@ class CompositeMeter(Meter):
             meter.close()
 
 
-def create(options: MeterOptions) -> CompositeMeter:
+def create(options: MeterSettings) -> CompositeMeter:
     from . import resolve_factory
 
     meters: list[Meter] = []

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .cpu_tdp import TdpLookup, cpu_brand, resolve_tdp
-from .meter_options import MeterOptions
+from .meter_settings import MeterSettings
 from .process_tree import attributed_note, cpu_reader
 
 DOMAIN = PROCESS_DOMAIN
@@ -94,7 +94,7 @@ class EstimateMeter(Meter):
         )
 
 
-def create(options: MeterOptions) -> EstimateMeter:
+def create(options: MeterSettings) -> EstimateMeter:
     """The estimate meter for this process, with the real CPU-time source and clock."""
     try:
         import psutil

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
 from .base import Domain, Meter, Method, PowerSample, Reading, _frozen, duration_text
-from .meter_options import MeterOptions
+from .meter_settings import MeterSettings
 from .sampling import PowerSampler, integrate_instant
 
 BACKEND = "nvml"
@@ -142,7 +142,7 @@ def _period_text(period_s: float | None) -> str:
     return f"updates every {duration_text(period_s)}"
 
 
-def create(options: MeterOptions) -> NvmlMeter:
+def create(options: MeterSettings) -> NvmlMeter:
     """Registry entry point: open NVML on the GPUs CUDA sees (or ``options.gpus`` of them)."""
     return NvmlMeter(options)
 
@@ -255,9 +255,9 @@ class NvmlMeter(Meter):
 
     backend = BACKEND
 
-    def __init__(self, options: MeterOptions | None = None) -> None:
+    def __init__(self, options: MeterSettings | None = None) -> None:
         super().__init__()
-        options = options or MeterOptions()
+        options = options or MeterSettings()
         nvml = _import_pynvml()
         try:
             nvml.nvmlInit()
@@ -278,7 +278,7 @@ class NvmlMeter(Meter):
             raise
 
     # -- opening -------------------------------------------------------------------
-    def _open(self, options: MeterOptions) -> None:
+    def _open(self, options: MeterSettings) -> None:
         nvml = self._nvml
         spec = os.environ.get("CUDA_VISIBLE_DEVICES")
         count = int(nvml.nvmlDeviceGetCount())

@@ -36,7 +36,7 @@ import psutil
 
 from ..errors import MeterError, MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, PowerSample, Reading
-from .meter_options import MeterOptions
+from .meter_settings import MeterSettings
 from .sampling import SampleBuffer, integrate_intervals
 
 backend = "powermetrics"
@@ -570,7 +570,7 @@ class PowermetricsMeter(Meter):
         return self._buffer.covering(t0, t1)
 
 
-def create(options: MeterOptions) -> PowermetricsMeter:
+def create(options: MeterSettings) -> PowermetricsMeter:
     """Open the real powermetrics; MeterUnavailable says why it can't run here."""
     meter = PowermetricsMeter(options.interval_s(DEFAULT_INTERVAL_S))
     meter.probe()

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import MeterError, MeterUnavailable
 from .base import Domain, Meter, Method, Reading
-from .meter_options import MeterOptions
+from .meter_settings import MeterSettings
 from .rapl import PERMISSION_HINT
 
 BACKEND = "pyjoules"
@@ -77,7 +77,7 @@ class PyJoulesMeter(Meter):
         return out
 
 
-def create(options: MeterOptions) -> PyJoulesMeter:
+def create(options: MeterSettings) -> PyJoulesMeter:
     try:
         from pyJoules.device import rapl_device
         from pyJoules.device.device_factory import DeviceFactory

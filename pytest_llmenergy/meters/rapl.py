@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import MeterUnavailable
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
-from .meter_options import MeterOptions
+from .meter_settings import MeterSettings
 from .process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
 from .sampling import PeriodicThread
 
@@ -225,7 +225,7 @@ class RaplMeter(Meter):
         self._guard.stop()
 
 
-def create(options: MeterOptions) -> RaplMeter:
+def create(options: MeterSettings) -> RaplMeter:
     root = options.resolved_powercap_root()
     try:
         zones = discover_zones(root)

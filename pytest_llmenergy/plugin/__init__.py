@@ -13,7 +13,7 @@ features, each owning its state, its hooks and its terminal-summary section:
 - ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests;
 - ``workers.Workers`` / ``workers.WorkerSide`` (with pytest-xdist): the controller hands
   out the seed and the meter's lock and keeps what the workers measured;
-- ``gpu_settings.GpuSettings``: GPU power limits and clocks as axes, telemetry per
+- ``gpu_settings.GpuTuning``: GPU power limits and clocks as axes, telemetry per
   trial, restoring the GPUs, and the time-energy frontier.
 - ``distributed.Distributed`` (under torchrun): joins the process group, takes rank 0's
   seed, meters every rank's share in lockstep windows; rank 0 alone keeps and shows.
@@ -44,11 +44,11 @@ from ..llm.grid import Grid
 from ..meters import Meter
 from .cases import CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
 from .deciding import ROUTING, RoutingSection
-from .gpu_settings import GPU_SETTINGS, GpuSettings, setting_fixture
+from .gpu_settings import GPU_TUNING, GpuTuning, setting_fixture
 from .interleaving import INTERLEAVING, Interleaving
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
-from .options import PluginOptions, add_options, marker_help, read_options
+from .options import PluginSettings, add_options, marker_help, read_options
 from .reporting import HTML_REPORTING, HtmlReporting
 from .serving import SERVING, Serving, attribute_server, check_settings
 from .showing import CASE_RESULTS, CaseResults
@@ -114,7 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(features[name], f"llmenergy-{name}")
 
 
-def resolved_options(config: pytest.Config) -> tuple[PluginOptions, Distributed | None]:
+def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed | None]:
     """The options, read once and rewritten in one place, in order: the hook's axes,
     combinations that cannot work, a server's processes charged by the CPU meters, an
     xdist worker's seed (the controller's), and under torchrun each rank's share and rank
@@ -156,12 +156,12 @@ def resolved_options(config: pytest.Config) -> tuple[PluginOptions, Distributed 
     return options, ranks
 
 
-def _with_seed(options: PluginOptions, seed: int | None) -> PluginOptions:
+def _with_seed(options: PluginSettings, seed: int | None) -> PluginSettings:
     return dataclasses.replace(options, order=dataclasses.replace(options.order, seed=seed))
 
 
 def _features(
-    config: pytest.Config, options: PluginOptions, ranks: Distributed | None, role: str
+    config: pytest.Config, options: PluginSettings, ranks: Distributed | None, role: str
 ) -> dict[str, object]:
     """Every feature this role runs, built from the resolved options and stashed under
     its key; ``ROLES`` says which of them are registered."""
@@ -181,7 +181,7 @@ def _features(
             "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
             "sweep one process, without torchrun"
         )
-    gpu = GpuSettings(
+    gpu = GpuTuning(
         config,
         options.gpu,
         options.meter.gpus,
@@ -190,7 +190,7 @@ def _features(
         options.route.plots_dir,
         system=lambda: keeper.hardware,
     )
-    stash[GPU_SETTINGS] = gpu
+    stash[GPU_TUNING] = gpu
     features: dict[str, object] = {
         "metering": metering,
         "cases": plan,
@@ -230,7 +230,7 @@ def _features(
     return features
 
 
-def _join_torchrun(config: pytest.Config, options: PluginOptions) -> Distributed | None:
+def _join_torchrun(config: pytest.Config, options: PluginSettings) -> Distributed | None:
     """Under torchrun: check the layout, give each rank its meter, join the group."""
     from ..distributed import detect
     from .torchrun import check_layout, rank_options
@@ -263,7 +263,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *stash[CASE_PLAN].header(),
         *(stash[INTERLEAVING].header() if INTERLEAVING in stash else []),
         *stash[KEEPER].header(),
-        *(stash[GPU_SETTINGS].header() if GPU_SETTINGS in stash else []),
+        *(stash[GPU_TUNING].header() if GPU_TUNING in stash else []),
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
         *(stash[SERVING].header() if SERVING in stash else []),
         *_profiling_header(config),
@@ -380,7 +380,7 @@ def energy_benchmark(
     config = request.config
     node = request.node
     controller = config.stash[CASE_PLAN].controller_for(node)
-    gpu = config.stash.get(GPU_SETTINGS, None)
+    gpu = config.stash.get(GPU_TUNING, None)
     interleaving = config.stash.get(INTERLEAVING, None)
     labels = config.stash[CASE_PLAN].labels_for(node)
     return EnergyBenchmark(

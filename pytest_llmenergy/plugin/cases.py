@@ -10,18 +10,30 @@ seed the header prints.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .. import values
 from ..axes import Axis, check_axes
 from ..controller.order import shuffle_in_place
-from ..controller.rule import ControllerOptions, with_overrides
+from ..controller.rule import (
+    DEFAULT_MAX_BACKGROUND,
+    MARKER_KWARGS,
+    RULES,
+    ControllerSettings,
+    with_overrides,
+)
+from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
+from ..controller.targets import parse_ci_targets
 from ..errors import ConfigError
 from ..gpu.settings import GPU_SETTING_AXIS
 from ..llm.grid import CASE_AXES, INPUT_SWEEP, OUTPUT_SWEEP, PARALLEL_AXIS, LLMCase
+from .generating import LLMSettings
 from .measuring import header_lines
-from .options import LLMSettings, OrderSettings
+from .option_rows import Option, Section
 
 if TYPE_CHECKING:
     from ..llm.loader import ModelInfo
@@ -30,6 +42,19 @@ MARKER = "llmenergy"
 BENCHMARK_FIXTURE = "energy_benchmark"
 # Fixture name -> sweep: a test that asks for one is parametrized over the grid's cases.
 CASE_FIXTURES = {"llm_input_case": INPUT_SWEEP, "llm_output_case": OUTPUT_SWEEP}
+
+
+@dataclass(frozen=True)
+class OrderSettings:
+    shuffle: str = "auto"  # on, off, auto: shuffle when there are energy benchmark cases
+    seed: int | None = None  # None: a new one each run, chosen here and printed
+    interleave: int = 1  # visits of every energy case; 1: its trials back to back
+    seed_given: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed_given", self.seed is not None)
+        if self.seed is None:
+            object.__setattr__(self, "seed", int.from_bytes(os.urandom(4), "little") % 10**6)
 
 
 # Every axis the package has, in id order: the one table help texts and the docs read.
@@ -103,7 +128,7 @@ class CasePlan:
     def __init__(
         self,
         config: pytest.Config,
-        controller: ControllerOptions,
+        controller: ControllerSettings,
         order: OrderSettings,
         llm: LLMSettings,
     ) -> None:
@@ -113,7 +138,7 @@ class CasePlan:
         self.llm = llm
         self.shuffled = False
         self.n_llm_cases = 0
-        self._controllers: dict[str, ControllerOptions] = {}
+        self._controllers: dict[str, ControllerSettings] = {}
         self.model_configs: dict[str, str] = {}  # model source -> config_hash, once checked
         self._collected: dict[str, int] = {}  # node id -> position in collection (file) order
 
@@ -127,7 +152,7 @@ class CasePlan:
             labels["model_config"] = config
         return labels
 
-    def controller_for(self, item: pytest.Item) -> ControllerOptions:
+    def controller_for(self, item: pytest.Item) -> ControllerSettings:
         return self._controllers.get(item.nodeid, self.controller)
 
     def header(self) -> list[str]:
@@ -269,3 +294,149 @@ def beyond_context(info: ModelInfo, cases: list[LLMCase], allow: bool) -> str | 
 
 
 CASE_PLAN = pytest.StashKey[CasePlan]()
+
+
+# -- options -----------------------------------------------------------------------------
+def marker_help(marker: str) -> str:
+    kwargs = ", ".join(f"{k}=" for k in MARKER_KWARGS)
+    return f"{marker}({kwargs}): repetition settings of this test's energy_benchmark"
+
+
+def _background_share(text: str) -> float | None:
+    if text.strip().lower() in ("off", "none", "no"):
+        return None
+    value = values.fraction(text, "a share of the CPUs")
+    if value == 0:
+        raise ConfigError(f"expected a share above 0 such as 25%, or off, got {text!r}")
+    return value
+
+
+def _lower_min_trials(given: dict[str, Any]) -> None:
+    """A given maximum below the default minimum lowers the minimum with it."""
+    if "max_trials" in given and "min_trials" not in given:
+        given["min_trials"] = min(ControllerSettings().min_trials, given["max_trials"])
+
+
+CONTROLLER_OPTIONS = Section(
+    "controller",
+    "Repeating a case",
+    ControllerSettings,
+    (
+        Option(
+            "--energy-min-trials",
+            "min_trials",
+            values.integer(1),
+            "N",
+            "measured trials of a case at least",
+        ),
+        Option(
+            "--energy-max-trials",
+            "max_trials",
+            values.integer(1),
+            "N",
+            "measured trials of a case at most",
+        ),
+        Option(
+            "--energy-confidence",
+            "confidence",
+            values.confidence,
+            "LEVEL",
+            "confidence level of the intervals, e.g. 0.95 or 95%",
+        ),
+        Option(
+            "--energy-warmup",
+            "warmup",
+            values.integer(0),
+            "N",
+            "unmeasured warm-up runs before a case's trials",
+        ),
+        Option(
+            "--energy-rule",
+            "rule",
+            values.choice(tuple(RULES), {"paper": "research"}),
+            "NAME",
+            "stopping rule: {choices}; --energy-ci-target and --energy-min-time replace its parts",
+            choices=lambda: [f"{r.name} ({r.meaning})" for r in RULES.values()],
+        ),
+        Option(
+            "--energy-min-time",
+            "min_time_s",
+            values.non_negative_seconds,
+            "SECONDS",
+            "measured runtime a case needs before it may stop (within --energy-max-trials)",
+            default_text="the rule's: "
+            + ", ".join(f"{r.min_time_s:g} s for {r.name}" for r in RULES.values()),
+        ),
+        Option(
+            "--energy-max-time",
+            "max_time_s",
+            values.non_negative_seconds,
+            "SECONDS",
+            "stop repeating a case once this much runtime is measured (after "
+            "--energy-min-trials), converged or not; 0: only the trial limit",
+            default_text="the rule's: "
+            + ", ".join(f"{r.max_time_s or 0:g} s for {r.name}" for r in RULES.values()),
+        ),
+        Option(
+            "--energy-ci-target",
+            "targets",
+            parse_ci_targets,
+            "TARGET",
+            "repeat a case until the CI half-width of every TARGET holds, e.g. "
+            f"{CI_TARGET_EXAMPLES}; any per-trial figure (llmenergy metrics); repeatable",
+            multiple=True,
+            default_text=lambda: (
+                "the rule's: "
+                + "; ".join(
+                    f"{' and '.join(str(t) for t in r.targets)} for {r.name}"
+                    for r in RULES.values()
+                )
+            ),
+        ),
+        Option(
+            "--energy-max-background",
+            "max_background",
+            _background_share,
+            "SHARE",
+            "a trial during which other processes used more than SHARE of the machine's CPUs "
+            "(e.g. 25%) is disturbed: kept, left out of the figures and repeated; off: never",
+            default_text=lambda: f"{DEFAULT_MAX_BACKGROUND:.0%}",
+        ),
+    ),
+    complete=_lower_min_trials,
+)
+
+ORDER_OPTIONS = Section(
+    "order",
+    "Case order",
+    OrderSettings,
+    (
+        Option(
+            "--energy-shuffle",
+            "shuffle",
+            values.choice(("on", "off", "auto"), {"true": "on", "false": "off"}),
+            "on|off",
+            "run energy benchmark cases in random order: {choices}",
+            choices=lambda: ("on", "off", "auto"),
+            default_text="on wherever energy_benchmark is used",
+            const="on",
+        ),
+        Option(
+            "--energy-interleave",
+            "interleave",
+            values.integer(1),
+            "N",
+            "visit every energy benchmark case N times, in a new random order each time, each "
+            "visit running a share of its trials, so that a case's mean samples the whole "
+            "session's machine speed, not one stretch of it; 1: each case's trials back to back",
+        ),
+        Option(
+            "--energy-seed",
+            "seed",
+            values.integer(0),
+            "N",
+            "seed of the random case order",
+            default_text="a new one each run, printed in the header",
+        ),
+    ),
+)

@@ -6,20 +6,34 @@ an answer (no model in common, one size only) is a note, never a failure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from .. import values
 from ..errors import LLMEnergyError
 from ..results import CaseResult
+from ..routing import BY_CHOICES, INPUT
 from ..tables import render
 from .keeping import Keeper
 from .measuring import header_lines
-from .options import RouteOptions
+from .option_rows import Option, Section
 
 if TYPE_CHECKING:
     from ..routing.decide import Routed
+    from ..routing.workload import Workload
+
+
+@dataclass(frozen=True)
+class RouteSectionSettings:
+    """The routing section and the figures at the end of a session."""
+
+    workload: Workload | None = None  # None: Alpaca, read when first needed
+    by: str = INPUT
+    lam: float = 1.0
+    plots_dir: str | None = None
 
 
 SECTION = "llmenergy: routing between this run's and the baseline's hardware"
@@ -28,7 +42,7 @@ SECTION = "llmenergy: routing between this run's and the baseline's hardware"
 class RoutingSection:
     """Owns the routing decision and the figures written at the end of a session."""
 
-    def __init__(self, settings: RouteOptions, keeper: Keeper, results: list[CaseResult]):
+    def __init__(self, settings: RouteSectionSettings, keeper: Keeper, results: list[CaseResult]):
         self.settings = settings
         self.keeper = keeper
         self.results = results
@@ -134,3 +148,55 @@ class RoutingSection:
 
 
 ROUTING = pytest.StashKey[RoutingSection]()
+
+
+# -- options -----------------------------------------------------------------------------
+def _workload(text: str) -> Workload:
+    """Read now, so a bad row stops the session at start, not after the measurements."""
+    from ..routing.workload import load_workload
+
+    return load_workload(text.strip())
+
+
+ROUTE_OPTIONS = Section(
+    "route",
+    "Routing",
+    RouteSectionSettings,
+    (
+        Option(
+            "--energy-route-workload",
+            "workload",
+            _workload,
+            "SPEC",
+            "workload of the routing section (shown when the session compares with a run from "
+            "other hardware): alpaca, alpaca-paper, or a CSV / JSONL file of "
+            "input_tokens,output_tokens",
+            default_text="alpaca",
+            record=lambda w: None if w is None else w.name,
+        ),
+        Option(
+            "--energy-route-by",
+            "by",
+            values.choice(BY_CHOICES),
+            "AXIS",
+            "route on these tokens: {choices}",
+            choices=lambda: BY_CHOICES,
+        ),
+        Option(
+            "--energy-route-lambda",
+            "lam",
+            lambda text: values.fraction(text, "a weight of energy"),
+            "L",
+            "weight of energy against time when routing: 1 energy only, 0 time only",
+        ),
+        Option(
+            "--energy-plots",
+            "plots_dir",
+            values.text,
+            "DIR",
+            "write figures (PNG) to DIR at the end: energy per token and runtime per model; "
+            "with a run from other hardware, workload totals against the threshold and the "
+            "Pareto front (needs matplotlib)",
+        ),
+    ),
+)

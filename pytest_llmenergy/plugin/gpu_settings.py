@@ -20,33 +20,63 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .. import values
 from ..errors import ConfigError, LLMEnergyError
 from ..gpu.control import GpuControl, GpuControlError, ReadBack, StateFile, recover
-from ..gpu.settings import GPU_SETTING_AXIS, GpuSetting, cross, resolve_clocks, resolve_power
+from ..gpu.settings import (
+    CLOCK_EXAMPLES,
+    GPU_SETTING_AXIS,
+    POWER_EXAMPLES,
+    AxisSpec,
+    GpuSetting,
+    axis_record,
+    cross,
+    parse_clocks,
+    parse_power_limits,
+    parse_slowdowns,
+    resolve_clocks,
+    resolve_power,
+)
 from ..gpu.telemetry import TrialTelemetry
 from ..results import CaseResult
 from ..tables import render
 from .cases import BENCHMARK_FIXTURE
 from .measuring import header_lines
-from .options import GpuOptions
+from .option_rows import Option, Section
 
 SECTION = "llmenergy: GPU settings and the time-energy frontier"
 SETTING_FIXTURE = "energy_gpu_setting"
 
 
+@dataclass(frozen=True)
 class GpuSettings:
+    """GPU settings as benchmark axes, the telemetry per trial, and the frontier."""
+
+    power_limits: AxisSpec = field(default_factory=AxisSpec)
+    clocks: AxisSpec = field(default_factory=AxisSpec)
+    telemetry: bool = False  # read the GPUs during every trial even without the axes
+    max_slowdowns: tuple[float, ...] = (0.0, 0.05)
+    frontier_json: str | None = None
+
+    @property
+    def sweeping(self) -> bool:
+        return bool(self.power_limits or self.clocks)
+
+
+class GpuTuning:
     """Owns the GPUs' settings for the session: the axes, applying, telemetry, restoring,
     and the frontier at the end."""
 
     def __init__(
         self,
         config: pytest.Config,
-        options: GpuOptions,
+        options: GpuSettings,
         gpus: tuple[int, ...] | None,
         results: list[CaseResult],
         lam: float,
@@ -258,7 +288,7 @@ class GpuSettings:
 def setting_fixture(request: pytest.FixtureRequest) -> GpuSetting | None:
     """The body of the ``energy_gpu_setting`` fixture: apply this case's setting."""
     setting: GpuSetting | None = getattr(request, "param", None)
-    feature = request.config.stash.get(GPU_SETTINGS, None)
+    feature = request.config.stash.get(GPU_TUNING, None)
     if setting is not None and feature is not None:
         try:
             feature.apply(setting)
@@ -267,5 +297,64 @@ def setting_fixture(request: pytest.FixtureRequest) -> GpuSetting | None:
     return setting
 
 
-GPU_SETTINGS = pytest.StashKey[GpuSettings]()
+GPU_TUNING = pytest.StashKey[GpuTuning]()
 ProbeFactory = Callable[[], TrialTelemetry | None]
+
+
+# -- options -----------------------------------------------------------------------------
+GPU_OPTIONS = Section(
+    "gpu",
+    "GPU settings",
+    GpuSettings,
+    (
+        Option(
+            "--energy-gpu-power-limits",
+            "power_limits",
+            parse_power_limits,
+            "LIST",
+            "run every energy case at each GPU power limit, e.g. "
+            f"{POWER_EXAMPLES} (of the default limit; all: the allowed range in steps); the "
+            "GPU's default is always measured too, and restored at the end (needs root)",
+            default_text="none: the GPU as it is",
+            record=axis_record,
+        ),
+        Option(
+            "--energy-gpu-clocks",
+            "clocks",
+            parse_clocks,
+            "LIST",
+            f"run every energy case at each locked SM clock, e.g. {CLOCK_EXAMPLES} (all: the "
+            "supported clocks in steps); unlocked clocks are always measured too, and restored "
+            "at the end (needs root)",
+            default_text="none: the GPU as it is",
+            record=axis_record,
+        ),
+        Option(
+            "--energy-gpu-telemetry",
+            "telemetry",
+            values.switch,
+            "on|off",
+            "record the GPUs' temperature, SM clock and throttle reasons during every trial "
+            "(always on with the GPU setting axes)",
+            const="on",
+        ),
+        Option(
+            "--energy-max-slowdown",
+            "max_slowdowns",
+            parse_slowdowns,
+            "LIST",
+            "report the energy bloat at the GPU's default: the energy the cheapest setting at "
+            "most this much slower saves, e.g. 0%,5%",
+            default_text="0%,5%",
+            multiple=True,
+        ),
+        Option(
+            "--energy-frontier-json",
+            "frontier_json",
+            values.text,
+            "PATH",
+            "also write the time-energy frontier and the per-token-range setting policy to "
+            "PATH (must not exist yet)",
+        ),
+    ),
+)

@@ -8,29 +8,71 @@ final status.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from .. import values
 from ..compare import (
+    GATE_EXAMPLES,
     Comparison,
+    Gate,
     compare_cases,
     comparison_table,
     evidence_line,
+    parse_gates,
     unlike_meters,
     verdict_line,
 )
 from ..errors import ConfigError
-from ..export import export_text
+from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, export_text, parse_exports
 from ..meters.reference import reference_s, speed_drift
 from ..results import CaseResult
-from ..sessions import NoiseEstimate
+from ..sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, parse_session_noise
 from ..storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
 from ..storage.runfile import COMPLETE, Run, RunFileError, load
-from ..storage.store import AtomicFile, Storage
+from ..storage.store import DEFAULT_STORAGE, AtomicFile, Storage, check_run_name
 from ..tables import render
 from .measuring import Metering, header_lines
-from .options import KeepSettings, PluginOptions
+from .option_rows import Option, Section
+
+if TYPE_CHECKING:
+    from .options import PluginSettings
+
+
+@dataclass(frozen=True)
+class KeepSettings:
+    """Where the run is saved, and what it is compared with."""
+
+    save: str | None = None
+    autosave: bool = False
+    json_path: str | None = None
+    storage: str = DEFAULT_STORAGE
+    compare: str | None = None  # a run spec, or "latest"
+    gates: tuple[Gate, ...] = ()
+    exports: tuple[tuple[str, Path], ...] = ()  # (format, path) written at the end
+    report_path: str | None = None  # the HTML report, replaced at the end
+    strict: bool = False  # an inconclusive gate (busy machine) fails the session
+    # How much one session's figures vary from another's on this machine, assumed where
+    # neither several sessions nor earlier runs of the same code tell (sessions.py).
+    session_noise: float = DEFAULT_SESSION_NOISE
+
+    def __post_init__(self) -> None:
+        if self.gates and self.compare is None:  # a gate needs something to compare with
+            object.__setattr__(self, "compare", "latest")
+
+    @property
+    def saving(self) -> bool:
+        return bool(self.save or self.autosave)
+
+    @property
+    def active(self) -> bool:
+        """Anything to keep or compare: only then is the machine read at start."""
+        return bool(
+            self.saving or self.json_path or self.compare or self.exports or self.report_path
+        )
 
 
 class Keeper:
@@ -40,7 +82,7 @@ class Keeper:
         self,
         config: pytest.Config,
         settings: KeepSettings,
-        options: PluginOptions,
+        options: PluginSettings,
         metering: Metering,
         results: list[CaseResult],
     ) -> None:
@@ -332,3 +374,100 @@ def thread_settings() -> dict[str, object]:
 KEEPER = pytest.StashKey[Keeper]()
 # Where a run file keeps the machine's speed at the session's start (meters/reference.py).
 SPEED_KEY = "speed_reference_s"
+
+
+# -- options -----------------------------------------------------------------------------
+KEEP_OPTIONS = Section(
+    "keep",
+    "Saving, comparing and gating",
+    KeepSettings,
+    (
+        Option(
+            "--energy-save",
+            "save",
+            check_run_name,
+            "NAME",
+            "save this run in the storage folder as NNNN_NAME.json",
+        ),
+        Option(
+            "--energy-autosave",
+            "autosave",
+            values.switch,
+            "on|off",
+            "save this run in the storage folder, named after the commit and the time",
+            const="on",
+        ),
+        Option(
+            "--energy-strict",
+            "strict",
+            values.switch,
+            "on|off",
+            "fail the session when a gate is inconclusive because the machine was busy",
+            const="on",
+        ),
+        Option(
+            "--energy-json",
+            "json_path",
+            values.text,
+            "PATH",
+            "also write this run to PATH (which must not exist yet)",
+        ),
+        Option(
+            "--energy-storage",
+            "storage",
+            values.text,
+            "DIR",
+            "storage folder of saved runs, one subfolder per hardware",
+        ),
+        Option(
+            "--energy-compare",
+            "compare",
+            values.text,
+            "RUN",
+            "compare each case with a saved run: its number, name or path; bare: the latest "
+            "run saved on this hardware",
+            const="latest",
+        ),
+        Option(
+            "--energy-compare-fail",
+            "gates",
+            parse_gates,
+            "EXPR",
+            "fail the session when a case regresses beyond a gate and significantly, e.g. "
+            f"{GATE_EXAMPLES} (any per-trial figure; repeatable; implies --energy-compare)",
+            multiple=True,
+        ),
+        Option(
+            "--energy-session-noise",
+            "session_noise",
+            parse_session_noise,
+            "SHARE",
+            "how much a case's figures vary between two sessions of unchanged code on this "
+            "machine (the CV of session means), assumed by gates that have neither several "
+            "sessions nor earlier runs of the same code to learn it from; "
+            "'llmenergy gatecheck' measures it",
+            default_text=f"{DEFAULT_SESSION_NOISE:.0%}",
+        ),
+        Option(
+            "--energy-export",
+            "exports",
+            parse_exports,
+            "FORMAT:PATH",
+            "also write this run's figures for other tools, e.g. "
+            f"{EXPORT_EXAMPLES}: {{choices}} (repeatable; an export is derived from the run, "
+            "so an existing PATH is replaced)",
+            choices=lambda: EXPORT_FORMATS,
+            multiple=True,
+            record=lambda exports: [f"{fmt}:{path}" for fmt, path in exports],
+        ),
+        Option(
+            "--energy-report",
+            "report_path",
+            values.text,
+            "PATH",
+            "also write one self-contained HTML report of this run to PATH at the end (charts, "
+            "every figure per case, the comparison with --energy-compare's run); an existing "
+            "file is replaced (needs vl-convert-python: the report extra)",
+        ),
+    ),
+)

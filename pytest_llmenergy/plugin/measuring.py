@@ -6,16 +6,26 @@ line; never with one failure per case.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from .. import values
 from ..errors import ConfigError, LLMEnergyError, MeterUnavailable
-from ..meters import BUILTIN_BACKENDS, Meter, MeterFactory, MeterOptions, backend_names, open_meter
+from ..meters import (
+    BUILTIN_BACKENDS,
+    Meter,
+    MeterFactory,
+    MeterSettings,
+    backend_names,
+    open_meter,
+    sample_interval_defaults,
+)
 from ..meters.background import BackgroundCpu
 from ..meters.process_tree import ProcessTrees
 from ..tables import wrap
-from .options import MeasureSettings
+from .option_rows import Option, Section
 
 PREFIX = "llmenergy: "
 
@@ -29,10 +39,18 @@ def header_lines(config: pytest.Config, lines: list[str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class MeasureSettings:
+    backend: str = "auto"
+    idle_s: float = 0.0
+    dist_timeout_s: float = 300.0  # under torchrun: how long a rank waits for the others
+    profile_ops: bool = False  # an unmeasured torch.profiler run after each case's trials
+
+
 class Metering:
     """Owns the meter: which backend, its domains and methods, idle power."""
 
-    def __init__(self, config: pytest.Config, settings: MeasureSettings, options: MeterOptions):
+    def __init__(self, config: pytest.Config, settings: MeasureSettings, options: MeterSettings):
         self.config = config
         self.settings = settings
         self.options = options
@@ -124,3 +142,85 @@ class Metering:
 
 
 METERING = pytest.StashKey[Metering]()
+
+
+# -- options -----------------------------------------------------------------------------
+def _backend_choices() -> list[str]:
+    return [*BUILTIN_BACKENDS, "or one registered through the pytest_llmenergy_meters hook"]
+
+
+MEASURE_OPTIONS = Section(
+    "measure",
+    "Measuring",
+    MeasureSettings,
+    (
+        Option(
+            "--energy-backend",
+            "backend",
+            values.text,
+            "NAME",
+            "energy meter: {choices}",
+            choices=_backend_choices,
+        ),
+        Option(
+            "--energy-idle",
+            "idle_s",
+            values.non_negative_seconds,
+            "SECONDS",
+            "measure idle power for SECONDS at session start and report net energy too",
+        ),
+        Option(
+            "--energy-profile-ops",
+            "profile_ops",
+            values.switch,
+            "on|off",
+            "after each case's trials, run it once more under torch.profiler (unmeasured, so "
+            "the profiler's overhead never enters a trial) and keep its operator trace with "
+            "the case, for llmenergy calibrate",
+            const="on",
+        ),
+        Option(
+            "--energy-dist-timeout",
+            "dist_timeout_s",
+            values.seconds,
+            "SECONDS",
+            "under torchrun: how long a rank waits for the others at a trial's start or end "
+            "before it gives up, saves what was measured and names the silent rank (300)",
+        ),
+    ),
+)
+
+METER_OPTIONS = Section(
+    "meter",
+    "The meter",
+    MeterSettings,
+    (
+        Option(
+            "--energy-gpus",
+            "gpus",
+            values.indices,
+            "LIST",
+            "GPUs to measure, as indices among the CUDA-visible ones, e.g. 0,1",
+            default_text="all",
+        ),
+        Option(
+            "--energy-sample-interval",
+            "sample_interval_s",
+            values.seconds,
+            "SECONDS",
+            "seconds between power samples of sampling meters, e.g. 0.1 or 100ms",
+            default_text=lambda: (
+                "the backend's own: "
+                + ", ".join(f"{s:g} s for {b}" for b, s in sample_interval_defaults().items())
+            ),
+        ),
+        Option(
+            "--energy-cpu-tdp",
+            "cpu_tdp_w",
+            values.watts,
+            "WATTS",
+            "CPU TDP in watts for the estimate meter",
+            default_text="from the CPU model table",
+        ),
+    ),
+)

@@ -15,16 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .. import values
 from ..errors import ConfigError, LLMEnergyError
-from ..serving.serve_settings import ServeSettings
-from .options import LLMSettings, PluginOptions
+from ..serving.engine import ENGINES
+from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
+from .generating import LLMSettings
+from .option_rows import Option, Section
 
 if TYPE_CHECKING:
     from ..serving.engine import RunningEngine
     from ..serving.target import ServerTarget
+    from .options import PluginSettings
 
 
-def check_settings(options: PluginOptions) -> None:
+def check_settings(options: PluginSettings) -> None:
     """Combinations that cannot work stop the session at start, in one line."""
     serve, grid = options.serve, options.llm.grid
     if grid.concurrency != (1,) and not serve.active:
@@ -50,7 +54,7 @@ def check_settings(options: PluginOptions) -> None:
         )
 
 
-def attribute_server(options: PluginOptions) -> PluginOptions:
+def attribute_server(options: PluginSettings) -> PluginSettings:
     """Add a running server's process tree to what the CPU meters charge."""
     serve = options.serve
     if not serve.endpoint:
@@ -219,3 +223,79 @@ class Serving:
 
 
 SERVING = pytest.StashKey[Serving]()
+
+
+# -- options -----------------------------------------------------------------------------
+SERVE_OPTIONS = Section(
+    "serve",
+    "Servers and engines",
+    ServeSettings,
+    (
+        Option(
+            "--llm-endpoint",
+            "endpoint",
+            values.text,
+            "URL",
+            "measure a running OpenAI-compatible server (vLLM, llama.cpp, ...) at URL, e.g. "
+            "http://127.0.0.1:8000, serving the one --llm-model (its tokenizer makes the prompts)",
+        ),
+        Option(
+            "--llm-served-model",
+            "served_model",
+            values.text,
+            "NAME",
+            "the model's name on the server (the request's model field)",
+            default_text="the one model the server lists",
+        ),
+        Option(
+            "--llm-serve",
+            "engine",
+            engine_choice,
+            "ENGINE",
+            "start this engine for the session on a free port, serving the one --llm-model, "
+            "and stop it and its children at the end: {choices}",
+            choices=lambda: list(ENGINES),
+        ),
+        Option(
+            "--llm-serve-python",
+            "python",
+            values.text,
+            "PATH",
+            "the engine's Python interpreter (engines live in their own venv), e.g. "
+            "/work/venvs/vllm/bin/python",
+            default_text="$LLMENERGY_SERVE_PYTHON, else this Python",
+        ),
+        Option(
+            "--llm-serve-args",
+            "args",
+            parse_args,
+            "FLAGS",
+            "extra flags for the engine, e.g. '--max-num-seqs 16' (never run through a shell)",
+        ),
+        Option(
+            "--llm-serve-timeout",
+            "timeout_s",
+            values.seconds,
+            "SECONDS",
+            "how long the engine may take to answer after starting",
+        ),
+        Option(
+            "--llm-server-pid",
+            "server_pid",
+            values.integer(1),
+            "PID",
+            "the --llm-endpoint server's process: the CPU meters charge its process tree too",
+            default_text="the process listening on the URL's port, when it is on this machine",
+        ),
+        Option(
+            "--llm-gguf-converter",
+            "converter",
+            values.text,
+            "PATH",
+            "llama.cpp's convert_hf_to_gguf.py (in llama-cpp-python's sdist under "
+            "vendor/llama.cpp, or a llama.cpp checkout): --llm-serve=llama.cpp converts the "
+            "model to GGUF with it once (cached)",
+            default_text="$LLMENERGY_GGUF_CONVERTER, else one in the engine's venv",
+        ),
+    ),
+)

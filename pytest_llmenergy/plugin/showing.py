@@ -9,17 +9,43 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pytest
 
-from ..conversions import G_PER_KWH, PRICE_PER_KWH
-from ..report import case_tables
+from ..conversions import (
+    G_PER_KWH,
+    PRICE_PER_KWH,
+    Intensity,
+    Price,
+    parse_intensity,
+    parse_price,
+)
+from ..figures import FIGURES
+from ..report import (
+    DEFAULT_GROUP_BY,
+    DEFAULT_SORT,
+    GROUP_CHOICES,
+    case_tables,
+    parse_columns,
+    parse_group_by,
+    parse_sort,
+)
 from ..results import CaseResult
 from ..tables import render
 from .measuring import header_lines
-from .options import ReportSettings
+from .option_rows import Option, Section
 
 SECTION = "llmenergy: energy per token"
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    columns: tuple[str, ...] | None = None  # None: the default columns, empty ones dropped
+    group_by: tuple[str, ...] = DEFAULT_GROUP_BY
+    sort: str = DEFAULT_SORT
+    carbon: Intensity | None = None  # gCO2e per kWh, for the co2 figures
+    price: Price | None = None  # money per kWh, for the cost figures
 
 
 class CaseResults:
@@ -99,3 +125,55 @@ def busy_line(results: Sequence[CaseResult]) -> str:
 
 
 CASE_RESULTS = pytest.StashKey[CaseResults]()
+
+
+# -- options -----------------------------------------------------------------------------
+REPORT_OPTIONS = Section(
+    "report",
+    "Tables",
+    ReportSettings,
+    (
+        Option(
+            "--energy-columns",
+            "columns",
+            parse_columns,
+            "LIST",
+            "columns of the energy tables, comma-separated, from: {choices}",
+            choices=lambda: list(FIGURES),
+            default_text="the default columns that have values, narrowed to the terminal",
+        ),
+        Option(
+            "--energy-group-by",
+            "group_by",
+            parse_group_by,
+            "KEYS",
+            "one energy table per: {choices} (comma-separated)",
+            choices=lambda: GROUP_CHOICES,
+        ),
+        Option(
+            "--energy-sort",
+            "sort",
+            parse_sort,
+            "COLUMN",
+            "row order of the energy tables: tokens, name or a figure; -FIGURE sorts descending",
+        ),
+        Option(
+            "--energy-carbon-intensity",
+            "carbon",
+            parse_intensity,
+            "G_OR_CODE",
+            "grid carbon intensity for the gCO2e figures: gCO2e/kWh (e.g. 120) or a country "
+            "(ISO alpha-3, e.g. FRA) or cloud region (e.g. gcp:europe-west1) from the shipped "
+            "table (CodeCarbon's data)",
+            record=lambda v: None if v is None else {"g_per_kwh": v.g_per_kwh, "source": v.source},
+        ),
+        Option(
+            "--energy-price",
+            "price",
+            parse_price,
+            "PRICE",
+            "electricity price per kWh for the cost figures, e.g. 0.30 or 0.30EUR",
+            record=lambda v: None if v is None else {"per_kwh": v.per_kwh, "currency": v.currency},
+        ),
+    ),
+)

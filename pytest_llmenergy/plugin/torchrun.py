@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from collections.abc import Generator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -40,7 +40,9 @@ from ..errors import ConfigError
 from ..meters import Meter, MeterFactory, open_meter
 from ..results import CaseResult
 from .measuring import Metering
-from .options import PluginOptions
+
+if TYPE_CHECKING:
+    from .options import PluginSettings
 
 # The local meter of a rank that reads no sensor (not a user-facing backend).
 RANK_BACKEND = "llmenergy-rank-without-meter"
@@ -48,7 +50,7 @@ INCOMPLETE = "incomplete"  # run status: a rank was lost, the run holds what was
 RECORD_KEY = "distributed"  # where a run file's machine section keeps the layout
 
 
-def rank_options(options: PluginOptions, env: DistEnv, gpus: int) -> PluginOptions:
+def rank_options(options: PluginSettings, env: DistEnv, gpus: int) -> PluginSettings:
     """Each rank's meter: the node's CPU/DRAM on local rank 0, and each rank's own GPU;
     busy-machine checks off (the job's other ranks are the 'other processes')."""
     meter, measure = options.meter, options.measure
@@ -60,7 +62,7 @@ def rank_options(options: PluginOptions, env: DistEnv, gpus: int) -> PluginOptio
     return dataclasses.replace(options, meter=meter, measure=measure, controller=controller)
 
 
-def check_layout(options: PluginOptions, env: DistEnv) -> tuple[PluginOptions, list[str]]:
+def check_layout(options: PluginSettings, env: DistEnv) -> tuple[PluginSettings, list[str]]:
     """Settings that cannot work on this job: one line, on every rank, before joining.
 
     A model named by the user that cannot be split is an error; one that came with a
@@ -111,7 +113,7 @@ class Distributed:
         self,
         config: pytest.Config,
         env: DistEnv,
-        options: PluginOptions,
+        options: PluginSettings,
         notes: list[str] | None = None,
     ) -> None:
         self.config = config

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..commandline import Command, Outcome
-from ..controller.rule import ControllerOptions
+from ..controller.rule import ControllerSettings
 from ..controller.targets import CITarget
 from ..errors import ConfigError
 from ..results import ROUNDS, CaseResult, Trial
@@ -53,7 +53,7 @@ _NEEDED = (
     "Total Number of Tokens",
 )
 _SWEEP_COLUMNS = {"Output Token Limit": "input", "Number of Output Tokens": "output"}
-_RESEARCH_RULE = ControllerOptions(
+_RESEARCH_RULE = ControllerSettings(
     min_trials=1,
     max_trials=100,
     warmup=1,

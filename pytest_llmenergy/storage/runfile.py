@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..controller.rule import ControllerOptions
+from ..controller.rule import ControllerSettings
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError
 from ..meters.resources import ResourceUsage
@@ -171,7 +171,7 @@ def _gpu_dict(g: GpuTelemetry) -> dict[str, Any]:
     }
 
 
-def _controller_dict(o: ControllerOptions) -> dict[str, Any]:
+def _controller_dict(o: ControllerSettings) -> dict[str, Any]:
     return {
         "min_trials": o.min_trials,
         "max_trials": o.max_trials,
@@ -393,13 +393,13 @@ def _gpu(r: _Reader | None) -> GpuTelemetry | None:
     )
 
 
-def _controller(r: _Reader) -> ControllerOptions:
+def _controller(r: _Reader) -> ControllerSettings:
     try:
         targets = tuple(
             CITarget(t.get("metric", str), t.get("value", float), t.get("relative", bool))
             for t in r.objs("targets")
         )
-        return ControllerOptions(
+        return ControllerSettings(
             min_trials=r.get("min_trials", int),
             max_trials=r.get("max_trials", int),
             confidence=r.get("confidence", float),

@@ -18,7 +18,7 @@ import pytest
 
 from pytest_llmenergy import open_meter
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
-from pytest_llmenergy.controller.rule import ControllerOptions
+from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.llm.loader import load_model
 
 TRIALS_PER_ROUND = 5
@@ -42,7 +42,7 @@ def test_harness_overhead_per_trial(
     hf = model.model
     pad = model.tokenizer.pad_token_id
     meter = open_meter("estimate")
-    options = ControllerOptions(min_trials=TRIALS_PER_ROUND, max_trials=TRIALS_PER_ROUND, warmup=0)
+    options = ControllerSettings(min_trials=TRIALS_PER_ROUND, max_trials=TRIALS_PER_ROUND, warmup=0)
     bare_s: list[float] = []
     harness_s: list[float] = []
 

@@ -9,7 +9,7 @@ DEFAULT_POWERCAP_ROOT = "/sys/class/powercap"
 
 
 @dataclass(frozen=True)
-class MeterOptions:
+class MeterSettings:
     """What a user can set about measuring.
 
     ``None`` means "the backend's own default" (NVML samples every 0.1 s,

@@ -1,0 +1,200 @@
+"""The models and their cases: grid, models, token sizes, batch sizes, added axes, and
+how a model is loaded (dtype, device, remote code, tensor parallel).
+
+``CasePlan`` parametrizes the tests over this section's grid; the ``llm_pool`` fixture
+loads models with its settings; a server target (``serving.py``) reads its one model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import values
+from ..axes import Axis, parse_axis_choices
+from ..errors import ConfigError
+from ..llm.grid import (
+    BATCH_AXIS,
+    CONCURRENCY_AXIS,
+    GRIDS,
+    INPUT_AXIS,
+    OUTPUT_AXIS,
+    TINY_MODEL_NAMES,
+    Grid,
+    make_grid,
+)
+from ..llm.loader import DTYPES, PARALLEL
+from .option_rows import Option, Section
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    grid_name: str = "default"
+    models: tuple[str, ...] | None = None  # None: the grid's
+    input_tokens: tuple[int, ...] | None = None
+    output_tokens: tuple[int, ...] | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    trust_remote_code: bool = False
+    allow_beyond_context: bool = False  # rotary/ALiBi models may run cases past their context
+    parallel: str = "none"  # under torchrun: none (a whole model per rank) or tp
+    batch_sizes: tuple[int, ...] = (1,)  # prompts per generate call
+    concurrency: tuple[int, ...] = (1,)  # requests at once to a server
+    # A known regression added to the models' work, to measure what a gate can see.
+    inject_regression: float = 0.0
+    # --llm-axis NAME=VALUES: values of the axes conftests add (pytest_llmenergy_axes)
+    axis_choices: tuple[tuple[str, str], ...] = ()
+    # those axes with their values, set at configure once the hook has answered
+    extra_axes: tuple[tuple[Axis, tuple[Any, ...]], ...] = ()
+    grid: Grid = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        grid = make_grid(
+            self.grid_name,
+            self.models,
+            self.input_tokens,
+            self.output_tokens,
+            self.batch_sizes,
+            self.concurrency,
+            self.extra_axes,
+        )
+        object.__setattr__(self, "grid", grid)
+
+
+# -- options -----------------------------------------------------------------------------
+def _model_choices() -> list[str]:
+    return [*TINY_MODEL_NAMES, "a Hugging Face id", "a local path"]
+
+
+def _injected(text: str) -> float:
+    if text.strip().lower() in ("off", "none", "no", "0"):
+        return 0.0
+    parsed = values.split_number(text)
+    if not parsed or parsed[1] not in ("", "%") or parsed[0] <= 0:
+        raise ConfigError(f"expected a regression such as 25% or 0.25, or off, got {text!r}")
+    return parsed[0] / 100 if parsed[1] == "%" else parsed[0]
+
+
+LLM_OPTIONS = Section(
+    "llm",
+    "Models and cases",
+    LLMSettings,
+    (
+        Option(
+            "--llm-model",
+            "models",
+            values.names,
+            "MODEL",
+            "model to benchmark: {choices} (repeatable)",
+            choices=_model_choices,
+            default_text="the grid's models",
+            multiple=True,
+            ini_name="llmenergy_models",
+        ),
+        Option(
+            "--llm-input-tokens",
+            "input_tokens",
+            INPUT_AXIS.parse,
+            "LIST",
+            "sizes of the input sweep, e.g. 8,64,512 or 8..2048 (powers of two)",
+            default_text="the grid's",
+        ),
+        Option(
+            "--llm-output-tokens",
+            "output_tokens",
+            OUTPUT_AXIS.parse,
+            "LIST",
+            "sizes of the output sweep, e.g. 8,64,512 or 8..4096 (powers of two)",
+            default_text="the grid's",
+        ),
+        Option(
+            "--llm-grid",
+            "grid_name",
+            values.choice(tuple(GRIDS)),
+            "NAME",
+            "case grid: {choices}",
+            choices=lambda: [f"{name} ({grid.models_text()})" for name, grid in GRIDS.items()],
+        ),
+        Option(
+            "--llm-dtype",
+            "dtype",
+            values.choice(DTYPES),
+            "DTYPE",
+            "model weights' dtype: {choices}",
+            choices=lambda: DTYPES,
+        ),
+        Option(
+            "--llm-device",
+            "device",
+            values.text,
+            "DEVICE",
+            "where the model runs: auto (device_map=auto with a GPU, else cpu), cpu, cuda, "
+            "cuda:N, mps",
+        ),
+        Option(
+            "--llm-trust-remote-code",
+            "trust_remote_code",
+            values.switch,
+            "on|off",
+            "allow models whose repository ships Python code to run it",
+            const="on",
+        ),
+        Option(
+            "--llm-allow-beyond-context",
+            "allow_beyond_context",
+            values.switch,
+            "on|off",
+            "let models with rotary (RoPE) or ALiBi positions run cases whose input + output "
+            "tokens exceed their context (the research ran Llama-2-7B at 4128 of 4096); "
+            "off: such a case stops the session at start",
+            const="on",
+        ),
+        Option(
+            "--llm-inject-regression",
+            "inject_regression",
+            _injected,
+            "SHARE",
+            "slow every model down on purpose: after each forward pass, extra CPU work of "
+            "SHARE times the pass's own CPU time (25%: about +25 % time, and energy on CPU "
+            "meters), to learn which regressions a gate finds on this runner "
+            "(llmenergy gatecheck); never in a baseline",
+            default_text="off",
+        ),
+        Option(
+            "--llm-parallel",
+            "parallel",
+            values.choice(PARALLEL),
+            "LAYOUT",
+            "under torchrun: tp (the model split tensor-parallel over the ranks by transformers) "
+            "or none (every rank runs a whole model); choices: {choices}",
+            choices=lambda: PARALLEL,
+        ),
+        Option(
+            "--llm-batch-sizes",
+            "batch_sizes",
+            BATCH_AXIS.parse,
+            "LIST",
+            "run every case at these batch sizes, e.g. 1,8,32 (ids get -bs8): a batch of "
+            "distinct prompts of exactly the case's input tokens, each generating exactly its "
+            "output tokens; per-query figures share the batch's joules, J/token sums its tokens",
+        ),
+        Option(
+            "--llm-concurrency",
+            "concurrency",
+            CONCURRENCY_AXIS.parse,
+            "LIST",
+            "send this many requests at once to the server (--llm-endpoint or --llm-serve) per "
+            "trial, e.g. 1,8 (ids get -c8); the window covers the whole burst",
+        ),
+        Option(
+            "--llm-axis",
+            "axis_choices",
+            parse_axis_choices,
+            "NAME=VALUES",
+            "values of an axis a conftest or plugin adds through the pytest_llmenergy_axes "
+            "hook, e.g. temperature=0,0.7 (repeatable): every case runs at each",
+            default_text="the axis's own default",
+            multiple=True,
+        ),
+    ),
+)
