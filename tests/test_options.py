@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
+from pytest_llmenergy.cli import COMMANDS, _parser
 from pytest_llmenergy.figures import FIGURES
 from pytest_llmenergy.llm.grid import TINY_MODEL_NAMES
 from pytest_llmenergy.meters import BUILTIN_BACKENDS
-from pytest_llmenergy.plugin.options import OPTIONS, SECTIONS, PluginSettings
+from pytest_llmenergy.plugin.options import BY_FLAG, OPTIONS, SECTIONS, PluginSettings
 
 
 def test_every_option_has_one_flag_one_ini_twin_and_a_real_destination() -> None:
@@ -68,3 +69,34 @@ def test_ini_twins_of_list_options_take_comma_lists(pytester: pytest.Pytester) -
         """
     )
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_the_renamed_settings_classes_still_import_with_a_warning() -> None:
+    import pytest_llmenergy
+    from pytest_llmenergy import controller, meters
+
+    with pytest.warns(DeprecationWarning, match="renamed MeterSettings in 0.2.0"):
+        assert pytest_llmenergy.MeterOptions is pytest_llmenergy.MeterSettings
+    with pytest.warns(DeprecationWarning, match="renamed MeterSettings"):
+        assert meters.MeterOptions is meters.MeterSettings
+    with pytest.warns(DeprecationWarning, match="renamed ControllerSettings"):
+        assert controller.ControllerOptions is controller.ControllerSettings
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        pytest_llmenergy.NoSuchName  # noqa: B018
+
+
+def test_cli_flags_that_mean_a_pytest_option_are_built_from_its_row() -> None:
+    """Every command's ``like_options`` become flags with the row's parser and default;
+    a flag declared by hand under the same name would make argparse refuse the parser."""
+    parser = _parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command").choices
+    pairs = [(name, *pair) for name, c in COMMANDS.items() for pair in c.like_options]
+    assert {("frontier", "--lambda", "--energy-route-lambda")} <= set(pairs)
+    for name, flag, option_flag in pairs:
+        action = next(a for a in subparsers[name]._actions if flag in a.option_strings)
+        row = BY_FLAG[option_flag]
+        assert action.dest == row.field_name
+        assert action.default == row.default
+        assert f"the pytest option {option_flag}" in action.help
+    args = parser.parse_args(["frontier", "r", "--lambda", "40%", "--by", "output"])
+    assert (args.lam, args.by, args.workload) == (0.4, "output", None)
