@@ -1,7 +1,7 @@
 """A ``llmenergy`` command as a record: its name, help, arguments and what it runs.
 
 Each package contributes the commands it owns (``frontier.frontier_cli.COMMANDS``,
-``predict.predict_cli.COMMANDS``, ...); ``cli.py`` gathers them into one table and builds
+``predict.predict_cli.COMMANDS``, ...); ``cli/__init__.py`` gathers them into one table and builds
 the parser and the dispatch from it, so a new command is one record in its own package
 and one name in that table, never a branch in a dispatcher.
 """

@@ -163,7 +163,7 @@ def figures_page() -> str:
 
 # -- the llmenergy command ----------------------------------------------------------------
 def cli_parser() -> argparse.ArgumentParser:
-    """The ``llmenergy`` parser, wherever ``cli.py`` builds it."""
+    """The ``llmenergy`` parser, wherever ``cli/__init__.py`` builds it."""
     cli = importlib.import_module("pytest_llmenergy.cli")
     for name in ("build_parser", "make_parser", "parser", "_parser"):
         found = getattr(cli, name, None)
@@ -248,7 +248,7 @@ def commands_page() -> str:
     ]
     parts = [
         f"# The `{prog}` command\n",
-        generated_note("the argparse parser of `pytest_llmenergy/cli.py`"),
+        generated_note("the argparse parser of `pytest_llmenergy/cli/`"),
         f"Also `python -m pytest_llmenergy`. {parser.description or ''} Exit codes: 0; 1 when "
         "a `--fail-on` gate failed; 2 for bad input (one line on stderr).\n",
         table(

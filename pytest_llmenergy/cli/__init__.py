@@ -1,0 +1,167 @@
+"""``llmenergy``: list, show and compare saved runs; gate CI on them; route queries
+between systems and plot what that saves.
+
+Exit codes: 0 fine, 1 an energy gate failed, 2 bad input (one line on stderr, no
+traceback).  ``--format csv`` and ``json`` print data only, so they can be piped into
+another program; what people need besides (a gate's verdict) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+
+from .. import __version__
+from ..commandline import Command, check_commands
+from ..errors import LLMEnergyError
+from ..figures import DeprecatedName
+from ..frontier import frontier_cli
+from ..plugin.options import plugin_option
+from ..predict.predict_cli import COMMANDS as PREDICT_COMMANDS
+from ..storage.research import COMMANDS as IMPORT_COMMANDS
+from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage
+from ..tables import FORMATS
+from .cli_args import DATA_FORMATS, checked
+from .compare_cli import COMMANDS as COMPARE_COMMANDS
+from .route_cli import COMMANDS as ROUTE_COMMANDS
+from .runs_cli import COMMANDS as RUNS_COMMANDS
+
+EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built from the command table: one subparser per record."""
+    parser = argparse.ArgumentParser(
+        prog="llmenergy",
+        description="Saved pytest-llmenergy runs: list them, show one, compare several.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, metavar="DIR", help=STORAGE_HELP)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--format", choices=FORMATS, default="table")
+    # Also after the command (``llmenergy list --storage DIR``); SUPPRESS keeps the global
+    # value when it is not given here.
+    common.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS.values():
+        parents = [common] if command.common else []
+        command_parser = sub.add_parser(command.name, parents=parents, help=command.help)
+        command.arguments(command_parser)
+        for flag, option_flag in command.like_options:
+            like_plugin_option(command_parser, flag, option_flag)
+    return parser
+
+
+def like_plugin_option(parser: argparse.ArgumentParser, flag: str, option_flag: str) -> None:
+    """A flag that means what a pytest option means, built from that option's row (its
+    parser, default, metavar and help): ``--session-noise`` is ``--energy-session-noise``."""
+    row = plugin_option(option_flag)
+    parser.add_argument(
+        flag,
+        dest=row.field_name,
+        type=checked(row.parse),
+        default=row.default,
+        metavar=row.metavar,
+        help=f"{row.full_help()}; the pytest option {row.flag}".replace("%", "%%"),
+    )
+
+
+# Every command, in the order ``llmenergy --help`` lists them; each package contributes its own.
+COMMANDS: dict[str, Command] = check_commands(
+    (
+        *RUNS_COMMANDS,
+        *COMPARE_COMMANDS,
+        *ROUTE_COMMANDS,
+        *frontier_cli.COMMANDS,
+        *PREDICT_COMMANDS,
+        *IMPORT_COMMANDS,
+    )
+)
+
+
+# -- output ------------------------------------------------------------------------------
+def _emit(text: str) -> None:
+    """Print ``text``; a closed pipe (``| head``) or a console that cannot show ``—`` or
+    ``±`` must not end in a traceback."""
+    out = sys.stdout
+    if not text.endswith("\n"):
+        text += "\n"
+    try:
+        try:
+            out.write(text)
+        except UnicodeEncodeError:
+            encoding = out.encoding or "ascii"
+            out.write(text.encode(encoding, "replace").decode(encoding))
+        out.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at devnull so that is quiet too.
+        with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, out.fileno())
+            os.close(devnull)
+
+
+def _error(message: str) -> int:
+    text = " ".join(message.splitlines())
+    print(f"llmenergy: error: {text}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _glue_descending_sort(argv: Sequence[str]) -> list[str]:
+    """``--sort -joules`` reads to argparse as an unknown option ``-joules``; make it
+    ``--sort=-joules``, which it takes as the value."""
+    out: list[str] = []
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--":
+            return [*out, arg, *rest]
+        if arg == "--sort" and rest and rest[0].startswith("-") and not rest[0].startswith("--"):
+            arg = f"--sort={rest.pop(0)}"
+        out.append(arg)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecatedName)
+        try:
+            return _main(argv)
+        finally:  # also when argparse exits on a usage error
+            for warning in caught:
+                if issubclass(warning.category, DeprecatedName):  # an old name: one line
+                    print(f"llmenergy: warning: {warning.message}", file=sys.stderr)
+                else:  # anything else goes where it would have gone
+                    warnings.showwarning(
+                        warning.message, warning.category, warning.filename, warning.lineno
+                    )
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(_glue_descending_sort(sys.argv[1:] if argv is None else argv))
+    storage = Storage(args.storage)
+    try:
+        outcome = COMMANDS[args.command].run(args, storage)
+    except LLMEnergyError as exc:  # RunFileError, ConfigError: they name what is wrong
+        return _error(str(exc))
+    except OSError as exc:  # a storage folder that cannot be listed
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error(f"{where}{exc.strerror or exc}")
+    out, verdicts = outcome.out, outcome.verdicts
+    if verdicts and args.format not in DATA_FORMATS:
+        out = out.rstrip("\n") + "\n" + "\n".join(verdicts)
+    _emit(out)
+    for line in outcome.notes:  # what was written where: stderr, so stdout stays data
+        print(f"llmenergy: {line}", file=sys.stderr)
+    if verdicts and args.format in DATA_FORMATS:
+        for line in verdicts:  # stdout stays data; CI logs still say why it failed
+            print(line, file=sys.stderr)
+    return EXIT_GATE if outcome.failed else EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""What the command modules share: argument types that fail in one line, the runs
+named on the command line, and the width of a table on this terminal."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigError
+from ..storage.runfile import Run
+from ..storage.store import Storage
+from ..tables import terminal_width
+
+DATA_FORMATS = ("csv", "json")
+
+
+class TwoOrMore(argparse.Action):
+    """``nargs="+"`` wanting two, so that one run is a usage error before any file is read."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if len(values) < 2:
+            command = parser.prog.split()[-1]
+            why = {"compare": ": the baseline first, then the others", "merge": " to pool"}
+            raise argparse.ArgumentError(
+                self, f"{command} needs at least two runs{why.get(command, '')}"
+            )
+        setattr(namespace, self.dest, list(values))
+
+
+def checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Turn our ConfigError into argparse's one-line usage error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ConfigError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc) or f"bad value {text!r}") from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def table_width(fmt: str) -> int | None:
+    """Fit terminal tables to the terminal; text piped into a file keeps every column
+    unless COLUMNS asks otherwise."""
+    if fmt != "table" or not (sys.stdout.isatty() or "COLUMNS" in os.environ):
+        return None
+    return terminal_width()
+
+
+# -- the command table --------------------------------------------------------------------
+def runs_of(args: argparse.Namespace, storage: Storage) -> list[Run]:
+    return [storage.load(spec) for spec in args.runs]

@@ -1,0 +1,280 @@
+"""``llmenergy list``, ``show``, ``merge``, ``export`` and ``metrics``: one saved run (or
+several pooled) looked at, written out for other tools, and the figures explained."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Mapping
+from typing import Any
+
+from .. import report
+from ..commandline import Command, Outcome
+from ..errors import ConfigError
+from ..export import EXPORT_FORMATS, export_text
+from ..figures import (
+    describe,
+)
+from ..storage.pool import pool_runs
+from ..storage.recorder import check_json_target
+from ..storage.runfile import COMPLETE, Run, RunFileError, dumps
+from ..storage.store import STORAGE_HELP, AtomicFile, Storage, check_run_name
+from ..tables import FORMATS, Raw, Table, render, wrap
+from .cli_args import DATA_FORMATS, TwoOrMore, checked, runs_of, table_width
+
+
+def _list_arguments(ls: argparse.ArgumentParser) -> None:
+    ls.add_argument("--hardware", metavar="KEY", help="only this hardware folder")
+
+
+def _show_arguments(show: argparse.ArgumentParser) -> None:
+    show.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
+
+
+def _merge_arguments(merge: argparse.ArgumentParser) -> None:
+    merge.add_argument(
+        "runs", nargs="+", action=TwoOrMore, metavar="RUN", help="two or more runs to pool"
+    )
+    merge.add_argument(
+        "--out", required=True, metavar="FILE", help="the pooled run file (must not exist)"
+    )
+    merge.add_argument(
+        "--name", default="pooled", type=checked(check_run_name), help="the pooled run's name"
+    )
+    merge.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
+
+
+def _export_arguments(export: argparse.ArgumentParser) -> None:
+    export.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
+    export.add_argument("--format", choices=EXPORT_FORMATS, required=True)
+    export.add_argument(
+        "--out", metavar="FILE", help="write there (replacing an earlier export), not to stdout"
+    )
+    export.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
+
+
+def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
+    metrics.add_argument("--format", choices=FORMATS, default="table")
+
+
+# -- reading what a run file does not check ------------------------------------------------
+# machine, commit, meter and options are free-form objects in a run file: a hand-edited or
+# foreign file may hold anything there, and showing it must not crash.
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _commit_id(commit: Mapping[str, Any]) -> str:
+    """12 characters of the commit, ``+`` when the tree had changes; empty when unknown."""
+    ident = commit.get("id")
+    if not isinstance(ident, str) or not ident:
+        return ""
+    return ident[:12] + ("+" if commit.get("dirty") is True else "")
+
+
+# -- commands ---------------------------------------------------------------------------
+def _list(storage: Storage, hardware: str | None, fmt: str) -> str:
+    keys = ("run", "name", "created", "status", "commit", "cases", "backend")
+    rows: list[tuple[Raw, ...]] = []
+    for stored in storage.runs(hardware):
+        try:
+            run = stored.load()
+        except RunFileError as exc:
+            rows.append(
+                (stored.ref, stored.name, None, f"unreadable: {exc.problem}", None, None, None)
+            )
+            continue
+        rows.append(
+            (
+                stored.ref,
+                run.name,
+                run.created,
+                run.status,
+                _commit_id(run.commit) or None,
+                len(run.cases),
+                run.backend or None,
+            )
+        )
+    if not rows and fmt not in DATA_FORMATS:
+        where = storage.root / hardware if hardware else storage.root
+        known = sorted({r.hardware for r in storage.runs()}) if hardware else []
+        also = f" (hardware with runs: {', '.join(known)})" if known else ""
+        return f"no saved runs in {where}{also}"
+    cells = tuple(tuple("—" if v is None else str(v) for v in row) for row in rows)
+    table = Table(
+        "saved runs", keys, keys, tuple(rows), cells, (), priorities=(0, 0, 2, 1, 2, 1, 3)
+    )
+    return render([table], fmt, width=table_width(fmt))
+
+
+def _run_header(run: Run) -> list[str]:
+    machine = _mapping(run.machine)
+    cpu = _mapping(machine.get("cpu"))
+    gpus = machine.get("gpus")
+    gpu_text = ", ".join(_gpu_text(_mapping(g)) for g in (gpus if isinstance(gpus, list) else []))
+    cores = cpu.get("logical_cores")
+    cpu_text = f"{cpu.get('model') or 'unknown'}" + (
+        f" ({cores} logical cores)" if isinstance(cores, int) else ""
+    )
+    commit = _mapping(run.commit)
+    ident = commit.get("id")
+    commit_text = "unknown"
+    if isinstance(ident, str) and ident:
+        commit_text = ident[:12]
+        if commit.get("dirty") is True:
+            commit_text += " (uncommitted changes)"
+        if commit.get("branch"):
+            commit_text += f" on {commit['branch']}"
+    meter = _mapping(run.meter)
+    lines = [
+        f"run {run.label}: {run.status}, {len(run.cases)} case(s), started {run.created}",
+        f"hardware {run.hardware}: CPU {cpu_text}, GPUs {gpu_text or 'none'}",
+        f"commit {commit_text}",
+        f"meter {meter.get('description') or run.backend or 'unknown'}",
+    ]
+    idle = {str(d): _number(w) for d, w in _mapping(meter.get("idle_power_w")).items()}
+    if any(w is not None for w in idle.values()):
+        shown = ", ".join(f"{d} {w:.2f} W" for d, w in idle.items() if w is not None)
+        lines.append(f"idle power {shown}")
+    if run.status != COMPLETE:
+        lines.append(
+            f"note: this run did not finish ({run.status}); it holds the cases it completed"
+        )
+    return lines
+
+
+def _gpu_text(gpu: Mapping[str, Any]) -> str:
+    details = [
+        f"{gpu['power_limit_w']} W limit" if _number(gpu.get("power_limit_w")) else "",
+        f"driver {gpu['driver']}" if gpu.get("driver") else "",
+    ]
+    extra = ", ".join(d for d in details if d)
+    return f"{gpu.get('name') or 'unknown GPU'}" + (f" ({extra})" if extra else "")
+
+
+def _show(run: Run, args: argparse.Namespace) -> str:
+    tables = report.case_tables(
+        run.cases, columns=args.columns, group_by=args.group_by, sort=args.sort
+    )
+    body = render(
+        tables, args.format, width=table_width(args.format), narrow_hint="choose with --columns"
+    )
+    if args.format in DATA_FORMATS:
+        return body
+    header = _run_header(run)
+    if args.format == "markdown":  # one line each, not one paragraph
+        header = [f"- {line}" for line in header]
+    else:
+        header = [part for line in header for part in wrap(line, table_width(args.format))]
+    return "\n".join([*header, "", body or "no cases in this run"])
+
+
+def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
+    """Write the pooled run; stdout gets its path (for scripts), stderr what was pooled."""
+    pooled = pool_runs(runs, name=args.name)
+    target = check_json_target(args.out)
+    try:
+        AtomicFile(target).write(dumps(pooled))
+    except FileExistsError:
+        raise ConfigError(f"{target} already exists; runs are never overwritten") from None
+    trials = sum(len(c.trials) for c in pooled.cases)
+    note = f"pooled {len(runs)} runs into {target}: {len(pooled.cases)} case(s), {trials} trials"
+    return str(target), [note]
+
+
+def _export(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
+    text = export_text(run.cases, args.format)
+    if not args.out:
+        return text, []
+    target = check_json_target(args.out, derived=True)
+    AtomicFile(target, derived=True).write(text)  # an export is made again at will
+    return str(target), [f"exported {len(run.cases)} case(s) of {run.label} as {args.format}"]
+
+
+def _metrics(fmt: str) -> str:
+    records = describe()
+    keys = tuple(records[0])
+    rows = tuple(tuple(r[k] for k in keys) for r in records)
+    meaning = keys.index("meaning")
+    width = table_width(fmt)
+
+    def cell(i: int, v: object) -> str:
+        text = "yes" if v is True else "" if v is False else str(v)
+        # a sentence per figure: wrapped on a terminal, so that it fits beside the key
+        return textwrap.fill(text, 44) if i == meaning and width is not None else text
+
+    cells = tuple(tuple(cell(i, v) for i, v in enumerate(row)) for row in rows)
+    headers = (
+        "key",
+        "label",
+        "unit",
+        "meaning",
+        "better",
+        "per trial",
+        "phases",
+        "default",
+        "old names",
+    )
+    table = Table(
+        "figures: columns (--columns), gates and compare (per trial), CI targets (per trial)",
+        keys,
+        headers,
+        rows,
+        cells,
+        notes=(
+            "per trial: comparable with Welch's t-test, so usable in gates (--fail-on, "
+            "--energy-compare-fail) and CI targets (--energy-ci-target); phases: needs the "
+            "prefill | decode split",
+        ),
+        priorities=(0, 1, 1, 0, 2, 2, 3, 3, 4),
+    )
+    return render([table], fmt, width=width)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "list",
+        "the saved runs, per hardware",
+        _list_arguments,
+        lambda args, storage: Outcome(_list(storage, args.hardware, args.format)),
+        common=True,
+    ),
+    Command(
+        "show",
+        "one run's energy tables",
+        _show_arguments,
+        lambda args, storage: Outcome(_show(storage.load(args.run), args)),
+        common=True,
+        like_options=(
+            ("--columns", "--energy-columns"),
+            ("--group-by", "--energy-group-by"),
+            ("--sort", "--energy-sort"),
+        ),
+    ),
+    Command(
+        "merge",
+        "pool runs of the same cases on the same hardware into one run (e.g. a pull "
+        "request's base measured twice, alternating with its head), to compare or gate",
+        _merge_arguments,
+        lambda args, storage: Outcome(*_merge(runs_of(args, storage), args)),
+    ),
+    Command(
+        "export",
+        "one run's figures for other tools: github-action-benchmark's JSON "
+        "(customSmallerIsBetter) for CI dashboards, or CSV",
+        _export_arguments,
+        lambda args, storage: Outcome(*_export(storage.load(args.run), args)),
+    ),
+    Command(
+        "metrics",
+        "every figure: its key (for --columns, gates, CI targets), unit and meaning",
+        _metrics_arguments,
+        lambda args, storage: Outcome(_metrics(args.format)),
+    ),
+)
