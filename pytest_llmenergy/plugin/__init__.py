@@ -2,11 +2,12 @@
 
 Registered through the ``pytest11`` entry point as ``llmenergy``; disable it with
 ``-p no:llmenergy``.  ``pytest_configure`` reads the options once and registers the
-features, each owning its state, its hooks and its terminal-summary section:
+features, each owning its state, its hooks, its terminal-summary section, and its
+options (a ``Section`` of rows beside its code, collected by ``options.py``):
 
 - ``measuring.Metering``: the meter (opened at session start) and its header lines;
 - ``cases.CasePlan``: parametrization over the grid, markers, models, case order;
-- ``results.CaseResults``: the measured cases and the energy-per-token tables;
+- ``showing.CaseResults``: the measured cases and the energy-per-token tables;
 - ``keeping.Keeper``: the run file, the baseline, the comparison and gates;
 - ``deciding.RoutingSection``: routing between two systems, and figures;
 - ``reporting.HtmlReporting`` (``--energy-report``): the HTML report, written last;
@@ -15,7 +16,7 @@ features, each owning its state, its hooks and its terminal-summary section:
   out the seed and the meter's lock and keeps what the workers measured;
 - ``gpu_settings.GpuTuning``: GPU power limits and clocks as axes, telemetry per
   trial, restoring the GPUs, and the time-energy frontier.
-- ``distributed.Distributed`` (under torchrun): joins the process group, takes rank 0's
+- ``torchrun.Distributed`` (under torchrun): joins the process group, takes rank 0's
   seed, meters every rank's share in lockstep windows; rank 0 alone keeps and shows.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
@@ -130,7 +131,7 @@ def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed
                 pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
             )
     options = dataclasses.replace(options, llm=with_added_axes(config, options.llm))
-    check_settings(options)
+    check_settings(options.serve, options.llm, options.measure)
     if options.serve.active and config.getoption("numprocesses", None):
         raise pytest.UsageError(
             "--llm-endpoint/--llm-serve: a server is measured one burst at a time; run "
@@ -141,7 +142,8 @@ def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed
             "--energy-interleave: the visits of every case run in one process; run without "
             "pytest-xdist's -n (or with --energy-interleave=1)"
         )
-    options = attribute_server(options)  # before the meter opens: it charges the server
+    # before the meter opens: it charges the server
+    options = dataclasses.replace(options, meter=attribute_server(options.serve, options.meter))
     seed = worker_seed(config)
     if seed is not None:  # an xdist worker collects in the controller's order
         options = _with_seed(options, seed)
@@ -169,7 +171,14 @@ def _features(
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(config, options.controller, options.order, options.llm)
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
-    keeper = Keeper(config, options.keep, options, metering, results.results)
+    keeper = Keeper(
+        config,
+        options.keep,
+        metering,
+        results.results,
+        options.record,
+        options.controller.confidence,
+    )
     routing = RoutingSection(options.route, keeper, results.results)
     serving = Serving(
         config, options.serve, options.llm, options.record, options.meter.attributed_pids

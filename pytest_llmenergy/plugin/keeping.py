@@ -8,9 +8,10 @@ final status.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pytest
 
@@ -37,9 +38,6 @@ from ..storage.store import DEFAULT_STORAGE, AtomicFile, Storage, check_run_name
 from ..tables import render
 from .measuring import Metering, header_lines
 from .option_rows import Option, Section
-
-if TYPE_CHECKING:
-    from .options import PluginSettings
 
 
 @dataclass(frozen=True)
@@ -82,13 +80,15 @@ class Keeper:
         self,
         config: pytest.Config,
         settings: KeepSettings,
-        options: PluginSettings,
         metering: Metering,
         results: list[CaseResult],
+        options_record: Mapping[str, Any],
+        confidence: float,
     ) -> None:
         self.config = config
         self.settings = settings
-        self.options = options
+        self.options_record = options_record  # every option's value, for the run file
+        self.confidence = confidence  # of the cases' intervals, for the comparison
         self.metering = metering
         self.results = results  # the session's list, shared with CaseResults
         self.hardware = ""
@@ -214,7 +214,7 @@ class Keeper:
             hardware=self.hardware,
             machine=machine,
             commit=commit,
-            options=dict(self.options.record),
+            options=dict(self.options_record),
             meter=self.metering.record(),
             command=[str(a) for a in self.config.invocation_params.args],
         )
@@ -284,7 +284,7 @@ class Keeper:
                 self.baseline.cases,
                 self.results,
                 gates=self.settings.gates,
-                confidence=self.options.controller.confidence,
+                confidence=self.confidence,
                 baseline_label=self.baseline.label,
                 current_label="this run",
                 not_comparable=unlike_meters(self.baseline.meter_identity, identity),

@@ -23,14 +23,15 @@ from .generating import LLMSettings
 from .option_rows import Option, Section
 
 if TYPE_CHECKING:
+    from ..meters import MeterSettings
     from ..serving.engine import RunningEngine
     from ..serving.target import ServerTarget
-    from .options import PluginSettings
+    from .measuring import MeasureSettings
 
 
-def check_settings(options: PluginSettings) -> None:
+def check_settings(serve: ServeSettings, llm: LLMSettings, measure: MeasureSettings) -> None:
     """Combinations that cannot work stop the session at start, in one line."""
-    serve, grid = options.serve, options.llm.grid
+    grid = llm.grid
     if grid.concurrency != (1,) and not serve.active:
         raise pytest.UsageError(
             "--llm-concurrency: concurrent requests need a server: add --llm-endpoint=URL "
@@ -41,7 +42,7 @@ def check_settings(options: PluginSettings) -> None:
             "--llm-batch-sizes: a server batches requests itself; send them at once with "
             "--llm-concurrency instead"
         )
-    if serve.active and options.measure.profile_ops:
+    if serve.active and measure.profile_ops:
         raise pytest.UsageError(
             "--energy-profile-ops: the model runs in the server, so torch.profiler would "
             "trace this client; profile a local model (without --llm-endpoint/--llm-serve)"
@@ -54,11 +55,10 @@ def check_settings(options: PluginSettings) -> None:
         )
 
 
-def attribute_server(options: PluginSettings) -> PluginSettings:
+def attribute_server(serve: ServeSettings, meter: MeterSettings) -> MeterSettings:
     """Add a running server's process tree to what the CPU meters charge."""
-    serve = options.serve
     if not serve.endpoint:
-        return options
+        return meter
     pid = serve.server_pid
     if pid is None:
         from ..serving.client import Endpoint
@@ -68,9 +68,8 @@ def attribute_server(options: PluginSettings) -> PluginSettings:
         if endpoint.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
             pid = find_server_pid(endpoint.port)
     if pid is None:
-        return options
-    meter = dataclasses.replace(options.meter, attributed_pids=(pid,))
-    return dataclasses.replace(options, meter=meter)
+        return meter
+    return dataclasses.replace(meter, attributed_pids=(pid,))
 
 
 class Serving:
