@@ -248,9 +248,9 @@ def forward_work(shape: ModelShape, new: int, past: int, batch: int = 1) -> Work
     """One forward pass of ``new`` tokens per sequence over ``past`` cached ones.
 
     Weight bytes are charged at one rate whatever their size: on the 2-core EPYC
-    (1 MiB L2, 32 MiB L3) models of 14 MB (inside L3) to 53 MB (beyond it) read their
-    weights at the same 8-10 GB/s a decode step, so a term for bytes beyond the
-    last-level cache only took cost from the models inside it (docs/predicting.md).
+    (1 MiB L2, 32 MiB L3) a decode step of a 14 MB model (inside L3) and of a 53 MB one
+    (beyond it) read the weights at the same 8-9 GB/s, so a term for bytes beyond the
+    last-level cache took cost from the models inside it (docs/predicting.md).
     """
     w = Work()
     e, h, b, n = shape.elem_bytes, shape.hidden, batch, new
