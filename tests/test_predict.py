@@ -38,7 +38,7 @@ LLAMA = ModelShape("l", "llama", 64, 2, 4, 4, 16, 128, 1024)
 BIG = ModelShape("big", "mistral", 256, 6, 8, 2, 32, 688, 2048)
 # s per FLOP, per byte, per launch: a machine whose truth we know
 TRUE = {"flops": 2e-11, "bytes": 5e-11, "launches": 6e-6, "generations": 1e-3, "roofline": 0.0}
-TRUE |= {"forward_passes": 0.0, "beyond_cache_bytes": 0.0}
+TRUE |= {"forward_passes": 0.0}
 
 
 def true_coef() -> list[float]:
@@ -520,7 +520,7 @@ def test_profiling_without_torch_stops_at_start(monkeypatch: pytest.MonkeyPatch)
         OpProfiling()
 
 
-# -- weights beyond the CPU's caches (issue 28) -----------------------------------------
+# -- the CPU's cache sizes, recorded with every run (issue 28) ----------------------------
 def _sysfs(root: Path, entries: list[tuple[int, str, str]]) -> None:
     for i, (level, kind, size) in enumerate(entries):
         folder = root / f"index{i}"
@@ -530,8 +530,7 @@ def _sysfs(root: Path, entries: list[tuple[int, str, str]]) -> None:
         (folder / "size").write_text(f"{size}\n")
 
 
-def test_cache_sizes_are_read_from_sysfs_and_the_last_level_is_charged(tmp_path: Path) -> None:
-    from pytest_llmenergy.predict.calibrate import last_level_cache
+def test_cache_sizes_are_read_from_sysfs(tmp_path: Path) -> None:
     from pytest_llmenergy.storage.machine import cpu_caches
 
     _sysfs(
@@ -546,54 +545,3 @@ def test_cache_sizes_are_read_from_sysfs_and_the_last_level_is_charged(tmp_path:
     caches = cpu_caches(str(tmp_path))
     assert caches == {"l1": 32768, "l2": 2**20, "l3": 32 * 2**20}
     assert cpu_caches(str(tmp_path / "absent")) == {}
-    assert last_level_cache({"cpu": {"cache_bytes": caches}, "gpus": []}) == 32 * 2**20
-    # on a GPU machine the weights are the GPU's: no CPU-cache term; old records: none
-    assert last_level_cache({"cpu": {"cache_bytes": caches}, "gpus": [{"name": "A100"}]}) == 0
-    assert last_level_cache({"cpu": {"model": "x"}}) == 0
-
-
-def test_weights_beyond_the_cache_are_charged_every_pass() -> None:
-    weights = (BIG.layer_weights * BIG.layers + BIG.hidden * BIG.vocab) * BIG.elem_bytes
-    cache = weights // 3
-    work = case_work(BIG, 64, 8, cache_bytes=cache)
-    passes = work["prefill"].forward_passes + work["decode"].forward_passes
-    assert passes == 8
-    beyond = work["prefill"].beyond_cache_bytes + work["decode"].beyond_cache_bytes
-    assert beyond == pytest.approx(8 * (weights - cache))
-    assert case_work(BIG, 64, 8, cache_bytes=weights)["decode"].beyond_cache_bytes == 0
-    assert case_work(BIG, 64, 8)["decode"].beyond_cache_bytes == 0  # cache unknown
-
-
-def test_a_calibration_beyond_the_cache_prices_another_architecture_beyond_it() -> None:
-    """A machine that pays extra for every byte the cache does not hold: calibrated on a
-    small llama (inside the cache) and a large one (beyond it), it predicts a mistral
-    beyond it; without the cache's size it cannot."""
-    big_llama = ModelShape("bl", "llama", 256, 4, 8, 8, 32, 688, 2048)
-    weights = (big_llama.layer_weights * big_llama.layers + 256 * 2048) * 4
-    cache = weights // 2
-    coef = [*true_coef()]
-    coef[COLUMNS.index("beyond_cache_bytes")] = 4e-10
-
-    def case(shape: ModelShape, n_in: int, n_out: int) -> CaseResult:
-        base = synthetic_case(shape, n_in, n_out)
-        work = case_work(shape, n_in, n_out, cache_bytes=cache)
-        secs = {p: float(np.dot(coef, w.vector())) for p, w in work.items()}
-        total = sum(secs.values())
-        phases = {p: PhaseRecord(t, 20.0 * t, {"cpu:process": 20.0 * t}) for p, t in secs.items()}
-        trial = Trial(
-            1, total, 20 * total, 20 * total, {"cpu:process": 20 * total}, {}, n_in, n_out, phases
-        )
-        return replace(base, trials=(trial, trial))
-
-    cases = [case(s, i, o) for s in (LLAMA, big_llama) for i, o in sizes()]
-    machine = {"cpu": {"model": "CPU X", "cache_bytes": {"l3": cache}}, "gpus": []}
-    run = Run(**{**sample_run(tuple(cases)).__dict__, "machine": machine})
-    cal = calibrate_runs([run], ["synthetic"])["calibrations"][0]
-    assert cal["cache_bytes"] == cache
-    assert cal["time_s"]["coefficients"]["beyond_cache_bytes"] == pytest.approx(4e-10, rel=1e-4)
-    truth = case(BIG, 512, 64).trials[0].seconds
-    assert case_work(BIG, 512, 64, cache_bytes=cache)["decode"].beyond_cache_bytes > 0
-    (pred,) = predict(cal, BIG, [512], [64])
-    assert pred.time_s == pytest.approx(truth, rel=1e-4)
-    (blind,) = predict({**cal, "cache_bytes": 0}, BIG, [512], [64])
-    assert blind.time_s < 0.9 * truth

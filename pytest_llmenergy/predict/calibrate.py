@@ -110,7 +110,10 @@ KERNEL_CLASSES = (MATMUL, ATTENTION)
 # Columns only the roofline form fits (the others keep their coefficients at zero).
 ROOFLINE_ONLY = ("roofline", "forward_passes")
 # Columns that may be missing from older calibration files (taken as zero).
-NEWER_COLUMNS = (*ROOFLINE_ONLY, "beyond_cache_bytes")
+NEWER_COLUMNS = ROOFLINE_ONLY
+# Columns older calibration files may have that are no longer modelled: dropped when
+# their coefficient is zero, else the file must be made again.
+DROPPED_COLUMNS = ("beyond_cache_bytes",)
 
 # How the columns share coefficients.  ``shared``: one cost per FLOP and one per byte
 # whatever the class, and one per launch: three numbers, which one model's sizes can
@@ -126,7 +129,6 @@ FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
         tuple(f"{c}_bytes" for c in WORK_CLASSES),
         ("launches",),
         ("generations",),
-        ("beyond_cache_bytes",),
     ),
     "per_class": tuple((c,) for c in COLUMNS if c not in ROOFLINE_ONLY),
     "kernels": (
@@ -134,7 +136,6 @@ FORMS: Mapping[str, tuple[tuple[str, ...], ...]] = {
         tuple(f"{c}_bytes" for c in WORK_CLASSES),
         ("launches",),
         ("generations",),
-        ("beyond_cache_bytes",),
     ),
     # ``roofline``: each forward pass costs the larger of its compute and its memory
     # traffic (max(k x FLOPs, bytes), k fitted: the machine's balance), plus launches, a
@@ -235,27 +236,10 @@ def _tokens(case: CaseResult) -> tuple[int, int]:
     return max(1, round(n_in)), max(1, round(n_out))
 
 
-def last_level_cache(machine: Any) -> int:
-    """The last-level CPU cache of a run's machine record (``storage/machine.py``), in
-    bytes; 0 when unknown or when the machine has GPUs (the weights are theirs)."""
-    if not isinstance(machine, Mapping) or machine.get("gpus"):
-        return 0
-    cpu = machine.get("cpu")
-    caches = cpu.get("cache_bytes") if isinstance(cpu, Mapping) else None
-    if not isinstance(caches, Mapping):
-        return 0
-    sizes = [v for v in caches.values() if isinstance(v, int) and not isinstance(v, bool)]
-    return max(sizes, default=0)
-
-
 def points_from_cases(
-    cases: Iterable[CaseResult],
-    elem_bytes: int = 4,
-    skipped: list[str] | None = None,
-    cache_bytes: int = 0,
+    cases: Iterable[CaseResult], elem_bytes: int = 4, skipped: list[str] | None = None
 ) -> list[Point]:
-    """Every case with undisturbed trials whose model's config can be read;
-    ``cache_bytes``: the machine's last-level cache (``last_level_cache``)."""
+    """Every case with undisturbed trials whose model's config can be read."""
     cache: dict[tuple[str, int], ModelShape] = {}
     out: list[Point] = []
     for case in cases:
@@ -282,7 +266,7 @@ def points_from_cases(
                 batch_size=batch,
                 time_s=_mean(t.seconds for t in case.trials),
                 energy_j=_mean(t.joules for t in case.trials),
-                work=case_work(shape, n_in, n_out, batch, kv_cache, cache_bytes),
+                work=case_work(shape, n_in, n_out, batch, kv_cache),
                 profile=profile,
                 phases={
                     phase: (
@@ -479,7 +463,6 @@ def calibrate_runs(
     groups: dict[tuple[str, str | None], list[CaseResult]] = {}
     meters: dict[tuple[str, str | None], str] = {}
     speeds: dict[tuple[str, str | None], list[float]] = {}
-    caches: dict[tuple[str, str | None], int] = {}
     skipped: list[str] = []
     for run in runs:
         for case in run.cases:
@@ -487,13 +470,12 @@ def calibrate_runs(
             key = (run.hardware, setting)
             groups.setdefault(key, []).append(case)
             meters[key] = run.backend
-            caches[key] = last_level_cache(run.machine)
             speed = run.machine.get(SPEED_KEY)
             if isinstance(speed, int | float) and not isinstance(speed, bool) and speed > 0:
                 speeds.setdefault(key, []).append(float(speed))
     calibrations = []
     for (system, setting), cases in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        points = points_from_cases(cases, skipped=skipped, cache_bytes=caches[(system, setting)])
+        points = points_from_cases(cases, skipped=skipped)
         fitted = calibrate_points(points, form)
         calibrations.append(
             {
@@ -504,8 +486,6 @@ def calibrate_runs(
                 "models": sorted({p.model for p in points}),
                 # how its cases generated: predictions of this system assume the same
                 "kv_cache": any(c.labels.get(KV_CACHE_LABEL, "on") != "off" for c in cases),
-                # the last-level cache the weights were charged against (0: none)
-                "cache_bytes": caches[(system, setting)],
                 "elem_bytes": min(
                     _DTYPE_BYTES.get(c.labels.get(DTYPE_LABEL, ""), 4) for c in cases
                 ),
@@ -547,10 +527,17 @@ def load_calibration(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: holds no calibration")
     for cal in cals:
         coef = cal.get("time_s", {}).get("coefficients") if isinstance(cal, dict) else None
-        if isinstance(coef, dict):  # older calibrations lack the roofline form's columns
+        if isinstance(coef, dict):  # older calibrations: other columns
             for target in ("time_s", "energy_j"):
+                coefs = cal[target]["coefficients"]
                 for column in NEWER_COLUMNS:
-                    cal[target]["coefficients"].setdefault(column, 0.0)
+                    coefs.setdefault(column, 0.0)
+                for column in DROPPED_COLUMNS:
+                    if coefs.pop(column, 0.0):
+                        raise ConfigError(
+                            f"{path}: a calibration charges {column}, which is no longer "
+                            "modelled; calibrate again from its runs"
+                        )
         if not isinstance(coef, dict) or set(coef) != set(COLUMNS):
             raise ConfigError(f"{path}: a calibration lacks the coefficients {', '.join(COLUMNS)}")
     return data

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .calibrate import Point, fit_both, last_level_cache, points_from_cases, predict_work, rows_for
+from .calibrate import Point, fit_both, points_from_cases, predict_work, rows_for
 
 SPLITS = ("sweep", "model", "system")
 # AstraWattch (its paper's evaluation): energy prediction error of 2-12 % across its
@@ -88,10 +88,9 @@ def _systems(runs: Sequence[Any], skipped: list[str]) -> list[_System]:
     out = []
     for run in runs:
         cases = [c for c in run.cases if c.trials]
-        cache_bytes = last_level_cache(run.machine)
         points, sweeps = [], []
         for case in cases:
-            found = points_from_cases([case], skipped=skipped, cache_bytes=cache_bytes)
+            found = points_from_cases([case], skipped=skipped)
             if found:
                 points.append(found[0])
                 sweeps.append(case.labels.get("sweep", ""))

@@ -31,8 +31,9 @@ HELDOUT_MODELS: Mapping[str, TinySpec] = {
             "max_position_embeddings": _POSITIONS,
         },
     ),
-    # Weights beyond a 32 MiB L3 in float32 (about 55 MB): the size that lets a CPU
-    # calibration see memory traffic the caches do not hold (``features.beyond_cache``).
+    # About 55 MB of float32 weights: a second size of the calibrated architecture, with
+    # weights far beyond the tiny model's, so that a CPU calibration sees what reading
+    # them costs (with tiny-llama alone that cost is hidden under the launches).
     "rand-llama-512": TinySpec(
         "rand-llama-512",
         "LlamaConfig",

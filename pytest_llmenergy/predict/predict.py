@@ -81,7 +81,7 @@ def predict(
     out = []
     for n_in in input_tokens:
         for n_out in output_tokens:
-            work = case_work(shape, n_in, n_out, batch_size, kv_cache, cal.get("cache_bytes", 0))
+            work = case_work(shape, n_in, n_out, batch_size, kv_cache)
             phase_s = {
                 p: sum(
                     a * x for a, x in zip(coef["time_s"], work[p].vector(k["time_s"]), strict=True)
@@ -178,7 +178,7 @@ def check_against(
 
     rows = []
     for case in cases:
-        found = points_from_cases([case], skipped=skipped, cache_bytes=cal.get("cache_bytes", 0))
+        found = points_from_cases([case], skipped=skipped)
         (point,) = found or (None,)
         if point is None:
             continue
