@@ -23,6 +23,11 @@ from tests.test_predict import LLAMA, sizes, synthetic_case
 from tests.test_storage_runfile import sample_run
 
 DATA = json.loads((Path(__file__).parent / "data" / "cpu_heldout.json").read_text())
+# The same seven models and cases, each session visiting every case three times in a new
+# random order (--energy-interleave=3), so every case's mean spans the session's speeds.
+INTERLEAVED = json.loads(
+    (Path(__file__).parent / "data" / "cpu_heldout_interleaved.json").read_text()
+)
 TWO_SIZES = ("tiny-llama", "rand-llama-512")  # two sizes of the calibrated architecture
 
 
@@ -42,10 +47,12 @@ def _point(case: Mapping[str, Any], scale: float = 1.0) -> Point:
     )
 
 
-def session(n: int, spoil: Mapping[str, float] | None = None) -> list[Point]:
+def session(
+    n: int, spoil: Mapping[str, float] | None = None, data: Mapping[str, Any] = DATA
+) -> list[Point]:
     """Session ``n``'s cases; ``spoil``: a model's times and joules multiplied."""
     spoil = spoil or {}
-    cases = DATA["sessions"][n - 1]["cases"]
+    cases = data["sessions"][n - 1]["cases"]
     return [_point(c, spoil.get(c["model"], 1.0)) for c in cases]
 
 
@@ -100,9 +107,35 @@ def bias(errors: list[float]) -> float:
 
 
 def test_the_data_is_three_sessions_of_seven_models() -> None:
-    for n in (1, 2, 3):
-        points = session(n)
-        assert len(points) == 49 and len({p.model for p in points}) == 7
+    for data in (DATA, INTERLEAVED):
+        assert data["configs"] == DATA["configs"]
+        for n in (1, 2, 3):
+            points = session(n, data=data)
+            assert len(points) == 49 and len({p.model for p in points}) == 7
+
+
+def leave_one_model_out(points: Sequence[Point]) -> dict[str, list[float]]:
+    errors: dict[str, list[float]] = {}
+    for model in sorted({p.model for p in points}):
+        errors |= time_errors(
+            [p for p in points if p.model != model], [p for p in points if p.model == model]
+        )
+    return errors
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_interleaved_sessions_predict_models_never_calibrated_within_ten_percent(n: int) -> None:
+    """Issue 28's goal on this CPU, in every single session measured with
+    --energy-interleave=3: calibrated on two sizes of one architecture, and each model
+    left out of a fit on the other six.  (The blocked sessions, whose cases each ran at
+    whatever speed the machine had then, miss it: 12.8 and 11.3 % over their rows.)"""
+    points = session(n, data=INTERLEAVED)
+    two_sizes = fitted_on(points, TWO_SIZES)
+    assert len(two_sizes) == 5 and mean_abs(two_sizes) <= 0.10
+    left_out = leave_one_model_out(points)
+    assert len(left_out) == 7 and mean_abs(left_out) <= 0.10
+    # a model of another architecture and size is still inside the goal on its own
+    assert mean_abs({"rand-falcon-512": two_sizes["rand-falcon-512"]}) <= 0.10
 
 
 # The machine record of the sessions' runs: sizes read from sysfs, as every run has them.
@@ -173,12 +206,7 @@ def test_two_sizes_of_one_architecture_predict_the_other_models(
 
 
 def test_leave_one_model_out_on_the_merged_sessions_is_within_ten_percent() -> None:
-    points = merged()
-    errors: dict[str, list[float]] = {}
-    for model in sorted({p.model for p in points}):
-        errors |= time_errors(
-            [p for p in points if p.model != model], [p for p in points if p.model == model]
-        )
+    errors = leave_one_model_out(merged())
     assert len(errors) == 7
     assert mean_abs(errors) <= 0.10
 
