@@ -181,9 +181,13 @@ def test_allowed_features_together(
     first = run(*common, "--energy-json=base.json")
     assert first.ret == 0, first.stdout.str()
     before = _exported(project.path / "gab.json")
-    second = run(*common, "--energy-compare=base.json", "--energy-compare-fail=j_per_token:400%")
+    # The gate's machinery together with the rest, not its precision: these sessions run
+    # with the busy-machine check off (tests/conftest.py), and a loaded machine slowed a
+    # 10 ms case 46-fold between the two sessions on the constant-power trace meter.
+    gate = "j_per_token:10000%"
+    second = run(*common, "--energy-compare=base.json", f"--energy-compare-fail={gate}")
     assert second.ret == 0, second.stdout.str()
-    second.stdout.fnmatch_lines(["llmenergy: energy gate passed (j_per_token:400%)*"])
+    second.stdout.fnmatch_lines([f"llmenergy: energy gate passed ({gate})*"])
     after = _exported(project.path / "gab.json")  # replaced: an export is derived
     assert set(after) == set(before) and len(after) == 3 * cases
     assert all(v > 0 for v in after.values())
