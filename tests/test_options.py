@@ -100,3 +100,16 @@ def test_cli_flags_that_mean_a_pytest_option_are_built_from_its_row() -> None:
         assert f"the pytest option {option_flag}" in action.help
     args = parser.parse_args(["frontier", "r", "--lambda", "40%", "--by", "output"])
     assert (args.lam, args.by, args.workload) == (0.4, "output", None)
+    assert args.max_slowdowns == BY_FLAG["--energy-max-slowdown"].default == (0.0, 0.05)
+    # a repeatable option stays repeatable: its values are parsed together
+    args = parser.parse_args(["frontier", "r", "--max-slowdown", "0%", "--max-slowdown", "10%"])
+    assert args.max_slowdowns == (0.0, 0.1)
+
+
+def test_a_bad_value_of_a_repeatable_like_option_is_one_usage_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        _parser().parse_args(["frontier", "r", "--max-slowdown", "fast"])
+    assert stop.value.code == 2
+    assert "argument --max-slowdown:" in capsys.readouterr().err.splitlines()[-1]

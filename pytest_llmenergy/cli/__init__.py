@@ -13,7 +13,8 @@ import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .. import __version__
 from ..commandline import Command, check_commands
@@ -58,16 +59,52 @@ def _parser() -> argparse.ArgumentParser:
 
 def like_plugin_option(parser: argparse.ArgumentParser, flag: str, option_flag: str) -> None:
     """A flag that means what a pytest option means, built from that option's row (its
-    parser, default, metavar and help): ``--session-noise`` is ``--energy-session-noise``."""
+    parser, default, metavar and help): ``--session-noise`` is ``--energy-session-noise``.
+    A repeatable row stays repeatable, its values parsed together as the option's are."""
     row = plugin_option(option_flag)
+    help_text = f"{row.full_help()}; the pytest option {row.flag}".replace("%", "%%")
+    if row.multiple:
+        parser.add_argument(
+            flag,
+            dest=row.field_name,
+            action=_JoinedValues,
+            parse=row.parse,
+            default=row.default,
+            metavar=row.metavar,
+            help=f"{help_text} (repeatable)",
+        )
+        return
     parser.add_argument(
         flag,
         dest=row.field_name,
         type=checked(row.parse),
         default=row.default,
         metavar=row.metavar,
-        help=f"{row.full_help()}; the pytest option {row.flag}".replace("%", "%%"),
+        help=help_text,
     )
+
+
+class _JoinedValues(argparse.Action):
+    """Every value given so far, joined with commas and parsed once: ``--max-slowdown 0%
+    --max-slowdown 5%`` means ``0%,5%``, as the repeated pytest option does."""
+
+    def __init__(self, *args: Any, parse: Callable[[str], Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parse = parse
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given = [*getattr(namespace, f"_{self.dest}_given", []), str(values)]
+        setattr(namespace, f"_{self.dest}_given", given)
+        try:
+            setattr(namespace, self.dest, checked(self.parse)(",".join(given)))
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
 
 
 # Every command, in the order ``llmenergy --help`` lists them; each package contributes its own.

@@ -16,11 +16,9 @@ from typing import Any
 from ..commandline import ROUTING_LIKE_OPTIONS, Command, Outcome
 from ..errors import ConfigError
 from ..gpu.control import StateFile, default_state_path, recover
-from ..gpu.settings import parse_slowdowns
 from ..storage.runfile import Run
 from ..tables import render
 from . import (
-    DEFAULT_MAX_SLOWDOWNS,
     at_best_settings,
     frontier_json,
     frontier_table,
@@ -66,13 +64,6 @@ def _frontier_arguments(front: argparse.ArgumentParser) -> None:
         "also route between the systems, each at its best settings",
     )
     front.add_argument(
-        "--max-slowdown",
-        type=_checked(parse_slowdowns),
-        default=DEFAULT_MAX_SLOWDOWNS,
-        metavar="LIST",
-        help="slowdowns the energy bloat is reported at (default: 0%%,5%%)",
-    )
-    front.add_argument(
         "--p-ref",
         type=float,
         default=None,
@@ -103,7 +94,7 @@ def frontier_command(runs: list[Run], args: argparse.Namespace) -> tuple[str, li
     notes: list[str] = []
     for run in runs:
         items = frontiers(
-            run.cases, max_slowdowns=args.max_slowdown, lam=args.lam, p_ref_w=args.p_ref
+            run.cases, max_slowdowns=args.max_slowdowns, lam=args.lam, p_ref_w=args.p_ref
         )
         if not items:
             raise ConfigError(
@@ -192,6 +183,6 @@ COMMANDS: tuple[Command, ...] = (
         _frontier_arguments,
         _frontier,
         common=True,
-        like_options=ROUTING_LIKE_OPTIONS,
+        like_options=(("--max-slowdown", "--energy-max-slowdown"), *ROUTING_LIKE_OPTIONS),
     ),
 )
