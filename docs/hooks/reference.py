@@ -83,6 +83,27 @@ def _option_meaning(option: Any) -> str:
     return text
 
 
+def _declared_in(sections: Sequence[Any]) -> dict[str, str]:
+    """Where each section is declared (module and name) and the settings it fills, found
+    by looking for the very object in the plugin's modules: a newcomer's way to the code."""
+    import pkgutil
+
+    plugin = importlib.import_module("pytest_llmenergy.plugin")
+    found: dict[str, str] = {}
+    for info in pkgutil.iter_modules(plugin.__path__):
+        if info.name == "options":  # the collector, not where a section is declared
+            continue
+        module = importlib.import_module(f"pytest_llmenergy.plugin.{info.name}")
+        for name, value in vars(module).items():
+            for section in sections:
+                if value is section and section.name not in found:
+                    found[section.name] = (
+                        f"`pytest_llmenergy/plugin/{info.name}.py` (`{name}`), into "
+                        f"`{section.settings.__name__}`"
+                    )
+    return found
+
+
 def options_page() -> str:
     from pytest_llmenergy.plugin import options as registry
 
@@ -102,8 +123,11 @@ def options_page() -> str:
             f"| [{title}](#{name}) | {len(opts)} |\n" for name, (title, opts) in sections.items()
         ),
     ]
+    declared = _declared_in(registry.SECTIONS)
     for section, (title, opts) in sections.items():
         parts.append(f"## {title} {{#{section}}}\n")
+        if section in declared:
+            parts.append(f"Declared beside its feature: {declared[section]}.\n")
         rows = [
             (code(_option_usage(o)), code(o.ini), o.describe_default(), _option_meaning(o))
             for o in opts
