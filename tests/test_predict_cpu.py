@@ -145,11 +145,13 @@ MACHINE = {
 }
 
 
-def session_run(n: int, models: Sequence[str], configs: Path) -> Run:
+def session_run(
+    n: int, models: Sequence[str], configs: Path, data: Mapping[str, Any] = DATA
+) -> Run:
     """Session ``n``'s cases of ``models`` as a saved run (one trial: the case's means),
     each model's config.json in ``configs``, where the run's labels point."""
     cases = []
-    for c in DATA["sessions"][n - 1]["cases"]:
+    for c in data["sessions"][n - 1]["cases"]:
         model = c["model"]
         if model not in models:
             continue
@@ -238,3 +240,24 @@ def test_a_calibration_charging_the_dropped_cache_column_is_refused_in_one_line(
     err = capsys.readouterr().err
     assert "beyond_cache_bytes, which is no longer modelled; calibrate again" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_heldout_fit_on_is_the_chosen_models_protocol_in_one_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``llmenergy heldout RUN --fit-on A,B`` fits on those models alone and predicts each
+    other one, then all of them: the same figures as the fit here, per interleaved session."""
+    for n in (1, 2, 3):
+        run = tmp_path / f"s{n}.json"
+        run.write_text(dumps(session_run(n, tuple(DATA["configs"]), tmp_path / "c", INTERLEAVED)))
+        args = ["heldout", str(run), "--fit-on", ",".join(TWO_SIZES), "--format", "json"]
+        assert main(args) == 0
+        rows = {r["predicted"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+        expected = fitted_on(session(n, data=INTERLEAVED), TWO_SIZES)
+        assert set(rows) == {*expected, "all the others"}
+        for model, errors in expected.items():
+            assert rows[model]["time_mean_abs_err"] == pytest.approx(mean_abs({model: errors}))
+            assert rows[model]["fitted_on"] == "rand-llama-512, tiny-llama"
+        assert rows["all the others"]["time_mean_abs_err"] <= 0.10
+    assert main(["heldout", str(tmp_path / "s1.json"), "--fit-on", "gpt2"]) == 2
+    assert "--fit-on gpt2: not measured on" in capsys.readouterr().err

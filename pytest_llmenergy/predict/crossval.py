@@ -6,6 +6,8 @@ Three splits, each per system (a saved run's hardware folder):
 - ``model``: fit on every model but one, predict that one (leave one model out).
 - ``system``: fit on one system, predict another with the same GPU (leave one system
   out), where there is one.
+- ``chosen`` (``fit_on``): fit on the models named, predict each other model of the
+  system; the protocol a user follows when calibrating on a few models of their own.
 
 Beside them, the figures AstraWattch reports for its operator-level predictions.
 """
@@ -103,15 +105,51 @@ def _systems(runs: Sequence[Any], skipped: list[str]) -> list[_System]:
     return out
 
 
+CHOSEN = "chosen"  # the split of ``fit_on``: fitted on the models named
+
+
+def _named(model: str, names: Sequence[str]) -> bool:
+    return model in names or _short(model) in names
+
+
+def _chosen(s: _System, fit_on: Sequence[str], form: str) -> list[Held]:
+    """Fitted on the ``fit_on`` models, each other model predicted, then all of them."""
+    models = sorted({p.model for p in s.points})
+    missing = [n for n in fit_on if not any(n in (m, _short(m)) for m in models)]
+    if missing:
+        raise ConfigError(
+            f"--fit-on {','.join(missing)}: not measured on {s.name}; its models: "
+            f"{', '.join(_short(m) for m in models)}"
+        )
+    train = [p for p in s.points if _named(p.model, fit_on)]
+    others = [m for m in models if not _named(m, fit_on)]
+    if not others:
+        raise ConfigError(f"--fit-on names every model of {s.name}: nothing is left to predict")
+    fitted = ", ".join(_short(m) for m in models if _named(m, fit_on))
+    rows = [
+        _held(CHOSEN, s.name, fitted, _short(m), train, [p for p in s.points if p.model == m], form)
+        for m in others
+    ]
+    test = [p for p in s.points if not _named(p.model, fit_on)]
+    rows.append(_held(CHOSEN, s.name, fitted, "all the others", train, test, form))
+    return rows
+
+
 def held_out(
-    runs: Sequence[Any], splits: Sequence[str] = SPLITS, form: str = "shared"
+    runs: Sequence[Any],
+    splits: Sequence[str] = SPLITS,
+    form: str = "shared",
+    fit_on: Sequence[str] = (),
 ) -> tuple[list[Held], list[str]]:
     """Every split's rows over ``runs`` (storage ``Run`` objects, one system each), and
-    the cases that could not be used (their model's config unknown)."""
+    the cases that could not be used (their model's config unknown).  ``fit_on`` adds
+    the ``chosen`` split: fitted on those models (full or short names)."""
     skipped: list[str] = []
     systems = _systems(runs, skipped)
     rows: list[Held] = []
     for s in systems:
+        if fit_on:
+            rows += _chosen(s, fit_on, form)
         if "sweep" in splits:
             for fit_sweep, other in (("input", "output"), ("output", "input")):
                 train = [p for p, w in zip(s.points, s.sweeps, strict=True) if w == fit_sweep]

@@ -59,6 +59,13 @@ def _predict_arguments(pred: argparse.ArgumentParser) -> None:
     )
 
 
+def _model_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected model names such as a,b, got {text!r}")
+    return names
+
+
 def _heldout_arguments(held: argparse.ArgumentParser) -> None:
     from .crossval import SPLITS
 
@@ -71,6 +78,15 @@ def _heldout_arguments(held: argparse.ArgumentParser) -> None:
         "model: leave one model out; system: fit on one system, predict another with the "
         "same GPU; repeatable (default: all three)",
     )
+    held.add_argument(
+        "--fit-on",
+        type=_model_names,
+        default=(),
+        metavar="MODEL[,MODEL...]",
+        help="fit on these models (full or short names) and predict every other model of "
+        "each run, then all of them together, e.g. tiny-llama,rand-llama-512; without "
+        "--split, only this",
+    )
     held.add_argument("--form", choices=tuple(FORMS), default="shared")
     held.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     held.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
@@ -79,11 +95,13 @@ def _heldout_arguments(held: argparse.ArgumentParser) -> None:
 def heldout_command(args: argparse.Namespace, storage: Any) -> str:
     from tabulate import tabulate
 
-    from .crossval import ASTRAWATTCH, SPLITS, held_out
+    from .crossval import ASTRAWATTCH, CHOSEN, SPLITS, held_out
 
     runs = [storage.load(spec) for spec in args.runs]
-    splits = args.split or SPLITS
-    rows, skipped = held_out(runs, splits, args.form)
+    splits = args.split or (() if args.fit_on else SPLITS)
+    rows, skipped = held_out(runs, splits, args.form, args.fit_on)
+    if args.fit_on:
+        splits = (CHOSEN, *splits)
     if args.format == "json":
         return json.dumps(
             {"rows": [r.to_dict() for r in rows], "skipped": skipped, "form": args.form},
@@ -94,6 +112,7 @@ def heldout_command(args: argparse.Namespace, storage: Any) -> str:
         "sweep": "(a) fitted on one sweep, predicting the other",
         "model": "(b) leave one model out: fitted on the other models",
         "system": "(c) leave one system out: fitted on another system with the same GPU",
+        "chosen": "fitted on the models chosen (--fit-on), predicting the others",
     }
     parts = []
     for split in splits:
