@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .calibrate import Point, fit_both, points_from_cases, predict_work, rows_for
+from .calibrate import BothFit, Point, fit_both, points_from_cases, predict_work, rows_for
 
 SPLITS = ("sweep", "model", "system")
 # AstraWattch (its paper's evaluation): energy prediction error of 2-12 % across its
@@ -54,18 +54,21 @@ class _System:
     sweeps: tuple[str, ...]  # per point
 
 
+def _fit(split: str, system: str, train: Sequence[Point], form: str) -> BothFit:
+    if len(train) < 3:
+        raise ConfigError(f"{split} split on {system}: only {len(train)} cases to fit on")
+    return fit_both(rows_for(train), form, {})
+
+
 def _held(
     split: str,
     system: str,
     fitted: str,
     predicted: str,
-    train: Sequence[Point],
+    f: BothFit,
     test: Sequence[Point],
-    form: str,
 ) -> Held:
-    if len(train) < 3:
-        raise ConfigError(f"{split} split on {system}: only {len(train)} cases to fit on")
-    f = fit_both(rows_for(train), form, {})
+    """The errors of one fit on cases it never saw."""
     t_err = [(predict_work(f.time, p.work, f.time_k) - p.time_s) / p.time_s for p in test]
     e_err = [(predict_work(f.energy, p.work, f.energy_k) - p.energy_j) / p.energy_j for p in test]
     n = len(test)
@@ -126,12 +129,13 @@ def _chosen(s: _System, fit_on: Sequence[str], form: str) -> list[Held]:
     if not others:
         raise ConfigError(f"--fit-on names every model of {s.name}: nothing is left to predict")
     fitted = ", ".join(_short(m) for m in models if _named(m, fit_on))
+    f = _fit(CHOSEN, s.name, train, form)  # one fit, every other model predicted from it
     rows = [
-        _held(CHOSEN, s.name, fitted, _short(m), train, [p for p in s.points if p.model == m], form)
+        _held(CHOSEN, s.name, fitted, _short(m), f, [p for p in s.points if p.model == m])
         for m in others
     ]
     test = [p for p in s.points if not _named(p.model, fit_on)]
-    rows.append(_held(CHOSEN, s.name, fitted, "all the others", train, test, form))
+    rows.append(_held(CHOSEN, s.name, fitted, "all the others", f, test))
     return rows
 
 
@@ -155,36 +159,27 @@ def held_out(
                 train = [p for p, w in zip(s.points, s.sweeps, strict=True) if w == fit_sweep]
                 test = [p for p, w in zip(s.points, s.sweeps, strict=True) if w == other]
                 if len(train) >= 3 and test:
-                    rows.append(
-                        _held(
-                            "sweep",
-                            s.name,
-                            f"{fit_sweep} sweep",
-                            f"{other} sweep",
-                            train,
-                            test,
-                            form,
-                        )
-                    )
+                    f = _fit("sweep", s.name, train, form)
+                    fitted, predicted = f"{fit_sweep} sweep", f"{other} sweep"
+                    rows.append(_held("sweep", s.name, fitted, predicted, f, test))
         if "model" in splits:
             models = sorted({p.model for p in s.points})
             for held in models if len(models) > 1 else ():
                 train = [p for p in s.points if p.model != held]
                 test = [p for p in s.points if p.model == held]
                 others = ", ".join(_short(m) for m in models if m != held)
-                rows.append(_held("model", s.name, others, _short(held), train, test, form))
+                f = _fit("model", s.name, train, form)
+                rows.append(_held("model", s.name, others, _short(held), f, test))
     if "system" in splits:
         for s in systems:
-            for other in systems:
-                if other is s or not s.gpu or other.gpu != s.gpu:
-                    continue
+            peers = [o for o in systems if o is not s and s.gpu and o.gpu == s.gpu]
+            if not peers:
+                continue
+            f = _fit("system", s.name, s.points, form)  # once, for every peer and model
+            for other in peers:
                 for model in sorted({p.model for p in other.points}):
                     test = [p for p in other.points if p.model == model]
-                    rows.append(
-                        _held(
-                            "system", other.name, s.name, _short(model), list(s.points), test, form
-                        )
-                    )
+                    rows.append(_held("system", other.name, s.name, _short(model), f, test))
     if not rows:
         raise ConfigError(
             f"no held-out split ({', '.join(splits)}) could be made: the sweep split needs "
