@@ -24,6 +24,7 @@ class Outcome:
     notes: Sequence[str] = ()
     verdicts: Sequence[str] = ()
     failed: bool = False
+    exit_code: int | None = None  # another exit code than 0/1 (``llmenergy ab``: 3, 130)
 
 
 @dataclass(frozen=True)

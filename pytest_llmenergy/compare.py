@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from .figures import (
@@ -190,24 +190,41 @@ class Delta:
         return DRIFT if self.drifted else FAIL
 
 
-def session_values(f: Figure, case: CaseResult) -> dict[int, list[float]] | None:
+def session_values(
+    f: Figure, case: CaseResult, pairs: Set[int] | None = None
+) -> dict[int, list[float]] | None:
     """The figure's trial values, by the session each trial was measured in (a pooled
-    run keeps several; a single run has one)."""
+    run keeps several; a single run has one).  ``pairs``: by the pair each trial belongs
+    to in a paired run (``llmenergy ab``), only these pairs: each pair is a session of
+    its own, so the test pairs the two sides trial by trial."""
     values = f.trial_values(case)
     if values is None:
         return None
     trials = case.prefill_passes if f.source == PREFILL_PASSES else case.trials
     out: dict[int, list[float]] = {}
     for trial, value in zip(trials, values):
-        out.setdefault(trial.session, []).append(value)
+        if pairs is None:
+            out.setdefault(trial.session, []).append(value)
+        elif trial.pair in pairs:
+            out.setdefault(trial.pair, []).append(value)
     return out
 
 
 def case_sessions(
-    f: Figure, case: CaseResult, log_offsets: Mapping[int, float] | None = None
+    f: Figure,
+    case: CaseResult,
+    log_offsets: Mapping[int, float] | None = None,
+    pairs: Set[int] | None = None,
 ) -> SideSessions | None:
-    by_session = session_values(f, case)
+    by_session = session_values(f, case, pairs)
     return side_sessions(by_session, log_offsets) if by_session else None
+
+
+def common_pairs(base: CaseResult, head: CaseResult) -> frozenset[int]:
+    """The pairs both sides of a paired run measured (their trials' ``pair``)."""
+    return frozenset(t.pair for t in base.trials if t.pair) & frozenset(
+        t.pair for t in head.trials if t.pair
+    )
 
 
 # How a figure follows the machine's speed: times, and the joules, grams and money of
@@ -335,6 +352,8 @@ class Comparison:
     busy_unmeasured: tuple[str, ...] = ()
     session_noise: float = DEFAULT_SESSION_NOISE  # assumed where nothing else tells
     speed_note: str = ""  # how the figures were normalized by the machine's speed
+    # The runs are the two sides of one paired run, tested pair of trials by pair.
+    paired_trials: bool = False
 
     @property
     def failures(self) -> list[Delta]:
@@ -370,6 +389,7 @@ def compare_cases(
     session_noise: float = DEFAULT_SESSION_NOISE,
     history: Mapping[str, NoiseEstimate] | None = None,
     normalize: bool = True,
+    paired: bool = False,
 ) -> Comparison:
     """Cases are matched by node id.  With gates, their metrics are compared; else
     ``metrics``.  ``not_comparable`` (why the runs' energies differ in kind) shows the
@@ -377,7 +397,9 @@ def compare_cases(
     between-session noise learned from earlier runs of the same code; without it and
     without several sessions per side, ``session_noise`` is assumed.  ``normalize``:
     CPU-measured figures are divided by each session's machine speed (``session_speeds``)
-    before they are tested."""
+    before they are tested.  ``paired``: the two runs are the sides of one paired run
+    (``llmenergy ab``): each case is tested on its pairs of trials, which shared the
+    machine's speed, so nothing is normalized."""
     before = {c.nodeid: c for c in baseline if c.measured}
     after = sorted((c for c in current if c.measured), key=_case_order)
     checks: list[tuple[str, Gate | None]] = (
@@ -390,10 +412,10 @@ def compare_cases(
     names = distinct_names([c.nodeid for c in current])
     found: list[tuple[str, CaseResult, CaseResult, Figure, Gate | None, float]] = []
     pairs: dict[str, tuple[SideSessions, SideSessions]] = {}
-    base_speeds = session_speeds(before.values()) if normalize else {}
-    head_speeds = session_speeds(after) if normalize else {}
+    base_speeds = session_speeds(before.values()) if normalize and not paired else {}
+    head_speeds = session_speeds(after) if normalize and not paired else {}
     center = statistics.fmean(base_speeds.values()) if base_speeds else 0.0
-    normalized = False
+    normalized = used_pairs = False
     for case in after:
         base = before.get(case.nodeid)
         if base is None:
@@ -407,7 +429,12 @@ def compare_cases(
             head_off = speed_offsets(case, head_speeds, exponent, center)
             if base_off is None or head_off is None:
                 base_off = head_off = None
-            a, b = case_sessions(f, base, base_off), case_sessions(f, case, head_off)
+            both = common_pairs(base, case) if paired else None
+            if both is not None and len(both) < 2:
+                both = None  # too few pairs: the runs' own sessions, as unpaired
+            used_pairs = used_pairs or both is not None
+            a = case_sessions(f, base, base_off, both)
+            b = case_sessions(f, case, head_off, both)
             speed = 1.0
             if base_off is not None and head_off is not None:
                 normalized = True
@@ -451,6 +478,7 @@ def compare_cases(
         busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
         session_noise=session_noise,
         speed_note=speed_note(base_speeds, head_speeds) if normalized else "",
+        paired_trials=used_pairs,
     )
 
 
@@ -588,7 +616,9 @@ def evidence_text(c: Comparison) -> str:
     """Where the between-session noise came from, in words."""
     sources = {d.test.source for d in c.deltas if d.test is not None}
     parts = []
-    if ROUNDS in sources:
+    if ROUNDS in sources and c.paired_trials:
+        parts.append("pairs of trials measured side by side (llmenergy ab)")
+    elif ROUNDS in sources:
         paired = any(d.test is not None and d.test.paired for d in c.deltas)
         parts.append("the runs' own sessions" + (", paired round by round" if paired else ""))
     if HISTORY in sources:
@@ -621,9 +651,9 @@ def evidence_line(c: Comparison) -> str:
         text += f"; {c.speed_note}"
     if any(d.test is not None and d.test.source == PRIOR for d in c.deltas):
         text += (
-            "; to see smaller regressions, measure the baseline in several sessions "
-            "(--energy-save=NAME three times, then --energy-compare=NAME learns the noise) "
-            "or base and head in alternating rounds (llmenergy merge, then compare)"
+            "; to see smaller regressions, measure base and head side by side "
+            "(llmenergy ab BASE_DIR HEAD_DIR), or the baseline in several sessions "
+            "(--energy-save=NAME three times, then --energy-compare=NAME learns the noise)"
         )
     return text
 

@@ -104,6 +104,9 @@ class Trial:
     # The reference workload's time around the case's trials in this trial's session
     # (meters/reference.py): the machine's speed then; None where it was not read.
     reference_s: float | None = None
+    # Which pair of a paired run (``llmenergy ab``) it belongs to: the other side's trial
+    # of the same number ran next to it in time.  0: not paired.
+    pair: int = 0
 
     @classmethod
     def from_measurement(

@@ -26,6 +26,7 @@ from ..predict.predict_cli import COMMANDS as PREDICT_COMMANDS
 from ..storage.research import COMMANDS as IMPORT_COMMANDS
 from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage
 from ..tables import FORMATS
+from .ab_cli import COMMANDS as AB_COMMANDS
 from .cli_args import DATA_FORMATS, checked
 from .compare_cli import COMMANDS as COMPARE_COMMANDS
 from .route_cli import COMMANDS as ROUTE_COMMANDS
@@ -112,6 +113,7 @@ COMMANDS: dict[str, Command] = check_commands(
     (
         *RUNS_COMMANDS,
         *COMPARE_COMMANDS,
+        *AB_COMMANDS,
         *ROUTE_COMMANDS,
         *frontier_cli.COMMANDS,
         *PREDICT_COMMANDS,
@@ -179,7 +181,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(_glue_descending_sort(sys.argv[1:] if argv is None else argv))
+    words = _glue_descending_sort(sys.argv[1:] if argv is None else argv)
+    rest: list[str] = []
+    if "--" in words:  # what follows goes to another program (llmenergy ab: pytest)
+        at = words.index("--")
+        words, rest = words[:at], words[at + 1 :]
+    parser = _parser()
+    args = parser.parse_args(words)
+    if rest and not hasattr(args, "pytest_args"):
+        parser.error(f"llmenergy {args.command} takes no arguments after --")
+    if rest:
+        args.pytest_args = rest
     storage = Storage(args.storage)
     try:
         outcome = COMMANDS[args.command].run(args, storage)
@@ -197,6 +209,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if verdicts and args.format in DATA_FORMATS:
         for line in verdicts:  # stdout stays data; CI logs still say why it failed
             print(line, file=sys.stderr)
+    if outcome.exit_code is not None:
+        return outcome.exit_code
     return EXIT_GATE if outcome.failed else EXIT_OK
 
 

@@ -28,6 +28,26 @@ from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, GpuTel
 from .rule import ControllerSettings, decide, progress_line
 
 
+@dataclasses.dataclass(frozen=True)
+class PacerStop:
+    """A paired run's word that a case is done on this side: its status, why (when it
+    stopped at a limit), and which of this side's trials pair with the other side's."""
+
+    status: str
+    why: str = ""
+    pairs: Mapping[int, int] = dataclasses.field(default_factory=dict)
+
+
+class Pacer(Protocol):
+    """Who may measure next, when two sessions take turns (``llmenergy ab``): asked
+    before every measured trial, told every trial; it, not the stopping rule, ends the
+    case.  The plugin's side of a paired run (``plugin/pairing.py``) is one."""
+
+    def turn(self, meta: Mapping[str, Any]) -> PacerStop | None: ...
+
+    def trial(self, trial: Trial, counted: Mapping[str, bool], disturbed: bool) -> None: ...
+
+
 class TrialProbe(Protocol):
     """Reads something around every trial (``gpu.telemetry.TrialTelemetry``)."""
 
@@ -109,8 +129,11 @@ class EnergyBenchmark:
         trial_probe: TrialProbe | None = None,
         op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
         visits: CaseVisits | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.visits = visits
+        # a paired run's turns: the other session measures between this one's trials
+        self.pacer = pacer
         # --energy-profile-ops: one more run after the trials, outside every window
         self.op_profiler = op_profiler
         self.meter = meter
@@ -266,6 +289,8 @@ class EnergyBenchmark:
         paused = False  # this visit's share is done; the case goes on at its next visit
         status = ROUNDS
         stopped = ""  # why the precision was not reached, when it was not
+        pacer = self.pacer if rounds is None and visits is None else None
+        pairs: Mapping[int, int] = {}
         background = self.background
         # readings of what the rest of the machine did, from before the warm-up on
         history = [background.read()] if background is not None else []
@@ -277,9 +302,15 @@ class EnergyBenchmark:
                 except TrialRejected:  # unmeasured: the measured trials check it again
                     continue
                 self._check_tokens(out, input_tokens, output_tokens, queries)
-            self._reference.append(reference_s(repeats=5))
+            if pacer is None:  # paired trials share the machine's speed: nothing to read
+                self._reference.append(reference_s(repeats=5))
             with ResourceProbe() as probe:
                 while True:
+                    if pacer is not None:
+                        word = pacer.turn(self._pacer_meta(input_tokens, output_tokens, queries))
+                        if word is not None:
+                            status, stopped, pairs = word.status, word.why, word.pairs
+                            break
                     args, kwargs = call_args()
                     if background is not None:
                         history.append(background.read())
@@ -338,6 +369,9 @@ class EnergyBenchmark:
                                 f"{share:.0%} of the CPUs; repeated]"
                             )
                         self._progress(line)
+                    if pacer is not None:  # the pairs, not this side's trials, decide
+                        pacer.trial(trial, counted, busy)
+                        continue
                     if visits is not None and not visits.last:
                         ran = len(trials) + len(disturbed) - earlier
                         if decision.stop or ran >= visits.quota(self.options.max_trials):
@@ -372,6 +406,8 @@ class EnergyBenchmark:
                 queries=queries,
             )
             pytest.skip(reason)
+        if pairs:
+            trials = [dataclasses.replace(t, pair=pairs.get(t.index, 0)) for t in trials]
         if paused:
             assert visits is not None  # only a visit pauses
             visits.trials, visits.disturbed = trials, disturbed
@@ -395,6 +431,19 @@ class EnergyBenchmark:
                 pytrace=False,
             )
         return result
+
+    def _pacer_meta(self, input_tokens: int, output_tokens: int, queries: int) -> dict[str, Any]:
+        """What the coordinator of a paired run needs of this case: its size, to compute
+        the gated figures, and its limits."""
+        o = self.options
+        return {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "queries": queries,
+            "max_trials": o.max_trials,
+            "min_time_s": o.min_time,
+            "max_time_s": o.max_time,
+        }
 
     def _profile_ops(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]

@@ -50,6 +50,7 @@ from .interleaving import INTERLEAVING, Interleaving
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginSettings, add_options, marker_help, read_options
+from .pairing import PAIRED_SIDE, PairedSide
 from .reporting import HTML_REPORTING, HtmlReporting
 from .serving import SERVING, Serving, attribute_server, check_settings
 from .showing import CASE_RESULTS, CaseResults
@@ -93,6 +94,9 @@ ROLES: dict[str, tuple[str, ...]] = {
         "results",
         "interleaving",
         "cases",
+        # after the case plan: pluggy calls trylast hooks in the order they were
+        # registered, so its collection hook orders the cases after the plan's
+        "pairing",
         "metering",
         "serving",
     ),
@@ -230,6 +234,10 @@ def _features(
     if options.keep.report_path:
         reporting = HtmlReporting(config, options.keep.report_path, keeper, routing)
         features["html-report"] = stash[HTML_REPORTING] = reporting
+    paired = _paired_side(config, options, keeper)
+    if paired is not None:
+        features["pairing"] = stash[PAIRED_SIDE] = paired
+        results.listeners.append(lambda cases: paired.on_case(cases[-1]))
     if options.order.interleave > 1:
         features["interleaving"] = stash[INTERLEAVING] = Interleaving(
             options.order.interleave,
@@ -237,6 +245,33 @@ def _features(
             group=lambda item: case_labels(item).get("model"),
         )
     return features
+
+
+def _paired_side(
+    config: pytest.Config, options: PluginSettings, keeper: Keeper
+) -> PairedSide | None:
+    """This session as a side of ``llmenergy ab`` (which sets LLMENERGY_AB), after the
+    checks of what cannot take turns with another session."""
+    from ..pairing.channel import side_from_env
+
+    try:
+        found = side_from_env()
+    except LLMEnergyError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if found is None:
+        return None
+    refused = [
+        ("pytest-xdist's -n", bool(config.getoption("numprocesses", None))),
+        ("--energy-interleave", options.order.interleave > 1),
+        ("--llm-endpoint/--llm-serve (one server for both sides)", options.serve.active),
+        ("torchrun", DISTRIBUTED in config.stash),
+    ]
+    for what, given in refused:
+        if given:
+            raise pytest.UsageError(
+                f"llmenergy ab: {what} cannot take turns with the other side; leave it out"
+            )
+    return PairedSide(*found, keeper=keeper)
 
 
 def _join_torchrun(config: pytest.Config, options: PluginSettings) -> Distributed | None:
@@ -271,6 +306,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *stash[CASE_RESULTS].header(),
         *stash[CASE_PLAN].header(),
         *(stash[INTERLEAVING].header() if INTERLEAVING in stash else []),
+        *(stash[PAIRED_SIDE].header() if PAIRED_SIDE in stash else []),
         *stash[KEEPER].header(),
         *(stash[GPU_TUNING].header() if GPU_TUNING in stash else []),
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
@@ -407,6 +443,9 @@ def energy_benchmark(
         trial_probe=gpu.probe() if gpu is not None else None,
         op_profiler=_op_profiler(config, labels),
         visits=interleaving.visits_for(node) if interleaving is not None else None,
+        pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
+        if PAIRED_SIDE in config.stash
+        else None,
     )
 
 

@@ -38,7 +38,9 @@ FORMAT = "pytest-llmenergy-run"
 #    a trial's "visit" (which visit of its case, under --energy-interleave; absent: none)
 #    and "reference_s" (the machine-speed reference around its case in its session);
 #    the machine's "speed_reference" (readings of the reference workload through the
-#    session) and "threads" (torch's and the OpenMP/MKL settings).
+#    session) and "threads" (torch's and the OpenMP/MKL settings); a trial's "pair" (its
+#    pair in a paired run, llmenergy ab) and the run's "pairing" ({"id": shared by the
+#    two runs of one paired run, "side": "base" or "head"}).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -71,6 +73,9 @@ class Run:
     finished: str | None = None
     exit_status: int | None = None
     command: tuple[str, ...] = ()
+    # The two runs of one ``llmenergy ab`` share an id; "side" says which this is.  A
+    # comparison of the two pairs their trials (``Trial.pair``); empty: not paired.
+    pairing: Mapping[str, str] = field(default_factory=dict)
     path: Path | None = field(default=None, compare=False)
     schema_version: int = SCHEMA_VERSION
 
@@ -156,6 +161,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"session": t.session} if t.session else {}),
         **({"visit": t.visit} if t.visit else {}),
         **({"reference_s": t.reference_s} if t.reference_s is not None else {}),
+        **({"pair": t.pair} if t.pair else {}),
     }
 
 
@@ -234,6 +240,7 @@ def run_dict(run: Run) -> dict[str, Any]:
             "exit_status": run.exit_status,
             "hardware": run.hardware,
             "command": list(run.command),
+            **({"pairing": dict(run.pairing)} if run.pairing else {}),
         },
         "machine": dict(run.machine),
         "commit": dict(run.commit),
@@ -376,7 +383,21 @@ def _trial(r: _Reader) -> Trial:
         session=r.get("session", int, optional=True) or 0,
         visit=r.get("visit", int, optional=True) or 0,
         reference_s=r.get("reference_s", float, optional=True),
+        pair=r.get("pair", int, optional=True) or 0,
     )
+
+
+def decode_trial(data: Any, where: str = "a trial") -> Trial:
+    """One trial's JSON (as ``case_dict`` writes it), checked like a run file's."""
+    try:
+        return _trial(_Reader(data, "trial"))
+    except _Bad as exc:
+        raise RunFileError(where, f"not a trial: {exc}") from None
+
+
+def trial_dict(t: Trial) -> dict[str, Any]:
+    """One trial as the run file writes it."""
+    return _trial_dict(t)
 
 
 def _gpu(r: _Reader | None) -> GpuTelemetry | None:
@@ -511,6 +532,7 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
             exit_status=run.get("exit_status", int, optional=True),
             hardware=run.get("hardware", str),
             command=tuple(str(a) for a in run.get("command", list)),
+            pairing=run.strings("pairing") if "pairing" in run.data else {},
             machine=top.get("machine", dict),
             commit=top.get("commit", dict),
             options=top.get("options", dict),

@@ -1,0 +1,352 @@
+"""``llmenergy ab BASE HEAD -- [pytest args]``: a paired A/B gate in one run.
+
+Each side is a pytest session started in its own checkout, with its own Python when
+``--base-python``/``--head-python`` say so.  The coordinator (``pairing/coordinator.py``)
+lets one side run at a time and alternates their trials case by case; the verdict tests
+each case on its pairs of trials.  Why not pytest-xdist's ``--dist each`` with two
+``--tx popen//chdir=DIR//python=PY`` nodes: xdist requires both nodes to collect the
+same tests, runs them at once (both would measure together), and its controller merges
+both nodes' reports under one node id; the turns would need a coordinator anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import values
+from ..commandline import Command, Outcome
+from ..compare import GATE_EXAMPLES, Comparison, compare_cases, comparison_table, parse_gates
+from ..compare import verdict_lines as gate_verdict_lines
+from ..errors import ConfigError
+from ..figures import FIGURES
+from ..pairing.channel import BASE, ENV, HEAD, SIDES
+from ..pairing.coordinator import Coordinator, accept_sides, listen
+from ..pairing.turns import GateRule
+from ..storage.store import Storage, check_run_name
+from ..tables import render
+from .cli_args import checked, table_width
+
+DEFAULT_GATE = "j_per_token:5%"
+# How long a side may take from its start to its first word (importing torch, collecting).
+CONNECT_TIMEOUT_S = 600.0
+EXIT_SIDE_FAILED = 3
+LAST_LINES = 15
+
+
+def _arguments(ab: argparse.ArgumentParser) -> None:
+    ab.add_argument("base", metavar="BASE", help="the base checkout (a folder)")
+    ab.add_argument("head", metavar="HEAD", help="the head checkout (a folder)")
+    ab.usage = "llmenergy ab BASE HEAD [options] -- [PYTEST_ARGS ...]"
+    ab.epilog = "after --: what each side runs, e.g. -- benchmarks/ --llm-grid=quick"
+    ab.set_defaults(pytest_args=[])
+    ab.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        type=checked(parse_gates),
+        metavar="EXPR",
+        help=f"repeatable; exit 1 when head is worse than base beyond it, significantly "
+        f"(default {DEFAULT_GATE}): {GATE_EXAMPLES}".replace("%", "%%"),
+    )
+    ab.add_argument("--base-python", metavar="PY", help="the base side's Python (default: this)")
+    ab.add_argument("--head-python", metavar="PY", help="the head side's Python (default: this)")
+    ab.add_argument(
+        "--base-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a pytest argument for the base side only (repeatable; write --base-arg=--x)",
+    )
+    ab.add_argument(
+        "--head-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a pytest argument for the head side only, e.g. "
+        "--head-arg=--llm-inject-regression=10%% to see the gate find a known regression",
+    )
+    ab.add_argument(
+        "--confidence",
+        type=checked(values.confidence),
+        default=0.95,
+        metavar="LEVEL",
+        help="confidence of the verdict (default 0.95)",
+    )
+    ab.add_argument("--seed", type=int, help="the order's seed (default: a new one, printed)")
+    ab.add_argument(
+        "--save",
+        type=checked(check_run_name),
+        metavar="NAME",
+        help="save both sides in the storage folder as NAME-base and NAME-head",
+    )
+    ab.add_argument("--report", metavar="PATH", help="write the pair's HTML report to PATH")
+    ab.add_argument(
+        "--strict",
+        action="store_true",
+        help="also exit 1 when a case ran on one side only, or a gate is inconclusive",
+    )
+
+
+@dataclass
+class Side:
+    name: str
+    folder: Path
+    python: str
+    args: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    def last_output(self) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(f"  {line}" for line in lines[-LAST_LINES:])
+
+
+def _sides(args: argparse.Namespace, storage: Storage) -> list[Side]:
+    pytest_args = list(args.pytest_args)
+    refused = {"-n", "--numprocesses", "--dist", "--energy-interleave", "--llm-serve"}
+    for arg in pytest_args + args.base_arg + args.head_arg:
+        flag = arg.split("=", 1)[0]
+        if flag in refused or (flag.startswith("-n") and flag[2:].isdigit()):
+            raise ConfigError(
+                f"llmenergy ab: {arg} cannot take turns with the other side; leave it out "
+                "(the two sides take turns, one process each)"
+            )
+    sides = []
+    for name, folder, python, extra in (
+        (BASE, args.base, args.base_python, args.base_arg),
+        (HEAD, args.head, args.head_python, args.head_arg),
+    ):
+        path = Path(folder)
+        if not path.is_dir():
+            raise ConfigError(f"{name} checkout {folder!r} is not a folder")
+        exe = python or sys.executable
+        if shutil.which(exe) is None and not Path(exe).is_file():
+            raise ConfigError(f"--{name}-python={exe}: no such Python")
+        save = []
+        if args.save:
+            save = [
+                f"--energy-storage={storage.root.resolve()}",
+                f"--energy-save={args.save}-{name}",
+            ]
+        sides.append(Side(name, path.resolve(), exe, [*pytest_args, *extra, *save]))
+    return sides
+
+
+def _rules(gates: Sequence[Any]) -> list[GateRule]:
+    return [
+        GateRule(g.metric, g.threshold, g.relative, FIGURES[g.metric].lower_is_better is not False)
+        for g in gates
+    ]
+
+
+def _say(line: str) -> None:
+    print(f"llmenergy ab: {line}", file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
+    gates = tuple(g for group in (args.gate or [parse_gates(DEFAULT_GATE)]) for g in group)
+    if args.report and not args.save:
+        raise ConfigError("--report needs both sides saved: add --save NAME")
+    sides = _sides(args, storage)
+    seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
+    pairing_id = secrets.token_hex(8)
+    coordinator = Coordinator(_rules(gates), confidence=args.confidence, seed=seed, log=_say)
+    workdir = Path(tempfile.mkdtemp(prefix="llmenergy-ab-"))
+    socket_path = str(workdir / "coordinator.sock")
+    server = listen(socket_path)
+    _say(f"order seed {seed} (repeat with --seed={seed}); side logs in {workdir}")
+    interrupted: list[int] = []
+    previous = _forward_signals(sides, interrupted)
+    try:
+        for side in sides:
+            _start(side, socket_path, pairing_id, workdir)
+        failure = _serve(server, coordinator, sides, pairing_id)
+    finally:
+        _restore_signals(previous)
+        for side in sides:
+            _stop(side)
+        server.close()
+    if interrupted:
+        raise _Exit(128 + interrupted[0], "interrupted: both sides stopped; finished cases kept")
+    if failure:
+        raise _Exit(EXIT_SIDE_FAILED, failure)
+    comparison = compare_cases(
+        list(coordinator.results[BASE].values()),
+        list(coordinator.results[HEAD].values()),
+        gates=gates,
+        confidence=args.confidence,
+        baseline_label="base",
+        current_label="head",
+        normalize=False,
+        paired=True,
+    )
+    return _outcome(args, coordinator, comparison, sides)
+
+
+class _Exit(Exception):
+    """The command ends with this exit code and one line (a side failed, Ctrl-C)."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(line)
+        self.code = code
+
+
+def _start(side: Side, socket_path: str, pairing_id: str, workdir: Path) -> None:
+    side.log = workdir / f"{side.name}.log"
+    env = dict(os.environ)
+    env[ENV] = f"{socket_path}|{side.name}|{pairing_id}"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with open(side.log, "wb") as log:
+        side.process = subprocess.Popen(
+            [side.python, "-m", "pytest", *side.args],
+            cwd=side.folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # signals reach it from this command only
+        )
+
+
+def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id: str) -> str:
+    """Serve both sides until both exit; a side that dies or fails to start stops the
+    other.  Returns why it failed ('' when both sides finished)."""
+    accepted: list[threading.Thread] = []
+    errors: list[BaseException] = []
+
+    def accept() -> None:
+        try:
+            accepted.extend(accept_sides(server, coordinator, dict.fromkeys(SIDES, pairing_id)))
+        except OSError as exc:  # the server closed: a side died first
+            errors.append(exc)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    started = time.monotonic()
+    while True:
+        time.sleep(0.2)
+        codes = {s.name: s.process.poll() for s in sides if s.process is not None}
+        failed = [
+            s
+            for s in sides
+            if s.name in coordinator.failed
+            or (codes.get(s.name) is not None and codes[s.name] not in (0, 1))
+            or (codes.get(s.name) is not None and s.name not in coordinator.finished)
+        ]
+        if failed:
+            side = failed[0]
+            code = codes.get(side.name)
+            how = f"exit {code}" if code is not None else coordinator.failed.get(side.name, "")
+            return (
+                f"the {side.name} side failed ({how}); the other side was stopped, finished "
+                f"cases kept. Its last output ({side.log}):\n{side.last_output()}"
+            )
+        if all(code is not None for code in codes.values()):
+            return ""
+        if acceptor.is_alive() and time.monotonic() - started > CONNECT_TIMEOUT_S:
+            return (
+                f"a side did not reach the coordinator within {CONNECT_TIMEOUT_S:g} s: does "
+                "its checkout's pytest-llmenergy know llmenergy ab (0.2 or newer)?"
+            )
+
+
+def _stop(side: Side) -> None:
+    """End a side that still runs: SIGTERM (it keeps its finished cases), then SIGKILL."""
+    process = side.process
+    if process is None or process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _forward_signals(sides: list[Side], interrupted: list[int]) -> dict[int, Any]:
+    """Ctrl-C and SIGTERM reach both sides (in sessions of their own), which save what
+    they finished; this command then exits 128 + the signal."""
+
+    def forward(signum: int, frame: Any) -> None:
+        interrupted.append(signum)
+        for side in sides:
+            if side.process is not None and side.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(side.process.pid, signum)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, forward)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _outcome(
+    args: argparse.Namespace, coordinator: Coordinator, comparison: Comparison, sides: list[Side]
+) -> Outcome:
+    one_sided = [
+        f"only on the {s}: {', '.join(coordinator.only[s])}" for s in SIDES if coordinator.only[s]
+    ]
+    table = comparison_table(comparison)
+    out = render([table], args.format, width=table_width(args.format))
+    verdicts = [*gate_verdict_lines(comparison), *one_sided]
+    failed = comparison.failed or (args.strict and (bool(one_sided) or comparison.unsure))
+    if not comparison.deltas:
+        failed = True
+        verdicts.insert(0, "energy gate FAILED: no case was measured on both sides")
+    notes = [f"{s}: {coordinator.runs[s]}" for s in SIDES if coordinator.runs.get(s)]
+    if args.report:
+        notes.append(_write_report(args.report, coordinator, comparison))
+    return Outcome(out=out, notes=notes, verdicts=verdicts, failed=failed)
+
+
+def _write_report(path: str, coordinator: Coordinator, comparison: Comparison) -> str:
+    from ..html import write_report
+    from ..storage.runfile import load
+
+    runs = [load(coordinator.runs[s]) for s in SIDES if coordinator.runs.get(s)]
+    if len(runs) < len(SIDES):
+        return "no report: a side saved no run"
+    target = write_report(path, runs, ["base", "head"], [comparison])
+    return f"wrote the pair's report to {target}"
+
+
+def run_ab(args: argparse.Namespace, storage: Storage) -> Outcome:
+    try:
+        return _run(args, storage)
+    except _Exit as exc:
+        _say(str(exc))
+        return Outcome(out="", failed=True, exit_code=exc.code)
+
+
+COMMANDS = (
+    Command(
+        "ab",
+        "measure two checkouts side by side, trials alternating, and gate head against base",
+        _arguments,
+        run_ab,
+        common=True,
+    ),
+)

@@ -1,0 +1,405 @@
+"""The coordinator of a paired run: one side runs at a time, trials alternate in blocks.
+
+Each side (a pytest session, ``plugin/pairing.py``) holds one connection and asks
+before anything that matters: at collection (``hello``: its cases), before each
+measured trial (``turn``), and after each case (``case_end``, with the finished case).
+It waits for the answer; while it waits, it does nothing.  The coordinator answers one
+side at a time and only once the other is waiting too, so the two never run at once:
+not while measuring, and not while one loads a model or builds prompts either, which
+would disturb the other's trials.  Inside a case, the waiting sides are let through in
+the order of ``turns.block``; between cases, whichever is behind catches up first.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..controller.order import shuffled_in_groups
+from ..controller.rule import ControllerSettings
+from ..errors import LLMEnergyError
+from ..figures import FIGURES
+from ..results import CaseResult
+from ..storage.runfile import decode_case, decode_trial
+from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
+from .turns import Decision, GateRule, block, case_level, decide
+
+
+def other(side: str) -> str:
+    return HEAD if side == BASE else BASE
+
+
+@dataclass
+class Slot:
+    """One granted turn and the trials the side measured in it (a turn lasts at least
+    a few times the meter's resolution, so short trials come several to a turn)."""
+
+    side: str
+    indices: list[int] = field(default_factory=list)  # the side's usable trials
+    sums: dict[str, float] = field(default_factory=dict)  # of each gated figure
+    seconds: float = 0.0  # measured by the usable trials
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.indices)
+
+    def mean(self, metric: str) -> float:
+        return self.sums[metric] / len(self.indices)
+
+
+@dataclass
+class PairedCase:
+    """One case on both sides: its blocks, its pairs, and whether it is decided."""
+
+    nodeid: str
+    number: int  # its place in the order, from 1
+    blocks: list[list[Slot]] = field(default_factory=list)
+    queue: list[str] = field(default_factory=list)  # the current block's turns to come
+    diffs: dict[str, list[float]] = field(default_factory=dict)
+    pairs: dict[str, dict[int, int]] = field(default_factory=lambda: {BASE: {}, HEAD: {}})
+    attempted: int = 0  # pairs begun
+    meta: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    decision: Decision | None = None
+    ended: set[str] = field(default_factory=set)
+
+    @property
+    def stopped(self) -> bool:
+        return self.decision is not None and self.decision.stop
+
+
+@dataclass
+class Waiting:
+    op: str
+    case: str = ""
+    message: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Coordinator:
+    """The state of a paired run, shared by one thread per side's connection."""
+
+    def __init__(
+        self,
+        rules: Sequence[GateRule],
+        *,
+        confidence: float,
+        seed: int,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.rules = tuple(rules)
+        self.confidence = confidence
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.log = log
+        self.lock = threading.Condition()
+        self.waiting: dict[str, Waiting] = {}
+        self.replies: dict[str, dict[str, Any]] = {}
+        self.active: set[str] = set()  # released and not yet asking again
+        self.finished: set[str] = set()  # said goodbye or went away
+        self.failed: dict[str, str] = {}  # a side that went away without goodbye: why
+        self.collected: dict[str, list[Mapping[str, Any]]] = {}
+        self.order: list[str] = []
+        self.only: dict[str, list[str]] = {BASE: [], HEAD: []}
+        self.cases: dict[str, PairedCase] = {}
+        self.results: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
+        self.runs: dict[str, str] = {}  # side -> the run file it saved, as it said
+
+    # -- one side's connection ----------------------------------------------------------
+    def serve(self, side: str, channel: Channel) -> None:
+        """Answer one side until it says goodbye or goes away."""
+        try:
+            while True:
+                message = channel.receive()
+                op = str(message.get("op", ""))
+                if op == "trial":
+                    self._on_trial(side, message)
+                    channel.send({})
+                    continue
+                if op == "bye":
+                    with self.lock:
+                        self.runs[side] = str(message.get("run") or "")
+                        self._leave(side)
+                    channel.send({})
+                    return
+                channel.send(self._ask(side, Waiting(op, str(message.get("case", "")), message)))
+        except (ChannelClosed, LLMEnergyError, ValueError) as exc:
+            with self.lock:
+                if side not in self.finished:
+                    self.failed[side] = str(exc)
+                    self._leave(side)
+        finally:
+            channel.close()
+
+    def _ask(self, side: str, wait: Waiting) -> dict[str, Any]:
+        with self.lock:
+            self.active.discard(side)
+            self._record(side, wait)
+            self.waiting[side] = wait
+            self._release()
+            while side not in self.replies:
+                self.lock.wait()
+            return self.replies.pop(side)
+
+    def _leave(self, side: str) -> None:
+        self.finished.add(side)
+        self.active.discard(side)
+        self.waiting.pop(side, None)
+        self._release()
+
+    # -- what a side tells ------------------------------------------------------------
+    def _record(self, side: str, wait: Waiting) -> None:
+        message = wait.message
+        if wait.op == "hello":
+            cases = message.get("cases")
+            self.collected[side] = [c for c in cases if isinstance(c, Mapping)] if cases else []
+        elif wait.op == "turn":
+            case = self.cases.get(wait.case)
+            meta = message.get("meta")
+            if case is not None and isinstance(meta, Mapping) and side not in case.meta:
+                case.meta[side] = meta
+        elif wait.op == "case_end":
+            case = self.cases.get(wait.case)
+            if case is not None:
+                case.ended.add(side)
+                if case.decision is None or not case.decision.stop:
+                    why = f"{side} ended the case first" if side in SIDES else ""
+                    case.decision = Decision(True, False, why, {})
+            result = message.get("result")
+            if isinstance(result, str) and result:
+                found = decode_case(result, f"the {side} side's case")
+                self.results[side][found.nodeid] = found
+
+    def _on_trial(self, side: str, message: Mapping[str, Any]) -> None:
+        with self.lock:
+            case = self.cases.get(str(message.get("case", "")))
+            if case is None or not case.blocks:
+                return
+            slot = next((s for s in reversed(case.blocks[-1]) if s.side == side), None)
+            if slot is None:
+                return
+            trial = decode_trial(message.get("trial"), f"the {side} side's trial")
+            counted = message.get("counted")
+            values = self._values(case, side, trial, counted if isinstance(counted, dict) else {})
+            if message.get("disturbed") or len(values) != len(self.rules):
+                return  # kept by the side, left out of the pairs
+            slot.indices.append(trial.index)
+            slot.seconds += trial.seconds
+            for metric, value in values.items():
+                slot.sums[metric] = slot.sums.get(metric, 0.0) + value
+
+    def _values(
+        self, case: PairedCase, side: str, trial: Any, counted: Mapping[str, Any]
+    ) -> dict[str, float]:
+        """The gated figures of one trial, from the case's size and the trial."""
+        meta = case.meta.get(side, {})
+        probe = CaseResult(
+            nodeid=case.nodeid,
+            name=case.nodeid,
+            labels={},
+            input_tokens=int(meta.get("input_tokens", trial.input_tokens) or 0),
+            output_tokens=int(meta.get("output_tokens", trial.output_tokens) or 0),
+            status="",
+            options=ControllerSettings(),
+            trials=(trial,),
+            counted={str(k): bool(v) for k, v in counted.items()},
+            queries=int(meta.get("queries", 1) or 1),
+        )
+        out = {}
+        for rule in self.rules:
+            found = FIGURES[rule.metric].trial_values(probe)
+            if found:
+                out[rule.metric] = found[0]
+        return out
+
+    # -- who goes next ------------------------------------------------------------------
+    def _release(self) -> None:
+        """Let one waiting side go on, if none is running; called under the lock."""
+        if self.active:
+            return
+        alive = [s for s in SIDES if s not in self.finished]
+        if any(s not in self.waiting for s in alive):
+            return  # a side is starting up (before hello): it runs alone, unsynchronized
+        choice = self._choose(alive)
+        if choice is None:
+            return
+        side, reply = choice
+        del self.waiting[side]
+        self.replies[side] = reply
+        self.active.add(side)
+        self.lock.notify_all()
+
+    def _choose(self, alive: list[str]) -> tuple[str, dict[str, Any]] | None:
+        if not alive:
+            return None
+        waits = {s: self.waiting[s] for s in alive}
+        hellos = [s for s, w in waits.items() if w.op == "hello"]
+        if hellos:
+            if len(hellos) < len(SIDES) and not self.order and len(alive) == len(SIDES):
+                return None  # the other side has not collected yet
+            if not self.order and not self.cases:
+                if len(alive) < len(SIDES):
+                    side = hellos[0]
+                    return side, {"abort": f"the {other(side)} side stopped before it collected"}
+                self._plan()
+            side = self.rng.choice(hellos)
+            return side, {"order": self.order, "skip": self.only[side], "seed": self.seed}
+        # a side still finishing an earlier case, or released from a stopped one, goes first
+        first = min(alive, key=lambda s: self._position(waits[s]))
+        wait = waits[first]
+        if wait.op != "turn":
+            return first, {}
+        case = self.cases.get(wait.case)
+        if case is None:
+            return first, {"go": False, "why": "not a case of this paired run"}
+        if not case.stopped:
+            here = self._position(wait)
+            together = len(alive) == len(SIDES) and all(
+                self._position(waits[s]) == here for s in alive
+            )
+            if together:
+                return self._next_turn(case)
+            case.decision = Decision(True, False, "the other side left the case", {})
+        return first, self._stop_reply(case, first)
+
+    def _position(self, wait: Waiting) -> tuple[int, int]:
+        """Where a waiting side is: (case number, 0 at a turn / 1 after the case)."""
+        case = self.cases.get(wait.case)
+        number = case.number if case is not None else 0
+        return (number, 1 if wait.op == "case_end" else 0) if wait.op != "hello" else (-1, 0)
+
+    def _next_turn(self, case: PairedCase) -> tuple[str, dict[str, Any]]:
+        """Both sides wait at a turn of ``case``: the block's next side goes."""
+        if not case.queue:
+            if case.blocks:
+                self._close_block(case)
+                if case.stopped:
+                    side = self.rng.choice(list(SIDES))
+                    return side, self._stop_reply(case, side)
+            pattern = block(self.rng)
+            case.queue = list(pattern)
+            case.blocks.append([])
+            case.attempted += len(pattern) // 2
+        side = case.queue.pop(0)
+        case.blocks[-1].append(Slot(side))
+        return side, {"go": True}
+
+    def _close_block(self, case: PairedCase) -> None:
+        """Pair the last block's trials and ask the stopping rule."""
+        slots = case.blocks[-1]
+        for first, second in ((0, 1), (2, 3)):
+            if second >= len(slots):
+                continue
+            a, b = slots[first], slots[second]
+            if not (a.usable and b.usable):
+                continue
+            base, head = (a, b) if a.side == BASE else (b, a)
+            diffs = {
+                r.metric: r.difference(base.mean(r.metric), head.mean(r.metric)) for r in self.rules
+            }
+            if any(d is None for d in diffs.values()):
+                continue
+            number = 1 + max(case.pairs[BASE].values(), default=0)
+            for slot in (base, head):
+                for index in slot.indices:
+                    case.pairs[slot.side][index] = number
+            for metric, d in diffs.items():
+                assert d is not None
+                case.diffs.setdefault(metric, []).append(d)
+        case.decision = decide(
+            case.diffs,
+            self.rules,
+            level=case_level(self.confidence, max(1, len(self.order))),
+            attempted_pairs=case.attempted,
+            max_pairs=self._limit(case, "max_trials", 25),
+            measured_s=min(self._measured_s(case, s) for s in SIDES),
+            min_time_s=float(self._limit(case, "min_time_s", 0.0)),
+            max_time_s=float(self._limit(case, "max_time_s", 0.0)),
+        )
+        if case.decision.stop:
+            self.log(self._progress(case))
+
+    def _limit(self, case: PairedCase, key: str, default: float) -> Any:
+        found = [m.get(key) for m in case.meta.values() if isinstance(m.get(key), int | float)]
+        return min(found) if found else default
+
+    @staticmethod
+    def _measured_s(case: PairedCase, side: str) -> float:
+        return sum(s.seconds for b in case.blocks for s in b if s.side == side and s.usable)
+
+    def _stop_reply(self, case: PairedCase, side: str) -> dict[str, Any]:
+        decision = case.decision
+        converged = decision is not None and decision.decided
+        return {
+            "go": False,
+            "status": "converged" if converged else "limit",
+            "why": "" if decision is None or converged else decision.why,
+            "pairs": {str(k): v for k, v in case.pairs[side].items()},
+        }
+
+    def _progress(self, case: PairedCase) -> str:
+        decision = case.decision
+        assert decision is not None
+        pairs = len(case.diffs.get(self.rules[0].metric, []))
+        parts = [f"[{case.number}/{len(self.order)}] {case.nodeid}: {pairs} pairs"]
+        for rule in self.rules:
+            interval = decision.intervals.get(rule.metric)
+            if interval is not None:
+                parts.append(f"{rule.metric} {interval.ratio_text(rule.relative)}")
+        parts.append(decision.why)
+        return ", ".join(parts)
+
+    # -- the plan -----------------------------------------------------------------------
+    def _plan(self) -> None:
+        """The common cases in one random order (each model's cases together, so each
+        side loads each model once); cases of one side only are listed, not run."""
+        ids = {s: [str(c.get("id")) for c in self.collected.get(s, [])] for s in SIDES}
+        groups = {
+            str(c.get("id")): str(c.get("group", ""))
+            for s in SIDES
+            for c in self.collected.get(s, [])
+        }
+        common = [i for i in ids[BASE] if i in set(ids[HEAD])]
+        for s in SIDES:
+            self.only[s] = [i for i in ids[s] if i not in set(ids[other(s)])]
+        self.order = shuffled_in_groups(common, self.seed, lambda i: groups.get(i, ""))
+        self.cases = {i: PairedCase(i, n) for n, i in enumerate(self.order, start=1)}
+
+
+def listen(path: str) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+    return server
+
+
+def accept_sides(
+    server: socket.socket, coordinator: Coordinator, expected: Mapping[str, str]
+) -> list[threading.Thread]:
+    """Accept connections until both sides have said who they are; serve each in a
+    thread.  ``expected`` maps each side to its pairing id (a stranger is turned away)."""
+    threads = []
+    seen: set[str] = set()
+    while len(seen) < len(SIDES):
+        sock, _ = server.accept()
+        channel = Channel(sock)
+        try:
+            first = channel.receive()
+        except ChannelClosed:
+            channel.close()
+            continue
+        side = str(first.get("side", ""))
+        if side not in SIDES or side in seen or first.get("id") != expected.get(side):
+            channel.close()
+            continue
+        seen.add(side)
+        channel.send({})
+        thread = threading.Thread(target=coordinator.serve, args=(side, channel), daemon=True)
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+__all__ = ["Coordinator", "accept_sides", "listen"]

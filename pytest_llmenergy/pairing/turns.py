@@ -1,0 +1,137 @@
+"""Which side measures next, and when a paired case has seen enough.
+
+The order.  Inside a case the two sides' trials run in blocks of four, ``ABBA`` or
+``BAAB``, each block's pattern drawn at random.  A block gives two pairs, (A, B) and
+(B, A): a machine that speeds up or slows down steadily over the block favours the
+later trial of the first pair and the earlier one of the second, so the drift cancels
+in the pair's mean; drawing the pattern at random keeps anything periodic (a timer, a
+neighbour's cron job) from lining up with one side.  Strict alternation (ABAB) would put
+the base first in every pair, so a steady drift would read as a regression.
+
+The stopping rule.  Each pair gives one difference of the gated figure, head against
+base (its log for a relative gate).  After every block the differences' t interval is
+taken, at a level corrected for the number of cases (Bonferroni: the interval of every
+case holds at once); the case stops when that interval lies wholly below the gate's
+threshold (it cannot fail) or wholly above it (it fails), or at the trial and time
+limits.  Clear cases stop after a few blocks; close ones get the trials.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..stats import t_quantile
+from .channel import BASE, HEAD
+
+BLOCKS = ((BASE, HEAD, HEAD, BASE), (HEAD, BASE, BASE, HEAD))
+# Pairs a case measures before the rule may stop it: two blocks.
+MIN_PAIRS = 4
+
+
+def block(rng: random.Random) -> tuple[str, ...]:
+    """The next block's four turns: ABBA or BAAB, at random."""
+    return BLOCKS[rng.randrange(2)]
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """What a case is decided against: a gate's figure and threshold."""
+
+    metric: str
+    threshold: float  # a fraction when relative, else in the figure's unit
+    relative: bool
+    higher_is_worse: bool = True
+
+    @property
+    def limit(self) -> float:
+        """The threshold on the scale of the differences (log for a relative gate)."""
+        return math.log1p(self.threshold) if self.relative else self.threshold
+
+    def difference(self, base: float, head: float) -> float | None:
+        """How much worse head is than base, on the rule's scale (None: no log)."""
+        if self.relative:
+            if base <= 0 or head <= 0:
+                return None
+            diff = math.log(head) - math.log(base)
+        else:
+            diff = head - base
+        return diff if self.higher_is_worse else -diff
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The mean paired difference and its corrected interval, on the rule's scale."""
+
+    mean: float
+    low: float
+    high: float
+    pairs: int
+
+    def ratio_text(self, relative: bool) -> str:
+        if relative:
+            return (
+                f"head/base {math.exp(self.mean):.3f} "
+                f"[{math.exp(self.low):.3f}, {math.exp(self.high):.3f}]"
+            )
+        return f"head-base {self.mean:+.4g} [{self.low:+.4g}, {self.high:+.4g}]"
+
+
+def paired_interval(diffs: Sequence[float], level: float) -> Interval | None:
+    """Two-sided ``level`` t interval of the mean difference (None below two pairs)."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean = statistics.fmean(diffs)
+    sd = statistics.stdev(diffs)
+    half = t_quantile(1.0 - (1.0 - level) / 2.0, n - 1) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def case_level(confidence: float, cases: int) -> float:
+    """Each case's interval level so that all ``cases`` hold together (Bonferroni)."""
+    return 1.0 - (1.0 - confidence) / max(1, cases)
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: bool
+    decided: bool  # the interval said pass or fail (else a limit stopped it)
+    why: str
+    intervals: Mapping[str, Interval]
+
+
+def decide(
+    diffs: Mapping[str, Sequence[float]],
+    rules: Sequence[GateRule],
+    *,
+    level: float,
+    attempted_pairs: int,
+    max_pairs: int,
+    measured_s: float,
+    min_time_s: float,
+    max_time_s: float,
+) -> Decision:
+    """Stop when every gate's interval lies wholly on one side of its threshold (after
+    ``MIN_PAIRS`` pairs and ``min_time_s`` measured on each side), or at a limit.
+    ``diffs`` holds each gate's differences, by figure; ``measured_s`` is the least either
+    side has measured in this case."""
+    intervals: dict[str, Interval] = {}
+    open_rules = []
+    for rule in rules:
+        found = paired_interval(diffs.get(rule.metric, ()), level)
+        if found is not None:
+            intervals[rule.metric] = found
+        if found is None or found.low <= rule.limit <= found.high:
+            open_rules.append(rule)
+    enough = min((len(diffs.get(r.metric, ())) for r in rules), default=0) >= MIN_PAIRS
+    if enough and measured_s >= min_time_s and not open_rules:
+        return Decision(True, True, "decided", intervals)
+    if attempted_pairs >= max_pairs:
+        return Decision(True, False, f"stopped at {max_pairs} pairs undecided", intervals)
+    if max_time_s and measured_s >= max_time_s:
+        return Decision(True, False, f"stopped at {max_time_s:g} s undecided", intervals)
+    return Decision(False, False, "", intervals)
