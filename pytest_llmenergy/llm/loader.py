@@ -16,7 +16,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -471,7 +471,7 @@ class ModelPool:
         allow_beyond_context: bool = False,
         parallel: str = "none",
         on_load: Callable[[LoadedModel], None] | None = None,
-        inject_regression: float = 0.0,
+        inject_regression: float | Mapping[str, float] = 0.0,
     ) -> None:
         self.dtype = dtype
         self.inject_regression = inject_regression  # llm/inject.py: the gate's self-check
@@ -501,10 +501,13 @@ class ModelPool:
             allow_beyond_context=self.allow_beyond_context,
             parallel=self.parallel,
         )
-        if self.inject_regression > 0:
+        share = self.inject_regression
+        if isinstance(share, Mapping):  # some models only: model name -> share
+            share = share.get(name, 0.0)
+        if share > 0:
             from .inject import inject_regression
 
-            inject_regression(self._current.model, self.inject_regression)
+            inject_regression(self._current.model, share)
         if self.on_load is not None:
             self.on_load(self._current)
         return self._current

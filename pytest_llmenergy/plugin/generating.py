@@ -7,6 +7,7 @@ loads models with its settings; a server target (``serving.py``) reads its one m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,8 @@ class LLMSettings:
     batch_sizes: tuple[int, ...] = (1,)  # prompts per generate call
     concurrency: tuple[int, ...] = (1,)  # requests at once to a server
     # A known regression added to the models' work, to measure what a gate can see.
-    inject_regression: float = 0.0
+    # one share for every model, or model name -> share (the others unchanged)
+    inject_regression: float | Mapping[str, float] = 0.0
     # --llm-axis NAME=VALUES: values of the axes conftests add (pytest_llmenergy_axes)
     axis_choices: tuple[tuple[str, str], ...] = ()
     # those axes with their values, set at configure once the hook has answered
@@ -66,11 +68,26 @@ def _model_choices() -> list[str]:
     return [*TINY_MODEL_NAMES, "a Hugging Face id", "a local path"]
 
 
-def _injected(text: str) -> float:
+def _injected(text: str) -> float | dict[str, float]:
+    """``25%`` for every model, or ``tiny-llama=25%,tiny-mistral=10%`` for those only."""
     if text.strip().lower() in ("off", "none", "no", "0"):
         return 0.0
+    if "=" not in text:
+        return _share(text)
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        model, _, share = part.partition("=")
+        if not model.strip() or not share:
+            raise ConfigError(
+                f"expected MODEL=SHARE pairs such as tiny-llama=25%,tiny-mistral=10%, got {text!r}"
+            )
+        out[model.strip()] = _share(share)
+    return out
+
+
+def _share(text: str) -> float:
     parsed = values.split_number(text)
-    if not parsed or parsed[1] not in ("", "%") or parsed[0] <= 0:
+    if not parsed or parsed[1] not in ("", "%") or parsed[0] <= 0 or parsed[0] == float("inf"):
         raise ConfigError(f"expected a regression such as 25% or 0.25, or off, got {text!r}")
     return parsed[0] / 100 if parsed[1] == "%" else parsed[0]
 
@@ -157,7 +174,7 @@ LLM_OPTIONS = Section(
             "slow every model down on purpose: after each forward pass, extra CPU work of "
             "SHARE times the pass's own CPU time (25%: about +25 % time, and energy on CPU "
             "meters), to learn which regressions a gate finds on this runner "
-            "(llmenergy gatecheck); never in a baseline",
+            "(llmenergy gatecheck); MODEL=SHARE,... slows those models only; never in a baseline",
             default_text="off",
         ),
         Option(

@@ -1,0 +1,383 @@
+"""The paired A/B run (``llmenergy ab``): its order, its stopping rule, its coordinator,
+and the command run the way users run it, on two checkouts of a small project."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.pairing.channel import BASE, HEAD, Channel
+from pytest_llmenergy.pairing.coordinator import Coordinator
+from pytest_llmenergy.pairing.turns import BLOCKS, MIN_PAIRS, GateRule, decide, paired_interval
+from pytest_llmenergy.results import Trial
+from pytest_llmenergy.storage.runfile import load, trial_dict
+
+
+# -- the order and the rule ----------------------------------------------------------------
+def test_blocks_are_balanced_and_both_patterns_are_drawn() -> None:
+    rng = random.Random(0)
+    from pytest_llmenergy.pairing.turns import block
+
+    drawn = [block(rng) for _ in range(200)]
+    assert set(drawn) == set(BLOCKS)
+    for pattern in BLOCKS:  # each side twice, each pair one of each side
+        assert sorted(pattern) == sorted([BASE, BASE, HEAD, HEAD])
+        assert {pattern[0], pattern[1]} == {pattern[2], pattern[3]} == {BASE, HEAD}
+        assert pattern[0] != pattern[2]  # the side that leads the first pair trails the second
+    # a steady drift cancels in the mean of a block's two pairs
+    for pattern in BLOCKS:
+        times = {BASE: [], HEAD: []}
+        for t, side in enumerate(pattern):
+            times[side].append(t)
+        assert sum(times[BASE]) == sum(times[HEAD])
+
+
+def test_paired_interval_matches_a_hand_computed_t_interval() -> None:
+    diffs = [0.10, 0.12, 0.08, 0.11]
+    found = paired_interval(diffs, 0.95)
+    assert found is not None
+    mean = sum(diffs) / 4
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3)
+    half = 3.182446 * sd / 2  # t(0.975, 3)
+    assert found.mean == pytest.approx(mean)
+    assert found.high - found.mean == pytest.approx(half, rel=1e-4)
+    assert paired_interval([0.1], 0.95) is None
+
+
+RULE = GateRule("j_per_token", 0.05, True)
+
+
+def _decide(diffs: list[float], **kw: float) -> object:
+    args = dict(level=0.99, attempted_pairs=len(diffs), max_pairs=25, measured_s=5.0)
+    args.update(min_time_s=1.0, max_time_s=15.0)
+    args.update(kw)
+    return decide({"j_per_token": diffs}, [RULE], **args)  # type: ignore[arg-type]
+
+
+def test_rule_stops_a_clear_pass_and_a_clear_fail_and_keeps_a_close_case() -> None:
+    clear_pass = [math.log(1.0 + x) for x in (0.01, -0.01, 0.0, 0.005, -0.004, 0.002)]
+    clear_fail = [math.log(1.0 + x) for x in (0.20, 0.22, 0.19, 0.21, 0.2, 0.18)]
+    close = [math.log(1.0 + x) for x in (0.03, 0.08, 0.02, 0.07, 0.05, 0.06)]
+    assert _decide(clear_pass).decided  # type: ignore[attr-defined]
+    assert _decide(clear_fail).decided  # type: ignore[attr-defined]
+    undecided = _decide(close)
+    assert not undecided.stop  # type: ignore[attr-defined]
+    # too few pairs, or too little measured, never decide
+    assert not _decide(clear_fail[: MIN_PAIRS - 1]).stop  # type: ignore[attr-defined]
+    assert not _decide(clear_fail, measured_s=0.5).stop  # type: ignore[attr-defined]
+    # the limits stop a close case, undecided
+    limited = _decide(close, attempted_pairs=25)
+    assert limited.stop and not limited.decided  # type: ignore[attr-defined]
+    assert "25 pairs" in limited.why  # type: ignore[attr-defined]
+    timed = _decide(close, measured_s=15.0)
+    assert timed.stop and not timed.decided  # type: ignore[attr-defined]
+
+
+def test_rule_for_a_throughput_gate_reads_lower_as_worse() -> None:
+    rule = GateRule("tokens_per_s", 0.05, True, higher_is_worse=False)
+    assert rule.difference(100.0, 80.0) == pytest.approx(-math.log(0.8))
+    assert rule.difference(0.0, 80.0) is None
+    absolute = GateRule("time_s", 0.5, False)
+    assert absolute.difference(1.0, 1.7) == pytest.approx(0.7)
+    assert absolute.limit == 0.5
+
+
+# -- the coordinator, with two simulated sides ------------------------------------------------
+def _simulate(
+    effects: dict[str, float], seed: int = 3, noise: float = 0.02, leave: str = ""
+) -> tuple[Coordinator, list[tuple[str, str]], dict[str, dict[str, list[Trial]]]]:
+    """Two threads play the sides; each trial's seconds (and joules) are 1 + the
+    case's effect on head, times a drift shared in time by both sides, times noise."""
+    coordinator = Coordinator([RULE], confidence=0.95, seed=seed)
+    cases = sorted(effects)
+    clock = [0]
+    running: list[str] = []
+    overlaps: list[tuple[str, str]] = []
+    measured: dict[str, dict[str, list[Trial]]] = {BASE: {}, HEAD: {}}
+    rng = random.Random(seed)
+
+    def side(name: str) -> None:
+        mine, theirs = socket.socketpair()
+        threading.Thread(target=coordinator.serve, args=(name, Channel(mine)), daemon=True).start()
+        channel = Channel(theirs)
+        reply = channel.ask({"op": "hello", "cases": [{"id": c, "group": ""} for c in cases]})
+        for case in reply["order"]:
+            index = 0
+            while True:
+                if name == HEAD and case == leave and index == 3:
+                    break  # this side's test fails mid-case
+                if not channel.ask({"op": "turn", "case": case, "meta": {}}).get("go"):
+                    break
+                running.append(name)
+                if len(running) > 1:
+                    overlaps.append((running[0], running[1]))
+                index += 1
+                clock[0] += 1
+                drift = 1.0 + 0.3 * math.sin(clock[0] / 7.0)  # the machine's speed moves a lot
+                effect = 1.0 + (effects[case] if name == HEAD else 0.0)
+                seconds = 0.5 * effect * drift * math.exp(rng.gauss(0, noise))
+                trial = Trial(index, seconds, 10 * seconds, 10 * seconds, {}, {}, 10, 10)
+                measured[name].setdefault(case, []).append(trial)
+                running.remove(name)
+                channel.ask(
+                    {"op": "trial", "case": case, "trial": trial_dict(trial), "counted": {}}
+                )
+            channel.ask({"op": "case_end", "case": case, "result": ""})
+        channel.ask({"op": "bye"})
+
+    threads = [threading.Thread(target=side, args=(s,)) for s in (BASE, HEAD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a side hung"
+    return coordinator, overlaps, measured
+
+
+def test_sides_never_run_at_once_and_a_drifting_machine_cancels_in_the_pairs() -> None:
+    effects = {"a": 0.0, "b": 0.0, "c": 0.25, "d": 0.10}
+    coordinator, overlaps, _ = _simulate(effects)
+    assert overlaps == []
+    assert not coordinator.failed
+    for case, effect in effects.items():
+        state = coordinator.cases[case]
+        assert state.decision is not None and state.decision.decided, case
+        interval = state.decision.intervals["j_per_token"]
+        # the drift is +-30 %, the noise 2 %: the pairs still find each effect to a few %
+        assert math.exp(interval.low) <= 1 + effect <= math.exp(interval.high), case
+        assert len(state.pairs[BASE]) == len(state.pairs[HEAD]) >= MIN_PAIRS
+
+
+def test_a_case_one_side_leaves_stops_the_other_and_the_next_case_runs() -> None:
+    coordinator, overlaps, measured = _simulate({"a": 0.0, "b": 0.0}, leave="a")
+    assert overlaps == []
+    assert coordinator.cases["a"].decision is not None
+    assert not coordinator.cases["a"].decision.decided
+    assert coordinator.cases["b"].decision is not None and coordinator.cases["b"].decision.decided
+    assert len(measured[HEAD]["a"]) == 3
+
+
+def test_paired_comparison_uses_the_pairs_and_says_so() -> None:
+    import dataclasses
+
+    from tests.casefactory import make_case
+
+    base_s, head_s = [], []
+    rng = random.Random(1)
+    for _ in range(8):
+        speed = 1.0 + 0.3 * rng.random()  # each pair at another machine speed
+        base_s.append(speed * math.exp(rng.gauss(0, 0.005)))
+        head_s.append(speed * 1.08 * math.exp(rng.gauss(0, 0.005)))
+
+    def paired(seconds: list[float]) -> object:
+        case = make_case(seconds)
+        trials = tuple(dataclasses.replace(t, pair=i) for i, t in enumerate(case.trials, 1))
+        return dataclasses.replace(case, trials=trials)
+
+    base, head = paired(base_s), paired(head_s)
+    gates = parse_gates("energy_j:5%")
+    paired = compare_cases([base], [head], gates=gates, normalize=False, paired=True)
+    unpaired = compare_cases([base], [head], gates=gates, normalize=False)
+    assert paired.paired_trials and not unpaired.paired_trials
+    assert paired.failed and not unpaired.failed  # +8 % under +-30 % drift: only pairs see it
+    from pytest_llmenergy.compare import evidence_text
+
+    assert "side by side" in evidence_text(paired)
+
+
+# -- the command, the way users run it ---------------------------------------------------------
+PROJECT = """
+import os, time
+import pytest
+
+SLOWER = float(os.environ.get("SLOWER", "0"))
+
+
+def work(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_fast(energy_benchmark, size):
+    energy_benchmark(work, 0.01 * size * (1 + SLOWER), input_tokens=size, output_tokens=8)
+
+
+@pytest.mark.parametrize("size", [1])
+def test_steady(energy_benchmark, size):
+    energy_benchmark(work, 0.01, input_tokens=size, output_tokens=8)
+"""
+
+
+def _project(root: Path, name: str, extra: str = "") -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "test_energy.py").write_text(PROJECT + extra)
+    return folder
+
+
+def _ab(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_llmenergy", "ab", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+# The busy-machine check stays off: the test suite may share the machine with other work
+# (what it checks is the turns and the verdict, not this machine's quiet).
+COMMON = (
+    "--",
+    "-p",
+    "no:randomly",
+    "-p",
+    "no:cacheprovider",
+    "--energy-backend=estimate",
+    "--energy-max-background=off",
+)
+
+
+def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
+    base = _project(tmp_path, "base")
+    head = _project(tmp_path, "head")
+    done = _ab(tmp_path, str(base), str(head), "--seed", "5", "--save", "pr1", *COMMON)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "energy gate passed" in done.stdout
+    assert "pairs of trials measured side by side" in done.stdout
+    runs = sorted((tmp_path / ".llmenergy").glob("*/*.json"))
+    assert [r.name.split("_", 1)[1] for r in runs] == ["pr1-base.json", "pr1-head.json"]
+    saved = [load(r) for r in runs]
+    assert saved[0].pairing["id"] == saved[1].pairing["id"]
+    assert {r.pairing["side"] for r in saved} == {"base", "head"}
+    assert all(t.pair for r in saved for c in r.cases for t in c.trials)
+    # a later compare of the two saved sides pairs them again
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest_llmenergy",
+            "compare",
+            "pr1-base",
+            "pr1-head",
+            "--fail-on",
+            "j_per_token:5%",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "side by side" in again.stdout
+
+
+def test_ab_fails_a_regressed_case_and_not_the_unchanged_one(tmp_path: Path) -> None:
+    base = _project(tmp_path, "base")
+    head = _project(tmp_path, "head", extra="\nSLOWER = 0.3\n")
+    done = _ab(tmp_path, str(base), str(head), "--seed", "7", *COMMON)
+    assert done.returncode == 1, done.stdout + done.stderr
+    verdict = next(line for line in done.stdout.splitlines() if "energy gate FAILED" in line)
+    assert "test_fast[1]" in verdict and "test_fast[2]" in verdict
+    assert "steady" not in verdict
+
+
+def test_ab_lists_one_sided_cases_and_strict_fails_on_them(tmp_path: Path) -> None:
+    base = _project(tmp_path, "base")
+    extra = (
+        "\n\ndef test_new(energy_benchmark):\n"
+        "    energy_benchmark(work, 0.01, input_tokens=1, output_tokens=8)\n"
+    )
+    head = _project(tmp_path, "head", extra=extra)
+    done = _ab(tmp_path, str(base), str(head), "--strict", *COMMON)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "only on the head: test_energy.py::test_new" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("{base}", "{base}", "--", "-n", "2"), "-n"),
+        (("{base}", "{tmp}/nosuch", "--"), "head checkout"),
+        (("{base}", "{base}", "--head-python", "/nonexistent/python", "--"), "no such Python"),
+        (("{base}", "{base}", "--report", "r.html", "--"), "--report needs both sides saved"),
+    ],
+)
+def test_ab_refuses_what_cannot_work_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    base = _project(tmp_path, "base")
+    words = [a.format(base=base, tmp=tmp_path) for a in args]
+    done = _ab(tmp_path, *words)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_ab_a_side_that_fails_stops_the_other_and_says_which(tmp_path: Path) -> None:
+    base = _project(tmp_path, "base")
+    done = _ab(tmp_path, str(base), str(base), "--head-arg=--energy-backend=nosuch", *COMMON)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "the head side failed" in done.stderr
+    assert "nosuch" in done.stderr  # its last output
+    assert "Traceback" not in done.stderr
+
+
+def test_ab_interrupted_keeps_both_sides_finished_cases(tmp_path: Path) -> None:
+    slow = (
+        "\nimport time as _t\n\n\ndef test_zz_slow(energy_benchmark):\n"
+        "    energy_benchmark(_t.sleep, 0.3, input_tokens=1, output_tokens=1)\n"
+    )
+    base = _project(tmp_path, "base", extra=slow)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest_llmenergy",
+            "ab",
+            str(base),
+            str(base),
+            "--save",
+            "x",
+            "--seed",
+            "1",
+            *COMMON,
+            "--energy-max-time=20s",
+            "--energy-max-trials=200",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # wait until both sides saved a case
+        runs = list((tmp_path / ".llmenergy").glob("*/*.json"))
+        if len(runs) == 2 and all(json.loads(r.read_text())["cases"] for r in runs):
+            break
+        time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, out + err
+    assert "interrupted" in err and "Traceback" not in err
+    runs = sorted((tmp_path / ".llmenergy").glob("*/*.json"))
+    assert len(runs) == 2 and all(load(r).cases for r in runs)
+    assert not [p for p in (tmp_path / ".llmenergy").rglob("*.tmp")]
