@@ -287,7 +287,7 @@ def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
         timeout=120,
     )
     assert again.returncode == 0, again.stderr
-    assert "side by side" in again.stdout
+    assert "pairs of trials measured side by side" in again.stdout
 
 
 def test_ab_fails_a_regressed_case_and_not_the_unchanged_one(tmp_path: Path) -> None:

@@ -269,6 +269,7 @@ def _comparisons(
             history=_history(storage, runs, gates, exclude=run) if storage and gates else None,
             # another machine's speed is part of what is compared, not noise to take out
             normalize=run.hardware == runs[0].hardware,
+            paired=runs[0].paired_with(run),
         )
         for label, run in zip(labels[1:], runs[1:])
     ]

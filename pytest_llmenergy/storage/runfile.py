@@ -91,6 +91,14 @@ class Run:
             return None
         return float(value) if 0 < value < 1 else None
 
+    def paired_with(self, other: Run) -> bool:
+        """Are the two the sides of one paired run (``llmenergy ab``)?  Then their trials
+        pair up (``Trial.pair``) and a comparison tests each case pair by pair."""
+        mine, theirs = self.pairing.get("id"), other.pairing.get("id")
+        return (
+            bool(mine) and mine == theirs and self.pairing.get("side") != other.pairing.get("side")
+        )
+
     @property
     def label(self) -> str:
         """How reports name this run: ``0003_baseline`` or the file name."""
