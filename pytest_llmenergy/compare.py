@@ -477,8 +477,34 @@ def compare_cases(
         drift_note=drift_note,
         busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
         session_noise=session_noise,
-        speed_note=speed_note(base_speeds, head_speeds) if normalized else "",
+        speed_note=(
+            speed_note(base_speeds, head_speeds)
+            if normalized
+            else _unnormalized_note(before.values(), after, normalize and not paired, checks)
+        ),
         paired_trials=used_pairs,
+    )
+
+
+def _unnormalized_note(
+    base: Iterable[CaseResult],
+    head: Sequence[CaseResult],
+    wanted: bool,
+    checks: Sequence[tuple[str, Gate | None]],
+) -> str:
+    """Why CPU-measured figures were not normalized by the machine's speed, when they
+    could have been: too few cases to read a session's speed from."""
+    if not wanted or not head:
+        return ""
+    sample = next(iter(head))
+    if not any(speed_exponent(figure(k, per_trial=True, warn=False), sample) for k, _ in checks):
+        return ""
+    fewest = min(len(list(base)), len(head))
+    if fewest >= MIN_SPEED_CASES:
+        return ""
+    return (
+        f"not normalized by the machine's speed: {fewest} case(s), and a session's speed is "
+        f"read from {MIN_SPEED_CASES} or more"
     )
 
 
@@ -649,6 +675,12 @@ def evidence_line(c: Comparison) -> str:
     )
     if c.speed_note:
         text += f"; {c.speed_note}"
+    thresholds = [g.threshold for g in c.gates if g.relative]
+    if thresholds and math.isfinite(found) and found > max(thresholds) and not c.paired_trials:
+        text += (
+            f"; it cannot see a regression of its own threshold ({max(thresholds):.0%}): "
+            "measure base and head side by side (llmenergy ab BASE_DIR HEAD_DIR)"
+        )
     if any(d.test is not None and d.test.source == PRIOR for d in c.deltas):
         text += (
             "; to see smaller regressions, measure base and head side by side "
