@@ -381,3 +381,22 @@ def test_ab_interrupted_keeps_both_sides_finished_cases(tmp_path: Path) -> None:
     runs = sorted((tmp_path / ".llmenergy").glob("*/*.json"))
     assert len(runs) == 2 and all(load(r).cases for r in runs)
     assert not [p for p in (tmp_path / ".llmenergy").rglob("*.tmp")]
+
+
+def test_one_session_gate_says_when_it_is_not_normalized_and_points_to_ab() -> None:
+    from pytest_llmenergy.compare import evidence_line
+    from tests.casefactory import make_case
+
+    import dataclasses
+
+    def cpu_case(seconds: list[float], n: int) -> object:  # measured on the CPU alone
+        return dataclasses.replace(make_case(seconds, input_tokens=n), counted={"cpu:0": True})
+
+    base = [cpu_case([1.0, 1.01, 0.99], n) for n in (8, 64)]
+    head = [cpu_case([1.0, 1.02, 0.98], n) for n in (8, 64)]
+    found = compare_cases(base, head, gates=parse_gates("time_s:5%"))
+    line = evidence_line(found)
+    assert "not normalized by the machine's speed: 2 case(s)" in line
+    # against the assumed 15 % session noise, two cases cannot see 5 %
+    assert "cannot see a regression of its own threshold (5%)" in line
+    assert "llmenergy ab" in line
