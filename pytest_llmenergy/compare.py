@@ -33,6 +33,7 @@ from .sessions import (
     SideSessions,
     Test,
     benjamini_hochberg,
+    bh_adjusted,
     build_tests,
     side_sessions,
 )
@@ -126,6 +127,9 @@ class Delta:
     discovered: bool = False
     # The smallest relative regression this comparison could have found here.
     detectable: float = math.nan
+    # Gated: the one-sided p of a worsening, adjusted for the many gated cases
+    # (Benjamini-Hochberg): the case is significant exactly when it is <= 1 - confidence.
+    p_adjusted: float | None = None
     # How much the machine's speed alone moved this figure from the baseline's session(s)
     # to the current's (from the speed reference, see ``session_speeds``): the test and
     # the gate judge the current figure divided by it.  1: not normalized.
@@ -138,6 +142,12 @@ class Delta:
     @property
     def relative_change(self) -> float:
         return self.change / abs(self.baseline.mean) if self.baseline.mean else math.nan
+
+    @property
+    def shown_p(self) -> float | None:
+        """The p a table shows: the one the verdict was decided on (gated: the
+        worsening's, adjusted for the many cases), else the two-sided p."""
+        return self.p_adjusted if self.gate is not None else self.p_value
 
     @property
     def significant(self) -> bool:
@@ -454,14 +464,15 @@ def compare_cases(
     gated = [i for i, d in enumerate(deltas) if d.gate is not None and d.p_value is not None]
     worse = [_p_worse(deltas[i]) for i in gated]
     rejected = benjamini_hochberg(worse, alpha) if worse else []
+    adjusted = bh_adjusted(worse)
     m = max(1, len(gated))
-    for i, hit in zip(gated, rejected):
+    for i, hit, p_adj in zip(gated, rejected, adjusted):
         d = deltas[i]
         assert d.test is not None and d.gate is not None
         detectable = d.test.detectable(alpha / m)
         if d.gate.relative:
             detectable = max(detectable, d.gate.threshold)
-        deltas[i] = replace(d, discovered=hit, detectable=detectable)
+        deltas[i] = replace(d, discovered=hit, detectable=detectable, p_adjusted=p_adj)
     deltas = [replace(d, name=names[d.nodeid]) for d in deltas]
     now = {c.nodeid for c in after}
     return Comparison(
@@ -577,11 +588,13 @@ def comparison_table(c: Comparison) -> Table:
     gated = bool(c.gates)
     keys = ["case", "metric", "baseline", "current", "change", "p_value", "significant"]
     headers = ["case", "figure", "baseline", "current", "change", "p", "significant"]
-    priorities = [0, 0, 2, 1, 0, 2, 3]  # a narrow terminal keeps the current mean longest
+    # a narrow terminal drops the means before the evidence a verdict rests on (p), and
+    # the current mean last of the two
+    priorities = [0, 0, 3, 2, 0, 0, 1]
     if gated:
         keys += ["threshold", "verdict"]
         headers += ["gate", "verdict"]
-        priorities += [2, 0]
+        priorities += [1, 0]
     rows, cells = [], []
     for d in c.deltas:
         raw: list[object] = [
@@ -590,7 +603,7 @@ def comparison_table(c: Comparison) -> Table:
             d.baseline.mean,
             d.current.mean,
             clean(d.relative_change),
-            d.p_value,
+            d.shown_p,
             d.significant,
         ]
         shown = [
@@ -599,7 +612,7 @@ def comparison_table(c: Comparison) -> Table:
             fmt_mean_ci(d.baseline),
             fmt_mean_ci(d.current),
             _signed_percent(d.relative_change),
-            "—" if d.p_value is None else f"{d.p_value:.3g}",
+            "—" if d.shown_p is None else f"{d.shown_p:.3g}",
             "yes" if d.significant else "no",
         ]
         if gated:
@@ -611,12 +624,13 @@ def comparison_table(c: Comparison) -> Table:
         cells.append(tuple(shown))
     notes = [
         "p: sessions compared, not trials (the noise between sessions counted: "
-        f"{evidence_text(c)}); significant: "
+        f"{evidence_text(c)})"
         + (
-            f"a worsening kept by Benjamini-Hochberg over the gated cases at "
-            f"{1 - c.confidence:.2g} false discovery rate ({c.confidence:.0%} confidence)"
+            f"; gated: the p of a worsening, adjusted for the {len(c.deltas)} gated figures "
+            f"(Benjamini-Hochberg); significant: p <= {1 - c.confidence:.2g} "
+            f"({c.confidence:.0%} confidence)"
             if gated
-            else f"p < {1 - c.confidence:.2g} ({c.confidence:.0%} confidence)"
+            else f"; significant: p < {1 - c.confidence:.2g} ({c.confidence:.0%} confidence)"
         )
     ]
     if gated:

@@ -14,7 +14,7 @@ Per token, as the research means it
     joules.
 
 A figure with a per-trial value (``trial``, or ``family``: the energy of one family of
-domains, GPU, CPU or DRAM) can be compared with Welch's t-test, gated and used as a CI
+domains, GPU, CPU or DRAM) can be compared between runs (``sessions.py``), gated and used as a CI
 target; its case value is the mean over the trials.  Figures without one (token counts,
 the trial count, memory) are shown only.
 """

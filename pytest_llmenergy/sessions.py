@@ -277,3 +277,17 @@ def benjamini_hochberg(p_values: Sequence[float], q: float) -> list[bool]:
         if rank <= cutoff:
             rejected[i] = True
     return rejected
+
+
+def bh_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values: hypothesis i is rejected at false discovery
+    rate q exactly when its adjusted p is <= q (what a gate's table shows)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 1.0
+    for rank in range(m, 0, -1):
+        i = order[rank - 1]
+        running = min(running, p_values[i] * m / rank)
+        adjusted[i] = min(1.0, running)
+    return adjusted

@@ -781,4 +781,4 @@ def test_metrics_as_a_table(
     assert j_per_token[1:3] == ["J/token", "J"]
     assert j_per_token[-2:] == ["energy_per_token,", "joules_per_token"]
     assert "input + output tokens" in next(x for x in lines if x.startswith("j_per_token "))
-    assert lines[-1].startswith("per trial: comparable with Welch's t-test")
+    assert lines[-1].startswith("per trial: comparable between runs")

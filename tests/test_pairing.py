@@ -384,10 +384,10 @@ def test_ab_interrupted_keeps_both_sides_finished_cases(tmp_path: Path) -> None:
 
 
 def test_one_session_gate_says_when_it_is_not_normalized_and_points_to_ab() -> None:
+    import dataclasses
+
     from pytest_llmenergy.compare import evidence_line
     from tests.casefactory import make_case
-
-    import dataclasses
 
     def cpu_case(seconds: list[float], n: int) -> object:  # measured on the CPU alone
         return dataclasses.replace(make_case(seconds, input_tokens=n), counted={"cpu:0": True})
@@ -400,3 +400,20 @@ def test_one_session_gate_says_when_it_is_not_normalized_and_points_to_ab() -> N
     # against the assumed 15 % session noise, two cases cannot see 5 %
     assert "cannot see a regression of its own threshold (5%)" in line
     assert "llmenergy ab" in line
+
+
+def test_a_gated_table_shows_the_p_its_verdict_rests_on() -> None:
+    from pytest_llmenergy.sessions import benjamini_hochberg, bh_adjusted
+
+    ps = [0.001, 0.02, 0.03, 0.2, 0.04]
+    adjusted = bh_adjusted(ps)
+    for q in (0.01, 0.05, 0.1, 0.25):  # rejected exactly where the adjusted p is <= q
+        assert benjamini_hochberg(ps, q) == [a <= q for a in adjusted]
+    from tests.casefactory import make_case
+
+    base = [make_case([1.0, 1.01, 0.99], input_tokens=n) for n in range(1, 8)]
+    head = [make_case([1.3, 1.31, 1.29], input_tokens=n) for n in range(1, 8)]
+    found = compare_cases(base, head, gates=parse_gates("time_s:5%"), session_noise=0.05)
+    for d in found.deltas:
+        assert d.shown_p == d.p_adjusted
+        assert d.significant == (d.p_adjusted is not None and d.p_adjusted <= 0.05)

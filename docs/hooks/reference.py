@@ -155,7 +155,7 @@ def figures_page() -> str:
         "(`--energy-columns`, `llmenergy show --columns`), a gate (`--energy-compare-fail`, "
         "`llmenergy compare --fail-on`), a CI target (`--energy-ci-target`) and a column of "
         "the exports. `llmenergy metrics` prints this table. *Per trial*: the figure has a "
-        "value per trial, so it can be compared with Welch's test, gated and targeted. "
+        "value per trial, so it can be compared between runs, gated and targeted. "
         "*Phases*: it needs the prefill | decode split. *Default*: a column of the default "
         f"tables. {len(records)} figures.\n",
         table(

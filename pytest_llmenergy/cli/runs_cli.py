@@ -228,7 +228,8 @@ def _metrics(fmt: str) -> str:
         rows,
         cells,
         notes=(
-            "per trial: comparable with Welch's t-test, so usable in gates (--fail-on, "
+            "per trial: comparable between runs session by session (or pair by pair), so "
+            "usable in gates (--fail-on, "
             "--energy-compare-fail) and CI targets (--energy-ci-target); phases: needs the "
             "prefill | decode split",
         ),

@@ -254,11 +254,11 @@ def comparison_rows(c: Comparison) -> list[Record]:
                 "baseline_value": clean(d.baseline.mean),
                 "current_value": clean(d.current.mean),
                 "change_value": clean(d.relative_change),
-                "p_value": d.p_value,
+                "p_value": d.shown_p,
                 "change": DASH
                 if not math.isfinite(d.relative_change)
                 else f"{d.relative_change * 100:+.1f} %",
-                "p": DASH if d.p_value is None else f"{d.p_value:.3g}",
+                "p": DASH if d.shown_p is None else f"{d.shown_p:.3g}",
                 "gate": "" if d.gate is None else str(d.gate),
                 "detects": DASH
                 if d.gate is None or not math.isfinite(d.detectable)

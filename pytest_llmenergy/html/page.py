@@ -239,8 +239,10 @@ def _comparison_html(index: int, c: Comparison, ratios: Sequence[DrawnChart] = (
     state = "failed" if c.failed else "passed" if c.gates and not c.unsure else ""
     notes = [
         f"ratio: current / baseline, with its {c.confidence:.0%} interval (t interval on the "
-        "log means); p: Welch's t-test on the trials; rows in red got significantly worse, "
-        "in green significantly better",
+        "log means); p: sessions compared, not trials (paired trials in a paired run), "
+        "and where gated the p of a worsening adjusted for the many cases "
+        "(Benjamini-Hochberg), the one the verdict is decided on; rows in red got "
+        "significantly worse, in green significantly better",
     ]
     if c.only_in_baseline:
         notes.append(f"only in {c.baseline_label}: {', '.join(c.only_in_baseline)}")
