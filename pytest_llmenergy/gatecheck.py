@@ -8,7 +8,9 @@ turn, A again), then judges every pair the way each documented procedure would:
 - ``single+history``: the same, with the noise learned from the other A sessions (as
   after saving the baseline three times);
 - ``rounds``: base and head measured alternately, each side's sessions merged
-  (``llmenergy merge``) and compared round by round.
+  (``llmenergy merge``) and compared round by round;
+- ``paired`` (``--paired``): one ``llmenergy ab`` run per round and size, both sides in
+  one stretch of time, trials alternating, compared pair by pair.
 
 It reports, per procedure, the share of A/A comparisons with any FAIL, the per-case false
 alarm rate, the detection rate per injected size and the smallest regression the gate
@@ -63,6 +65,23 @@ class Outcome:
     @property
     def case_share(self) -> float:
         return self.case_fails / self.cases if self.cases else math.nan
+
+
+@dataclass(frozen=True)
+class PairedRun:
+    """One ``llmenergy ab`` run of unchanged code (``injected`` 0) or with a regression
+    injected into its head side."""
+
+    label: str
+    injected: float
+    round: int
+    base: Run
+    head: Run
+    seconds: float
+
+
+PAIRED = "paired (llmenergy ab)"
+_PAIRED_INDEX = "paired.json"
 
 
 def outcome(comparisons: Sequence[Comparison]) -> Outcome:
@@ -149,6 +168,92 @@ def run_sessions_now(
     return sessions
 
 
+def run_paired_now(
+    pytest_args: Sequence[str],
+    rounds: int,
+    shares: Sequence[float],
+    out: Path,
+    *,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[PairedRun]:
+    """Per round, one paired run of unchanged code and one per injected size, each a
+    fresh ``llmenergy ab . .`` (the regression injected into its head side only)."""
+    storage = out / "paired"
+    found: list[PairedRun] = []
+    index = []
+    order = [(r, share) for r in range(1, rounds + 1) for share in (0.0, *shares)]
+    for i, (r, share) in enumerate(order, start=1):
+        name = f"p{i:03d}"
+        inject = [f"--head-arg=--llm-inject-regression={share:g}"] if share else []
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest_llmenergy",
+            "--storage",
+            str(storage),
+            "ab",
+            ".",
+            ".",
+            "--save",
+            name,
+            "--seed",
+            str(i),
+            *inject,
+            "--",
+            *pytest_args,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - start
+        files = {side: sorted(storage.glob(f"*/*_{name}-{side}.json")) for side in ("base", "head")}
+        if done.returncode not in (0, 1) or not all(files.values()):
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            raise ConfigError(
+                f"paired run {i} ({share_text(share)}) ended with exit code {done.returncode}: "
+                + " | ".join(tail)
+            )
+        base, head = load(files["base"][-1]), load(files["head"][-1])
+        log(f"paired run {i}/{len(order)}: round {r}, {share_text(share)}, {seconds:.0f} s")
+        found.append(PairedRun(share_text(share), share, r, base, head, seconds))
+        index.append(
+            {
+                "base": str(files["base"][-1].relative_to(out)),
+                "head": str(files["head"][-1].relative_to(out)),
+                "label": share_text(share),
+                "injected": share,
+                "round": r,
+                "seconds": seconds,
+            }
+        )
+    (out / _PAIRED_INDEX).write_text(json.dumps(index, indent=1))
+    return found
+
+
+def read_paired(folder: Path) -> list[PairedRun]:
+    """The paired runs an earlier gatecheck --paired ran (none: an empty list)."""
+    index = folder / _PAIRED_INDEX
+    if not index.exists():
+        return []
+    try:
+        rows = json.loads(index.read_text())
+        return [
+            PairedRun(
+                str(r["label"]),
+                float(r["injected"]),
+                int(r["round"]),
+                load(folder / r["base"]),
+                load(folder / r["head"]),
+                float(r["seconds"]),
+            )
+            for r in rows
+        ]
+    except (OSError, ValueError, KeyError, TypeError, RunFileError) as exc:
+        raise ConfigError(f"{index}: not a gatecheck folder's paired runs ({exc})") from None
+
+
 def read_sessions(folder: Path) -> list[Session]:
     """Sessions an earlier gatecheck ran (its --out folder), to judge them again."""
     index = folder / "sessions.json"
@@ -175,6 +280,7 @@ def judge(
     confidence: float,
     session_noise: float = DEFAULT_SESSION_NOISE,
     normalize: bool = True,
+    paired: Sequence[PairedRun] = (),
 ) -> tuple[dict[str, dict[str, Outcome]], dict[str, float]]:
     """Per procedure, per label (A/A, +25%, ...): the outcome; and each procedure's time
     in sessions' seconds."""
@@ -226,8 +332,23 @@ def judge(
         for label in labels[1:]:
             heads = [next(s for s in sessions if s.round == r and s.label == label) for r in rounds]
             results[key][label].append(cmp(base, pool_runs([s.run for s in heads], name="head")))
+    if paired:
+        results[PAIRED] = {k: [] for k in labels}
+        for run in paired:
+            results[PAIRED].setdefault(run.label, []).append(
+                compare_cases(
+                    run.base.cases,
+                    run.head.cases,
+                    gates=gates,
+                    confidence=confidence,
+                    normalize=False,
+                    paired=run.base.paired_with(run.head),
+                )
+            )
     outcomes = {p: {k: outcome(v) for k, v in by.items()} for p, by in results.items()}
     times = {"single": 2 * seconds, "single+history": 5 * seconds}
+    if paired:
+        times[PAIRED] = statistics.fmean(run.seconds for run in paired)
     times.update({p: 2 * len(rounds) * seconds for p in outcomes if p.endswith("rounds")})
     return outcomes, times
 

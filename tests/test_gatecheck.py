@@ -96,3 +96,41 @@ def test_the_injected_regression_adds_its_share_of_the_forward_pass() -> None:
     inject_regression(model, 0.5)
     after = min(cpu_s() for _ in range(3))
     assert after >= 1.4 * before  # +50 % of each pass's own CPU time, by construction
+
+
+def paired_runs(sigma: float, share: float, seed: int) -> gatecheck.PairedRun:
+    """One simulated paired run: both sides share each pair's speed (which moves by
+    ``sigma``), head slower by ``share``; trials agree within 1 %."""
+    import dataclasses
+
+    from tests.casefactory import make_case
+
+    rng = random.Random(seed)
+    sides: dict[str, list] = {"base": [], "head": []}
+    for i in range(6):
+        speeds = [(1.0 + i / 10) * (1 + rng.gauss(0.0, sigma)) for _ in range(8)]
+        for side, factor in (("base", 1.0), ("head", 1.0 + share)):
+            case = make_case([s * factor * (1 + rng.gauss(0, 0.01)) for s in speeds],
+                             input_tokens=8 * (i + 1))  # fmt: skip
+            trials = tuple(dataclasses.replace(t, pair=k) for k, t in enumerate(case.trials, 1))
+            sides[side].append(dataclasses.replace(case, trials=trials))
+    base, head = (
+        dataclasses.replace(run_of(sides[s], s), pairing={"id": f"x{seed}", "side": s})
+        for s in ("base", "head")
+    )
+    return gatecheck.PairedRun(gatecheck.share_text(share), share, 1, base, head, 25.0)
+
+
+def test_gatecheck_judges_paired_runs_beside_the_sessions() -> None:
+    """Pairs whose speed moves by 20 % cancel it: A/A never fails, +10 % is found, and the
+    paired row says what a paired run costs."""
+    paired = [paired_runs(0.2, 0.0, 1), paired_runs(0.2, 0.0, 2), paired_runs(0.2, 0.1, 3)]
+    sessions = [s for s in sessions_of(0.02) if s.injected in (0.0, 0.5)]
+    outcomes, times = gatecheck.judge(
+        sessions, parse_gates("j_per_token:5%"), confidence=0.95, paired=paired
+    )
+    row = outcomes[gatecheck.PAIRED]
+    assert row["A"].comparisons == 2 and row["A"].any_fail == 0
+    assert row["+10%"].case_share == 1.0
+    assert times[gatecheck.PAIRED] == pytest.approx(25.0)
+    assert all(d <= 0.1 for d in row["A"].detectable)

@@ -147,6 +147,11 @@ def _gatecheck_arguments(check: argparse.ArgumentParser) -> None:
         help="divide CPU-measured figures by each session's machine speed, as comparisons "
         "do (default: on; --no-normalize judges without)",
     )
+    check.add_argument(
+        "--paired",
+        action="store_true",
+        help="also one paired run (llmenergy ab) per round and size, judged beside the others",
+    )
     check.add_argument("--format", choices=FORMATS, default="table")
     check.add_argument(
         "pytest_args",
@@ -200,22 +205,26 @@ def _gatecheck(args: argparse.Namespace) -> tuple[str, list[str]]:
             "gatecheck needs --rounds of 1 or more and regressions above 0 in --inject"
         )
     out = Path(args.out)
+    paired: list[Any] = []
+    say = lambda line: print(f"llmenergy: {line}", file=sys.stderr, flush=True)  # noqa: E731
     if args.judge_only:
         sessions = gatecheck.read_sessions(out)
+        paired = gatecheck.read_paired(out)
     else:
         if out.exists() and any(out.iterdir()):
             raise ConfigError(f"--out {out} is not empty; give a new folder (or --judge-only)")
         pytest_args = args.pytest_args or ["benchmarks/", "--llm-grid=quick", "-p", "no:randomly"]
-        sessions = gatecheck.run_sessions_now(
-            pytest_args,
-            args.rounds,
-            shares,
-            out,
-            log=lambda line: print(f"llmenergy: {line}", file=sys.stderr, flush=True),
-        )
+        sessions = gatecheck.run_sessions_now(pytest_args, args.rounds, shares, out, log=say)
+        if args.paired:
+            paired = gatecheck.run_paired_now(pytest_args, args.rounds, shares, out, log=say)
     noise = args.session_noise
     outcomes, times = gatecheck.judge(
-        sessions, gates, confidence=args.confidence, session_noise=noise, normalize=args.normalize
+        sessions,
+        gates,
+        confidence=args.confidence,
+        session_noise=noise,
+        normalize=args.normalize,
+        paired=paired,
     )
     real = gatecheck.realized(sessions, gates[0].metric)
     table = gatecheck.quality_table(outcomes, times, real)
