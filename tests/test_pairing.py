@@ -417,3 +417,17 @@ def test_a_gated_table_shows_the_p_its_verdict_rests_on() -> None:
     for d in found.deltas:
         assert d.shown_p == d.p_adjusted
         assert d.significant == (d.p_adjusted is not None and d.p_adjusted <= 0.05)
+
+
+def test_a_case_with_few_pairs_borrows_the_pooled_variance_of_earlier_cases() -> None:
+    from pytest_llmenergy.pairing.turns import pooled
+
+    few = [math.log(1.0 + x) for x in (0.01, -0.012, 0.004, 0.0)]
+    alone = _decide(few, level=0.9995)  # 18 cases at 95 %: 1 - 0.05 / 18 ~ 0.997
+    assert not alone.stop  # t(3) at the corrected level is too wide alone
+    earlier = [[math.log(1.0 + rng.gauss(0, 0.01)) for _ in range(10)] for rng in
+               (random.Random(s) for s in range(5))]  # fmt: skip
+    pool = pooled(earlier)
+    assert pool is not None and pool.df == 45
+    helped = _decide(few, level=0.9995, pools={"j_per_token": pool})  # type: ignore[arg-type]
+    assert helped.decided  # type: ignore[attr-defined]

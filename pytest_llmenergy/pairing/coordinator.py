@@ -26,7 +26,7 @@ from ..figures import FIGURES
 from ..results import CaseResult
 from ..storage.runfile import decode_case, decode_trial
 from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
-from .turns import Decision, GateRule, block, case_level, decide
+from .turns import Decision, GateRule, Pool, block, case_level, decide, pooled
 
 
 def other(side: str) -> str:
@@ -317,9 +317,20 @@ class Coordinator:
             measured_s=min(self._measured_s(case, s) for s in SIDES),
             min_time_s=float(self._limit(case, "min_time_s", 0.0)),
             max_time_s=float(self._limit(case, "max_time_s", 0.0)),
+            pools=self._pools(case),
         )
         if case.decision.stop:
             self.log(self._progress(case))
+
+    def _pools(self, case: PairedCase) -> dict[str, Pool]:
+        """Each figure's variance of a pair's difference, over the cases already stopped."""
+        done = [c for c in self.cases.values() if c is not case and c.stopped]
+        out = {}
+        for rule in self.rules:
+            found = pooled([c.diffs.get(rule.metric, []) for c in done])
+            if found is not None:
+                out[rule.metric] = found
+        return out
 
     def _limit(self, case: PairedCase, key: str, default: float) -> Any:
         found = [m.get(key) for m in case.meta.values() if isinstance(m.get(key), int | float)]

@@ -24,6 +24,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..sessions import POOL_DF, moderated
 from ..stats import t_quantile
 from .channel import BASE, HEAD
 
@@ -80,15 +81,41 @@ class Interval:
         return f"head-base {self.mean:+.4g} [{self.low:+.4g}, {self.high:+.4g}]"
 
 
-def paired_interval(diffs: Sequence[float], level: float) -> Interval | None:
-    """Two-sided ``level`` t interval of the mean difference (None below two pairs)."""
+@dataclass(frozen=True)
+class Pool:
+    """The variance of one pair's difference, pooled over the cases decided so far: a
+    case with few pairs borrows from it (``POOL_DF`` degrees of freedom), as the
+    verdict's test does (``sessions.moderated``)."""
+
+    variance: float
+    df: float
+
+
+def paired_interval(
+    diffs: Sequence[float], level: float, pool: Pool | None = None
+) -> Interval | None:
+    """Two-sided ``level`` t interval of the mean difference (None below two pairs),
+    the variance moderated toward ``pool`` when there is one."""
     n = len(diffs)
     if n < 2:
         return None
     mean = statistics.fmean(diffs)
-    sd = statistics.stdev(diffs)
-    half = t_quantile(1.0 - (1.0 - level) / 2.0, n - 1) * sd / math.sqrt(n)
+    variance, df = statistics.variance(diffs), float(n - 1)
+    if pool is not None and pool.df > 0:
+        variance = moderated(variance, df, pool.variance)
+        df += POOL_DF
+    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * math.sqrt(variance / n)
     return Interval(mean, mean - half, mean + half, n)
+
+
+def pooled(diffs: Sequence[Sequence[float]]) -> Pool | None:
+    """The pooled variance of the differences of several cases (None: no case with two)."""
+    ss = df = 0.0
+    for found in diffs:
+        if len(found) >= 2:
+            ss += statistics.variance(found) * (len(found) - 1)
+            df += len(found) - 1
+    return Pool(ss / df, df) if df else None
 
 
 def case_level(confidence: float, cases: int) -> float:
@@ -114,15 +141,18 @@ def decide(
     measured_s: float,
     min_time_s: float,
     max_time_s: float,
+    pools: Mapping[str, Pool] | None = None,
 ) -> Decision:
     """Stop when every gate's interval lies wholly on one side of its threshold (after
     ``MIN_PAIRS`` pairs and ``min_time_s`` measured on each side), or at a limit.
     ``diffs`` holds each gate's differences, by figure; ``measured_s`` is the least either
-    side has measured in this case."""
+    side has measured in this case; ``pools`` the pooled variance of each figure's
+    differences over the cases decided before."""
     intervals: dict[str, Interval] = {}
     open_rules = []
     for rule in rules:
-        found = paired_interval(diffs.get(rule.metric, ()), level)
+        pool = (pools or {}).get(rule.metric)
+        found = paired_interval(diffs.get(rule.metric, ()), level, pool)
         if found is not None:
             intervals[rule.metric] = found
         if found is None or found.low <= rule.limit <= found.high:
