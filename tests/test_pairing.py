@@ -431,3 +431,34 @@ def test_a_case_with_few_pairs_borrows_the_pooled_variance_of_earlier_cases() ->
     assert pool is not None and pool.df == 45
     helped = _decide(few, level=0.9995, pools={"j_per_token": pool})  # type: ignore[arg-type]
     assert helped.decided  # type: ignore[attr-defined]
+
+
+def test_ab_killed_leaves_no_side_running_and_keeps_their_cases(tmp_path: Path) -> None:
+    """SIGKILL gives llmenergy ab no chance to stop its sides: they find the coordinator
+    gone at their next turn, stop, and keep what they finished."""
+    import psutil
+
+    slow = (
+        "\nimport time as _t\n\n\ndef test_zz_slow(energy_benchmark):\n"
+        "    energy_benchmark(_t.sleep, 0.3, input_tokens=1, output_tokens=1)\n"
+    )
+    base = _project(tmp_path, "base", extra=slow)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest_llmenergy", "ab", str(base), str(base), "--save", "k",
+         "--seed", "1", *COMMON, "--energy-max-time=30s", "--energy-max-trials=300"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        runs = list((tmp_path / ".llmenergy").glob("*/*.json"))
+        if len(runs) == 2 and all(json.loads(r.read_text())["cases"] for r in runs):
+            break
+        time.sleep(0.3)
+    sides = psutil.Process(process.pid).children(recursive=True)
+    assert len(sides) == 2
+    process.kill()
+    process.wait()
+    _gone, alive = psutil.wait_procs(sides, timeout=60)
+    assert not alive, "a side outlived its coordinator"
+    runs = sorted((tmp_path / ".llmenergy").glob("*/*.json"))
+    assert all(load(r).cases for r in runs)

@@ -34,6 +34,15 @@ from .keeping import Keeper
 MIN_TURN_S = 0.2
 
 
+def _ask(channel: Channel, message: dict[str, Any]) -> dict[str, Any]:
+    """Ask the coordinator; if it went away (``llmenergy ab`` was killed), this session
+    stops now, keeping its finished cases, instead of running on unpaired."""
+    try:
+        return channel.ask(message)
+    except ChannelClosed as exc:
+        pytest.exit(f"llmenergy ab: {exc}; stopping this side", returncode=2)
+
+
 class CasePacer:
     """The ``energy_benchmark``'s pacer for one case (``controller.benchmark.Pacer``):
     waits for each turn, then runs trials until the turn has measured ``turn_s``."""
@@ -48,7 +57,7 @@ class CasePacer:
         if self._in_turn_s is not None and self._in_turn_s < self.turn_s:
             return None  # the turn goes on
         self._in_turn_s = None
-        reply = self.channel.ask({"op": "turn", "case": self.nodeid, "meta": dict(meta)})
+        reply = _ask(self.channel, {"op": "turn", "case": self.nodeid, "meta": dict(meta)})
         if reply.get("go"):
             self._in_turn_s = 0.0
             return None
@@ -62,14 +71,15 @@ class CasePacer:
     def trial(self, trial: Trial, counted: Mapping[str, bool], disturbed: bool) -> None:
         if self._in_turn_s is not None:
             self._in_turn_s += trial.seconds
-        self.channel.ask(
+        _ask(
+            self.channel,
             {
                 "op": "trial",
                 "case": self.nodeid,
                 "trial": trial_dict(trial),
                 "counted": dict(counted),
                 "disturbed": disturbed,
-            }
+            },
         )
 
 
@@ -118,7 +128,7 @@ class PairedSide:
         """Last of all (after the case plan's order): the coordinator's order."""
         energy = [item for item in items if uses_energy_benchmark(item)]
         cases = [{"id": i.nodeid, "group": case_labels(i).get("model", "")} for i in energy]
-        reply = self.channel.ask({"op": "hello", "cases": cases})
+        reply = _ask(self.channel, {"op": "hello", "cases": cases})
         if reply.get("abort"):
             raise pytest.UsageError(f"llmenergy ab: {reply['abort']}")
         order = [str(i) for i in reply.get("order") or []]
@@ -140,7 +150,7 @@ class PairedSide:
             return
         result = self._finished.pop(item.nodeid, None)
         text = json.dumps(case_dict(result), allow_nan=False) if result is not None else ""
-        self.channel.ask({"op": "case_end", "case": item.nodeid, "result": text})
+        _ask(self.channel, {"op": "case_end", "case": item.nodeid, "result": text})
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         saved = self.keeper.saved_paths
