@@ -715,6 +715,41 @@ def test_python_dash_m_exits_1_on_a_failed_gate(root: Path, tmp_path: Path) -> N
     assert (done.returncode, done.stdout) == (0, f"llmenergy {__version__}\n")
 
 
+def test_every_gate_entry_point_fails_a_gate_that_compared_nothing(
+    root: Path, tmp_path: Path
+) -> None:
+    """Issue 33: against a run sharing no case, ``compare --fail-on`` said "nothing
+    compared" and exited 0.  It exits 1 with the reason; ``--strict`` also fails on a case
+    in one run only, listed; ``report --gate`` (which never fails) shows the same verdict."""
+    save(root, [make_case(TIGHT)], name="main")
+    save(root, [make_case(TIGHT, model="renamed")], name="pr")
+    gate = ("--fail-on", "j_per_token:5%")
+    done = run_process([*MODULE, "--storage", root, "compare", "main", "pr", *gate], tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "0002_pr: energy gate FAILED (j_per_token:5%): nothing compared: none of the 1 "
+        "case(s) of 0002_pr is in 0001_main (renamed tests, or other tests); compare with a "
+        "run of the same tests, or save a new baseline"
+    )
+    out = tmp_path / "r.html"
+    argv = ("--storage", root, "report", "main", "pr", "--gate", "j_per_token:5%", "--out", out)
+    done = run_process([*MODULE, *argv], tmp_path)
+    assert done.returncode == 0 and done.stdout == f"{out}\n"
+    assert "0002_pr: energy gate FAILED (j_per_token:5%): nothing compared" in done.stderr
+    assert '<p class="verdict failed"' in out.read_text()
+    # one case shared, one on each side only: passes, unless strict
+    save(root, [make_case(TIGHT), make_case(TIGHT, input_tokens=64)], name="both")
+    save(root, [make_case(TIGHT), make_case(TIGHT, input_tokens=128)], name="other")
+    argv = ("--storage", root, "compare", "both", "other", *gate)
+    done = run_process([*MODULE, *argv], tmp_path)
+    assert done.returncode == 0 and "not judged, on one side only" in done.stdout
+    done = run_process([*MODULE, *argv, "--strict"], tmp_path)
+    assert done.returncode == 1
+    verdict = next(line for line in done.stdout.splitlines() if "(strict)" in line)
+    assert verdict.startswith("0004_other: FAILED (strict): energy gate passed (j_per_token:5%)")
+    assert "only in 0003_both: benchmarks/test_input_tokens.py::test_input_tokens[" in verdict
+
+
 def test_a_console_without_unicode_gets_replacements(root: Path, tmp_path: Path) -> None:
     save(root, [make_case([0.1, 0.12, 0.11])])
     done = run_process([SCRIPT, "--storage", root, "show", "1"], tmp_path, PYTHONIOENCODING="ascii")
