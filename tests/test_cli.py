@@ -750,6 +750,71 @@ def test_every_gate_entry_point_fails_a_gate_that_compared_nothing(
     assert "only in 0003_both: benchmarks/test_input_tokens.py::test_input_tokens[" in verdict
 
 
+# Runs ``llmenergy`` with one function made to stop and wait (as a long report, a slow
+# disk or a large storage folder would) once it is reached, after saying so on stderr.
+BLOCKING = """
+import os, sys, time
+from pytest_llmenergy import cli
+from pytest_llmenergy.html import page
+from pytest_llmenergy.storage import store
+
+def blocking(real):
+    def wait(*args, **kwargs):
+        print("blocked", file=sys.stderr, flush=True)
+        time.sleep(60)
+        return real(*args, **kwargs)
+    return wait
+
+where = os.environ["BLOCK_AT"]
+if where == "render":
+    page.render_report = blocking(page.render_report)
+elif where == "fsync":  # the temp file written, not yet renamed into place
+    os.fsync = blocking(os.fsync)
+else:
+    store.Storage.runs = blocking(store.Storage.runs)
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [("render", "report"), ("fsync", "report"), ("runs", "list")],
+)
+def test_ctrl_c_in_any_command_is_one_line_exit_130_and_no_file(
+    tmp_path: Path, where: str, command: str
+) -> None:
+    """Issue 33: Ctrl-C in ``llmenergy report`` printed a KeyboardInterrupt traceback.  A
+    real SIGINT, mid-command: one line, exit 130, and no report nor temp file left."""
+    import signal
+
+    (tmp_path / "run.json").write_text(dumps(sample_run((make_case([0.1, 0.1]),))))
+    (tmp_path / "driver.py").write_text(BLOCKING)
+    argv = ["report", "run.json", "--out", "r.html"] if command == "report" else ["list"]
+    child = subprocess.Popen(
+        [sys.executable, "driver.py", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "BLOCK_AT": where},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stderr is not None
+        assert child.stderr.readline() == "blocked\n"
+        left = sorted(p.name for p in tmp_path.iterdir())
+        if where == "fsync":  # caught between writing the temp file and renaming it
+            assert [n for n in left if n.startswith(".r.html.")], left
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert (child.returncode, out) == (130, "")
+    line = "llmenergy: interrupted; stopped before finishing (no file is left half-written)"
+    assert err == f"{line}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["driver.py", "run.json"]
+
+
 def test_a_console_without_unicode_gets_replacements(root: Path, tmp_path: Path) -> None:
     save(root, [make_case([0.1, 0.12, 0.11])])
     done = run_process([SCRIPT, "--storage", root, "show", "1"], tmp_path, PYTHONIOENCODING="ascii")
