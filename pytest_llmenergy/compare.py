@@ -364,6 +364,7 @@ class Comparison:
     speed_note: str = ""  # how the figures were normalized by the machine's speed
     # The runs are the two sides of one paired run, tested pair of trials by pair.
     paired_trials: bool = False
+    shared: int = 0  # cases measured in both runs
 
     @property
     def failures(self) -> list[Delta]:
@@ -374,14 +375,36 @@ class Comparison:
         return [d for d in self.deltas if d.inconclusive]
 
     @property
+    def all_busy(self) -> bool:
+        """Nothing compared because the machine was busy through every case of this run:
+        inconclusive (the machine's fault, not the code's), as a busy case is."""
+        return not (self.deltas or self.only_in_current or self.shared) and bool(
+            self.busy_unmeasured
+        )
+
+    @property
+    def compared_nothing(self) -> bool:
+        """A gate that judged no figure of any case: renamed tests, another suite, or a
+        figure the cases lack.  It fails, or renaming the tests would pass any gate."""
+        return bool(self.gates) and not self.deltas and not self.all_busy
+
+    @property
     def unsure(self) -> bool:
-        """Something a gate could not judge: what ``--energy-strict`` fails on."""
-        gated = bool(self.gates)
-        return gated and bool(self.inconclusive or self.busy_unmeasured or self.not_comparable)
+        """Something a gate could not judge: what ``--energy-strict`` fails on (cases on
+        one side only among it: a gate must not pass by leaving cases out)."""
+        one_sided = self.only_in_baseline or self.only_in_current
+        return bool(self.gates) and bool(
+            self.inconclusive or self.busy_unmeasured or self.not_comparable or one_sided
+        )
 
     @property
     def failed(self) -> bool:
-        return bool(self.failures)
+        return bool(self.failures) or self.compared_nothing
+
+    def fails(self, strict: bool) -> bool:
+        """The gate's decision; ``strict`` (``--energy-strict``, ``compare --strict``):
+        what it could not judge fails it too."""
+        return self.failed or (strict and self.unsure)
 
 
 def compare_cases(
@@ -494,6 +517,7 @@ def compare_cases(
             else _unnormalized_note(before.values(), after, normalize and not paired, checks)
         ),
         paired_trials=used_pairs,
+        shared=len(now & set(before)),
     )
 
 
@@ -704,32 +728,74 @@ def evidence_line(c: Comparison) -> str:
     return text
 
 
-def verdict_lines(c: Comparison) -> list[str]:
+def verdict_lines(c: Comparison, strict: bool = False) -> list[str]:
     """The gate's verdict, then (gated) what it rests on and the smallest regression it
     could have seen."""
     evidence = evidence_line(c) if c.gates and c.deltas and not c.not_comparable else ""
-    return [verdict_line(c), *([evidence] if evidence else [])]
+    return [verdict_line(c, strict), *([evidence] if evidence else [])]
 
 
-def verdict_line(c: Comparison) -> str:
+def verdict_line(c: Comparison, strict: bool = False) -> str:
+    """One line; ``strict``: what the gate could not judge fails it, and the line says
+    so first."""
+    line = _verdict(c)
+    return f"FAILED (strict): {line}" if strict and c.unsure and not c.failed else line
+
+
+def _listed(names: Sequence[str], limit: int = 8) -> str:
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
+def _nothing_compared(c: Comparison, gates: str) -> str:
+    """Why a gate judged nothing, and what to do."""
+    if c.shared:
+        figures = ", ".join(dict.fromkeys(g.metric for g in c.gates))
+        why = (
+            f"the {c.shared} case(s) in both runs have no {figures} per trial; gate on a "
+            "figure they have (llmenergy metrics lists them)"
+        )
+    elif c.only_in_current:
+        why = (
+            f"none of the {len(c.only_in_current)} case(s) of {c.current_label} is in "
+            f"{c.baseline_label} (renamed tests, or other tests); compare with a run of the "
+            "same tests, or save a new baseline"
+        )
+    else:
+        why = f"{c.current_label} measured no case; run the gated tests, or drop the gate"
+    return f"energy gate FAILED ({gates}): nothing compared: {why}"
+
+
+def _one_sided(c: Comparison) -> str:
+    """The cases a gate did not judge because one run lacks them."""
+    sides = ((c.baseline_label, c.only_in_baseline), (c.current_label, c.only_in_current))
+    parts = [f"only in {label}: {_listed(names)}" for label, names in sides if names]
+    if not parts:
+        return ""
+    return f"; not judged, on one side only: {'; '.join(parts)} (--energy-strict fails on this)"
+
+
+def _verdict(c: Comparison) -> str:
     failures = c.failures
-    if c.not_comparable:
-        return f"not gated: {c.not_comparable}"
-    if not c.deltas and c.busy_unmeasured:
+    gates = ", ".join(str(g) for g in c.gates)
+    if c.all_busy:
         n = len(c.busy_unmeasured)
         return (
             f"energy gate inconclusive: other processes kept the machine busy during every "
             f"trial of {n} case(s), so nothing was compared; rerun on a quiet machine "
             "(--energy-strict fails the session on this)"
         )
+    if c.compared_nothing:
+        return _nothing_compared(c, gates)
+    if c.not_comparable:
+        return f"not gated: {c.not_comparable}"
     if not c.deltas:
         return (
-            f"nothing compared: no case of this run has the compared figures in "
+            f"nothing compared: no case of {c.current_label} has the compared figures in "
             f"{c.baseline_label} (different case ids, or a metric these cases lack)"
         )
     if not c.gates:
         return f"compared {len(c.deltas)} figures against {c.baseline_label}"
-    gates = ", ".join(str(g) for g in c.gates)
     if failures:
         cases = sorted({d.name for d in failures})
         return (
@@ -765,9 +831,9 @@ def verdict_line(c: Comparison) -> str:
             )
         return (
             f"energy gate inconclusive ({gates}): {'; '.join(why)} "
-            f"(--energy-strict fails the session on this){extra}"
+            f"(--energy-strict fails the session on this){extra}{_one_sided(c)}"
         )
-    return f"energy gate passed ({gates}): no significant regression{extra}"
+    return f"energy gate passed ({gates}): no significant regression{extra}{_one_sided(c)}"
 
 
 # -- several runs, side by side (e.g. across hardware) ------------------------------------

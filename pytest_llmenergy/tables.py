@@ -14,6 +14,7 @@ import json
 import math
 import shutil
 import textwrap
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -52,6 +53,27 @@ class Table:
 
     def priority(self, index: int) -> int:
         return self.priorities[index] if index < len(self.priorities) else 0
+
+
+# Characters that change how a terminal or a markdown table shows what follows them: line
+# breaks (a row split in two), other control characters (an escape sequence recolours or
+# clears the terminal) and the bidirectional controls (they reorder the rest of the line).
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _shows_as_itself(c: str) -> bool:
+    return c not in _BIDI_CONTROLS and unicodedata.category(c) not in ("Cc", "Zl", "Zp")
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal or markdown table shows it: names come from tests and run
+    files, so each such character is shown as its escape (``\\n``, ``\\x1b``,
+    ``\\u2028``), as pytest shows a test id's; csv and json keep the text as it is."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if _shows_as_itself(c) else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 def fmt_number(value: float | None, digits: int = 4) -> str:
@@ -113,8 +135,8 @@ def _visible(
     """Headers, cells and alignment of the shown columns: figures right-aligned so their
     magnitudes line up, text left-aligned (decided on raw values, as cells are all text)."""
     keep = [i for i, k in enumerate(table.keys) if k not in table.hidden and i not in left_out]
-    headers = [table.headers[i] for i in keep]
-    cells = [[row[i] for i in keep] for row in table.cells]
+    headers = [printable(table.headers[i]) for i in keep]
+    cells = [[printable(row[i]) for i in keep] for row in table.cells]
 
     def numeric(i: int) -> bool:
         return all(
@@ -158,7 +180,9 @@ def _narrowed(table: Table, width: int) -> tuple[str, list[int]]:
 
 def wrap(text: str, width: int | None, indent: str = "  ") -> list[str]:
     """One logical line as lines of at most ``width`` (a word longer than that stays
-    whole); continuation lines start with ``indent``."""
+    whole); continuation lines start with ``indent``.  Shown ``printable``: a name with a
+    line break or an escape sequence in it stays on its line and changes no colour."""
+    text = printable(text)
     if width is None or len(text) <= width:
         return [text]
     lines = textwrap.wrap(
@@ -205,9 +229,10 @@ def _render_markdown(table: Table) -> str:
         disable_numparse=True,
         colalign=align,
     )
-    parts = [f"### {table.title}", body]
+    parts = [f"### {printable(table.title)}", body]
     if table.legend or table.notes:
-        parts.append("\n>\n".join(f"> {note}" for note in (*table.legend, *table.notes)))
+        notes = (*table.legend, *table.notes)
+        parts.append("\n>\n".join(f"> {printable(note)}" for note in notes))
     return "\n\n".join(parts)
 
 
@@ -219,12 +244,20 @@ def _render_csv(tables: Sequence[Table]) -> str:
         keys.extend(k for k in table.keys if k not in keys)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["group", *keys])
+    # csv quotes a field holding a line break only if the break ends its lines, and they
+    # end in "\n": a row with a "\r" in it is quoted whole, or readers would split it.
+    quoted = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+
+    def write(row: list[Raw]) -> None:
+        carriage = any(isinstance(v, str) and "\r" in v for v in row)
+        (quoted if carriage else writer).writerow(row)
+
+    write(["group", *keys])
     for table in tables:
         for row in table.rows:
             values = dict(zip(table.keys, row))
             cleaned = [clean(values.get(k)) for k in keys]
-            writer.writerow([table.title, *("" if v is None else v for v in cleaned)])
+            write([table.title, *("" if v is None else v for v in cleaned)])
     return out.getvalue()
 
 

@@ -715,6 +715,106 @@ def test_python_dash_m_exits_1_on_a_failed_gate(root: Path, tmp_path: Path) -> N
     assert (done.returncode, done.stdout) == (0, f"llmenergy {__version__}\n")
 
 
+def test_every_gate_entry_point_fails_a_gate_that_compared_nothing(
+    root: Path, tmp_path: Path
+) -> None:
+    """Issue 33: against a run sharing no case, ``compare --fail-on`` said "nothing
+    compared" and exited 0.  It exits 1 with the reason; ``--strict`` also fails on a case
+    in one run only, listed; ``report --gate`` (which never fails) shows the same verdict."""
+    save(root, [make_case(TIGHT)], name="main")
+    save(root, [make_case(TIGHT, model="renamed")], name="pr")
+    gate = ("--fail-on", "j_per_token:5%")
+    done = run_process([*MODULE, "--storage", root, "compare", "main", "pr", *gate], tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "0002_pr: energy gate FAILED (j_per_token:5%): nothing compared: none of the 1 "
+        "case(s) of 0002_pr is in 0001_main (renamed tests, or other tests); compare with a "
+        "run of the same tests, or save a new baseline"
+    )
+    out = tmp_path / "r.html"
+    argv = ("--storage", root, "report", "main", "pr", "--gate", "j_per_token:5%", "--out", out)
+    done = run_process([*MODULE, *argv], tmp_path)
+    assert done.returncode == 0 and done.stdout == f"{out}\n"
+    assert "0002_pr: energy gate FAILED (j_per_token:5%): nothing compared" in done.stderr
+    assert '<p class="verdict failed"' in out.read_text()
+    # one case shared, one on each side only: passes, unless strict
+    save(root, [make_case(TIGHT), make_case(TIGHT, input_tokens=64)], name="both")
+    save(root, [make_case(TIGHT), make_case(TIGHT, input_tokens=128)], name="other")
+    argv = ("--storage", root, "compare", "both", "other", *gate)
+    done = run_process([*MODULE, *argv], tmp_path)
+    assert done.returncode == 0 and "not judged, on one side only" in done.stdout
+    done = run_process([*MODULE, *argv, "--strict"], tmp_path)
+    assert done.returncode == 1
+    verdict = next(line for line in done.stdout.splitlines() if "(strict)" in line)
+    assert verdict.startswith("0004_other: FAILED (strict): energy gate passed (j_per_token:5%)")
+    assert "only in 0003_both: benchmarks/test_input_tokens.py::test_input_tokens[" in verdict
+
+
+# Runs ``llmenergy`` with one function made to stop and wait (as a long report, a slow
+# disk or a large storage folder would) once it is reached, after saying so on stderr.
+BLOCKING = """
+import os, sys, time
+from pytest_llmenergy import cli
+from pytest_llmenergy.html import page
+from pytest_llmenergy.storage import store
+
+def blocking(real):
+    def wait(*args, **kwargs):
+        print("blocked", file=sys.stderr, flush=True)
+        time.sleep(60)
+        return real(*args, **kwargs)
+    return wait
+
+where = os.environ["BLOCK_AT"]
+if where == "render":
+    page.render_report = blocking(page.render_report)
+elif where == "fsync":  # the temp file written, not yet renamed into place
+    os.fsync = blocking(os.fsync)
+else:
+    store.Storage.runs = blocking(store.Storage.runs)
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [("render", "report"), ("fsync", "report"), ("runs", "list")],
+)
+def test_ctrl_c_in_any_command_is_one_line_exit_130_and_no_file(
+    tmp_path: Path, where: str, command: str
+) -> None:
+    """Issue 33: Ctrl-C in ``llmenergy report`` printed a KeyboardInterrupt traceback.  A
+    real SIGINT, mid-command: one line, exit 130, and no report nor temp file left."""
+    import signal
+
+    (tmp_path / "run.json").write_text(dumps(sample_run((make_case([0.1, 0.1]),))))
+    (tmp_path / "driver.py").write_text(BLOCKING)
+    argv = ["report", "run.json", "--out", "r.html"] if command == "report" else ["list"]
+    child = subprocess.Popen(
+        [sys.executable, "driver.py", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "BLOCK_AT": where},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stderr is not None
+        assert child.stderr.readline() == "blocked\n"
+        left = sorted(p.name for p in tmp_path.iterdir())
+        if where == "fsync":  # caught between writing the temp file and renaming it
+            assert [n for n in left if n.startswith(".r.html.")], left
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert (child.returncode, out) == (130, "")
+    line = "llmenergy: interrupted; stopped before finishing (no file is left half-written)"
+    assert err == f"{line}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["driver.py", "run.json"]
+
+
 def test_a_console_without_unicode_gets_replacements(root: Path, tmp_path: Path) -> None:
     save(root, [make_case([0.1, 0.12, 0.11])])
     done = run_process([SCRIPT, "--storage", root, "show", "1"], tmp_path, PYTHONIOENCODING="ascii")

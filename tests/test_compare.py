@@ -263,12 +263,59 @@ def test_lineup_short_labels_and_their_legend() -> None:
     assert text.splitlines()[-3:] == list(lineup.legend)
 
 
-def test_a_gate_that_compares_nothing_says_so() -> None:
-    other = make_case(BASE, input_tokens=999)
-    c = compare_cases([make_case(BASE)], [other], gates=parse_gates("energy_j:5%"))
-    assert not c.deltas and verdict_line(c).startswith("nothing compared")
+def test_a_gate_that_compares_nothing_fails_and_says_why() -> None:
+    """Issue 33: a gate against a run sharing no case passed ("nothing compared", exit 0),
+    so renaming the tests passed any gate.  It fails, saying why and what to do."""
+    gates = parse_gates("energy_j:5%")
+    renamed = make_case(BASE, input_tokens=999)
+    c = compare_cases([make_case(BASE)], [renamed], gates=gates)
+    assert not c.deltas and c.failed and c.fails(strict=False)
+    assert verdict_line(c) == (
+        "energy gate FAILED (energy_j:5%): nothing compared: none of the 1 case(s) of "
+        "current is in baseline (renamed tests, or other tests); compare with a run of the "
+        "same tests, or save a new baseline"
+    )
+    # nothing measured at all, or shared cases lacking the gated figure: failed too
+    none = compare_cases([make_case(BASE)], [], gates=gates)
+    assert none.failed and verdict_line(none).endswith(
+        "nothing compared: current measured no case; run the gated tests, or drop the gate"
+    )
+    bare = [make_case(BASE, prefill_share=None)]
+    lacking = compare_cases(bare, bare, gates=parse_gates("prefill_j_per_in_token:5%"))
+    assert lacking.failed and "the 1 case(s) in both runs have no prefill_j_per_in_token" in (
+        verdict_line(lacking)
+    )
+    # ungated, it is only shown: nothing was asked to pass
+    shown = compare_cases([make_case(BASE)], [renamed], metrics=["energy_j"])
+    assert not shown.failed and verdict_line(shown).startswith("nothing compared")
     one = compare_cases([make_case(BASE)], [make_case([0.5])], gates=parse_gates("time_s:5%"))
     assert verdict_line(one).endswith("1 over the threshold with too few trials to test")
+
+
+def test_strict_fails_on_a_case_present_on_one_side_only() -> None:
+    """Issue 33: ``--energy-strict`` (and ``compare --strict``) fail when a case is in one
+    run only; without it the gate judges the shared cases and lists the others."""
+    gates = parse_gates("energy_j:5%")
+    both = make_case(BASE)
+    gone, new = make_case(BASE, input_tokens=64), make_case(BASE, input_tokens=128)
+    c = compare_cases([both, gone], [both, new], gates=gates)
+    assert len(c.deltas) == 1 and not c.failed and c.unsure
+    assert not c.fails(strict=False) and c.fails(strict=True)
+    one_sided = (
+        "not judged, on one side only: only in baseline: "
+        f"{gone.nodeid}; only in current: {new.nodeid} (--energy-strict fails on this)"
+    )
+    assert verdict_line(c) == (
+        f"energy gate passed (energy_j:5%): no significant regression; {one_sided}"
+    )
+    assert verdict_line(c, strict=True) == f"FAILED (strict): {verdict_line(c)}"
+    # the same cases on both sides: nothing for strict to fail on
+    same = compare_cases([both, gone], [both, gone], gates=gates)
+    assert not same.unsure and not same.fails(strict=True)
+    # a long list is cut in the verdict (the table's notes list every case)
+    many = [make_case(BASE, input_tokens=n) for n in range(10, 30)]
+    cut = verdict_line(compare_cases([both, *many], [both], gates=gates))
+    assert cut.count("::") == 8 and "and 12 more (--energy-strict fails on this)" in cut
 
 
 def test_a_throughput_gate_fails_when_throughput_falls() -> None:

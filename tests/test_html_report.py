@@ -23,6 +23,7 @@ from pytest_llmenergy.html.charts import CHARTS
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import Run, dumps
 from tests.casefactory import make_case, synthetic_run
+from tests.hostile import script_texts
 from tests.test_plugin import assert_one_line_usage_error
 from tests.test_plugin_keep import CASES, REPO
 from tests.test_plugin_suite import TRACE_METER
@@ -231,6 +232,35 @@ def test_energy_report_is_written_at_session_end(project: pytest.Pytester) -> No
     page = (project.path / "again.html").read_text()
     assert "this run against 0001_base (baseline)" in page
     assert "energy gate passed (j_per_token:50%)" in page
+
+
+def test_a_hostile_parametrize_id_leaves_the_page_parsing_as_it_should(
+    project: pytest.Pytester,
+) -> None:
+    """Issue 33: ``<!--<script>`` in a parametrize id kept the table's data element open
+    past its ``</script>`` (the HTML tokenizer's script-data escape states), and the page
+    showed no chart and no row.  Read the way a browser reads it, each data element ends
+    at its own ``</script>``, holds no ``<`` at all, and gives back the ids as they were."""
+    ids = ["<!--<script>", "</script><script>alert(1)</script>", "<!--", "]]>", "\"'&"]
+    project.makepyfile(
+        test_cases=CASES.replace('"n_in", [8, 64]', f'"n_in", [8, 64], ids={ids[:2]!r}'),
+        test_more=CASES.replace('"n_in", [8, 64]', f'"n_in", [8, 64, 16], ids={ids[2:]!r}'),
+    )
+    result = project.runpytest(*COMMON, "--energy-report=r.html")
+    result.assert_outcomes(passed=5)
+    page = (project.path / "r.html").read_text()
+    scripts = script_texts(page)
+    assert set(scripts) == {"cases-data", "llmenergy-specs"}
+    for text in scripts.values():
+        assert "<" not in text and ">" not in text and "&" not in text
+    shown = [row[0] for row in json.loads(scripts["cases-data"])["rows"]]
+    assert sorted(shown) == sorted(f"test_case[{i}]" for i in ids)
+    specs = json.loads(scripts["llmenergy-specs"])
+    charted = {p["case"] for p in specs["jpt_in"]["data"]["values"]}
+    assert charted == set(shown)
+    # after the data, the page's own script is still a script element of its own
+    assert page.rstrip().endswith("</script>\n</body></html>")
+    assert "document.body.dataset.charts = 'drawn'" in page[page.rindex("<script>") :]
 
 
 def test_energy_report_without_a_saved_run_still_has_the_header(project: pytest.Pytester) -> None:

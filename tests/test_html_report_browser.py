@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import re
 import shutil
 import time
@@ -18,8 +19,11 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy.cli import main
+from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.html import write_report
 from pytest_llmenergy.storage.runfile import dumps
 from tests.casefactory import synthetic_run
+from tests.hostile import HOSTILE, hostile_run, script_end
 
 pytest.importorskip("vl_convert")
 
@@ -256,3 +260,91 @@ def test_the_frontier_and_the_routing_threshold_draw(
     assert opened.errors == [] and opened.outside_requests() == []
     opened.page.locator("#chart-frontier").scroll_into_view_if_needed()
     opened.page.screenshot(path=str(shots / "report-frontier-routing.png"), full_page=True)
+
+
+# -- hostile names ------------------------------------------------------------------------
+def test_the_tokenizer_reader_of_the_tests_ends_scripts_where_chromium_does(browser: Any) -> None:
+    """The reader the other tests use to find a script element's end (tests/hostile.py)
+    agrees with Chromium's parser on random mixes of the pieces that move its states."""
+    rng = random.Random(3)
+    pieces = ["<", "/", "!", "-", ">", "script", "SCRIPT", " ", "a", "\t", "<!--", "-->"]
+    pieces += ["</script", "<script"]
+    samples = ["".join(rng.choices(pieces, k=rng.randint(0, 14))) for _ in range(1500)]
+    page = browser.new_page()
+    parsed = page.evaluate(
+        """(samples) => samples.map((s) => new DOMParser().parseFromString(
+             '<body><script id=a>' + s + '</script ><p>x</p>', 'text/html'
+           ).getElementById('a').textContent)""",
+        samples,
+    )
+    page.close()
+    for sample, chromium in zip(samples, parsed):
+        text = sample + "</script ><p>x</p>"
+        assert text[: script_end(text, 0)] == chromium, sample
+
+
+def test_hostile_names_change_nothing_in_how_the_page_parses(
+    browser: Any, tmp_path: Path, shots: Path
+) -> None:
+    """Case names, model labels, run labels and header fields that are markup, comments,
+    script tags, line separators, emoji and very long text: every table row and chart
+    point is there and shows the very text, nothing injected runs, no console error
+    (issue 33: ``<!--<script>`` in a parametrize id left the page blank)."""
+    base, head = hostile_run(seed=1), hostile_run(seed=2, slower=1.3)
+    labels = ["<!--<script>base", "</script><script>window.llmenergyInjected=3</script>"]
+    gates = parse_gates("j_per_token:5%")
+    comparison = compare_cases(
+        base.cases, head.cases, gates=gates, baseline_label=labels[0], current_label=labels[1]
+    )
+    out = write_report(tmp_path / "hostile.html", [base, head], labels, [comparison])
+    dialogs: list[str] = []
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(out.as_uri())
+    page.wait_for_function("document.body.dataset.charts !== undefined", timeout=15_000)
+    assert page.evaluate("document.body.dataset.charts") == "drawn", errors
+    page.screenshot(path=str(shots / "report-hostile-names.png"), full_page=True)
+    assert errors == [] and dialogs == []
+    assert page.evaluate("window.llmenergyInjected") is None
+    assert page.evaluate("document.querySelectorAll('img').length") == 0
+    # every row of the case table, with its name and run as they are
+    names = [c.name for c in base.cases]
+    rows = page.evaluate(
+        "Array.from(document.querySelectorAll('#cases tbody tr'))"
+        ".map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent])"
+    )
+    assert sorted(rows) == sorted([labels[0], n] for n in names) + sorted(
+        [labels[1], n] for n in names
+    )
+    # the comparison's table: a row per case and gated figure, every case named
+    compared = page.evaluate(
+        "Array.from(document.querySelectorAll('#comparison-0 tbody tr'))"
+        ".map((tr) => tr.cells[0].textContent)"
+    )
+    assert len(compared) == len(names) and all(
+        any(n.endswith(shown) or shown in n for n in names) for shown in compared
+    )
+    # every chart drew a point per case and run that has its figure
+    counts = page.evaluate(COUNT_POINTS)
+    drawn = page.evaluate(
+        "Object.fromEntries(Array.from(document.querySelectorAll('.chart'))"
+        ".map((d) => [d.id.slice(6), Number(d.dataset.points)]))"
+    )
+    assert counts == drawn and len(counts) >= 4 and all(counts.values())
+    shown_cases = {
+        p["case"]
+        for p in page.evaluate(
+            "JSON.parse(document.getElementById('llmenergy-specs').textContent)"
+        )["jpt_in"]["data"]["values"]
+    }
+    assert shown_cases <= set(names) and shown_cases
+    # the header's text as given: the machine, commit and meter fields
+    header = page.evaluate(
+        "Array.from(document.querySelectorAll('dl.run dd')).map((dd) => dd.textContent)"
+    )
+    assert f"{HOSTILE[1]} (2 logical cores); GPUs <!--" in header
+    assert "<!--<script>" in page.evaluate("document.querySelector('h1').textContent")
+    assert any(h.endswith(f" on {HOSTILE[0]}") for h in header)

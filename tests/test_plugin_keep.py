@@ -181,6 +181,52 @@ def test_gate_passes_an_unchanged_run_and_reads_the_ini(project: pytest.Pytester
     )
 
 
+def test_a_gate_that_compared_nothing_fails_the_session(project: pytest.Pytester) -> None:
+    """Issue 33: the tests renamed, the gate compared nothing and the session passed."""
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    project.makepyfile(test_cases=CASES.replace("def test_case(", "def test_renamed("))
+    for strict in ((), ("--energy-strict",)):
+        result = run(project, "--energy-compare-fail=j_per_token:5%", *strict)
+        result.assert_outcomes(passed=2)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        assert (
+            "llmenergy: energy gate FAILED (j_per_token:5%): nothing compared: none of the "
+            "2 case(s) of this run is in 0001_base (renamed tests, or other tests); compare "
+            "with a run of the same tests, or save a new baseline"
+        ) in _flat(result)
+    # a session whose gated tests all left (none measured): the gate compared nothing too
+    project.makepyfile(test_cases="def test_plain():\n    pass\n")
+    result = run(project, "--energy-compare-fail=j_per_token:5%", "--energy-compare=base")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "nothing compared: this run measured no case; run the gated tests" in _flat(result)
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_strict_fails_a_gate_that_left_a_case_out(project: pytest.Pytester) -> None:
+    """Issue 33: a case on one side only is not judged; under --energy-strict the session
+    fails and the line lists it."""
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    gate = ("--energy-compare-fail=energy_j:50%", "-k", "8")
+    lenient = run(project, *gate)
+    assert lenient.ret == 0
+    verdict = (
+        "energy gate passed (energy_j:50%): no significant regression; not judged, on one "
+        "side only: only in 0001_base: test_cases.py::test_case[64] (--energy-strict fails "
+        "on this)"
+    )
+    assert f"llmenergy: {verdict}" in _flat(lenient)
+    strict = run(project, *gate, "--energy-strict")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    assert f"llmenergy: FAILED (strict): {verdict}" in _flat(strict)
+
+
+def _flat(result: pytest.RunResult) -> str:
+    """The output with every run of whitespace one space: a long line is wrapped to the
+    terminal's width."""
+    return " ".join(result.stdout.str().split())
+
+
 def test_interrupted_session_keeps_the_cases_it_finished(project: pytest.Pytester) -> None:
     project.makepyfile(
         test_zz_interrupt="""

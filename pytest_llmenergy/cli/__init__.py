@@ -2,8 +2,9 @@
 between systems and plot what that saves.
 
 Exit codes: 0 fine, 1 an energy gate failed, 2 bad input (one line on stderr, no
-traceback).  ``--format csv`` and ``json`` print data only, so they can be piped into
-another program; what people need besides (a gate's verdict) goes to stderr.
+traceback), 130 interrupted (Ctrl-C: one line; each file is written whole or not at all).
+``--format csv`` and ``json`` print data only, so they can be piped into another
+program; what people need besides (a gate's verdict) goes to stderr.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .route_cli import COMMANDS as ROUTE_COMMANDS
 from .runs_cli import COMMANDS as RUNS_COMMANDS
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C stopped
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,6 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.simplefilter("always", DeprecatedName)
         try:
             return _main(argv)
+        except KeyboardInterrupt:  # Ctrl-C, in any command: no traceback
+            print(
+                "llmenergy: interrupted; stopped before finishing (no file is left half-written)",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
         finally:  # also when argparse exits on a usage error
             for warning in caught:
                 if issubclass(warning.category, DeprecatedName):  # an old name: one line

@@ -312,10 +312,9 @@ def _outcome(
     table = comparison_table(comparison)
     out = render([table], args.format, width=table_width(args.format))
     verdicts = [*gate_verdict_lines(comparison), *one_sided]
-    failed = comparison.failed or (args.strict and (bool(one_sided) or comparison.unsure))
-    if not comparison.deltas:
-        failed = True
-        verdicts.insert(0, "energy gate FAILED: no case was measured on both sides")
+    # a gate that compared nothing fails (Comparison.failed); --strict: a case on one
+    # side only, or one the gate could not judge, fails too
+    failed = comparison.fails(args.strict) or (args.strict and bool(one_sided))
     notes = [f"{s}: {coordinator.runs[s]}" for s in SIDES if coordinator.runs.get(s)]
     if args.report:
         notes.append(_write_report(args.report, coordinator, comparison))

@@ -72,8 +72,9 @@ def _compare_arguments(cmp_: argparse.ArgumentParser) -> None:
     cmp_.add_argument(
         "--strict",
         action="store_true",
-        help="also exit 1 when a gate is inconclusive: a case looks worse but the machine "
-        "was busy, or the runs' meters differ (energies not comparable)",
+        help="also exit 1 when a gate could not judge everything: a case looks worse but the "
+        "machine was busy, the runs' meters differ (energies not comparable), or a case is in "
+        "one run only",
     )
     cmp_.add_argument(
         "--confidence",
@@ -190,8 +191,8 @@ def _compare(
         ):
             tables.append(comparison_table(comparison))
             label = comparison.current_label
-            verdicts += [f"{label}: {line}" for line in verdict_lines(comparison)]
-            failed = failed or comparison.failed or (args.strict and comparison.unsure)
+            verdicts += [f"{label}: {line}" for line in verdict_lines(comparison, args.strict)]
+            failed = failed or comparison.fails(args.strict)
     return render(tables, args.format, width=table_width(args.format)), verdicts, failed
 
 

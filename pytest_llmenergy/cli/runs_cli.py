@@ -19,7 +19,7 @@ from ..storage.pool import pool_runs
 from ..storage.recorder import check_json_target
 from ..storage.runfile import COMPLETE, Run, RunFileError, dumps
 from ..storage.store import STORAGE_HELP, AtomicFile, Storage, check_run_name
-from ..tables import FORMATS, Raw, Table, render, wrap
+from ..tables import FORMATS, Raw, Table, printable, render, wrap
 from .cli_args import DATA_FORMATS, TwoOrMore, checked, runs_of, table_width
 
 
@@ -169,7 +169,7 @@ def _show(run: Run, args: argparse.Namespace) -> str:
         return body
     header = _run_header(run)
     if args.format == "markdown":  # one line each, not one paragraph
-        header = [f"- {line}" for line in header]
+        header = [f"- {printable(line)}" for line in header]
     else:
         header = [part for line in header for part in wrap(line, table_width(args.format))]
     return "\n".join([*header, "", body or "no cases in this run"])

@@ -138,9 +138,22 @@ document.querySelectorAll('table.sortable').forEach(function(table){
 """
 
 
+# What a run's text must not put inside a <script> element as itself: ``<`` starts
+# ``</script>`` (which ends the element) and ``<!--`` (whose script-data escape states hide
+# the ``</script>`` after it, so the page's own data never closes); ``>`` and ``&`` are
+# escaped too so that nothing in the element reads as markup to any parser, and the two
+# line separators that some JavaScript engines take for line ends.  Each becomes JSON's
+# own ``\uXXXX`` escape, so ``JSON.parse`` gives back the very same string.
+_SCRIPT_ESCAPES = str.maketrans(
+    {c: f"\\u{ord(c):04x}" for c in ("<", ">", "&", "\u2028", "\u2029")}
+)
+
+
 def _script_json(value: Any) -> str:
-    """JSON safe inside a <script> element: no ``</`` can end it early."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """JSON that no text from a run can change the page's parsing with: inside it no
+    ``<``, ``>`` or ``&`` appears, so the element ends at its own ``</script>``."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.translate(_SCRIPT_ESCAPES)
 
 
 def _sort_value(value: Any) -> Any:
@@ -262,7 +275,7 @@ def _charts_html(charts: list[DrawnChart]) -> str:
     if not charts:
         return '<p class="note">no measured case has a figure to chart</p>'
     divs = "".join(
-        f'<div class="chart" id="chart-{c.key}" data-points="{c.points}" '
+        f'<div class="chart" id="chart-{escape(c.key)}" data-points="{c.points}" '
         f'aria-label="{escape(c.title)}"></div>'
         for c in charts
     )

@@ -171,11 +171,11 @@ class Keeper:
             write(f"the baseline ran on other hardware: {baseline.hardware}")
         for line in render([comparison_table(comparison)], "table", width=width).splitlines():
             terminalreporter.write_line(line)
-        failed = comparison.failed
+        failed = comparison.fails(self.settings.strict)
         unsure = comparison.unsure
         write(
-            verdict_line(comparison),
-            red=failed or (unsure and self.settings.strict),
+            verdict_line(comparison, self.settings.strict),
+            red=failed,
             yellow=unsure and not failed,
             green=not (failed or unsure),
             bold=True,
@@ -275,7 +275,8 @@ class Keeper:
     def finish(self, exitstatus: int) -> bool:
         """Compare, then write the run's last state; True when an energy gate failed."""
         failed = False
-        if self.baseline is not None and self.results:
+        # A gate is judged even when no case ran: a gate that compared nothing fails.
+        if self.baseline is not None and (self.results or self.settings.gates):
             meter = self.metering.meter
             identity = meter.identity() if meter is not None else {}
             drift, drift_note = self._speed_drift()
@@ -294,7 +295,7 @@ class Keeper:
                 history=history,
                 normalize=self.baseline.hardware == self.hardware,
             )
-            failed = self.comparison.failed or (self.settings.strict and self.comparison.unsure)
+            failed = self.comparison.fails(self.settings.strict)
         self._export()
         if self.recorder is not None:
             final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
@@ -402,7 +403,8 @@ KEEP_OPTIONS = Section(
             "strict",
             values.switch,
             "on|off",
-            "fail the session when a gate is inconclusive because the machine was busy",
+            "fail the session when a gate could not judge everything: a case inconclusive "
+            "(busy machine, speed drift), the meters unlike, or a case on one side only",
             const="on",
         ),
         Option(

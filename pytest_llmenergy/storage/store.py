@@ -87,11 +87,11 @@ class AtomicFile:
 
     def write(self, text: str) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
+        try:  # the temp file goes whatever stops the write, Ctrl-C included
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
             if self.written:
                 os.replace(tmp, self.path)
                 self.written = True
