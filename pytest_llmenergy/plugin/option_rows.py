@@ -43,6 +43,11 @@ class Option:
     const: str | None = None  # the value of the bare flag (``--energy-shuffle``)
     ini_name: str | None = None  # only where 0.1.0 named the ini key otherwise
     record: Callable[[Any], Any] | None = None  # how the run file keeps the value
+    # What the value names to write (storage.store's NEW_FILE, DERIVED_FILE or FOLDER),
+    # checked before the session starts; ``paths`` takes the paths out of a value that
+    # names more than one.
+    writes: str = ""
+    paths: Callable[[Any], Sequence[Any]] | None = None
     section: str = field(default="", compare=False)
     settings: type | None = field(default=None, compare=False, repr=False)
 
@@ -215,3 +220,23 @@ def sections_record(sections: Sequence[Section], built: Mapping[str, Any]) -> di
         for option in section.options:
             record[option.name] = option.to_record(getattr(built[section.name], option.field_name))
     return record
+
+
+def check_targets(sections: Sequence[Section], built: Mapping[str, Any], storage: str) -> None:
+    """Every output option's target, before anything starts: a path that cannot be
+    written, or would replace what must stay (a saved run, anything in ``storage``'s
+    hardware folders), stops the session in one line naming the option."""
+    from ..storage.store import check_output
+
+    for section in sections:
+        for option in section.options:
+            value = getattr(built[section.name], option.field_name)
+            if not option.writes or value in (None, "", ()):
+                continue
+            for path in option.paths(value) if option.paths else [value]:
+                try:
+                    check_output(
+                        path, option.writes, storage=storage, label=f"{option.flag}={path}"
+                    )
+                except ConfigError as exc:
+                    raise pytest.UsageError(str(exc)) from None
