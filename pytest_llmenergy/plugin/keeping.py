@@ -459,7 +459,7 @@ KEEP_OPTIONS = Section(
             multiple=True,
             record=lambda exports: [f"{fmt}:{path}" for fmt, path in exports],
             writes=DERIVED_FILE,
-            paths=lambda exports: [path for _, path in exports],
+            paths=lambda exports: [(f"{fmt}:{path}", path) for fmt, path in exports],
         ),
         Option(
             "--energy-report",

@@ -44,10 +44,10 @@ class Option:
     ini_name: str | None = None  # only where 0.1.0 named the ini key otherwise
     record: Callable[[Any], Any] | None = None  # how the run file keeps the value
     # What the value names to write (storage.store's NEW_FILE, DERIVED_FILE or FOLDER),
-    # checked before the session starts; ``paths`` takes the paths out of a value that
-    # names more than one.
+    # checked before the session starts; ``paths`` takes (the text as given, the path)
+    # out of a value that names more than one.
     writes: str = ""
-    paths: Callable[[Any], Sequence[Any]] | None = None
+    paths: Callable[[Any], Sequence[tuple[str, Any]]] | None = None
     section: str = field(default="", compare=False)
     settings: type | None = field(default=None, compare=False, repr=False)
 
@@ -233,10 +233,10 @@ def check_targets(sections: Sequence[Section], built: Mapping[str, Any], storage
             value = getattr(built[section.name], option.field_name)
             if not option.writes or value in (None, "", ()):
                 continue
-            for path in option.paths(value) if option.paths else [value]:
+            for given, path in option.paths(value) if option.paths else [(value, value)]:
                 try:
                     check_output(
-                        path, option.writes, storage=storage, label=f"{option.flag}={path}"
+                        path, option.writes, storage=storage, label=f"{option.flag}={given}"
                     )
                 except ConfigError as exc:
                     raise pytest.UsageError(str(exc)) from None

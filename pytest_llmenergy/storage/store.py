@@ -113,13 +113,27 @@ class AtomicFile:
         replacement); the name is cut so that a long target name still fits."""
         return self.path.with_name(f".{self.path.name[:_TEMP_STEM]}.{os.getpid()}{_TEMP}")
 
+    # Unnamed temporary files (Linux's O_TMPFILE, named through /proc/self/fd); off for
+    # the process once the system refuses to name one.
+    unnamed = bool(getattr(os, "O_TMPFILE", 0)) and os.path.isdir("/proc/self/fd")
+
     def write(self, text: str) -> None:
         if not self._swept:  # once: a crashed writer's leftovers at this name
             sweep_temps(self.path.parent, self.path.name[:_TEMP_STEM])
             self._swept = True
-        fd, named = _open_temp(self)
+        data = text.encode("utf-8")
+        if AtomicFile.unnamed:
+            try:
+                self._write(data, unnamed=True)
+                return
+            except _CannotName:
+                AtomicFile.unnamed = False
+        self._write(data, unnamed=False)
+
+    def _write(self, data: bytes, *, unnamed: bool) -> None:
+        fd, named = _open_temp(self, unnamed)
         try:
-            _write_all(fd, text.encode("utf-8"))
+            _write_all(fd, data)
             os.fsync(fd)
             if named is None:  # unnamed: give it a name only to put it in place
                 if self.written:
@@ -167,16 +181,14 @@ def _numbered(path: Path, n: int) -> Path:
     return path.with_name(f"{path.stem}-{n}{path.suffix}")
 
 
-def _open_temp(owner: AtomicFile) -> tuple[int, Path | None]:
+def _open_temp(owner: AtomicFile, unnamed: bool) -> tuple[int, Path | None]:
     """An unnamed temporary file in the target's folder (Linux: O_TMPFILE), else a named
     one, created exclusively and never through a symbolic link."""
-    folder = owner.path.parent
-    unnamed = getattr(os, "O_TMPFILE", 0)
-    if unnamed and os.path.isdir(_PROC_FDS):
+    if unnamed:
         try:
-            return os.open(folder, unnamed | os.O_WRONLY, 0o644), None
+            return os.open(owner.path.parent, os.O_TMPFILE | os.O_WRONLY, 0o644), None
         except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            if exc.errno not in _NO_UNNAMED:
                 raise  # the folder is missing or not writable: that is the answer
     named = owner.temp_path
     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0)
@@ -188,13 +200,25 @@ def _open_temp(owner: AtomicFile) -> tuple[int, Path | None]:
 
 
 _PROC_FDS = "/proc/self/fd"
+_NO_UNNAMED = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EISDIR, errno.EINVAL}
+
+
+class _CannotName(Exception):
+    """The system made an unnamed file but will not give it a name: use named ones."""
 
 
 def _link_fd(fd: int, target: Path) -> None:
     """Give an unnamed file a name (fails if ``target`` exists)."""
-    fds = os.open(_PROC_FDS, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fds = os.open(_PROC_FDS, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        raise _CannotName from None
     try:
         os.link(str(fd), target, src_dir_fd=fds, follow_symlinks=True)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise _CannotName from None
+        raise
     finally:
         os.close(fds)
 
@@ -209,12 +233,21 @@ def _publish_new(tmp: Path, path: Path) -> None:
     """Make ``tmp`` appear at ``path`` in one step, failing if ``path`` exists."""
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError:  # a file system without hard links: claim the name, then replace
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        # a file system without hard links: claim the name, then replace the claim; a
+        # claim that could not be filled is taken back, so nothing empty is left there
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         os.close(fd)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            path.unlink()
+            raise
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV}
 
 
 def sweep_temps(folder: Path, stem: str | None = None) -> None:
@@ -435,13 +468,13 @@ def check_output(
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= 80 else f"{text[:60]}…{text[-12:]}"
+    return text if len(text) <= 200 else f"{text[:120]}…{text[-20:]}"
 
 
 def _check_length(text: str, shown: str) -> None:
     """Too long for the file system: said now, not as an OSError after the session."""
     raw = os.fsencode(text)
-    longest = max((os.fsencode(part) for part in Path(text).parts), key=len)
+    longest = max((os.fsencode(part) for part in Path(text).parts), key=len, default=b"")
     limit = _name_max(Path(text))
     if len(longest) > limit:
         raise ConfigError(
