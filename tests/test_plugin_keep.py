@@ -484,3 +484,12 @@ def test_two_sessions_given_one_json_path_keep_both(
         "llmenergy: saved 2 case(s) to shared-2.json (shared.json was taken meanwhile, by "
         "another session?)",
     ]
+
+
+def test_two_outputs_of_one_session_never_share_a_path(project: pytest.Pytester) -> None:
+    """An export at the end would replace the run's own JSON: refused at start."""
+    result = run(project, "--energy-json=run.json", "--energy-export=csv:./run.json")
+    assert_one_line_usage_error(
+        result, "--energy-export=csv:run.json: --energy-json=run.json writes there too"
+    )
+    assert not (project.path / "run.json").exists()

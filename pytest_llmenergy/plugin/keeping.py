@@ -238,7 +238,7 @@ class Keeper:
         try:
             path = storage.resolve(spec, hardware=self.hardware)
         except ConfigError as exc:
-            raise pytest.UsageError(f"--energy-compare={spec}: {exc}") from None
+            raise pytest.UsageError(f"{values.shown(f'--energy-compare={spec}')}: {exc}") from None
         try:
             self.baseline = load(path)
         except RunFileError as exc:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from .. import values
 from ..errors import ConfigError
 
 INI_PREFIX = "llmenergy_"
@@ -191,7 +192,8 @@ def _parse(option: Option, text: str, origin: str) -> Any:
     try:
         return option.parse(text)
     except (ConfigError, ValueError) as exc:
-        raise pytest.UsageError(f"{origin}: {exc or 'expected ' + option.metavar}") from None
+        why = exc or f"expected {option.metavar}"
+        raise pytest.UsageError(f"{values.shown(origin)}: {why}") from None
 
 
 def read_sections(config: pytest.Config, sections: Sequence[Section]) -> dict[str, Any]:
@@ -225,18 +227,28 @@ def sections_record(sections: Sequence[Section], built: Mapping[str, Any]) -> di
 def check_targets(sections: Sequence[Section], built: Mapping[str, Any], storage: str) -> None:
     """Every output option's target, before anything starts: a path that cannot be
     written, or would replace what must stay (a saved run, anything in ``storage``'s
-    hardware folders), stops the session in one line naming the option."""
+    hardware folders, another output of this session), stops the session in one line
+    naming the option."""
+    import os
+
     from ..storage.store import check_output
 
+    taken: dict[str, str] = {}  # each output's real path: which option writes there
     for section in sections:
         for option in section.options:
             value = getattr(built[section.name], option.field_name)
             if not option.writes or value in (None, "", ()):
                 continue
             for given, path in option.paths(value) if option.paths else [(value, value)]:
+                label = f"{option.flag}={given}"
                 try:
-                    check_output(
-                        path, option.writes, storage=storage, label=f"{option.flag}={given}"
-                    )
+                    check_output(path, option.writes, storage=storage, label=label)
                 except ConfigError as exc:
                     raise pytest.UsageError(str(exc)) from None
+                real = os.path.realpath(path)
+                if real in taken:
+                    raise pytest.UsageError(
+                        f"{values.shown(label)}: {taken[real]} writes there too; give each "
+                        "output its own path"
+                    )
+                taken[real] = label

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..values import shown
 from .runfile import FORMAT, Run, RunFileError, load
 
 DEFAULT_STORAGE = ".llmenergy"
@@ -349,7 +350,7 @@ class Storage:
         too_long = len(os.fsencode(spec)) >= _PATH_MAX
         if too_long or any(len(os.fsencode(part)) > _NAME_MAX for part in Path(spec).parts):
             raise ConfigError(
-                f"no saved run {_short(spec)!r}: a name that long ({len(spec)} characters) "
+                f"no saved run {shown(spec)!r}: a name that long ({len(spec)} characters) "
                 "names no file; give a run's number, name or path"
             )
         if spec.endswith(".json") and Path(spec).is_file():
@@ -425,25 +426,25 @@ def check_output(
         raise ValueError(f"unknown kind of output {kind!r}")  # a declaration mistake
     folder = kind == FOLDER
     text = os.fspath(path)
-    shown = _short(label or text)
-    lead = f"{shown}: " if label else ""
+    said = shown(label or text)
+    lead = f"{said}: " if label else ""
     if not text.strip():
-        raise ConfigError(f"{shown}: an empty path; give a file or folder name")
-    _check_length(text, shown)
+        raise ConfigError(f"{said}: an empty path; give a file or folder name")
+    _check_length(text, said)
     target = Path(text)
     place = target if folder else target.parent
     try:
         if folder:
             if target.exists() and not target.is_dir():
-                raise ConfigError(f"{shown}: is a file; give a folder")
+                raise ConfigError(f"{said}: is a file; give a folder")
         elif target.is_dir():
-            raise ConfigError(f"{shown}: is a folder; give a file name, e.g. report.html")
+            raise ConfigError(f"{said}: is a folder; give a file name, e.g. report.html")
         elif not place.is_dir():
-            raise ConfigError(f"{shown}: folder {place} does not exist")
+            raise ConfigError(f"{said}: folder {place} does not exist")
         owner = _hardware_folder(place, target.name, storage) if storage is not None else None
         if owner is not None:
             raise ConfigError(
-                f"{shown}: inside {owner}, which holds saved runs and belongs to the "
+                f"{said}: inside {owner}, which holds saved runs and belongs to the "
                 "store; write it outside the storage folder's hardware folders"
             )
         if not folder and os.path.lexists(target):
@@ -461,29 +462,25 @@ def check_output(
             _probe(writable)
         except OSError as exc:
             why = exc.strerror or str(exc)
-            raise ConfigError(f"{shown}: cannot create files in {writable}: {why}") from None
+            raise ConfigError(f"{said}: cannot create files in {writable}: {why}") from None
     except OSError as exc:
-        raise ConfigError(f"{shown}: cannot write there: {exc.strerror or exc}") from None
+        raise ConfigError(f"{said}: cannot write there: {exc.strerror or exc}") from None
     return target
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= 200 else f"{text[:120]}…{text[-20:]}"
-
-
-def _check_length(text: str, shown: str) -> None:
+def _check_length(text: str, said: str) -> None:
     """Too long for the file system: said now, not as an OSError after the session."""
     raw = os.fsencode(text)
     longest = max((os.fsencode(part) for part in Path(text).parts), key=len, default=b"")
     limit = _name_max(Path(text))
     if len(longest) > limit:
         raise ConfigError(
-            f"{shown}: a name of {len(longest)} characters is too long for a file "
+            f"{said}: a name of {len(longest)} characters is too long for a file "
             f"(at most {limit}); choose a shorter path"
         )
     if len(raw) >= _PATH_MAX:
         raise ConfigError(
-            f"{shown}: the path's {len(raw)} characters are too long (at most {_PATH_MAX - 1})"
+            f"{said}: the path's {len(raw)} characters are too long (at most {_PATH_MAX - 1})"
         )
 
 
