@@ -300,8 +300,11 @@ def test_the_store_sweeps_what_a_killed_session_left(tmp_path: Path) -> None:
         os.utime(path, (time.time() - 3600, time.time() - 3600))
     fresh = folder / f".0001_a.json.{dead.stdout.strip()}9.tmp"
     fresh.write_text("being written")
+    no_pid = folder / f".0001_a.json.{'9' * 40}.tmp"  # a name no process can have
+    no_pid.write_text("someone's")
+    os.utime(no_pid, (time.time() - 3600, time.time() - 3600))
     storage.claim(HW, "b")
-    assert not gone.exists() and live.exists() and fresh.exists()
+    assert not gone.exists() and live.exists() and fresh.exists() and no_pid.exists()
     assert [r.path.name for r in storage.runs()] == ["0001_a.json"]
 
 

@@ -230,16 +230,17 @@ def test_a_saved_run_anywhere_is_never_replaced_by_a_derived_file(tmp_path: Path
         ("a" * 300 + ".json", "a name of 305 characters is too long for a file (at most 255)"),
         ("/".join(["d" * 200] * 25), "characters are too long (at most 4095)"),
         ("/proc/run.json", "cannot create files in /proc"),
+        ("/dev/null", "/dev/null is not a regular file (a device or a pipe)"),
         ("", "an empty path"),
     ],
 )
 def test_unwritable_outputs_are_one_line(tmp_path: Path, path: str, needle: str) -> None:
-    from pytest_llmenergy.storage.store import check_output
+    from pytest_llmenergy.storage.store import DERIVED_FILE, check_output
 
     if path.startswith("/proc") and not os.path.isdir("/proc/self"):
         pytest.skip("no /proc here")
     with pytest.raises(ConfigError) as error:
-        check_output(path, storage=tmp_path, label=f"--energy-json={path}")
+        check_output(path, DERIVED_FILE, storage=tmp_path, label=f"--energy-json={path}")
     message = str(error.value)
     assert needle in message and "\n" not in message
     assert message.startswith("--energy-json=") and len(message) < 400  # a long path is cut

@@ -3,6 +3,8 @@
 Runs are numbered per folder.  A number is claimed with an exclusive create, so two
 sessions saving at once get different numbers; a run file appears by an atomic link of
 a complete temporary file, so it is never half-written and never replaces another run.
+``AtomicFile`` is the one way anything is written; ``check_output`` says, before any
+work, whether an output may go where it was asked (the hardware folders are the store's).
 """
 
 from __future__ import annotations
@@ -276,7 +278,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # someone else's process
+    except (OSError, OverflowError, ValueError):  # someone else's, or no pid at all
         return True
     return True
 
@@ -398,6 +400,7 @@ class Storage:
 # hardware folders of a storage root belong to the store alone.  Nothing else is written
 # inside one (a folder that holds a run file or a claim marker, or any name shaped like
 # one), and an existing run file anywhere is never replaced by a derived file.
+#
 # What an output option or argument names: a file that must not exist yet, a file made
 # again from a run at will (an existing one is replaced, a saved run never), or a folder
 # that new files are written into (made if need be).
@@ -448,6 +451,10 @@ def check_output(
                 "store; write it outside the storage folder's hardware folders"
             )
         if not folder and os.path.lexists(target):
+            if os.path.exists(target) and not os.path.isfile(target):
+                raise ConfigError(
+                    f"{lead}{target} is not a regular file (a device or a pipe); give a file name"
+                )
             if kind == NEW_FILE:
                 raise ConfigError(
                     f"{lead}{target} already exists and is never replaced; choose a new path"
