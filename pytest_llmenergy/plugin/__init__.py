@@ -109,7 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if ranks is not None and not ranks.is_main
         else CONTROLLER
     )
-    if role == CONTROLLER and not (config.option.collectonly or config.option.help):
+    if role == CONTROLLER and not (config.option.collectonly or getattr(config.option, "help", 0)):
         check_outputs(options)  # only where files are written, and before anything runs
     features = _features(config, options, ranks, role)
     for name in ROLES[role]:

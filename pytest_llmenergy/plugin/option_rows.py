@@ -12,6 +12,7 @@ option and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,8 +230,6 @@ def check_targets(sections: Sequence[Section], built: Mapping[str, Any], storage
     written, or would replace what must stay (a saved run, anything in ``storage``'s
     hardware folders, another output of this session), stops the session in one line
     naming the option."""
-    import os
-
     from ..storage.store import check_output
 
     taken: dict[str, str] = {}  # each output's real path: which option writes there
