@@ -417,7 +417,7 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_real_full_disk(full_disk: pytest.Pytester, tiny_tmpfs: Path) -> None:
-    (tiny_tmpfs / "filler").write_bytes(b"\0" * 40_000)  # about a run file's room is left
+    (tiny_tmpfs / "filler").write_bytes(b"\0" * 48_000)  # 16 KB left: less than a run needs
     storage = tiny_tmpfs / "runs"
     result = full_disk.runpytest_subprocess(
         *ARGS,

@@ -21,6 +21,7 @@ import pytest
 
 from .. import values
 from ..errors import ConfigError
+from ..storage.store import check_output
 
 INI_PREFIX = "llmenergy_"
 
@@ -230,8 +231,6 @@ def check_targets(sections: Sequence[Section], built: Mapping[str, Any], storage
     written, or would replace what must stay (a saved run, anything in ``storage``'s
     hardware folders, another output of this session), stops the session in one line
     naming the option."""
-    from ..storage.store import check_output
-
     taken: dict[str, str] = {}  # each output's real path: which option writes there
     for section in sections:
         for option in section.options:

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from ..controller.rule import ControllerSettings
+from ..errors import ConfigError
 from ..meters import MeterSettings
 from ..serving.serve_settings import ServeSettings
+from ..storage.store import FOLDER, check_output
 from .cases import CONTROLLER_OPTIONS, ORDER_OPTIONS, OrderSettings, marker_help
 from .deciding import ROUTE_OPTIONS, RouteSectionSettings
 from .generating import LLM_OPTIONS, LLMSettings
@@ -93,9 +95,6 @@ def check_outputs(options: PluginSettings) -> None:
     """Every file and folder the session will write, checked before it starts (so a bad
     path is found before anything is measured, and no run number is used up): the
     output options' targets, and the storage folder when the run is saved."""
-    from ..errors import ConfigError
-    from ..storage.store import FOLDER, check_output
-
     storage = options.keep.storage
     check_targets(SECTIONS, {s.name: getattr(options, s.name) for s in SECTIONS}, storage)
     if options.keep.saving:
