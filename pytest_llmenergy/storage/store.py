@@ -174,6 +174,7 @@ class AtomicFile:
 
 
 _TEMP = ".tmp"
+_MODE = 0o666  # as open() makes files: the umask decides (a team's storage may share)
 _TEMP_STEM = 200  # characters of the target's name kept in a temporary file's name
 _MAX_BESIDE = 999
 _TEMP_FILE = re.compile(r"^\.(.+)\.(\d+)\.tmp$")
@@ -189,17 +190,17 @@ def _open_temp(owner: AtomicFile, unnamed: bool) -> tuple[int, Path | None]:
     one, created exclusively and never through a symbolic link."""
     if unnamed:
         try:
-            return os.open(owner.path.parent, os.O_TMPFILE | os.O_WRONLY, 0o644), None
+            return os.open(owner.path.parent, os.O_TMPFILE | os.O_WRONLY, _MODE), None
         except OSError as exc:
             if exc.errno not in _NO_UNNAMED:
                 raise  # the folder is missing or not writable: that is the answer
     named = owner.temp_path
     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0)
     try:
-        return os.open(named, flags, 0o644), named
+        return os.open(named, flags, _MODE), named
     except FileExistsError:  # our own pid's leftover (a recycled pid): ours to remove
         named.unlink()
-        return os.open(named, flags, 0o644), named
+        return os.open(named, flags, _MODE), named
 
 
 _PROC_FDS = "/proc/self/fd"
