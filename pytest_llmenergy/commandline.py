@@ -38,7 +38,12 @@ class Command:
     (flag, pytest option) pairs, e.g. ``("--lambda", "--energy-route-lambda")``: the
     front end builds them from that option's row (its parser, default, metavar and
     help; the value lands under the row's field name), so the two never drift apart and
-    a package below the plugin can declare them without importing it."""
+    a package below the plugin can declare them without importing it.
+
+    ``writes`` names the arguments that are paths this command writes, as (dest, kind)
+    pairs with a kind from ``storage.store`` (NEW_FILE, DERIVED_FILE, FOLDER): the front
+    end checks each given one before the command runs, so a path that cannot be written,
+    or would replace a saved run, is one line before any work is done."""
 
     name: str
     help: str
@@ -46,6 +51,7 @@ class Command:
     run: Callable[[argparse.Namespace, Any], Outcome]
     common: bool = False
     like_options: tuple[tuple[str, str], ...] = ()
+    writes: tuple[tuple[str, str], ...] = ()
 
 
 def check_commands(commands: Sequence[Command]) -> dict[str, Command]:

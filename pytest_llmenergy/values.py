@@ -163,6 +163,12 @@ def choice(
     return parse
 
 
+def shown(value: str, limit: int = 200) -> str:
+    """A value as an error line quotes it: a very long one (a 300-character path) cut in
+    the middle, so the line still says what was wrong and how to fix it."""
+    return value if len(value) <= limit else f"{value[: limit * 3 // 5]}…{value[-limit // 10 :]}"
+
+
 def text(value: str) -> str:
     """Any non-empty text (a path, a name checked later)."""
     stripped = value.strip()

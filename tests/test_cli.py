@@ -882,3 +882,40 @@ def test_metrics_as_a_table(
     assert j_per_token[-2:] == ["energy_per_token,", "joules_per_token"]
     assert "input + output tokens" in next(x for x in lines if x.startswith("j_per_token "))
     assert lines[-1].startswith("per trial: comparable between runs")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "1", "--out", "{out}"],
+        ["export", "1", "--format", "csv", "--out", "{out}"],
+        ["merge", "1", "2", "--out", "{out}"],
+        ["calibrate", "1", "--out", "{out}"],
+        ["frontier", "1", "--json", "{out}"],
+        ["route", "--profile", "1", "--policy-out", "{out}"],
+    ],
+)
+def test_no_output_replaces_a_saved_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """Onto a run file in the storage folder, or onto anything else in a hardware folder,
+    or onto a saved run copied elsewhere: exit 2, one line, the run untouched."""
+    cases = [make_case([0.1, 0.1, 0.1])]
+    first = save(tmp_path, cases)
+    save(tmp_path, cases)
+    copy = tmp_path / "kept.json"
+    copy.write_bytes(first.read_bytes())
+    before = sorted((p.name, p.read_bytes()) for p in first.parent.iterdir())
+    targets = {
+        str(first): "belongs to the store",
+        str(first.parent / "new-name.out"): "belongs to the store",
+        str(copy): "is a saved run" if command[0] in ("report", "export") else "already exists",
+    }
+    for out, needle in targets.items():
+        argv = [a.format(out=out) for a in command]
+        code, stdout, err = cli(capsys, "--storage", tmp_path, *argv)
+        assert code == 2 and stdout == ""
+        assert err.count("\n") == 1 and err.startswith("llmenergy: error: --")
+        assert needle in err and out in err
+    assert sorted((p.name, p.read_bytes()) for p in first.parent.iterdir()) == before
+    assert copy.read_bytes() == first.read_bytes()

@@ -439,3 +439,103 @@ def test_a_bad_route_workload_stops_the_session_at_start(project: pytest.Pyteste
     (project.path / "bad.csv").write_text("input_tokens,output_tokens\n1,2\n3\n")
     result = run(project, "--energy-route-workload=bad.csv")
     assert_one_line_usage_error(result, "--energy-route-workload", "bad.csv:3")
+
+
+# -- output targets: checked before anything runs, never over what the store owns -----------
+def store_listing(p: pytest.Pytester) -> list[str]:
+    """Everything in the storage folder, dot files (claim markers, temp files) too."""
+    root = p.path / ".llmenergy"
+    return sorted(str(f.relative_to(root)) for f in root.rglob("*")) if root.exists() else []
+
+
+@pytest.mark.parametrize(
+    "option", ["--energy-report={}", "--energy-export=csv:{}", "--energy-json={}"]
+)
+def test_no_output_option_replaces_a_saved_run(project: pytest.Pytester, option: str) -> None:
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    [path] = saved(project)
+    before, listing = path.read_bytes(), store_listing(project)
+    inside = str(path.relative_to(project.path))
+    result = run(project, option.format(inside), "--energy-save=next")
+    assert_one_line_usage_error(result, option.format(inside), "belongs to the store")
+    result.stdout.no_fnmatch_line("*passed*")  # stopped before anything was measured
+    # a copy of a run outside the storage folder is a saved run too (for derived files);
+    # --energy-json never replaces any file
+    copy = project.path / "kept.json"
+    copy.write_bytes(before)
+    result = run(project, option.format("kept.json"), "--energy-save=next")
+    needle = "already exists" if "json" in option else "kept.json is a saved run"
+    assert_one_line_usage_error(result, option.format("kept.json"), needle)
+    assert path.read_bytes() == before and copy.read_bytes() == before
+    assert store_listing(project) == listing  # no run number used up, no temp file
+
+
+def test_an_output_in_a_hardware_folder_is_refused_even_under_a_new_name(
+    project: pytest.Pytester,
+) -> None:
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    folder = saved(project)[0].parent.relative_to(project.path)
+    result = run(project, f"--energy-report={folder}/report.html")
+    assert_one_line_usage_error(result, "--energy-report=", "report.html: inside", str(folder))
+    result = run(project, "--energy-report=.llmenergy/report.html")  # the root is not a run's
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [
+        ("--energy-json={long}.json", "is too long for a file (at most 255)"),
+        ("--energy-report={long}.html", "is too long for a file (at most 255)"),
+        ("--energy-export=csv:{long}.csv", "is too long for a file (at most 255)"),
+        ("--energy-plots={long}", "is too long for a file (at most 255)"),
+        ("--energy-compare={long}", "names no file"),
+        ("--energy-save={long}", "at most 200, as it becomes a file name"),
+        ("--energy-json=/proc/run.json", "cannot create files in /proc"),
+        ("--energy-export=csv:/proc/cases.csv", "cannot create files in /proc"),
+    ],
+)
+def test_bad_output_paths_stop_the_session_at_start(
+    project: pytest.Pytester, option: str, needle: str
+) -> None:
+    """Long names and unwritable folders: one line naming the option, before anything is
+    measured, and no run number used up."""
+    if needle.startswith("cannot create") and not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    given = option.format(long="a" * 300)
+    saving = [] if given.startswith("--energy-save=") else ["--energy-save=s"]
+    result = run(project, *saving, given)
+    assert_one_line_usage_error(result, given.split("=", 1)[0] + "=", needle)
+    result.stdout.no_fnmatch_line("*passed*")
+    assert store_listing(project) == []
+
+
+def test_two_sessions_given_one_json_path_keep_both(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both sessions find the path free at start; the one that writes second keeps its
+    run beside the other's and says where, once."""
+    monkeypatch.setenv("COLUMNS", "300")  # the summary's lines unwrapped
+    project.makeconftest(
+        TRACE_METER
+        + "\ndef pytest_sessionstart(session):  # the other session writes first\n"
+        + "    open('shared.json', 'x').write('the other run')\n"
+    )
+    result = run(project, "--energy-json=shared.json")
+    result.assert_outcomes(passed=2)
+    assert (project.path / "shared.json").read_text() == "the other run"
+    assert len(json.loads((project.path / "shared-2.json").read_text())["cases"]) == 2
+    lines = [line for line in result.stdout.lines if "shared.json" in line]
+    assert lines == [
+        "llmenergy: saving this run to shared.json",
+        "llmenergy: saved 2 case(s) to shared-2.json (shared.json was taken meanwhile, by "
+        "another session?)",
+    ]
+
+
+def test_two_outputs_of_one_session_never_share_a_path(project: pytest.Pytester) -> None:
+    """An export at the end would replace the run's own JSON: refused at start."""
+    result = run(project, "--energy-json=run.json", "--energy-export=csv:./run.json")
+    assert_one_line_usage_error(
+        result, "--energy-export=csv:run.json: --energy-json=run.json writes there too"
+    )
+    assert not (project.path / "run.json").exists()

@@ -160,3 +160,99 @@ def test_a_missing_json_path_is_named_as_a_file(tmp_path: Path) -> None:
     assert storage.resolve(f"{HW}/0001_base.json") == path
     with pytest.raises(RunFileError, match=r"results/run\.json: no such run file"):
         storage.resolve("results/run.json")
+
+
+# -- output targets (store.check_output): what may be written where ------------------------
+def test_check_output_kinds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_llmenergy.storage.store import DERIVED_FILE, FOLDER, NEW_FILE, check_output
+
+    storage = tmp_path / ".llmenergy"
+    mine = tmp_path / "mine.csv"
+    mine.write_text("an earlier export")
+    assert check_output(tmp_path / "new.json", NEW_FILE, storage=storage) == tmp_path / "new.json"
+    with pytest.raises(ConfigError, match=r"mine\.csv already exists and is never replaced"):
+        check_output(mine, NEW_FILE, storage=storage)
+    assert check_output(mine, DERIVED_FILE, storage=storage) == mine  # made again at will
+    with pytest.raises(ConfigError, match=r"--out x/y\.json: folder x does not exist"):
+        monkeypatch.chdir(tmp_path)
+        check_output("x/y.json", storage=storage, label="--out x/y.json")
+    with pytest.raises(ConfigError, match="is a folder; give a file name"):
+        check_output(tmp_path, DERIVED_FILE, storage=storage)
+    assert check_output(tmp_path / "plots" / "deeper", FOLDER, storage=storage)  # made later
+    with pytest.raises(ConfigError, match="is a file; give a folder"):
+        check_output(mine, FOLDER, storage=storage)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.csv"]  # the probe is gone
+
+
+def test_nothing_but_the_store_writes_in_a_hardware_folder(tmp_path: Path) -> None:
+    from pytest_llmenergy.storage.store import DERIVED_FILE, FOLDER, check_output
+
+    storage = Storage(tmp_path / ".llmenergy")
+    run = save(storage, "base")
+    before = run.read_bytes()
+    for target, kind in [
+        (run, DERIVED_FILE),  # the run itself
+        (run.parent / "report.html", DERIVED_FILE),  # any file beside it
+        (run.parent / ".0002.claimed", DERIVED_FILE),  # a claim marker's name
+        (run.parent / "figures", FOLDER),  # a folder in it
+        (run.parent, FOLDER),  # the hardware folder itself
+        (storage.root / "other-hw" / "0001_x.json", DERIVED_FILE),  # a run's name, anywhere
+    ]:
+        (storage.root / "other-hw").mkdir(exist_ok=True)
+        with pytest.raises(ConfigError, match="belongs to the store"):
+            check_output(target, kind, storage=storage.root)
+    # a run reached another way (a relative path, a symbolic link) is still the store's
+    (tmp_path / "link").symlink_to(run.parent)
+    with pytest.raises(ConfigError, match="belongs to the store"):
+        check_output(tmp_path / "link" / "x.csv", DERIVED_FILE, storage=storage.root)
+    # the root itself, and a folder of it without runs, are anyone's
+    assert check_output(storage.root / "report.html", DERIVED_FILE, storage=storage.root)
+    assert check_output(storage.root / "other-hw" / "notes.txt", storage=storage.root)
+    assert run.read_bytes() == before
+
+
+def test_a_saved_run_anywhere_is_never_replaced_by_a_derived_file(tmp_path: Path) -> None:
+    from pytest_llmenergy.storage.store import DERIVED_FILE, check_output
+
+    run = save(Storage(tmp_path / "store"), "base")
+    copy = tmp_path / "kept.json"
+    copy.write_bytes(run.read_bytes())
+    with pytest.raises(ConfigError, match=r"kept\.json is a saved run \(pytest-llmenergy-run\)"):
+        check_output(copy, DERIVED_FILE, storage=None)
+    other = tmp_path / "other.json"
+    other.write_text('{"format": "something-else"}')
+    assert check_output(other, DERIVED_FILE, storage=None) == other
+
+
+@pytest.mark.parametrize(
+    ("path", "needle"),
+    [
+        ("a" * 300 + ".json", "a name of 305 characters is too long for a file (at most 255)"),
+        ("/".join(["d" * 200] * 25), "characters are too long (at most 4095)"),
+        ("/proc/run.json", "cannot create files in /proc"),
+        ("/dev/null", "/dev/null is not a regular file (a device or a pipe)"),
+        ("", "an empty path"),
+    ],
+)
+def test_unwritable_outputs_are_one_line(tmp_path: Path, path: str, needle: str) -> None:
+    from pytest_llmenergy.storage.store import DERIVED_FILE, check_output
+
+    if path.startswith("/proc") and not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    with pytest.raises(ConfigError) as error:
+        check_output(path, DERIVED_FILE, storage=tmp_path, label=f"--energy-json={path}")
+    message = str(error.value)
+    assert needle in message and "\n" not in message
+    assert message.startswith("--energy-json=") and len(message) < 400  # a long path is cut
+
+
+def test_long_names_are_refused_before_a_number_is_claimed(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    with pytest.raises(ConfigError, match="at most 200"):
+        check_run_name("a" * 201)
+    assert check_run_name("a" * 200) == "a" * 200
+    long_run = storage.claim(HW, "a" * 200)  # the longest name still fits, temp file too
+    long_run.write("{}")
+    assert long_run.path.name == "0001_" + "a" * 200 + ".json"
+    with pytest.raises(ConfigError, match="names no file"):
+        storage.resolve("b" * 300)

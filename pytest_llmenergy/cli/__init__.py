@@ -25,7 +25,7 @@ from ..frontier import frontier_cli
 from ..plugin.options import plugin_option
 from ..predict.predict_cli import COMMANDS as PREDICT_COMMANDS
 from ..storage.research import COMMANDS as IMPORT_COMMANDS
-from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage
+from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage, check_output
 from ..tables import FORMATS
 from .ab_cli import COMMANDS as AB_COMMANDS
 from .cli_args import DATA_FORMATS, checked
@@ -201,8 +201,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if rest:
         args.pytest_args = rest
     storage = Storage(args.storage)
+    command = COMMANDS[args.command]
     try:
-        outcome = COMMANDS[args.command].run(args, storage)
+        for dest, kind in command.writes:  # before any work: one line, exit 2
+            value = getattr(args, dest, None)
+            if value:
+                flag = f"--{dest.replace('_', '-')}"
+                check_output(value, kind, storage=storage.root, label=f"{flag} {value}")
+        outcome = command.run(args, storage)
     except LLMEnergyError as exc:  # RunFileError, ConfigError: they name what is wrong
         return _error(str(exc))
     except OSError as exc:  # a storage folder that cannot be listed

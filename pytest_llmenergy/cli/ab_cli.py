@@ -36,7 +36,7 @@ from ..figures import FIGURES
 from ..pairing.channel import BASE, ENV, HEAD, SIDES
 from ..pairing.coordinator import Coordinator, accept_sides, listen
 from ..pairing.turns import GateRule
-from ..storage.store import Storage, check_run_name
+from ..storage.store import DERIVED_FILE, Storage, check_run_name
 from ..tables import render
 from .cli_args import checked, table_width
 
@@ -347,5 +347,6 @@ COMMANDS = (
         _arguments,
         run_ab,
         common=True,
+        writes=(("report", DERIVED_FILE),),
     ),
 )

@@ -33,7 +33,7 @@ from ..figures import (
 from ..meters.reference import speed_drift
 from ..sessions import DEFAULT_SESSION_NOISE
 from ..storage.runfile import Run
-from ..storage.store import STORAGE_HELP, Storage
+from ..storage.store import DERIVED_FILE, FOLDER, STORAGE_HELP, Storage
 from ..tables import FORMATS, Table, render
 from .cli_args import TwoOrMore, checked, runs_of, table_width
 
@@ -370,6 +370,7 @@ COMMANDS: tuple[Command, ...] = (
         _report_arguments,
         lambda args, storage: Outcome(*_report(runs_of(args, storage), args, storage)),
         like_options=(("--session-noise", "--energy-session-noise"),),
+        writes=(("out", DERIVED_FILE),),
     ),
     Command(
         "scale",
@@ -378,6 +379,7 @@ COMMANDS: tuple[Command, ...] = (
         _scale_arguments,
         lambda args, storage: Outcome(*_scale(runs_of(args, storage), args)),
         common=True,
+        writes=(("plot", FOLDER),),
     ),
     Command(
         "gatecheck",

@@ -18,7 +18,7 @@ from ..routing.policy import write_policies
 from ..routing.profile import Profile, profiles_from_run, read_profile_csv
 from ..routing.route_tables import ROUTE_FORMATS, render_routed
 from ..routing.workload import alpaca
-from ..storage.store import STORAGE_HELP, Storage
+from ..storage.store import FOLDER, NEW_FILE, STORAGE_HELP, Storage
 from .cli_args import checked, table_width
 
 
@@ -178,6 +178,7 @@ COMMANDS: tuple[Command, ...] = (
         _route_arguments,
         lambda args, storage: Outcome(*_route(args, storage)),
         like_options=ROUTING_LIKE_OPTIONS,
+        writes=(("policy_out", NEW_FILE),),
     ),
     Command(
         "plot",
@@ -186,5 +187,6 @@ COMMANDS: tuple[Command, ...] = (
         _plot_arguments,
         lambda args, storage: Outcome(*_plot(args, storage)),
         like_options=ROUTING_LIKE_OPTIONS,
+        writes=(("out", FOLDER),),
     ),
 )

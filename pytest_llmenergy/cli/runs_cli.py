@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .. import report
@@ -16,9 +17,15 @@ from ..figures import (
     describe,
 )
 from ..storage.pool import pool_runs
-from ..storage.recorder import check_json_target
 from ..storage.runfile import COMPLETE, Run, RunFileError, dumps
-from ..storage.store import STORAGE_HELP, AtomicFile, Storage, check_run_name
+from ..storage.store import (
+    DERIVED_FILE,
+    NEW_FILE,
+    STORAGE_HELP,
+    AtomicFile,
+    Storage,
+    check_run_name,
+)
 from ..tables import FORMATS, Raw, Table, printable, render, wrap
 from .cli_args import DATA_FORMATS, TwoOrMore, checked, runs_of, table_width
 
@@ -178,7 +185,7 @@ def _show(run: Run, args: argparse.Namespace) -> str:
 def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
     """Write the pooled run; stdout gets its path (for scripts), stderr what was pooled."""
     pooled = pool_runs(runs, name=args.name)
-    target = check_json_target(args.out)
+    target = Path(args.out)  # checked by the front end (the command's ``writes``)
     try:
         AtomicFile(target).write(dumps(pooled))
     except FileExistsError:
@@ -192,7 +199,7 @@ def _export(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
     text = export_text(run.cases, args.format)
     if not args.out:
         return text, []
-    target = check_json_target(args.out, derived=True)
+    target = Path(args.out)  # checked by the front end: never a saved run
     AtomicFile(target, derived=True).write(text)  # an export is made again at will
     return str(target), [f"exported {len(run.cases)} case(s) of {run.label} as {args.format}"]
 
@@ -264,6 +271,7 @@ COMMANDS: tuple[Command, ...] = (
         "request's base measured twice, alternating with its head), to compare or gate",
         _merge_arguments,
         lambda args, storage: Outcome(*_merge(runs_of(args, storage), args)),
+        writes=(("out", NEW_FILE),),
     ),
     Command(
         "export",
@@ -271,6 +279,7 @@ COMMANDS: tuple[Command, ...] = (
         "(customSmallerIsBetter) for CI dashboards, or CSV",
         _export_arguments,
         lambda args, storage: Outcome(*_export(storage.load(args.run), args)),
+        writes=(("out", DERIVED_FILE),),
     ),
     Command(
         "metrics",

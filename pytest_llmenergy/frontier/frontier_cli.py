@@ -17,6 +17,7 @@ from ..commandline import ROUTING_LIKE_OPTIONS, Command, Outcome
 from ..errors import ConfigError
 from ..gpu.control import StateFile, default_state_path, recover
 from ..storage.runfile import Run
+from ..storage.store import FOLDER, NEW_FILE, AtomicFile
 from ..tables import render
 from . import (
     at_best_settings,
@@ -116,9 +117,8 @@ def frontier_command(runs: list[Run], args: argparse.Namespace) -> tuple[str, li
         document["routes"] = routes
     if args.json:
         path = Path(args.json)
-        try:
-            with path.open("x") as f:
-                json.dump(document, f, indent=1)
+        try:  # whole or not at all, and never over a file that appeared meanwhile
+            AtomicFile(path).write(json.dumps(document, indent=1))
         except FileExistsError:
             raise ConfigError(f"--json {path}: the file exists; choose another name") from None
         notes.append(f"frontier written to {path}")
@@ -184,5 +184,6 @@ COMMANDS: tuple[Command, ...] = (
         _frontier,
         common=True,
         like_options=(("--max-slowdown", "--energy-max-slowdown"), *ROUTING_LIKE_OPTIONS),
+        writes=(("json", NEW_FILE), ("plots", FOLDER)),
     ),
 )

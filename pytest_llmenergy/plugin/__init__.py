@@ -49,7 +49,7 @@ from .gpu_settings import GPU_TUNING, GpuTuning, setting_fixture
 from .interleaving import INTERLEAVING, Interleaving
 from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
-from .options import PluginSettings, add_options, marker_help, read_options
+from .options import PluginSettings, add_options, check_outputs, marker_help, read_options
 from .pairing import PAIRED_SIDE, PairedSide
 from .reporting import HTML_REPORTING, HtmlReporting
 from .serving import SERVING, Serving, attribute_server, check_settings
@@ -113,6 +113,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if ranks is not None and not ranks.is_main
         else CONTROLLER
     )
+    if role == CONTROLLER and not (config.option.collectonly or getattr(config.option, "help", 0)):
+        check_outputs(options)  # only where files are written, and before anything runs
     features = _features(config, options, ranks, role)
     for name in ROLES[role]:
         if features.get(name) is not None:

@@ -16,6 +16,7 @@ from .. import values
 from ..errors import LLMEnergyError
 from ..results import CaseResult
 from ..routing import BY_CHOICES, INPUT
+from ..storage.store import FOLDER
 from ..tables import render
 from .keeping import Keeper
 from .measuring import header_lines
@@ -197,6 +198,7 @@ ROUTE_OPTIONS = Section(
             "write figures (PNG) to DIR at the end: energy per token and runtime per model; "
             "with a run from other hardware, workload totals against the threshold and the "
             "Pareto front (needs matplotlib)",
+            writes=FOLDER,
         ),
     ),
 )

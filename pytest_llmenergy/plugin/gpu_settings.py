@@ -45,6 +45,7 @@ from ..gpu.settings import (
 )
 from ..gpu.telemetry import TrialTelemetry
 from ..results import CaseResult
+from ..storage.store import NEW_FILE, AtomicFile
 from ..tables import render
 from .cases import BENCHMARK_FIXTURE
 from .measuring import header_lines
@@ -264,9 +265,8 @@ class GpuTuning:
         system = self.system() or platform.node() or "this machine"
         if items and self.options.frontier_json:
             path = Path(self.options.frontier_json)
-            try:
-                with path.open("x") as f:
-                    json.dump(frontier_json(items, system), f, indent=1)
+            try:  # whole or not at all, and never over a file that appeared meanwhile
+                AtomicFile(path).write(json.dumps(frontier_json(items, system), indent=1))
                 terminalreporter.write_line(f"llmenergy: frontier written to {path}")
             except OSError as exc:
                 terminalreporter.write_line(
@@ -355,6 +355,7 @@ GPU_OPTIONS = Section(
             "PATH",
             "also write the time-energy frontier and the per-token-range setting policy to "
             "PATH (must not exist yet)",
+            writes=NEW_FILE,
         ),
     ),
 )

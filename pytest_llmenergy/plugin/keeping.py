@@ -32,9 +32,16 @@ from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, export_text, parse_exports
 from ..meters.reference import reference_s, speed_drift
 from ..results import CaseResult
 from ..sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, parse_session_noise
-from ..storage.recorder import RunRecorder, autosave_name, check_json_target, new_run
+from ..storage.recorder import RunRecorder, autosave_name, new_run
 from ..storage.runfile import COMPLETE, Run, RunFileError, load
-from ..storage.store import DEFAULT_STORAGE, AtomicFile, Storage, check_run_name
+from ..storage.store import (
+    DEFAULT_STORAGE,
+    DERIVED_FILE,
+    NEW_FILE,
+    AtomicFile,
+    Storage,
+    check_run_name,
+)
 from ..tables import render
 from .measuring import Metering, header_lines
 from .option_rows import Option, Section
@@ -147,17 +154,15 @@ class Keeper:
             for part in header_lines(self.config, [line]):
                 terminalreporter.write_line(part, **markup)
 
-        for path in self.saved_paths:
-            write(f"saved {len(self.results)} case(s) to {path}")
+        if self.recorder is not None:  # what each file holds, or what it does not
+            for line, failed in self.recorder.summary():
+                write(line, red=failed)
         for fmt, path in self.exported:
             write(f"exported {len(self.results)} case(s) as {fmt} to {path}")
         for error in self.export_errors:
             write(error, red=True)
-        if self.recorder is not None:
-            if not self.results:
-                write("no energy benchmark case ran; no run saved")
-            for error in self.recorder.errors:
-                write(error, red=True)
+        if self.recorder is not None and not self.results:
+            write("no energy benchmark case ran; no run saved")
         if self.baseline_note:
             write(self.baseline_note, yellow=True)
         comparison = self.comparison
@@ -199,11 +204,6 @@ class Keeper:
         storage = Storage(keep.storage)
         if keep.compare:
             self._load_baseline(storage, keep.compare)
-        for fmt, path in keep.exports:
-            try:
-                check_json_target(str(path), derived=True)
-            except ConfigError as exc:
-                raise pytest.UsageError(f"--energy-export={fmt}:{path}: {exc}") from None
         if self.config.option.collectonly or not (
             keep.saving or keep.json_path or keep.report_path
         ):
@@ -221,10 +221,7 @@ class Keeper:
         self.header_run = header
         if not (keep.saving or keep.json_path):
             return
-        try:
-            json_path = check_json_target(keep.json_path) if keep.json_path else None
-        except ConfigError as exc:
-            raise pytest.UsageError(f"--energy-json: {exc}") from None
+        json_path = Path(keep.json_path) if keep.json_path else None  # checked at configure
         try:
             self.recorder = RunRecorder(
                 header, storage=storage if keep.saving else None, json_path=json_path
@@ -241,7 +238,7 @@ class Keeper:
         try:
             path = storage.resolve(spec, hardware=self.hardware)
         except ConfigError as exc:
-            raise pytest.UsageError(f"--energy-compare={spec}: {exc}") from None
+            raise pytest.UsageError(f"{values.shown(f'--energy-compare={spec}')}: {exc}") from None
         try:
             self.baseline = load(path)
         except RunFileError as exc:
@@ -412,7 +409,9 @@ KEEP_OPTIONS = Section(
             "json_path",
             values.text,
             "PATH",
-            "also write this run to PATH (which must not exist yet)",
+            "also write this run to PATH (which must not exist yet; if another session "
+            "takes it meanwhile, this run goes beside it as PATH-2, ...)",
+            writes=NEW_FILE,
         ),
         Option(
             "--energy-storage",
@@ -457,10 +456,12 @@ KEEP_OPTIONS = Section(
             "FORMAT:PATH",
             "also write this run's figures for other tools, e.g. "
             f"{EXPORT_EXAMPLES}: {{choices}} (repeatable; an export is derived from the run, "
-            "so an existing PATH is replaced)",
+            "so an existing PATH is replaced; a saved run never is)",
             choices=lambda: EXPORT_FORMATS,
             multiple=True,
             record=lambda exports: [f"{fmt}:{path}" for fmt, path in exports],
+            writes=DERIVED_FILE,
+            paths=lambda exports: [(f"{fmt}:{path}", path) for fmt, path in exports],
         ),
         Option(
             "--energy-report",
@@ -469,7 +470,8 @@ KEEP_OPTIONS = Section(
             "PATH",
             "also write one self-contained HTML report of this run to PATH at the end (charts, "
             "every figure per case, the comparison with --energy-compare's run); an existing "
-            "file is replaced (needs vl-convert-python: the report extra)",
+            "file is replaced, a saved run never (needs vl-convert-python: the report extra)",
+            writes=DERIVED_FILE,
         ),
     ),
 )

@@ -12,13 +12,16 @@ option and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from .. import values
 from ..errors import ConfigError
+from ..storage.store import check_output
 
 INI_PREFIX = "llmenergy_"
 
@@ -43,6 +46,11 @@ class Option:
     const: str | None = None  # the value of the bare flag (``--energy-shuffle``)
     ini_name: str | None = None  # only where 0.1.0 named the ini key otherwise
     record: Callable[[Any], Any] | None = None  # how the run file keeps the value
+    # What the value names to write (storage.store's NEW_FILE, DERIVED_FILE or FOLDER),
+    # checked before the session starts; ``paths`` takes (the text as given, the path)
+    # out of a value that names more than one.
+    writes: str = ""
+    paths: Callable[[Any], Sequence[tuple[str, Any]]] | None = None
     section: str = field(default="", compare=False)
     settings: type | None = field(default=None, compare=False, repr=False)
 
@@ -186,7 +194,8 @@ def _parse(option: Option, text: str, origin: str) -> Any:
     try:
         return option.parse(text)
     except (ConfigError, ValueError) as exc:
-        raise pytest.UsageError(f"{origin}: {exc or 'expected ' + option.metavar}") from None
+        why = exc or f"expected {option.metavar}"
+        raise pytest.UsageError(f"{values.shown(origin)}: {why}") from None
 
 
 def read_sections(config: pytest.Config, sections: Sequence[Section]) -> dict[str, Any]:
@@ -215,3 +224,29 @@ def sections_record(sections: Sequence[Section], built: Mapping[str, Any]) -> di
         for option in section.options:
             record[option.name] = option.to_record(getattr(built[section.name], option.field_name))
     return record
+
+
+def check_targets(sections: Sequence[Section], built: Mapping[str, Any], storage: str) -> None:
+    """Every output option's target, before anything starts: a path that cannot be
+    written, or would replace what must stay (a saved run, anything in ``storage``'s
+    hardware folders, another output of this session), stops the session in one line
+    naming the option."""
+    taken: dict[str, str] = {}  # each output's real path: which option writes there
+    for section in sections:
+        for option in section.options:
+            value = getattr(built[section.name], option.field_name)
+            if not option.writes or value in (None, "", ()):
+                continue
+            for given, path in option.paths(value) if option.paths else [(value, value)]:
+                label = f"{option.flag}={given}"
+                try:
+                    check_output(path, option.writes, storage=storage, label=label)
+                except ConfigError as exc:
+                    raise pytest.UsageError(str(exc)) from None
+                real = os.path.realpath(path)
+                if real in taken:
+                    raise pytest.UsageError(
+                        f"{values.shown(label)}: {taken[real]} writes there too; give each "
+                        "output its own path"
+                    )
+                taken[real] = label

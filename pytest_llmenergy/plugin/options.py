@@ -17,15 +17,24 @@ from typing import Any
 import pytest
 
 from ..controller.rule import ControllerSettings
+from ..errors import ConfigError
 from ..meters import MeterSettings
 from ..serving.serve_settings import ServeSettings
+from ..storage.store import FOLDER, check_output
 from .cases import CONTROLLER_OPTIONS, ORDER_OPTIONS, OrderSettings, marker_help
 from .deciding import ROUTE_OPTIONS, RouteSectionSettings
 from .generating import LLM_OPTIONS, LLMSettings
 from .gpu_settings import GPU_OPTIONS, GpuSettings
 from .keeping import KEEP_OPTIONS, KeepSettings
 from .measuring import MEASURE_OPTIONS, METER_OPTIONS, MeasureSettings
-from .option_rows import INI_PREFIX, Option, Section, read_sections, sections_record
+from .option_rows import (
+    INI_PREFIX,
+    Option,
+    Section,
+    check_targets,
+    read_sections,
+    sections_record,
+)
 from .option_rows import add_options as add_section_options
 from .serving import SERVE_OPTIONS
 from .showing import REPORT_OPTIONS, ReportSettings
@@ -80,3 +89,16 @@ def read_options(config: pytest.Config) -> PluginSettings:
     """Parse every option once; the settings get the given values over their defaults."""
     sections = read_sections(config, SECTIONS)
     return PluginSettings(**sections, record=sections_record(SECTIONS, sections))
+
+
+def check_outputs(options: PluginSettings) -> None:
+    """Every file and folder the session will write, checked before it starts (so a bad
+    path is found before anything is measured, and no run number is used up): the
+    output options' targets, and the storage folder when the run is saved."""
+    storage = options.keep.storage
+    check_targets(SECTIONS, {s.name: getattr(options, s.name) for s in SECTIONS}, storage)
+    if options.keep.saving:
+        try:
+            check_output(storage, FOLDER, storage=None, label=f"--energy-storage={storage}")
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None

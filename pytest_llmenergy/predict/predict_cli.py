@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from ..commandline import Command, Outcome
 from ..errors import ConfigError
-from ..storage.store import STORAGE_HELP
+from ..storage.store import NEW_FILE, STORAGE_HELP
 from .calibrate import FORMS
 
 _OUT_FORMATS = ("table", "json")
@@ -163,11 +164,10 @@ def _sizes(text: str, what: str) -> list[int]:
 
 
 def calibrate_command(args: argparse.Namespace, storage: Any) -> tuple[str, list[str]]:
-    from ..storage.recorder import check_json_target
     from ..storage.store import AtomicFile
     from .calibrate import calibrate_runs
 
-    target = check_json_target(args.out)
+    target = Path(args.out)  # checked by the front end (the command's ``writes``)
     runs = [storage.load(spec) for spec in args.runs]
     data = calibrate_runs(runs, [str(spec) for spec in args.runs], form=args.form)
     try:
@@ -413,6 +413,7 @@ COMMANDS: tuple[Command, ...] = (
         "fit the operator-class time/energy model to saved runs, per system and setting",
         _calibrate_arguments,
         _calibrate,
+        writes=(("out", NEW_FILE),),
     ),
     Command(
         "predict",

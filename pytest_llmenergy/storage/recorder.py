@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
 from ..results import CaseResult
 from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run, dumps, encode_case
 from .store import AtomicFile, Storage
@@ -50,15 +50,35 @@ def autosave_name(commit: dict[str, Any], now: datetime | None = None) -> str:
     return name + "_uncommitted-changes" if commit.get("dirty") else name
 
 
-def check_json_target(path: str, *, derived: bool = False) -> Path:
-    """``--energy-json`` never replaces a file: say so at start, not after the run.  A
-    ``derived`` file (an export) may replace one; its folder must exist all the same."""
-    target = Path(path)
-    if target.exists() and not derived:
-        raise ConfigError(f"{path} already exists; runs are never overwritten, choose a new path")
-    if not target.parent.is_dir():
-        raise ConfigError(f"{path}: folder {target.parent} does not exist")
-    return target
+@dataclass(frozen=True)
+class Kept:
+    """What one of a run's files holds after its latest write: the truth the session's
+    summary tells (a write that failed leaves the file as its last good write left it)."""
+
+    path: Path  # where it is: a numbered name beside ``asked`` if that was taken
+    asked: Path
+    cases: int = 0  # cases in the file on disk; 0 with status "": no file
+    status: str = ""
+    error: str = ""  # why the latest write failed; "" when it did not
+
+    def line(self, measured: int) -> str:
+        """One line: what was saved where, or what was not and why."""
+        where = str(self.path)
+        if self.path != self.asked:
+            where += f" ({self.asked} was taken meanwhile, by another session?)"
+        if not self.error:
+            return f"saved {self.cases} case(s) to {where}"
+        if not self.status:
+            return f"not saved: {measured} case(s) measured, none written to {where}: {self.error}"
+        if self.cases < measured:
+            return (
+                f"saved only {self.cases} of {measured} case(s) to {where}, marked "
+                f"{self.status}: {self.error}"
+            )
+        return (
+            f"saved {self.cases} case(s) to {where}, but it stays marked {self.status}: "
+            f"{self.error}"
+        )
 
 
 class RunRecorder:
@@ -77,9 +97,9 @@ class RunRecorder:
             claimed = storage.claim(header.hardware, header.name)
             self.files.append(claimed)
             self.run = dataclasses.replace(self.run, run_id=claimed.path.name.split("_", 1)[0])
-        if json_path is not None:
-            self.files.append(AtomicFile(json_path))
-        self.errors: list[str] = []
+        if json_path is not None:  # another session may take the name first: go beside it
+            self.files.append(AtomicFile(json_path, beside=True))
+        self.kept = [Kept(f.path, f.path) for f in self.files]
         self._encoded: list[str] = []  # cases only ever get appended: encode each once
 
     @property
@@ -89,6 +109,20 @@ class RunRecorder:
     @property
     def written_paths(self) -> list[Path]:
         return [f.path for f in self.files if f.written]
+
+    @property
+    def errors(self) -> list[str]:
+        """One line per file whose latest write failed."""
+        return [self._line(k) for k in self.kept if k.error]
+
+    def summary(self) -> list[tuple[str, bool]]:
+        """Each file's line, and whether it tells of a failure; nothing before a case."""
+        if not self.run.cases:
+            return []
+        return [(self._line(k), bool(k.error)) for k in self.kept]
+
+    def _line(self, kept: Kept) -> str:
+        return kept.line(len(self.run.cases))
 
     def add(self, cases: Sequence[CaseResult]) -> None:
         self.run = dataclasses.replace(self.run, cases=tuple(cases))
@@ -118,11 +152,15 @@ class RunRecorder:
             self._encoded = []
         self._encoded += [encode_case(c) for c in cases[len(self._encoded) :]]
         text = dumps(self.run, self._encoded)
-        for f in self.files:
+        for i, f in enumerate(self.files):
             try:
                 f.write(text)
-            except OSError as exc:
-                self.errors.append(f"could not write {f.path}: {exc.strerror or exc}")
+            except OSError as exc:  # kept as it was: said once, at the end
+                self.kept[i] = dataclasses.replace(
+                    self.kept[i], path=f.path, error=exc.strerror or str(exc)
+                )
+            else:
+                self.kept[i] = Kept(f.path, f.asked, len(cases), self.run.status)
 
 
 def new_run(
@@ -150,4 +188,4 @@ def new_run(
     )
 
 
-__all__ = ["RunRecorder", "autosave_name", "check_json_target", "jsonable", "new_run"]
+__all__ = ["Kept", "RunRecorder", "autosave_name", "jsonable", "new_run"]
