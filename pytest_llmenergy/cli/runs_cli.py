@@ -20,7 +20,7 @@ from ..storage.recorder import check_json_target
 from ..storage.runfile import COMPLETE, Run, RunFileError, dumps
 from ..storage.store import STORAGE_HELP, AtomicFile, Storage, check_run_name
 from ..tables import FORMATS, Raw, Table, render, wrap
-from .cli_args import DATA_FORMATS, TwoOrMore, checked, runs_of, table_width
+from .cli_args import DATA_FORMATS, TwoOrMore, checked, counted, runs_of, table_width
 
 
 def _list_arguments(ls: argparse.ArgumentParser) -> None:
@@ -175,8 +175,8 @@ def _show(run: Run, args: argparse.Namespace) -> str:
     return "\n".join([*header, "", body or "no cases in this run"])
 
 
-def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
-    """Write the pooled run; stdout gets its path (for scripts), stderr what was pooled."""
+def _merge(runs: list[Run], args: argparse.Namespace) -> str:
+    """Write the pooled run and say what it holds."""
     pooled = pool_runs(runs, name=args.name)
     target = check_json_target(args.out)
     try:
@@ -184,17 +184,17 @@ def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
     except FileExistsError:
         raise ConfigError(f"{target} already exists; runs are never overwritten") from None
     trials = sum(len(c.trials) for c in pooled.cases)
-    note = f"pooled {len(runs)} runs into {target}: {len(pooled.cases)} case(s), {trials} trials"
-    return str(target), [note]
+    return f"wrote {target} ({counted(runs)}, {trials} trials, pooled into one run)"
 
 
-def _export(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
+def _export(run: Run, args: argparse.Namespace) -> str:
+    """The export on stdout (data, for pipes), or written to --out and said so."""
     text = export_text(run.cases, args.format)
     if not args.out:
-        return text, []
+        return text
     target = check_json_target(args.out, derived=True)
     AtomicFile(target, derived=True).write(text)  # an export is made again at will
-    return str(target), [f"exported {len(run.cases)} case(s) of {run.label} as {args.format}"]
+    return f"wrote {target} ({len(run.cases)} case(s) of {run.label} as {args.format})"
 
 
 def _metrics(fmt: str) -> str:
@@ -262,14 +262,14 @@ COMMANDS: tuple[Command, ...] = (
         "pool runs of the same cases on the same hardware into one run (e.g. a pull "
         "request's base measured twice, alternating with its head), to compare or gate",
         _merge_arguments,
-        lambda args, storage: Outcome(*_merge(runs_of(args, storage), args)),
+        lambda args, storage: Outcome(_merge(runs_of(args, storage), args)),
     ),
     Command(
         "export",
         "one run's figures for other tools: github-action-benchmark's JSON "
         "(customSmallerIsBetter) for CI dashboards, or CSV",
         _export_arguments,
-        lambda args, storage: Outcome(*_export(storage.load(args.run), args)),
+        lambda args, storage: Outcome(_export(storage.load(args.run), args)),
     ),
     Command(
         "metrics",
