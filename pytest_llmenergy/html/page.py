@@ -331,7 +331,8 @@ def render_report(
         ),
         f'<h2>Cases</h2><p class="note">{len(table.rows)} row(s); click a header to sort, '
         "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
-        "✓ converged, ✗ stopped at the trial limit</p>",
+        "✓ converged, ✓< converged but stopped at the trial limit short of the minimum "
+        "measured time, ✗ stopped at the trial limit</p>",
         _case_table_html(table),
         f"<footer>pytest-llmenergy {escape(_version())}; charts: "
         f"{escape(vega.versions())}</footer>",
