@@ -223,7 +223,7 @@ class Keeper:
             keep.saving or keep.json_path or keep.report_path
         ):
             return
-        commit = commit_info(self.config.rootpath)
+        commit = commit_info(self.config.rootpath, own=[keep.storage])
         header = new_run(
             name=keep.save or autosave_name(commit),
             hardware=self.hardware,
