@@ -840,8 +840,9 @@ def _verdict(c: Comparison) -> str:
 @dataclass(frozen=True)
 class Lineup:
     """Runs to put side by side, each with its label and cases.  Tables head the runs'
-    columns ``#1 base``, ``#2``, ... and name them in a legend: run labels (autosave
-    names, hardware keys) are too long for a terminal's columns."""
+    columns ``#1 base``, ``#2``, ... and name them in a legend (``#1 = 0001_main, the
+    baseline``): run labels (autosave names, hardware keys) are too long for a terminal's
+    columns."""
 
     labels: tuple[str, ...]
     cases: tuple[tuple[CaseResult, ...], ...]
@@ -852,7 +853,10 @@ class Lineup:
 
     @property
     def legend(self) -> tuple[str, ...]:
-        return tuple(f"{s}: {label}" for s, label in zip(self.short, self.labels))
+        return tuple(
+            f"#{i + 1} = {label}" + (", the baseline" if i == 0 else "")
+            for i, label in enumerate(self.labels)
+        )
 
 
 def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -> Table:

@@ -265,7 +265,8 @@ FIGURES: dict[str, Figure] = {
             "trials",
             "trials",
             "",
-            "measured trials; ✓ every CI target held, ✗ stopped at the trial limit",
+            "measured trials; ✓ every CI target held, ✓< held but stopped at the trial limit "
+            "short of the minimum time, ✗ stopped at the trial limit",
             case=_trials,
             lower_is_better=None,
             priority=2,

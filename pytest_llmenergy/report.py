@@ -16,6 +16,7 @@ Data-only columns
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from .errors import ConfigError
@@ -42,9 +43,14 @@ ESTIMATED_NOTE = (
 )
 ALL_CASES = "all cases"
 _STATUS_MARKS = {CONVERGED: " \u2713", LIMIT: " \u2717", ROUNDS: ""}
+SHORT_MARK = " \u2713<"  # converged, but at the trial limit short of the minimum time
 TRIALS_LEGEND = (
     "trials: \u2713 the CI targets held (the precision was reached), \u2717 stopped at the "
     "trial limit or time budget before they held (the notes say which target)"
+)
+SHORT_LEGEND = (
+    "\u2713<: the CI targets held, but the case stopped at the trial limit with less than "
+    "the minimum measured time (the notes say how much; --energy-max-trials raises the limit)"
 )
 UNRESOLVED_MARK = "\u2020"  # dagger
 
@@ -87,7 +93,8 @@ def cell(f: Figure, r: CaseResult) -> str:
         busy = f" +{n_busy}{BUSY_MARK}" if n_busy else ""
         busy += f" +{n_hot}{THROTTLED_MARK}" if n_hot else ""
         busy += f" +{n_rejected}{REJECTED_MARK}" if n_rejected else ""
-        return f"{len(r.trials)}{_STATUS_MARKS.get(r.status, '')}{busy}"
+        mark = SHORT_MARK if r.short_of_time else _STATUS_MARKS.get(r.status, "")
+        return f"{len(r.trials)}{mark}{busy}"
     summary = f.summary(r) if f.with_ci else None
     text = fmt_mean_ci(summary) if summary is not None else format_raw(clean(f.value(r)))
     if f.energy and r.estimated and text != DASH:
@@ -194,6 +201,8 @@ def _sorted(results: list[CaseResult], sort: str) -> list[CaseResult]:
 def _note_for(r: CaseResult, name: str) -> str | None:
     if r.measured and r.status == LIMIT and r.reason:
         return f"{name}: \u2717 {r.reason}"
+    if r.measured and r.short_of_time:
+        return f"{name}:{SHORT_MARK} {short_reason(r)}"
     if r.measured and r.status != OOM:
         return None
     if not r.reason and r.disturbed and len(r.rejected) == len(r.disturbed):
@@ -201,6 +210,18 @@ def _note_for(r: CaseResult, name: str) -> str | None:
     if not r.reason and r.disturbed:
         return f"{name}: not measured: {busy_reason(r)}"
     return f"{name}: {r.reason or 'not measured'}"
+
+
+def short_reason(r: CaseResult) -> str:
+    """How far a short case fell below the minimum time, and the trial limit that would
+    have reached it at its pace."""
+    per_trial_s = r.measured_s / len(r.trials)
+    needed = math.ceil(r.options.min_time / per_trial_s) if per_trial_s > 0 else 0
+    fix = f"; --energy-max-trials={needed} would measure it" if needed > len(r.trials) else ""
+    return (
+        f"stopped at the trial limit with {r.measured_s:.2g} s measured, below the "
+        f"{r.options.min_time:g} s minimum: its intervals held on less time than asked{fix}"
+    )
 
 
 def busy_reason(r: CaseResult) -> str:
@@ -258,6 +279,8 @@ def _build_table(
         )
     if "trials" in shown and any(r.status in (CONVERGED, LIMIT) for r in results):
         legend.append(TRIALS_LEGEND)
+    if "trials" in shown and any(r.short_of_time for r in results):
+        legend.append(SHORT_LEGEND)
     if "trials" in shown and any(r.busy for r in results):
         legend.append(BUSY_LEGEND)
     if "trials" in shown and any(r.throttled for r in results):

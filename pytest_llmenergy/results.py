@@ -26,10 +26,14 @@ PREFILL_PASSES = "prefill_passes"
 
 class RepeatSettings(Protocol):
     """How a case was repeated (``controller.rule.ControllerSettings``); the data model
-    needs only its confidence level, and must not depend on the controller."""
+    needs only its confidence level and minimum measured time, and must not depend on the
+    controller."""
 
     @property
     def confidence(self) -> float: ...
+
+    @property
+    def min_time(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,17 @@ class CaseResult:
     @property
     def measured(self) -> bool:
         return bool(self.trials)
+
+    @property
+    def measured_s(self) -> float:
+        """The runtime of the trials its figures rest on (what the minimum time counts)."""
+        return math.fsum(t.seconds for t in self.trials)
+
+    @property
+    def short_of_time(self) -> bool:
+        """Its intervals held, but it stopped at the trial limit before the minimum measured
+        time (a short case): precise on less time than the rule asks, so shown apart."""
+        return self.converged and self.measured_s < self.options.min_time
 
     @property
     def busy(self) -> bool:

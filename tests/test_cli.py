@@ -297,7 +297,14 @@ def test_show_an_unknown_run_lists_the_latest(
     code, out, err = cli(capsys, "--storage", root, "show", "nope")
     assert code == 2 and out == ""
     line = one_error_line(err)
-    assert "'nope'" in line and f"latest: {HW_A}/0001" in line
+    assert "'nope'" in line and "(saved: 0001_baseline)" in line  # as show takes it
+    save(root, [make_case([0.1, 0.1])], name="gpu-run", hardware=HW_B)
+    _, _, err = cli(capsys, "--storage", root, "show", "nope")
+    assert f"(saved: {HW_A}/0001_baseline, {HW_B}/0001_gpu-run)" in one_error_line(err)
+    for _ in range(5):
+        save(root, [make_case([0.1, 0.1])], name="more")
+    _, _, err = cli(capsys, "--storage", root, "show", "nope")
+    assert f"(7 saved, the last 5 of llmenergy list: {HW_A}/0003_more, " in one_error_line(err)
 
 
 @pytest.mark.parametrize(
@@ -382,7 +389,8 @@ def test_compare_puts_cases_side_by_side_with_ratios(
     # Both runs are 0001_baseline: the labels say which machine each is.
     header = next(line for line in out.splitlines() if line.startswith("case"))
     assert header.split()[-3:] == ["#1", "base", "#2", "#2/#1"][-3:]
-    assert f"#1 base: {LABEL_A}" in out.splitlines() and f"#2: {LABEL_B}" in out.splitlines()
+    assert f"#1 = {LABEL_A}, the baseline" in out.splitlines()
+    assert f"#2 = {LABEL_B}" in out.splitlines()
     both = row_of(out, "tiny-llama-in8-out4")
     assert both[-1] == "0.5\u00d7"
     assert float(both[-2]) == pytest.approx(float(both[-3]) / 2, rel=1e-3)

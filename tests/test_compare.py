@@ -233,7 +233,7 @@ def test_side_by_side_ratios() -> None:
     assert "node id" not in text and "0.25\u00d7" in text
     # the runs' columns are #1 base, #2, named under the table
     assert "#1 base" in text and "#2/#1" in text
-    assert text.splitlines()[-2:] == ["#1 base: m1", "#2: a100"]
+    assert text.splitlines()[-2:] == ["#1 = m1, the baseline", "#2 = a100"]
 
 
 def test_lineup_short_labels_and_their_legend() -> None:
@@ -243,7 +243,10 @@ def test_lineup_short_labels_and_their_legend() -> None:
     labels = ("cpu-x__no-gpu__rapl/0001_main", "cpu-y__1x-a100__nvml/0002_pr", "0003_other")
     lineup = Lineup(labels, (tuple(a), tuple(b), tuple(c)))
     assert lineup.short == ("#1 base", "#2", "#3")
-    assert lineup.legend == (f"#1 base: {labels[0]}", f"#2: {labels[1]}", f"#3: {labels[2]}")
+    assert lineup.legend == (
+        f"#1 = {labels[0]}, the baseline",
+        *(f"#{i} = {labels[i - 1]}" for i in (2, 3)),
+    )
     with pytest.warns(DeprecatedName, match="'energy_per_token' is deprecated"):
         table = side_by_side(lineup, "energy_per_token")
     assert table.title == "J/token (j_per_token), side by side"

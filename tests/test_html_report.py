@@ -166,11 +166,12 @@ def test_cli_report_of_two_runs_with_a_gate(tmp_path: Path, capsys: pytest.Captu
     b = _saved(tmp_path, synthetic_run(12, seed=2, slower=1.3), "head")
     out = tmp_path / "report.html"
     gate = ["--gate", "j_per_token:5%", "--session-noise", "2%"]
-    assert main(["report", str(a), str(b), "--out", str(out), *gate]) == 0
+    assert main(["report", str(a), str(b), "--out", str(out), *gate]) == 1  # as compare's
     captured = capsys.readouterr()
-    assert captured.out.strip() == str(out)
-    assert f"llmenergy: wrote {out}: 2 run(s), 24 case(s)" in captured.err
-    assert "head: energy gate FAILED (j_per_token:5%)" in captured.err  # shown, not failing
+    lines = captured.out.splitlines()
+    # what was written, counted as cases (12 in both runs), not cases x runs
+    assert lines[0].startswith(f"wrote {out} (2 runs, 12 cases, ") and captured.err == ""
+    assert lines[1].startswith("head: energy gate FAILED (j_per_token:5%)")
     page = out.read_text()
     assert "<h3>head against base (baseline)</h3>" in page
 
@@ -401,6 +402,50 @@ def test_the_scale_table_where_the_runs_ran_at_several_scales() -> None:
     assert [r[1] for r in rows] == ["1 process", "2 ranks (tp)"]
     assert "1.67x" in rows[1] and "83%" in rows[1]  # speed-up and efficiency
     assert "scale-0-data" not in render_report([one, one], ["a", "b"])  # one scale
+
+
+def _own_suite(run: Run, name: str) -> Run:
+    """The first two cases of ``run`` as a user's own suite names them: one test
+    function parametrized by its prompt size, no model label."""
+    cases = tuple(
+        dataclasses.replace(
+            c, nodeid=f"test_mine.py::test_generate[{n}]", name=f"test_generate[{n}]", labels={}
+        )
+        for c, n in zip(run.cases[:2], (16, 128))
+    )
+    return dataclasses.replace(run, cases=cases, name=name)
+
+
+def test_a_small_change_of_two_cases_gets_a_ratio_axis_fitted_to_it() -> None:
+    base = _own_suite(synthetic_run(6, seed=1), "base")
+    head = _own_suite(synthetic_run(6, seed=2, slower=1.15), "head")
+    gates = parse_gates("j_per_token:5%")
+    comparison = compare_cases(base.cases, head.cases, gates=gates, session_noise=0.02)
+    page = render_report([base, head], ["base", "head"], [comparison])
+    spec = _specs(page)["ratio-0-j_per_token"]
+    marks = spec["data"]["values"]
+    low, high = spec["layer"][2]["encoding"]["x"]["scale"]["domain"]
+    # the axis spans 1 and every interval, with a margin, not the decade 1-10
+    assert low < 1 < min(m["lo"] for m in marks) and max(m["hi"] for m in marks) < high
+    assert low > 0.9 and high < 1.4
+    assert spec["layer"][2]["encoding"]["x"]["scale"]["nice"] is False
+    assert spec["height"] >= 80  # two rows still make a chart to read ...
+    # ... and the page keeps no room for more: its box fits the chart
+    assert 'class="chart fitted" id="chart-ratio-0-j_per_token"' in page
+    assert 'class="chart" id="chart-jpt_in"' in page
+
+
+def test_the_colour_legend_names_a_test_as_a_test_not_a_model() -> None:
+    own = _own_suite(synthetic_run(6), "mine")
+    [chart] = [s for k, s in _specs(render_report([own])).items() if k == "jpt_in"]
+    colour = chart["layer"][2]["encoding"]["color"]
+    assert colour["title"] == "test (no model label)"
+    assert {v["group"] for v in chart["data"]["values"]} == {"test_generate"}
+    grid = _specs(render_report([synthetic_run(6)]))["jpt_in"]
+    assert grid["layer"][2]["encoding"]["color"]["title"] == "model"
+    mixed = dataclasses.replace(own, cases=own.cases + synthetic_run(6).cases[:1])
+    title = _specs(render_report([mixed]))["jpt_in"]["layer"][2]["encoding"]["color"]["title"]
+    assert title == "model, or test (no model label)"
 
 
 def test_a_ratio_chart_per_gated_figure_with_a_mark_per_case() -> None:

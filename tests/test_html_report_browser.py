@@ -219,6 +219,32 @@ def test_a_compared_pair_draws_offline_sorts_and_shows_values(
     assert opened.errors == [] and opened.outside_requests() == []
 
 
+def test_a_users_two_case_suite_gets_a_ratio_chart_without_a_gap(
+    browser: Any, tmp_path: Path, shots: Path
+) -> None:
+    from tests.test_html_report import _own_suite
+
+    paths = []
+    for name, seed, slower in (("base", 1, 1.0), ("head", 2, 1.15)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(dumps(_own_suite(synthetic_run(6, seed=seed, slower=slower), name)))
+        paths.append(str(path))
+    out = tmp_path / "report.html"
+    gate = ["--gate", "j_per_token:5%", "--session-noise", "2%"]
+    assert main(["report", *paths, "--out", str(out), *gate]) == 1  # +15 %: the gate fails
+    opened = Opened(browser, out)
+    assert opened.errors == []
+    low, high = opened.page.evaluate(
+        "window.llmenergy.views['ratio-0-j_per_token'].scale('x').domain()"
+    )
+    assert 0.9 < low < 1 < 1.15 < high < 1.4  # fitted to +15 %, not the decade 1-10
+    box = opened.page.locator("#chart-ratio-0-j_per_token").bounding_box()
+    drawn = opened.page.locator("#chart-ratio-0-j_per_token canvas").bounding_box()
+    assert box is not None and drawn is not None
+    assert drawn["height"] > 100 and box["height"] <= drawn["height"] + 10  # no blank below
+    opened.page.screenshot(path=str(shots / "report-own-suite.png"), full_page=True)
+
+
 def test_a_thousand_cases_open_and_draw(browser: Any, tmp_path: Path, shots: Path) -> None:
     run = tmp_path / "big.json"
     run.write_text(dumps(synthetic_run(1000, name="big")))

@@ -7,6 +7,7 @@ import gc
 import json
 import shutil
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,7 +177,7 @@ def test_each_call_gets_a_fresh_cache(lm: LoadedModel, generated: list[torch.Ten
     call = [0]
 
     def spy(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5 / 4
         assert isinstance(cache, DynamicCache)
         if not any(c == call[0] for c, _ in seen):
             first_lengths.append(cache.get_seq_length())
@@ -196,6 +197,50 @@ def test_each_call_gets_a_fresh_cache(lm: LoadedModel, generated: list[torch.Ten
     assert first_lengths == [0, 0]  # and empty when the call starts
     assert len(seen) == 2 * 6  # prefill + 5 decode steps each
     assert torch.equal(generated[0], generated[1])
+
+
+def test_generation_and_prefill_raise_no_warning(lm: LoadedModel) -> None:
+    # transformers 5 deprecated ``past_key_values`` (FutureWarning) for ``cache``; the
+    # package passes the keyword the installed version takes, so nothing warns at all
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lm.generate(lm.prompt_ids(8), 3).output_tokens == 3
+        lm.prefill(lm.prompt_ids(8))
+
+
+def test_the_packages_own_deprecation_warnings_fail_the_test_suite(
+    pytester: pytest.Pytester, cache: Path
+) -> None:
+    # the project's pytest settings, as they are: a deprecated keyword the package passes
+    # to transformers (what it did before transformers 5 renamed ``past_key_values``) is
+    # an error; a warning from a user's own module is left alone
+    from transformers import LlamaForCausalLM
+
+    from pytest_llmenergy.llm.loader import _cache_keyword
+
+    if _cache_keyword(LlamaForCausalLM) == "past_key_values":
+        pytest.skip("this transformers deprecates nothing the loader could pass")
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.pytest.ini_options]", 1)[1].split("\n[", 1)[0]
+    assert "error::FutureWarning:pytest_llmenergy" in section
+    pytester.makepyprojecttoml(f"[tool.pytest.ini_options]{section}")
+    pytester.makepyfile(
+        f"""
+        import warnings
+        from pytest_llmenergy.llm import loader
+
+        def test_the_package_passes_a_deprecated_keyword(monkeypatch):
+            monkeypatch.setattr(loader, "_cache_keyword", lambda model_class: "past_key_values")
+            lm = loader.load_model("tiny-llama", cache_dir={str(cache)!r})
+            lm.generate(lm.prompt_ids(8), 2)
+
+        def test_a_users_own_deprecation_is_left_alone():
+            warnings.warn("an old API of the user's", DeprecationWarning)
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FutureWarning: `past_key_values` is deprecated*"])
 
 
 def test_too_long_for_the_model(lm: LoadedModel) -> None:

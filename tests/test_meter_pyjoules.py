@@ -12,7 +12,7 @@ from pytest_llmenergy.meters.pyjoules import domain_for
 from tests.fakes.powercap import FakePowercap, FakeZone
 from tests.fakes.trace import PowerTrace
 
-pytest.importorskip("pyJoules", reason="pyJoules is in the test extra; install .[test]")
+pytest.importorskip("pyJoules", reason="pyJoules is in the dev extra; install .[dev]")
 
 
 def test_domain_names_and_units_are_mapped() -> None:

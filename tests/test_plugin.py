@@ -209,3 +209,32 @@ def test_a_rejected_trial_is_kept_left_out_and_repeated(pytester: pytest.Pyteste
         "run 6 generated 9 tokens, not 8",
     ]
     assert never["trials"] == [] and len(never["disturbed_trials"]) == 6
+
+
+def test_a_short_case_says_it_stopped_before_its_minimum_time(pytester: pytest.Pytester) -> None:
+    # loose targets hold at once, but 10 trials of ~10 ms are far below the 1 s minimum
+    pytester.makeconftest(TRACE_CONFTEST)
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_quick(energy_benchmark):
+            energy_benchmark(time.sleep, 0.01, input_tokens=8, output_tokens=4)
+        """
+    )
+    result = pytester.runpytest(
+        "--energy-backend=trace",
+        "--energy-max-background=off",
+        "--energy-ci-target=time_s:90%,energy_j:90%",
+        "--energy-max-trials=10",
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.re_match_lines(
+        [
+            r"^test_quick\s+8\s+4\s+10 \u2713<\s",
+            r"^\u2713<: the CI targets held, but the case stopped at the trial limit with less ",
+            r"^test_quick: \u2713< stopped at the trial limit with 0\.\d+ s measured, below the "
+            r"1 s minimum: its intervals held on less time than asked; "
+            r"--energy-max-trials=\d+ would measure it$",
+        ]
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -539,3 +540,26 @@ def test_two_outputs_of_one_session_never_share_a_path(project: pytest.Pytester)
         result, "--energy-export=csv:run.json: --energy-json=run.json writes there too"
     )
     assert not (project.path / "run.json").exists()
+
+
+def test_a_baseline_saved_three_times_in_a_git_project_teaches_the_gate(
+    project: pytest.Pytester,
+) -> None:
+    # the gating guide's advice, in a project of one's own: the runs the first session
+    # saved into the work tree must not make the next sessions' code "uncommitted"
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=project.path, check=True, capture_output=True)
+
+    (project.path / ".gitignore").write_text("__pycache__/\n.pytest_cache/\n")
+    git("init", "--quiet")
+    git("add", ".")
+    git("-c", "user.name=u", "-c", "user.email=u@example.org", "commit", "--quiet", "-m", "1")
+    for sleeps in ("0.010,0.011,0.010", "0.011,0.010,0.011", "0.010,0.010,0.011"):
+        run(project, "--energy-save=baseline", sleeps=sleeps).assert_outcomes(passed=2)
+    commits = [json.loads(p.read_text())["commit"] for p in saved(project)]
+    assert [c["dirty"] for c in commits] == [False, False, False]
+    result = run(project, "--energy-compare=baseline", "--energy-compare-fail=j_per_token:50%")
+    result.stdout.fnmatch_lines(["*between-session noise*saved runs of the same code*"])

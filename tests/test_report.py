@@ -18,6 +18,7 @@ from pytest_llmenergy.figures import DEFAULT_COLUMNS, FIGURES, DeprecatedName
 from pytest_llmenergy.meters.resources import ResourceUsage
 from pytest_llmenergy.report import (
     ESTIMATED_NOTE,
+    SHORT_LEGEND,
     TRIALS_LEGEND,
     case_tables,
     cell,
@@ -415,6 +416,24 @@ def test_measured_cases_carry_no_estimate_note() -> None:
     # pedantic rounds: no ✓ or ✗ to explain
     (rounds,) = case_tables([make_case(status=ROUNDS)])
     assert TRIALS_LEGEND not in rounds.legend
+
+
+def test_a_case_short_of_the_minimum_time_has_its_own_mark_and_note() -> None:
+    # 25 trials of 28 ms: the intervals held, but 0.7 s is below the rule's 1 s minimum
+    short = make_case("test_x[short]", seconds=[0.028] * 25)
+    enough = make_case("test_x[enough]", seconds=[0.05] * 25)  # 1.25 s
+    assert short.short_of_time and not enough.short_of_time
+    (table,) = case_tables([short, enough], group_by=())
+    trials = {row[0]: row[table.keys.index("trials")] for row in table.cells}
+    assert trials == {"short": "25 \u2713<", "enough": "25 \u2713"}
+    assert table.legend[-1] == SHORT_LEGEND and TRIALS_LEGEND in table.legend
+    assert table.notes == (
+        "short: \u2713< stopped at the trial limit with 0.7 s measured, below the 1 s "
+        "minimum: its intervals held on less time than asked; --energy-max-trials=36 would "
+        "measure it",
+    )
+    (plain,) = case_tables([enough], group_by=())
+    assert SHORT_LEGEND not in plain.legend and plain.notes == ()
 
 
 def test_a_gated_figure_is_always_a_default_column() -> None:

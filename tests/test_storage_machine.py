@@ -379,6 +379,21 @@ def test_commit_info_dirty(repo: Path) -> None:
 
 
 @needs_git
+def test_the_run_storage_is_no_change_to_the_code(repo: Path) -> None:
+    # the first saved run must not mark every later session as uncommitted code
+    (repo / ".llmenergy" / "hw").mkdir(parents=True)
+    (repo / ".llmenergy" / "hw" / "0001_base.json").write_text("{}")
+    assert commit_info(repo)["dirty"] is True
+    assert commit_info(repo, own=[repo / ".llmenergy"])["dirty"] is False
+    sub = repo / "sub"
+    sub.mkdir()
+    assert commit_info(sub, own=[repo / ".llmenergy"])["dirty"] is False  # from anywhere in it
+    assert commit_info(repo, own=[repo.parent / "elsewhere"])["dirty"] is True
+    (repo / "a.txt").write_text("changed\n")  # a change of the code still counts
+    assert commit_info(repo, own=[repo / ".llmenergy"])["dirty"] is True
+
+
+@needs_git
 def test_commit_info_detached_head(repo: Path) -> None:
     git(repo, "checkout", "--quiet", "--detach")
     info = commit_info(repo)

@@ -148,10 +148,10 @@ def test_the_workflow_linter_runs_in_ci_and_tox() -> None:
 def test_own_ci_installs_torch_pinned_before_the_package() -> None:
     steps = [" ".join(w) for w in commands(workflow("ci.yml"))]
     torch = steps.index("pip install torch==2.13.0")
-    assert steps.index("pip install -e .[llm,test]") > torch
+    assert steps.index("pip install -e .[llm,dev]") > torch
     assert "python -m pytest" in steps
     ci_run = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"pip install torch==2\.13\.0\n.*pip install -e \"\.\[llm,test\]\"", ci_run)
+    assert re.search(r"pip install torch==2\.13\.0\n.*pip install -e \"\.\[llm,dev\]\"", ci_run)
 
 
 def test_tox_has_tests_benchmarks_and_lint() -> None:
@@ -159,3 +159,29 @@ def test_tox_has_tests_benchmarks_and_lint() -> None:
     tox.read(ROOT / "tox.ini")
     assert {"testenv:tests", "testenv:benchmarks", "testenv:lint"} <= set(tox.sections())
     assert "benchmarks/" in tox["testenv:benchmarks"]["commands"]
+
+
+def test_ci_installs_what_the_readme_says_and_users_get_extras_that_exist() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    develop = next(b for b in blocks if "pip install -e" in b)
+    installs = [line.strip() for line in develop.splitlines() if line.startswith("pip install")]
+    assert installs == ["pip install torch==2.13.0", 'pip install -e ".[llm,dev]"']
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    at = [ci_run.index(line + "\n") for line in installs]  # the same lines, in this order
+    assert at == sorted(at)
+    steps = [" ".join(w) for w in commands(workflow("ci.yml"))]
+    assert [s for s in steps if s.startswith("pip install")] == [
+        " ".join(shlex.split(line)) for line in installs
+    ]
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini")
+    assert tox["testenv:tests"]["extras"] == "llm,dev"
+    assert installs[0] in tox["testenv"]["commands_pre"]
+    # the user's lines name extras the package has, and leave out the developers' one
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    section = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    extras = set(re.findall(r"^([\w-]+) = \[", section, re.M))
+    users = re.findall(r"pytest-llmenergy\[([\w,]+)\]", readme)
+    assert users and all(set(u.split(",")) <= extras - {"dev", "docs"} for u in users)
+    assert {"llm", "report", "nvml", "dev"} <= extras and "test" not in extras

@@ -274,8 +274,9 @@ def commands_page() -> str:
         f"# The `{prog}` command\n",
         generated_note("the argparse parser of `pytest_llmenergy/cli/`"),
         f"Also `python -m pytest_llmenergy`. {parser.description or ''} Exit codes: 0; 1 when "
-        "a `--fail-on` gate failed; 2 for bad input (one line on stderr); 130 when stopped "
-        "by Ctrl-C (one line; no file is left half-written).\n",
+        "a gate failed (`compare --fail-on`, `report --gate`, `ab`); 2 for bad input (one "
+        "line on stderr); 130 when stopped by Ctrl-C (one line; no file is left "
+        "half-written); every command's in [Exit codes](../exit-codes.md).\n",
         table(
             ("command", "what it does"), ((f"[`{n}`](#{_anchor(n)})", h) for n, h, _ in commands)
         ),

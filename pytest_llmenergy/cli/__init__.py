@@ -1,8 +1,10 @@
 """``llmenergy``: list, show and compare saved runs; gate CI on them; route queries
 between systems and plot what that saves.
 
-Exit codes: 0 fine, 1 an energy gate failed, 2 bad input (one line on stderr, no
-traceback), 130 interrupted (Ctrl-C: one line; each file is written whole or not at all).
+Exit codes: 0 fine, 1 an energy gate failed (``compare --fail-on``, ``report --gate``,
+``ab``), 2 bad input (one line on stderr, no traceback), 3 a side of ``ab`` failed, 130
+interrupted (Ctrl-C: one line; each file is written whole or not at all);
+docs/exit-codes.md has every command's.
 ``--format csv`` and ``json`` print data only, so they can be piped into another
 program; what people need besides (a gate's verdict) goes to stderr.
 """
@@ -215,12 +217,13 @@ def _main(argv: Sequence[str] | None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         return _error(f"{where}{exc.strerror or exc}")
     out, verdicts = outcome.out, outcome.verdicts
-    if verdicts and args.format not in DATA_FORMATS:
+    data = getattr(args, "format", None) in DATA_FORMATS  # report has no --format
+    if verdicts and not data:
         out = out.rstrip("\n") + "\n" + "\n".join(verdicts)
     _emit(out)
     for line in outcome.notes:  # what was written where: stderr, so stdout stays data
         print(f"llmenergy: {line}", file=sys.stderr)
-    if verdicts and args.format in DATA_FORMATS:
+    if verdicts and data:
         for line in verdicts:  # stdout stays data; CI logs still say why it failed
             print(line, file=sys.stderr)
     if outcome.exit_code is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ConfigError
@@ -55,6 +55,17 @@ def table_width(fmt: str) -> int | None:
     if fmt != "table" or not (sys.stdout.isatty() or "COLUMNS" in os.environ):
         return None
     return terminal_width()
+
+
+def counted(runs: Sequence[Run]) -> str:
+    """``2 runs, 4 cases``: the runs, and the distinct cases among them (a case measured
+    in both runs is one case)."""
+    cases = len({c.nodeid for run in runs for c in run.cases})
+    return f"{_plural(len(runs), 'run')}, {_plural(cases, 'case')}"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 # -- the command table --------------------------------------------------------------------

@@ -35,7 +35,7 @@ from ..sessions import DEFAULT_SESSION_NOISE
 from ..storage.runfile import Run
 from ..storage.store import DERIVED_FILE, FOLDER, STORAGE_HELP, Storage
 from ..tables import FORMATS, Table, render
-from .cli_args import TwoOrMore, checked, runs_of, table_width
+from .cli_args import TwoOrMore, checked, counted, runs_of, table_width
 
 DEFAULT_CONFIDENCE = 0.95
 
@@ -98,8 +98,9 @@ def _report_arguments(rep: argparse.ArgumentParser) -> None:
         default=[],
         type=checked(parse_gates),
         metavar="EXPR",
-        help=f"show each case's verdict under these gates: {GATE_EXAMPLES} (the report "
-        "never fails; llmenergy compare --fail-on does)".replace("%", "%%"),
+        help=f"gate the later runs against the first, as compare --fail-on does: each "
+        f"case's verdict is on the page, and the command exits 1 when a gate fails: "
+        f"{GATE_EXAMPLES}".replace("%", "%%"),
     )
     rep.add_argument(
         "--confidence",
@@ -285,8 +286,9 @@ def _comparisons(
     ]
 
 
-def _report(runs: list[Run], args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
-    """Write the HTML report; stdout gets its path (for scripts), stderr what it holds."""
+def _report(runs: list[Run], args: argparse.Namespace, storage: Storage) -> Outcome:
+    """Write the HTML report and say what it holds; a failed gate fails the command, as
+    compare --fail-on's does."""
     from ..html import write_report
 
     labels = _labels(runs)
@@ -301,12 +303,11 @@ def _report(runs: list[Run], args: argparse.Namespace, storage: Storage) -> tupl
     )
     target = write_report(args.out, runs, labels, comparisons)
     size_mb = target.stat().st_size / 1e6
-    cases = sum(len(r.cases) for r in runs)
-    notes = [f"wrote {target}: {len(runs)} run(s), {cases} case(s), {size_mb:.2f} MB"]
-    notes += [
+    wrote = f"wrote {target} ({counted(runs)}, {size_mb:.2f} MB)"
+    verdicts = [
         f"{c.current_label}: {line}" for c in comparisons if gates for line in verdict_lines(c)
     ]
-    return str(target), notes
+    return Outcome(wrote, verdicts=verdicts, failed=any(c.failed for c in comparisons))
 
 
 def _speed(run: Run) -> float | None:
@@ -368,7 +369,7 @@ COMMANDS: tuple[Command, ...] = (
         "one self-contained HTML page of runs: headers, charts, every figure per case "
         "(sortable), and each later run compared with the first",
         _report_arguments,
-        lambda args, storage: Outcome(*_report(runs_of(args, storage), args, storage)),
+        lambda args, storage: _report(runs_of(args, storage), args, storage),
         like_options=(("--session-noise", "--energy-session-noise"),),
         writes=(("out", DERIVED_FILE),),
     ),

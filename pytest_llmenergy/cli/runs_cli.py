@@ -27,7 +27,7 @@ from ..storage.store import (
     check_run_name,
 )
 from ..tables import FORMATS, Raw, Table, printable, render, wrap
-from .cli_args import DATA_FORMATS, TwoOrMore, checked, runs_of, table_width
+from .cli_args import DATA_FORMATS, TwoOrMore, checked, counted, runs_of, table_width
 
 
 def _list_arguments(ls: argparse.ArgumentParser) -> None:
@@ -182,8 +182,8 @@ def _show(run: Run, args: argparse.Namespace) -> str:
     return "\n".join([*header, "", body or "no cases in this run"])
 
 
-def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
-    """Write the pooled run; stdout gets its path (for scripts), stderr what was pooled."""
+def _merge(runs: list[Run], args: argparse.Namespace) -> str:
+    """Write the pooled run and say what it holds."""
     pooled = pool_runs(runs, name=args.name)
     target = Path(args.out)  # checked by the front end (the command's ``writes``)
     try:
@@ -191,17 +191,17 @@ def _merge(runs: list[Run], args: argparse.Namespace) -> tuple[str, list[str]]:
     except FileExistsError:
         raise ConfigError(f"{target} already exists; runs are never overwritten") from None
     trials = sum(len(c.trials) for c in pooled.cases)
-    note = f"pooled {len(runs)} runs into {target}: {len(pooled.cases)} case(s), {trials} trials"
-    return str(target), [note]
+    return f"wrote {target} ({counted(runs)}, {trials} trials, pooled into one run)"
 
 
-def _export(run: Run, args: argparse.Namespace) -> tuple[str, list[str]]:
+def _export(run: Run, args: argparse.Namespace) -> str:
+    """The export on stdout (data, for pipes), or written to --out and said so."""
     text = export_text(run.cases, args.format)
     if not args.out:
-        return text, []
+        return text
     target = Path(args.out)  # checked by the front end: never a saved run
     AtomicFile(target, derived=True).write(text)  # an export is made again at will
-    return str(target), [f"exported {len(run.cases)} case(s) of {run.label} as {args.format}"]
+    return f"wrote {target} ({len(run.cases)} case(s) of {run.label} as {args.format})"
 
 
 def _metrics(fmt: str) -> str:
@@ -270,7 +270,7 @@ COMMANDS: tuple[Command, ...] = (
         "pool runs of the same cases on the same hardware into one run (e.g. a pull "
         "request's base measured twice, alternating with its head), to compare or gate",
         _merge_arguments,
-        lambda args, storage: Outcome(*_merge(runs_of(args, storage), args)),
+        lambda args, storage: Outcome(_merge(runs_of(args, storage), args)),
         writes=(("out", NEW_FILE),),
     ),
     Command(
@@ -278,7 +278,7 @@ COMMANDS: tuple[Command, ...] = (
         "one run's figures for other tools: github-action-benchmark's JSON "
         "(customSmallerIsBetter) for CI dashboards, or CSV",
         _export_arguments,
-        lambda args, storage: Outcome(*_export(storage.load(args.run), args)),
+        lambda args, storage: Outcome(_export(storage.load(args.run), args)),
         writes=(("out", DERIVED_FILE),),
     ),
     Command(

@@ -34,6 +34,15 @@ def case_group(case: CaseResult) -> str:
     return case.labels.get("model") or case.nodeid.split("[", 1)[0].rsplit("::", 1)[-1]
 
 
+def group_title(data: Sequence[Record]) -> str:
+    """The colour legend's title: it names what ``case_group`` gave the points, so a
+    test's name is never shown as a model."""
+    labelled = {bool(p["model"]) for p in data}
+    if labelled == {True}:
+        return "model"
+    return "test (no model label)" if labelled == {False} else "model, or test (no model label)"
+
+
 # -- run headers -------------------------------------------------------------------------
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
@@ -85,6 +94,7 @@ def run_header(run: Run, label: str) -> list[tuple[str, str]]:
     measured = [c for c in cases if c.measured]
     converged = sum(1 for c in cases if c.status == CONVERGED)
     limit = sum(1 for c in cases if c.status == LIMIT)
+    short = sum(1 for c in cases if c.short_of_time)
     domains = _mapping(_mapping(run.meter).get("domains"))
     estimated = any(c.estimated for c in cases) or any(
         _mapping(d).get("method") == "estimated" for d in domains.values()
@@ -115,7 +125,9 @@ def run_header(run: Run, label: str) -> list[tuple[str, str]]:
         ("stopping", _rule_text(_mapping(run.options), run)),
         (
             "cases",
-            f"{len(cases)}: {converged} converged, {limit} at the trial limit, "
+            f"{len(cases)}: {converged} converged"
+            + (f" ({short} short of the minimum time: \u2713<)" if short else "")
+            + f", {limit} at the trial limit, "
             f"{len(cases) - len(measured)} not measured",
         ),
         (
@@ -145,6 +157,7 @@ def points(run_label: str, cases: Sequence[CaseResult], keys: Sequence[str]) -> 
             "case": case_name(case),
             "nodeid": case.nodeid,
             "group": case_group(case),
+            "model": case.labels.get("model", ""),
             "sweep": case.labels.get("sweep", ""),
             "tokens_in": case.input_tokens,
             "tokens_out": case.output_tokens,

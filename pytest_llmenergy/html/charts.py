@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..figures import FIGURES
-from .casedata import Record
+from .casedata import Record, group_title
 
 AXES: dict[str, str] = {
     "tokens_in": "input tokens",
@@ -87,6 +87,7 @@ def _chart_points(chart: Chart, points: Sequence[Record]) -> list[Record]:
                 "run": p["run"],
                 "case": p["case"],
                 "group": p["group"],
+                "model": p["model"],
                 "series": series,
                 "x": p[chart.x],
                 "y": p[chart.figure],
@@ -111,8 +112,11 @@ def _spec(chart: Chart, data: list[Record], several_runs: bool) -> dict[str, Any
         "scale": {**log, "nice": False, "padding": 12},
         "title": x_title,
     }
-    y = {"field": "y", "type": "quantitative", "scale": log, "title": y_title}
-    color = {"field": "group", "type": "nominal", "title": "model"}
+    # the y axis spans the points and their bands, as x does: a log scale's "nice"
+    # rounding stretches 0.07-0.11 to 0.01-1
+    y_scale = {**log, "nice": False, "padding": 12}
+    y = {"field": "y", "type": "quantitative", "scale": y_scale, "title": y_title}
+    color = {"field": "group", "type": "nominal", "title": group_title(data)}
     unlisted = {**color, "legend": None}  # the points' outline: no legend of its own
     tooltip = [
         *([{"field": "run", "title": "run"}] if several_runs else []),
@@ -176,6 +180,9 @@ class DrawnChart:
     title: str
     spec: dict[str, Any]
     points: int  # marks of the points layer: one per case (and run)
+    # Its height follows its data (a row per case): the page reserves no room for it
+    # before it is drawn, or a two-case chart sits above a blank gap.
+    fitted: bool = False
 
 
 def draw(points: Sequence[Record], several_runs: bool) -> list[DrawnChart]:

@@ -55,7 +55,7 @@ dl.run{display:grid;grid-template-columns:max-content auto;gap:.15rem 1rem;font-
 dl.run dt{color:#666}dl.run dd{margin:0}
 .runs{display:flex;flex-wrap:wrap;gap:2rem}
 .charts{display:flex;flex-wrap:wrap;gap:1.5rem}
-.chart{min-width:460px;min-height:320px}
+.chart{min-width:460px;min-height:320px}.chart.fitted{min-height:0}
 table{border-collapse:collapse;font-size:.82rem;font-variant-numeric:tabular-nums}
 th,td{padding:.2rem .5rem;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
 th{position:sticky;top:0;background:#f6f6f6;cursor:pointer;user-select:none}
@@ -275,7 +275,8 @@ def _charts_html(charts: list[DrawnChart]) -> str:
     if not charts:
         return '<p class="note">no measured case has a figure to chart</p>'
     divs = "".join(
-        f'<div class="chart" id="chart-{escape(c.key)}" data-points="{c.points}" '
+        f'<div class="chart{" fitted" if c.fitted else ""}" '
+        f'id="chart-{escape(c.key)}" data-points="{c.points}" '
         f'aria-label="{escape(c.title)}"></div>'
         for c in charts
     )
@@ -346,7 +347,8 @@ def render_report(
         ),
         f'<h2>Cases</h2><p class="note">{len(table.rows)} row(s); click a header to sort, '
         "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
-        "✓ converged, ✗ stopped at the trial limit</p>",
+        "✓ converged, ✓< converged but stopped at the trial limit short of the minimum "
+        "measured time, ✗ stopped at the trial limit</p>",
         _case_table_html(table),
         f"<footer>pytest-llmenergy {escape(_version())}; charts: "
         f"{escape(vega.versions())}</footer>",

@@ -32,9 +32,13 @@ if TYPE_CHECKING:
 
 PANEL_WIDTH_PX, PANEL_HEIGHT_PX = 220, 170
 RATIO_WIDTH_PX = 420
-RATIO_STEP_PX = 14  # one row per case ...
+RATIO_STEP_PX = 18  # one row per case ...
+RATIO_MIN_HEIGHT_PX = 90  # ... however few (two cases still get a chart to read) ...
 RATIO_MAX_LABELLED = 80  # ... up to this many; beyond, a fixed height and no case labels
 RATIO_HEIGHT_PX = 600
+# The ratio axis spans the data and 1 (no change), widened by this share of that span on
+# each side (in logs), and at least this far either side of 1: +-2 % is readable.
+RATIO_PAD_SHARE, RATIO_MIN_SPAN = 0.08, 1.02
 _SUBTITLE = {"title": {"subtitleFontSize": 10, "subtitleColor": "#555"}}
 
 
@@ -371,6 +375,18 @@ def ratio_points(c: Comparison, figure: str) -> list[Record]:
     ]
 
 
+def ratio_domain(data: Sequence[Record]) -> tuple[float, float]:
+    """The ratio axis: every mark and its interval, and 1 (the dashed no-change line),
+    with a margin; a log scale's "nice" rounding would stretch 1.15 to the decade 1-10."""
+    seen = [1.0] + [
+        float(v) for p in data for v in (p["lo"], p["ratio"], p["hi"]) if v is not None and v > 0
+    ]
+    low, high = math.log(min(seen)), math.log(max(seen))
+    pad = (high - low) * RATIO_PAD_SHARE
+    least = math.log(RATIO_MIN_SPAN)
+    return math.exp(min(low - pad, -least)), math.exp(max(high + pad, least))
+
+
 def ratio_spec(c: Comparison, figure: str, data: list[Record]) -> dict[str, Any]:
     f = FIGURES[figure]
     labelled = len(data) <= RATIO_MAX_LABELLED
@@ -381,10 +397,12 @@ def ratio_spec(c: Comparison, figure: str, data: list[Record]) -> dict[str, Any]
         "title": None,
         "axis": {"labelLimit": 260, "labelFontSize": 10} if labelled else None,
     }
+    low, high = ratio_domain(data)
     x = {
         "field": "ratio",
         "type": "quantitative",
-        "scale": {"type": "log", "zero": False},
+        "scale": {"type": "log", "domain": [low, high], "nice": False, "zero": False},
+        "axis": {"format": ".3~g", "tickCount": 6},
         "title": f"{f.label}: {c.current_label} / {c.baseline_label}",
     }
     colour = {
@@ -415,7 +433,9 @@ def ratio_spec(c: Comparison, figure: str, data: list[Record]) -> dict[str, Any]
             "anchor": "start",
         },
         "width": RATIO_WIDTH_PX,
-        "height": {"step": RATIO_STEP_PX} if labelled else RATIO_HEIGHT_PX,
+        "height": max(RATIO_MIN_HEIGHT_PX, RATIO_STEP_PX * len(data))
+        if labelled
+        else RATIO_HEIGHT_PX,
         "data": {"values": data},
         "layer": [
             {
@@ -446,6 +466,12 @@ def ratio_section(comparisons: Sequence[Comparison]) -> Section:
             if data:
                 title = f"ratio of {figure}, {c.current_label} / {c.baseline_label}"
                 charts.append(
-                    DrawnChart(f"ratio-{i}-{figure}", title, ratio_spec(c, figure, data), len(data))
+                    DrawnChart(
+                        f"ratio-{i}-{figure}",
+                        title,
+                        ratio_spec(c, figure, data),
+                        len(data),
+                        fitted=True,
+                    )
                 )
     return Section(tuple(charts))

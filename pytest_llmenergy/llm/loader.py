@@ -181,8 +181,8 @@ class LoadedModel:
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=self._generation_config(output_tokens),
-                past_key_values=self._new_cache(),
                 streamer=streamer,
+                **self._cache_kwargs(),
             )
         self._synchronize()
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
@@ -204,8 +204,8 @@ class LoadedModel:
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
-                past_key_values=self._new_cache(),
                 use_cache=True,
+                **self._cache_kwargs(),
             )
             out.logits[:, -1, :].argmax(dim=-1)
         self._synchronize()
@@ -272,14 +272,17 @@ class LoadedModel:
         )
         return GenerationConfig(**params)
 
-    def _new_cache(self) -> Any:
-        """An empty cache object owned by this call alone."""
+    def _cache_kwargs(self) -> dict[str, Any]:
+        """A new, empty cache owned by this call alone, under the keyword this
+        transformers takes: ``cache`` where the model's forward has it (transformers 5.x
+        renamed ``past_key_values``, which now warns), else ``past_key_values``."""
         from transformers import DynamicCache
 
         try:
-            return DynamicCache(config=self.model.config)
+            cache = DynamicCache(config=self.model.config)
         except TypeError:  # transformers before 4.56 takes no config
-            return DynamicCache()
+            cache = DynamicCache()
+        return {_cache_keyword(type(self.model)): cache}
 
     def _synchronize(self) -> None:
         """Wait for queued GPU work so that time and energy land in the right phase."""
@@ -290,6 +293,16 @@ class LoadedModel:
                 torch.cuda.synchronize(i)
         elif self.device.type == "mps":
             torch.mps.synchronize()
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    """The keyword this model class's forward (and so its generate) takes its KV cache
+    by; read from the signature once per class, so no call passes a deprecated name."""
+    import inspect
+
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 @functools.cache

@@ -43,8 +43,11 @@ from ..storage.store import (
     check_run_name,
 )
 from ..tables import render
-from .measuring import Metering, header_lines
+from .measuring import Metering, fail_session, header_lines
 from .option_rows import Option, Section
+
+# What pytest's last line counts a failed gate as: ``2 passed, 1 energy gate failed``.
+GATE_FAILED_OUTCOME = "energy gate failed"
 
 
 @dataclass(frozen=True)
@@ -146,8 +149,20 @@ class Keeper:
         save_failed = bool(self.export_errors) or (
             self.recorder is not None and bool(self.recorder.errors)
         )
-        if (failed or save_failed) and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if failed:
+            fail_session(session, self._gate_failure(), GATE_FAILED_OUTCOME)
+        if save_failed:
+            fail_session(session, "a file was not written; see above", "file not written")
+
+    def _gate_failure(self) -> str:
+        """The failed gate in a few words (the comparison above names every case)."""
+        c = self.comparison
+        assert c is not None
+        gates = ", ".join(str(g) for g in c.gates)
+        if c.failed:
+            cases = len({d.name for d in c.failures})
+            return f"energy gate FAILED ({gates}): {cases} case(s) significantly worse"
+        return f"energy gate inconclusive ({gates}), and --energy-strict fails on that"
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         def write(line: str, **markup: bool) -> None:  # one logical line, fitted
@@ -208,7 +223,7 @@ class Keeper:
             keep.saving or keep.json_path or keep.report_path
         ):
             return
-        commit = commit_info(self.config.rootpath)
+        commit = commit_info(self.config.rootpath, own=[keep.storage])
         header = new_run(
             name=keep.save or autosave_name(commit),
             hardware=self.hardware,

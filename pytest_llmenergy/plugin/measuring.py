@@ -39,6 +39,31 @@ def header_lines(config: pytest.Config, lines: list[str]) -> list[str]:
     return out
 
 
+def fail_session(session: pytest.Session, why: str, outcome: str) -> None:
+    """Exit 1 and say why on the last lines a user reads, where pytest says it: ``why`` on
+    the red ``!!!`` line above pytest's last one (``session.shouldfail``, as ``-x`` says
+    "stopping after 1 failures"), and ``outcome`` counted on that last line beside the
+    tests' outcomes (``2 passed, 1 energy gate failed``), as plugins that add an outcome
+    do (pytest-rerunfailures' ``rerun``).  Tests that passed still say ``passed``."""
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not session.shouldfail:
+        session.shouldfail = PREFIX + why
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.stats.setdefault(outcome, []).append(SessionOutcome(why))
+
+
+@dataclass(frozen=True)
+class SessionOutcome:
+    """An entry of the terminal's outcome counts that is no test's report: plugins that
+    read every entry (hypothesis's) find a plain object with a ``nodeid``."""
+
+    why: str
+    nodeid: str = ""
+    count_towards_summary: bool = True
+
+
 @dataclass(frozen=True)
 class MeasureSettings:
     backend: str = "auto"

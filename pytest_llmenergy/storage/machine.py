@@ -16,9 +16,9 @@ import platform
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -263,11 +263,15 @@ def _git(args: list[str], cwd: str | os.PathLike[str]) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def commit_info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
+def commit_info(
+    path: str | os.PathLike[str] = ".", *, own: Sequence[str | os.PathLike[str]] = ()
+) -> dict[str, Any]:
     """The commit of the git work tree at ``path`` (as pytest-benchmark records it); else {}.
 
     ``dirty`` is True when ``git status --porcelain`` lists anything (tracked or
-    untracked), None if that could not be asked.
+    untracked), None if that could not be asked.  ``own`` are folders the tool itself
+    writes (the run storage): what is in them changes no code, and counting it would mark
+    every session after the first as uncommitted (whose runs teach a gate no noise).
     """
     top = _git(["rev-parse", "--show-toplevel"], path)
     if not top:
@@ -275,7 +279,10 @@ def commit_info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
     sha = _git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], path)
     if not sha:
         return {}  # no commit yet
-    status = _git(["status", "--porcelain", "--untracked-files=normal"], path)
+    status = _git(
+        ["status", "--porcelain", "--untracked-files=normal", "--", ":/", *_excluded(top, own)],
+        path,
+    )
     return {
         "id": sha,
         "short_id": sha[:12],
@@ -284,6 +291,19 @@ def commit_info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
         "dirty": None if status is None else bool(status),
         "project": PurePath(top).name or None,
     }
+
+
+def _excluded(top: str, folders: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """git pathspecs leaving out those of ``folders`` that lie in the work tree."""
+    specs = []
+    for folder in folders:
+        try:
+            inside = Path(folder).resolve().relative_to(Path(top).resolve())
+        except (ValueError, OSError):
+            continue  # elsewhere: git does not see it anyway
+        if inside.parts:
+            specs.append(f":(top,exclude){inside.as_posix()}")
+    return specs
 
 
 # -- storage key -----------------------------------------------------------------------

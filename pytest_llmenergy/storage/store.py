@@ -373,9 +373,8 @@ class Storage:
                 raise RunFileError(
                     spec, f"no such run file, nor a saved run of that name in {self.root}"
                 )
-            known = ", ".join(r.ref for r in self.runs()[-5:]) or "none saved yet"
             raise ConfigError(
-                f"no saved run {spec!r} in {self.root} (latest: {known}); save one with "
+                f"no saved run {spec!r} in {self.root} ({self._saved_text()}); save one with "
                 "--energy-save=NAME or --energy-autosave, or pass a run file's path"
             )
         folders = sorted({r.hardware for r in candidates})
@@ -383,6 +382,21 @@ class Storage:
             refs = ", ".join(f"{h}/{key}" for h in folders)
             raise ConfigError(f"run {spec!r} exists for several machines; say which: {refs}")
         return candidates[-1].path
+
+    def _saved_text(self, shown: int = 5) -> str:
+        """``saved: 0001_base, 0002_head``: the runs, each as it can be named here (its
+        file name; with the hardware folder when there are several); the last few of
+        ``llmenergy list`` when there are many."""
+        runs = self.runs()
+        if not runs:
+            return "none saved yet"
+        several = len({r.hardware for r in runs}) > 1
+        names = [f"{r.hardware}/{r.path.stem}" if several else r.path.stem for r in runs]
+        if len(names) <= shown:
+            return f"saved: {', '.join(names)}"
+        return (
+            f"{len(names)} saved, the last {shown} of llmenergy list: {', '.join(names[-shown:])}"
+        )
 
     @staticmethod
     def _matching(runs: list[StoredRun], key: str) -> list[StoredRun]:
