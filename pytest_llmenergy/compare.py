@@ -714,12 +714,12 @@ def evidence_line(c: Comparison) -> str:
     if c.speed_note:
         text += f"; {c.speed_note}"
     thresholds = [g.threshold for g in c.gates if g.relative]
-    if thresholds and math.isfinite(found) and found > max(thresholds) and not c.paired_trials:
-        text += (
-            f"; it cannot see a regression of its own threshold ({max(thresholds):.0%}): "
-            "measure base and head side by side (llmenergy ab BASE_DIR HEAD_DIR)"
-        )
-    if any(d.test is not None and d.test.source == PRIOR for d in c.deltas):
+    blind = bool(thresholds) and math.isfinite(found) and found > max(thresholds)
+    if blind and not c.paired_trials:
+        text += f"; it cannot see a regression of its own threshold ({max(thresholds):.0%})"
+    if (blind and not c.paired_trials) or any(
+        d.test is not None and d.test.source == PRIOR for d in c.deltas
+    ):
         text += (
             "; to see smaller regressions, measure base and head side by side "
             "(llmenergy ab BASE_DIR HEAD_DIR), or the baseline in several sessions "

@@ -23,7 +23,7 @@ PAGE = ROOT / "docs" / "exit-codes.md"
 
 def table_rows() -> list[tuple[str, int]]:
     """(command, exit code) of every row of the page's table."""
-    rows = re.findall(r"^\| `([^`]+)` \| (\d) \|", PAGE.read_text(), re.M)
+    rows = re.findall(r"^\| `([^`]+)` \| (\d+) \|", PAGE.read_text(), re.M)
     return [(command, int(code)) for command, code in rows]
 
 
@@ -49,10 +49,17 @@ def _pytest_failed(project: pytest.Pytester, tmp_path: Path) -> None:
     ), last
     assert re.fullmatch(r"=+ 2 passed, 1 energy gate failed in [\d.]+s =+", last[1]), last
     # an export that cannot be written: exit 1, and the last line says that too
-    (project.path / "a-folder").mkdir()
-    result = run(project, "--energy-export=csv:a-folder")
+    # (a folder there at start is refused at once, exit 4: it becomes one meanwhile)
+    project.makeconftest(
+        (project.path / "conftest.py").read_text()
+        + "\n\nimport pytest, pathlib\n\n\n@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_sessionfinish(session):\n    pathlib.Path('out.csv').mkdir()\n"
+    )
+    result = run(project, "--energy-export=csv:out.csv")
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*could not export csv to a-folder*", "*1 file not written*"])
+    result.stdout.fnmatch_lines(["*could not export csv to out.csv*", "*1 file not written*"])
+    (project.path / "out.csv").rmdir()
+    assert run(project, "--energy-export=csv:a-folder-that-is/x.csv").ret == 4
     # a failing test is pytest's own 1
     project.makepyfile(test_fails="def test_fails(): assert False")
     assert run(project).ret == 1
@@ -158,6 +165,64 @@ def _commands_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         assert "error: " in capsys.readouterr().err.splitlines()[-1]  # argparse's one line
 
 
+def _ab_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_pairing import COMMON, _ab, _project
+
+    base = _project(tmp_path, "base")
+    head = _project(tmp_path, "head", extra="\nSLOWER = 0.3\n")
+    done = _ab(tmp_path, str(base), str(head), "--gate", "j_per_token:5%", *COMMON)
+    assert done.returncode == 1, done.stderr
+    assert "energy gate FAILED (j_per_token:5%)" in done.stdout
+    unchanged = _ab(tmp_path, str(base), str(base), *COMMON)
+    assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+
+
+def _ab_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_pairing import COMMON, _ab, _project
+
+    base = _project(tmp_path, "base")
+    extra = (
+        "\n\ndef test_new(energy_benchmark):\n"
+        "    energy_benchmark(work, 0.01, input_tokens=1, output_tokens=8)\n"
+    )
+    head = _project(tmp_path, "head", extra=extra)
+    assert _ab(tmp_path, str(base), str(head), "--strict", *COMMON).returncode == 1
+
+
+def _ab_side_failed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_pairing import COMMON, _ab, _project
+
+    base = _project(tmp_path, "base")
+    done = _ab(tmp_path, str(base), str(base), "--base-arg=--energy-backend=nosuch", *COMMON)
+    assert done.returncode == 3 and "the base side failed" in done.stderr
+
+
+def _commands_interrupted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_cli import BLOCKING
+
+    (tmp_path / "driver.py").write_text(BLOCKING)
+    child = subprocess.Popen(
+        [sys.executable, "driver.py", "list"],
+        cwd=tmp_path,
+        env={**os.environ, "BLOCK_AT": "runs"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stderr is not None and child.stderr.readline() == "blocked\n"
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130 and "Traceback" not in err and len(err.splitlines()) == 1
+
+
 def _leaf_commands(parser: argparse.ArgumentParser) -> list[list[str]]:
     found: list[list[str]] = []
     for action in parser._actions:
@@ -179,6 +244,10 @@ CLI_SCENARIOS: dict[tuple[str, int], Callable[[Path, pytest.CaptureFixture[str]]
     ("llmenergy compare --fail-on", 1): _compare_fails,
     ("llmenergy compare --strict", 1): _compare_strict,
     ("llmenergy report --gate", 1): _report_fails,
+    ("llmenergy ab --gate", 1): _ab_fails,
+    ("llmenergy ab --strict", 1): _ab_strict,
+    ("llmenergy ab", 3): _ab_side_failed,
+    ("llmenergy COMMAND", 130): _commands_interrupted,
     ("llmenergy COMMAND", 0): _commands_ok,
     ("llmenergy COMMAND", 2): _commands_bad_input,
 }
