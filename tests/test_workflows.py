@@ -60,7 +60,11 @@ def test_energy_gate_runs_only_when_enabled_and_forks_only_after_a_label() -> No
     for name, job in jobs.items():
         assert "vars.LLMENERGY_ENERGY_GATE == 'on'" in job["if"], name
         assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
-    assert guarded(jobs["alternate"]["if"]) and guarded(jobs["against-baseline"]["if"])
+    assert guarded(jobs["paired"]["if"]) and guarded(jobs["alternate"]["if"])
+    assert guarded(jobs["against-baseline"]["if"])
+    # one mode at a time: paired by default, the others when asked
+    assert "vars.LLMENERGY_GATE_MODE == ''" in jobs["paired"]["if"]
+    assert "vars.LLMENERGY_GATE_MODE == 'alternate'" in jobs["alternate"]["if"]
     assert "github.event_name == 'push'" in jobs["baseline"]["if"]
     uploads = [s for s in jobs["baseline"]["steps"] if "upload-artifact" in s.get("uses", "")]
     assert uploads[0]["with"]["name"] == "energy-baseline"
@@ -68,7 +72,20 @@ def test_energy_gate_runs_only_when_enabled_and_forks_only_after_a_label() -> No
     assert "fork" in header and "energy-gate:run" in header
 
 
-def test_the_default_job_measures_base_and_head_alternately_then_pools() -> None:
+def test_the_default_job_measures_base_and_head_in_one_paired_run() -> None:
+    job = workflow("energy-gate.yml")["jobs"]["paired"]
+    refs = [s["with"]["ref"] for s in job["steps"] if "checkout" in s.get("uses", "")]
+    assert refs == [
+        "${{ github.event.pull_request.base.sha }}",
+        "${{ github.event.pull_request.head.sha }}",
+    ]
+    calls = [w for w in commands(workflow("energy-gate.yml"), "paired") if w[0] == "llmenergy"]
+    assert [c[3] for c in calls] == ["ab", "report"]
+    assert calls[0][4:6] == ["base", "head"] and "--gate" in calls[0] and "--save" in calls[0]
+    assert calls[1][4:6] == ["pr-base", "pr-head"]  # the HTML report of the pair
+
+
+def test_the_alternating_job_measures_base_and_head_alternately_then_pools() -> None:
     job = workflow("energy-gate.yml")["jobs"]["alternate"]
     refs = [s["with"]["ref"] for s in job["steps"] if "checkout" in s.get("uses", "")]
     assert refs == [
@@ -86,7 +103,11 @@ def test_the_default_job_measures_base_and_head_alternately_then_pools() -> None
 
 def test_the_gate_jobs_keep_the_html_report_and_link_it_from_the_summary() -> None:
     flow = workflow("energy-gate.yml")
-    for name, report in (("alternate", "runs/"), ("against-baseline", "energy-pr.html")):
+    for name, report in (
+        ("paired", "runs/"),
+        ("alternate", "runs/"),
+        ("against-baseline", "energy-pr.html"),
+    ):
         steps = flow["jobs"][name]["steps"]
         keep = next(s for s in steps if s.get("id") == "keep")
         assert report in keep["with"]["path"]
@@ -128,13 +149,16 @@ def test_every_gate_and_cli_call_in_the_workflows_parses() -> None:
             if w.startswith("--energy-compare-fail="):
                 parse_gate(w.split("=", 1)[1])
         if words[0] == "llmenergy":
+            words = words[: words.index("--")] if "--" in words else words  # ab: pytest's
             # the shell expands runs/base-*.json into one file per round
             rounds = [w.replace("*", str(i)) for w in words[1:] for i in (1, 2) if "*" in w]
             args = _parser().parse_args([w for w in words[1:] if "*" not in w] + rounds)
             calls.append(args.command)
-            if args.command == "compare":
+            if args.command in ("compare", "ab"):
                 assert args.format == "markdown"
-    assert sorted(calls) == ["compare", "compare", "export", "merge", "merge", "report"]
+    assert sorted(calls) == [
+        "ab", "compare", "compare", "export", "merge", "merge", "report", "report"
+    ]  # fmt: skip
 
 
 def test_the_workflow_linter_runs_in_ci_and_tox() -> None:
