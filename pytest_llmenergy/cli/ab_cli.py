@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import values
 from ..commandline import Command, Outcome
-from ..compare import GATE_EXAMPLES, Comparison, compare_cases, comparison_table, parse_gates
+from ..compare import Comparison, compare_cases, comparison_table, parse_gates
 from ..compare import verdict_lines as gate_verdict_lines
 from ..errors import ConfigError
 from ..figures import FIGURES
@@ -38,7 +38,7 @@ from ..pairing.coordinator import Coordinator, accept_sides, listen
 from ..pairing.turns import GateRule
 from ..storage.store import DERIVED_FILE, Storage, check_run_name
 from ..tables import render
-from .cli_args import checked, table_width
+from .cli_args import checked, gate_argument, table_width
 
 DEFAULT_GATE = "j_per_token:5%"
 # How long a side may take from its start to its first word (importing torch, collecting).
@@ -53,14 +53,11 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
     ab.usage = "llmenergy ab BASE HEAD [options] -- [PYTEST_ARGS ...]"
     ab.epilog = "after --: what each side runs, e.g. -- benchmarks/ --llm-grid=quick"
     ab.set_defaults(pytest_args=[])
-    ab.add_argument(
+    gate_argument(
+        ab,
         "--gate",
-        action="append",
-        default=[],
-        type=checked(parse_gates),
-        metavar="EXPR",
-        help=f"repeatable; exit 1 when head is worse than base beyond it, significantly "
-        f"(default {DEFAULT_GATE}): {GATE_EXAMPLES}".replace("%", "%%"),
+        f"repeatable; exit 1 when head is worse than base beyond it, significantly "
+        f"(default {DEFAULT_GATE})",
     )
     ab.add_argument("--base-python", metavar="PY", help="the base side's Python (default: this)")
     ab.add_argument("--head-python", metavar="PY", help="the head side's Python (default: this)")

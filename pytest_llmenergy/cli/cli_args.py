@@ -49,6 +49,21 @@ def checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
+def gate_argument(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+    """A repeatable gate flag (``--fail-on``, ``--gate``): parsed as every gate is, one
+    line on a bad one; ``what`` says what a failed gate does."""
+    from ..compare import GATE_EXAMPLES, parse_gates
+
+    parser.add_argument(
+        flag,
+        action="append",
+        default=[],
+        type=checked(parse_gates),
+        metavar="EXPR",
+        help=f"{what}: {GATE_EXAMPLES}".replace("%", "%%"),
+    )
+
+
 def table_width(fmt: str) -> int | None:
     """Fit terminal tables to the terminal; text piped into a file keeps every column
     unless COLUMNS asks otherwise."""

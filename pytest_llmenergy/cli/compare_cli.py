@@ -13,7 +13,6 @@ from typing import Any
 from .. import values
 from ..commandline import Command, Outcome
 from ..compare import (
-    GATE_EXAMPLES,
     Comparison,
     Gate,
     Lineup,
@@ -35,7 +34,7 @@ from ..sessions import DEFAULT_SESSION_NOISE
 from ..storage.runfile import Run
 from ..storage.store import DERIVED_FILE, FOLDER, STORAGE_HELP, Storage
 from ..tables import FORMATS, Table, render
-from .cli_args import TwoOrMore, checked, counted, runs_of, table_width
+from .cli_args import TwoOrMore, checked, counted, gate_argument, runs_of, table_width
 
 DEFAULT_CONFIDENCE = 0.95
 
@@ -60,14 +59,10 @@ def _compare_arguments(cmp_: argparse.ArgumentParser) -> None:
         help=f"figure to put side by side, repeatable (default: {DEFAULT_GATE_METRIC}); "
         f"one of {', '.join(per_trial_keys())} (llmenergy metrics explains them)",
     )
-    cmp_.add_argument(
+    gate_argument(
+        cmp_,
         "--fail-on",
-        action="append",
-        default=[],
-        type=checked(parse_gates),
-        metavar="EXPR",
-        help=f"exit 1 when a run regresses against the first beyond a gate, significantly: "
-        f"{GATE_EXAMPLES}".replace("%", "%%"),
+        "exit 1 when a run regresses against the first beyond a gate, significantly",
     )
     cmp_.add_argument(
         "--strict",
@@ -92,15 +87,11 @@ def _report_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "--out", required=True, metavar="FILE", help="the HTML file (an existing one is replaced)"
     )
-    rep.add_argument(
+    gate_argument(
+        rep,
         "--gate",
-        action="append",
-        default=[],
-        type=checked(parse_gates),
-        metavar="EXPR",
-        help=f"gate the later runs against the first, as compare --fail-on does: each "
-        f"case's verdict is on the page, and the command exits 1 when a gate fails: "
-        f"{GATE_EXAMPLES}".replace("%", "%%"),
+        "gate the later runs against the first, as compare --fail-on does: each case's "
+        "verdict is on the page, and the command exits 1 when a gate fails",
     )
     rep.add_argument(
         "--confidence",
