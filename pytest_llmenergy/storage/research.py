@@ -87,24 +87,44 @@ class Row:
     rejected: str = ""
 
 
+# A count beyond this is no token count or iteration (and 1e300 would make a 300-digit int).
+_MAX_COUNT = 10**9
+
+
 def _number(
     row: Mapping[str, str], column: str, where: str, kind: type = float, signed: bool = False
 ) -> Any:
+    """A finite number (``inf``, ``nan`` and ``1e400`` are not), >= 0 unless ``signed``;
+    an ``int`` column takes whole numbers only."""
     text = (row.get(column) or "").strip()
     try:
-        value = kind(float(text)) if kind is int else float(text)
+        value = float(text)
     except ValueError:
-        raise ConfigError(f"{where}: {column} is {text!r}, not a number") from None
+        raise ConfigError(f"{where}: {column} is {_cell(text)}, not a number") from None
+    expected = "a whole number >= 0" if kind is int else "a number >= 0"
     if not math.isfinite(value) or (value < 0 and not signed):
-        raise ConfigError(f"{where}: {column} is {text!r}; expected a number >= 0")
+        raise ConfigError(f"{where}: {column} is {_cell(text)}; expected {expected}")
+    if kind is int:
+        if not value.is_integer() or value > _MAX_COUNT:
+            raise ConfigError(
+                f"{where}: {column} is {_cell(text)}; expected a whole number from 0 to "
+                f"{_MAX_COUNT:,}"
+            )
+        return int(value)
     return value
+
+
+def _cell(text: str) -> str:
+    """A cell's text in a message: quoted, one line, short."""
+    return repr(text[:40]) + ("…" if len(text) > 40 else "")
 
 
 def read_rows(path: str | Path) -> list[Row]:
     """The trials of one of the research's CSVs (warm-up and start-up rows left out)."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark
+        with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             sweep_column = next((c for c in _SWEEP_COLUMNS if c in header), None)
@@ -157,6 +177,8 @@ def _row(raw: Mapping[str, str], sweep: str, size_column: str, where: str) -> Ro
         raise ConfigError(f"{where}: Runtime (s) is {seconds!r}; expected a duration > 0")
     cpu_j = _number(raw, "CPU Energy (J)", where, signed=True)
     gpu_j = _number(raw, "GPU Energy (J)", where, signed=True)
+    if not math.isfinite(cpu_j + gpu_j):  # each finite, their sum (the trial's) is not
+        raise ConfigError(f"{where}: CPU Energy (J) + GPU Energy (J) is beyond a double's range")
     negative = [f"{name} {j:g} J" for name, j in (("CPU", cpu_j), ("GPU", gpu_j)) if j < 0]
     return Row(
         system=system,
