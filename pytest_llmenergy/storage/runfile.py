@@ -31,7 +31,7 @@ from typing import Any
 
 from ..controller.rule import ControllerSettings
 from ..controller.targets import CITarget
-from ..errors import ConfigError, LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError, one_line
 from ..meters.resources import ResourceUsage
 from ..results import CaseResult, GpuTelemetry, PhaseRecord, RequestRecord, Trial
 
@@ -66,15 +66,6 @@ class RunFileError(LLMEnergyError):
         super().__init__(f"{one_line(os.fspath(path))}: {problem}")
         self.path = Path(path)
         self.problem = problem
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """Text from a file (a field's name or value, a file's name) as one short line of a
-    message: control characters escaped, cut at ``limit`` characters."""
-    if text.isprintable() and len(text) <= limit:
-        return text
-    shown = repr(text[:limit])[1:-1]
-    return shown + ("…" if len(text) > limit else "")
 
 
 @dataclass(frozen=True)
@@ -393,7 +384,8 @@ def _path(where: tuple[Any, str | int] | None) -> str:
 
 
 def _check_text(text: str, where: tuple[Any, str | int]) -> None:
-    """Half a surrogate pair (``"\ud800"``) decodes, then fails every print and write."""
+    """Half a surrogate pair (``"\\ud800"`` in JSON) decodes, then fails every print
+    and every write."""
     if not text.isascii():
         try:
             text.encode("utf-8")
