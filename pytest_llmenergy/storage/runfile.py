@@ -683,7 +683,9 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
             schema_version=version,
         )
     except _Bad as exc:
-        raise RunFileError(path, f"corrupt run file: {exc}") from None
+        raise RunFileError(
+            path, f"corrupt run file: {exc}; re-run the benchmarks or delete the file"
+        ) from None
 
 
 def load(path: str | os.PathLike[str]) -> Run:
