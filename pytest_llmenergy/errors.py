@@ -10,7 +10,7 @@ def one_line(text: str, limit: int = 300) -> str:
     value) as one short line of a message: control characters escaped, cut at ``limit``."""
     if text.isprintable() and len(text) <= limit:
         return text
-    shown = repr(text[:limit])[1:-1]
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + ("…" if len(text) > limit else "")
 
 
