@@ -43,6 +43,7 @@ from pytest_llmenergy.routing.workload import WorkloadError, load_workload
 from pytest_llmenergy.storage.research import _NEEDED, read_rows, system_runs
 from pytest_llmenergy.storage.runfile import (
     COMPLETE,
+    MAX_MAGNITUDE,
     Run,
     RunFileError,
     case_dict,
@@ -222,7 +223,7 @@ def check_read(run: Run) -> None:
         assert case.input_tokens >= 0 and case.output_tokens >= 0
         for t in (*case.trials, *case.disturbed, *case.prefill_passes):
             numbers = [t.seconds, t.joules, t.net_joules, *t.joules_by_domain.values()]
-            assert all(math.isfinite(n) for n in numbers)
+            assert all(math.isfinite(n) and abs(n) <= MAX_MAGNITUDE for n in numbers)
             if not t.rejected:
                 assert (
                     t.seconds >= 0
@@ -254,7 +255,7 @@ def test_any_text_is_a_run_or_one_line(text: str) -> None:
     read_or_refuse(text)
 
 
-@bounded(250)
+@bounded(400)
 @given(spoiled())
 def test_a_spoiled_run_file_is_read_safely_or_refused_in_one_line(text: str) -> None:
     read_or_refuse(text)
@@ -282,7 +283,7 @@ def run_cli(*argv: object) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-@bounded(25)
+@bounded(40)
 @given(st.one_of(HOSTILE_TEXT, spoiled()))
 @example("[" * 200_000)
 def test_a_hostile_file_in_the_storage_leaves_the_others_listed_and_usable(text: str) -> None:
@@ -356,7 +357,7 @@ HEADER = [*_NEEDED, "Output Token Limit"]
 @st.composite
 def research_csv(draw: st.DrawFn) -> bytes:
     header = draw(st.permutations(HEADER))
-    if draw(st.booleans()):
+    if draw(st.integers(0, 4)) == 4:  # a column missing, now and then
         header = header[: draw(st.integers(0, len(header)))]
     good = {
         "Phase": "inference",
@@ -373,7 +374,7 @@ def research_csv(draw: st.DrawFn) -> bytes:
     rows = []
     for _ in range(draw(st.integers(0, 4))):
         row = dict(good)
-        for column in draw(st.lists(st.sampled_from(HEADER), max_size=3)):
+        for column in draw(st.lists(st.sampled_from(HEADER), max_size=2)):
             row[column] = draw(CELLS)
         rows.append([row[c] for c in header])
     text = io.StringIO()
@@ -381,7 +382,7 @@ def research_csv(draw: st.DrawFn) -> bytes:
     data = text.getvalue().encode("utf-8")
     if draw(st.booleans()):
         data = b"\xef\xbb\xbf" + data  # a spreadsheet's "CSV UTF-8"
-    if draw(st.booleans()):
+    if draw(st.integers(0, 3)) == 3:  # a stray byte
         at = draw(st.integers(0, len(data)))
         data = data[:at] + draw(st.sampled_from([b"\xff", b"\x00", b"\r", b'"', b","])) + data[at:]
     return data

@@ -242,6 +242,18 @@ def good_text() -> str:
             "cases[0].trials[0].phases.decode.seconds is -1.0",
         ),
         (
+            _edit(lambda d: d["cases"][0]["trials"][2].update(joules=1e300)),
+            "cases[0].trials[2].joules is 1e+300; no measurement is that large",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][2].update(net_joules=-2e15)),
+            "cases[0].trials[2].net_joules is -2e+15; no measurement is that large",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0]["joules_by_domain"].update({"x": 1e16})),
+            "cases[0].trials[0].joules_by_domain.x is 1e+16; no measurement is that large",
+        ),
+        (
             _edit(lambda d: d["cases"][0].update(output_tokens=-4)),
             "cases[0].output_tokens is -4; it cannot be below 0",
         ),

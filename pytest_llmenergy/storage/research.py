@@ -29,7 +29,7 @@ from ..controller.targets import CITarget
 from ..errors import ConfigError
 from ..results import ROUNDS, CaseResult, Trial
 from .machine import _slug
-from .runfile import COMPLETE, Run, dumps
+from .runfile import COMPLETE, MAX_MAGNITUDE, Run, dumps
 from .store import STORAGE_HELP, Storage, check_run_name
 
 # The research's model names, and the hub ids their configs are built in under
@@ -111,6 +111,11 @@ def _number(
                 f"{_MAX_COUNT:,}"
             )
         return int(value)
+    if abs(value) > MAX_MAGNITUDE:  # the run file would refuse it: never write it
+        raise ConfigError(
+            f"{where}: {column} is {_cell(text)}; no measurement is that large "
+            f"(at most {MAX_MAGNITUDE:g})"
+        )
     return value
 
 
@@ -177,8 +182,6 @@ def _row(raw: Mapping[str, str], sweep: str, size_column: str, where: str) -> Ro
         raise ConfigError(f"{where}: Runtime (s) is {seconds!r}; expected a duration > 0")
     cpu_j = _number(raw, "CPU Energy (J)", where, signed=True)
     gpu_j = _number(raw, "GPU Energy (J)", where, signed=True)
-    if not math.isfinite(cpu_j + gpu_j):  # each finite, their sum (the trial's) is not
-        raise ConfigError(f"{where}: CPU Energy (J) + GPU Energy (J) is beyond a double's range")
     negative = [f"{name} {j:g} J" for name, j in (("CPU", cpu_j), ("GPU", gpu_j)) if j < 0]
     return Row(
         system=system,

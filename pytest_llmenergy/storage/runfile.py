@@ -10,6 +10,8 @@ What a reader refuses, whoever wrote the file (one line naming the file and the 
 - JSON nested more than 32 levels deep (a run file needs 8), an object with a key
   twice, a string with half of a UTF-16 surrogate pair, NaN or Infinity, a number
   beyond a double's range (``1e400``) and an integer of more than 19 digits;
+- a figure beyond 10^15 either way (``1e300`` seconds: no trial measures that much, and
+  the statistics of such numbers would leave a double's range);
 - a physical quantity below zero: seconds, joules, watts, bytes, token counts,
   GPU clocks and times, a trial's busy-machine share, a case's meter resolution and
   speed reference.  Two figures may be negative: net joules (gross minus idle power x
@@ -288,6 +290,9 @@ def dumps(run: Run, encoded_cases: Sequence[str] | None = None) -> str:
 MAX_DEPTH = 32
 # |n| < 10**19: more than any count, byte size or clock; a float would lose digits beyond.
 _MAX_INT_DIGITS = 19
+# No figure of a trial comes near it (10**15 s is 30 million years, 10**15 J 280 GWh), and
+# below it the statistics' squares and sums never leave a double's range.
+MAX_MAGNITUDE = 1e15
 
 
 class _Hostile(ValueError):
@@ -403,6 +408,9 @@ def _shown(key: object) -> str:
     return repr(text[:40]) + ("…" if len(text) > 40 else "")
 
 
+_TOO_LARGE = f"no measurement is that large (at most {MAX_MAGNITUDE:g} either way)"
+
+
 class _Bad(Exception):
     """A field that is missing or of the wrong type; carries where it is."""
 
@@ -445,6 +453,8 @@ class _Reader:
             raise _Bad(f"{self._at(key)} should be {_kind_name(wanted)}")
         if least is not None and isinstance(value, int | float) and value < least:
             raise _Bad(f"{self._at(key)} is {value!r}; it cannot be below {least:g}")
+        if isinstance(value, float) and abs(value) > MAX_MAGNITUDE:
+            raise _Bad(f"{self._at(key)} is {value:g}; {_TOO_LARGE}")
         return value
 
     def amount(self, key: str, *, optional: bool = False, signed: bool = False) -> Any:
@@ -473,6 +483,8 @@ class _Reader:
                 raise _Bad(f"{self._at(key)}.{_shown(name)} should be a number")
             if not signed and value < 0:
                 raise _Bad(f"{self._at(key)}.{_shown(name)} is {value!r}; it cannot be below 0")
+            if abs(value) > MAX_MAGNITUDE:
+                raise _Bad(f"{self._at(key)}.{_shown(name)} is {value:g}; {_TOO_LARGE}")
             out[str(name)] = float(value)
         return out
 
