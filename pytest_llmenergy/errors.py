@@ -5,6 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """Text from a file or a user (a field's name or value, a file's name, an option's
+    value) as one short line of a message: control characters escaped, cut at ``limit``."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("…" if len(text) > limit else "")
+
+
 class LLMEnergyError(Exception):
     """Base class of every error this package raises on purpose."""
 

@@ -91,8 +91,9 @@ def integer(low: int = 0, high: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         stripped = text.strip()
-        if not re.fullmatch(r"[+-]?[0-9]+", stripped):
-            raise ConfigError(f"expected a whole number {bounds}, got {text!r}")
+        # 20 digits at most: int() refuses 4300 with advice that does not apply here
+        if not re.fullmatch(r"[+-]?[0-9]{1,20}", stripped):
+            raise ConfigError(f"expected a whole number {bounds}, got {text[:40]!r}")
         value = int(stripped)
         if value < low or (high is not None and value > high):
             raise ConfigError(f"expected a whole number {bounds}, got {text!r}")

@@ -138,9 +138,46 @@ def test_list_shows_an_unreadable_run_as_a_row(
     path.write_text(path.read_text()[:200])  # a write cut off
     code, out, _ = cli(capsys, "--storage", two_machines, "list")
     assert code == 0
-    line = next(line for line in out.splitlines() if line.startswith(f"{HW_A}/0002"))
-    assert "cut" in line and "unreadable: " in line and "truncated" in line
+    row = row_of(out, f"{HW_A}/0002")
+    assert (row[1], row[3]) == ("cut", "unreadable")
+    # why, under the table: a long reason in the cell would push the status column out
+    assert f"{HW_A}/0002: not a readable run file: the JSON is truncated" in out
     assert row_of(out, f"{HW_B}/0001")[1] == "gpu-run"  # the others are still listed
+    code, out, _ = cli(capsys, "--storage", two_machines, "list", "--format", "csv")
+    assert code == 0 and 'cut,,"unreadable: not a readable run file: the JSON is truncated' in out
+
+
+def test_one_hostile_file_leaves_every_other_run_usable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 33: a file named like a run holding 200,000 ``[`` took every command down
+    with a RecursionError traceback, ``llmenergy list`` of every run included."""
+    save(tmp_path, [make_case([0.1, 0.11, 0.12])], name="base")
+    head = save(tmp_path, [make_case([0.2, 0.21, 0.22])], name="head")
+    (head.parent / "0003_evil.json").write_text("[" * 200_000)
+    code, out, err = cli(capsys, "--storage", tmp_path, "list")
+    assert code == 0 and err == ""
+    assert row_of(out, f"{HW_A}/0003")[1:4] == ["evil", "—", "unreadable"]
+    assert f"{HW_A}/0003: not a readable run file: nested more than 32" in out
+    assert row_of(out, f"{HW_A}/0002")[3] == "complete"
+    code, out, _ = cli(capsys, "--storage", tmp_path, "compare", "base", "head")
+    assert code == 0 and "test_input_tokens" in out
+    code, _, _ = cli(
+        capsys, "--storage", tmp_path, "report", "base", "head", "--out", tmp_path / "r.html"
+    )
+    assert code == 0 and (tmp_path / "r.html").stat().st_size > 0
+    for command in (
+        ["show", "evil"],
+        ["compare", "base", "evil"],
+        ["merge", "base", "evil", "--out", tmp_path / "m.json"],
+    ):
+        code, out, err = cli(capsys, "--storage", tmp_path, *command)
+        assert code == 2 and out == ""
+        assert err == (
+            f"llmenergy: error: {head.parent / '0003_evil.json'}: not a readable run file: nested "
+            "more than 32 levels deep; pytest-llmenergy never writes that, so the file was "
+            "edited or damaged: delete it or move it elsewhere\n"
+        )
 
 
 def test_list_of_an_empty_storage_folder(root: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -202,3 +202,13 @@ def test_telemetry_marks_a_thermally_throttled_trial(
     assert ok.sm_clock_mhz_mean is not None and ok.sm_clock_mhz_mean < 1200
     assert "hw_thermal" in hot.throttled and (hot.thermal_s or 0) > 0
     assert hot.temperature_c_max == 92
+
+
+def test_a_state_file_that_is_no_json_is_one_line(tmp_path: Path) -> None:
+    """Issue 33: 100,000 '[' in the state file was a RecursionError traceback."""
+    for text in ("[" * 100_000, '{"format": '):
+        path = tmp_path / "state.json"
+        path.write_text(text)
+        with pytest.raises(GpuControlError, match="cannot read the GPU state file") as info:
+            StateFile(path).read()
+        assert "\n" not in str(info.value)

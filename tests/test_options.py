@@ -113,3 +113,22 @@ def test_a_bad_value_of_a_repeatable_like_option_is_one_usage_line(
         _parser().parse_args(["frontier", "r", "--max-slowdown", "fast"])
     assert stop.value.code == 2
     assert "argument --max-slowdown:" in capsys.readouterr().err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [  # issue 33: hostile values, from the command line and from the ini file
+        (["--energy-max-trials=5\nINTERNALERROR> fake"], ["--energy-max-trials=5\\nINTERNALERROR"]),
+        (["--energy-seed=" + "9" * 5000], ["expected a whole number >= 0, got '9999"]),
+        (["-o", "llmenergy_max_time=1e400"], ["llmenergy_max_time = 1e400 (ini)", "seconds >= 0"]),
+        (["-o", "llmenergy_idle=-1"], ["llmenergy_idle = -1 (ini)", "expected seconds >= 0"]),
+        (["--energy-cpu-tdp=inf"], ["--energy-cpu-tdp=inf", "expected watts > 0"]),
+    ],
+)
+def test_a_hostile_option_value_is_one_usage_line(
+    pytester: pytest.Pytester, args: list[str], needles: list[str]
+) -> None:
+    from tests.test_plugin import assert_one_line_usage_error
+
+    pytester.makepyfile("def test_x(): pass")
+    assert_one_line_usage_error(pytester.runpytest(*args), *needles)

@@ -44,18 +44,20 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     return pytester
 
 
+# the research rule: the scripted sleeps below decide the trial counts
+RESEARCH_SESSION = (
+    "--energy-backend=trace",
+    "--energy-shuffle=off",
+    "--energy-rule=research",
+    "--energy-max-background=off",  # scripted trials: no busy-machine check
+)
+
+
 def run(p: pytest.Pytester, *args: str, sleeps: str | None = None) -> pytest.RunResult:
     if sleeps is not None:
         os.environ["SLEEPS"] = sleeps
     try:
-        # the research rule: the scripted sleeps below decide the trial counts
-        return p.runpytest(
-            "--energy-backend=trace",
-            "--energy-shuffle=off",
-            "--energy-rule=research",
-            "--energy-max-background=off",  # scripted trials: no busy-machine check
-            *args,
-        )
+        return p.runpytest(*RESEARCH_SESSION, *args)
     finally:
         os.environ.pop("SLEEPS", None)
 
@@ -263,6 +265,31 @@ def test_the_latest_baseline_is_the_latest_complete_run(project: pytest.Pytester
     result.stdout.fnmatch_lines(["*compared with 0001_base*"])
 
 
+def test_a_hostile_file_in_the_storage_leaves_a_gated_saving_session_whole(
+    project: pytest.Pytester,
+) -> None:
+    """Issue 33: a file named like a run holding 200,000 ``[`` crashed a gated, saving
+    session at its end (RecursionError): its run stayed "running", no verdict, no report."""
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    [base] = saved(project)
+    (base.parent / "0002_evil.json").write_text("[" * 200_000)
+    gate = ("--energy-compare-fail=j_per_token:50%", "--energy-report=report.html")
+    notes = []
+    for baseline in ("--energy-compare", "--energy-compare=base"):  # the latest, and named
+        # a subprocess: the report's converter loads once per process
+        result = project.runpytest_subprocess(
+            *RESEARCH_SESSION, "-p", "no:randomly", baseline, *gate, "--energy-autosave"
+        )
+        assert result.ret == 0, result.stdout.str()
+        assert "Traceback" not in result.stdout.str() + result.stderr.str()
+        result.stdout.fnmatch_lines(["llmenergy: energy gate passed (j_per_token:50%)*"])
+        assert (project.path / "report.html").stat().st_size > 0
+        latest = json.loads(saved(project)[-1].read_text())
+        assert latest["run"]["status"] == "complete" and len(latest["cases"]) == 2
+        notes.append(" ".join(result.stdout.str().split()))  # the note wraps to the terminal
+    assert "skipped 0002_evil.json (unreadable: not a readable run file: nested more" in notes[0]
+
+
 def test_crashed_session_keeps_the_cases_it_finished(project: pytest.Pytester) -> None:
     project.makepyfile(
         test_zz_crash="""
@@ -295,6 +322,7 @@ def test_crashed_session_keeps_the_cases_it_finished(project: pytest.Pytester) -
         ('{"format": "pytest-llmenergy-run", "schema_version": 1, "run": {', "truncated"),
         ('{"benchmarks": []}', "not a pytest-llmenergy run file"),
         ('{"format": "pytest-llmenergy-run", "schema_version": 7}', "newer pytest-llmenergy"),
+        ("[" * 200_000, "nested more than 32 levels deep"),  # issue 33: was INTERNALERROR
     ],
 )
 def test_bad_baseline_stops_the_session_at_start(

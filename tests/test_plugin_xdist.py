@@ -96,6 +96,38 @@ def test_a_worker_result_is_checked_like_a_run_file(tmp_path: Path) -> None:
     assert decode_case(json.dumps(case_dict(case))).trials == case.trials
     with pytest.raises(LLMEnergyError, match="not a case"):
         decode_case('{"nodeid": 3}')
+    for hostile, problem in (
+        ("[" * 200_000, "nested more than 32 levels deep"),
+        ('{"nodeid": 1e400}', "nodeid: 1e400 is beyond a double's range"),
+        ('{"nodeid": "a", "nodeid": "b"}', "has the key nodeid twice"),
+    ):
+        with pytest.raises(LLMEnergyError) as info:
+            decode_case(hostile)
+        assert problem in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_worker_report_that_is_not_a_case_leaves_the_others_whole(
+    project: pytest.Pytester,
+) -> None:
+    """Issue 33: a test can write any user property, the controller's channel included;
+    what does not decode is one line naming the test, never an INTERNALERROR."""
+    project.makepyfile(
+        test_hostile="""
+        def test_hostile(record_property):
+            record_property("llmenergy_case", "[" * 200_000)
+        """
+    )
+    result = project.runpytest_subprocess(
+        "-n", "2", "--energy-backend=trace", "--energy-rule=research", "--energy-save=base"
+    )
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["llmenergy: saved 6 case(s) to *0001_base.json"])
+    refused = (
+        "llmenergy: test_hostile.py::test_hostile: its worker's report: not a case: nested "
+        "more than 32 levels deep; that case is left out of this run"
+    )
+    assert result.stdout.lines.count(refused) == 1
+    assert "INTERNALERROR" not in result.stdout.str()
 
 
 # Each test writes its whole span, from the fixture's setup to its teardown: the part of a

@@ -332,11 +332,12 @@ LLAMA_CONFIG = {
 }
 
 
+@pytest.mark.parametrize("deep", [False, True])  # True, issue 33: a RecursionError before
 def test_a_file_that_is_not_a_calibration(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], deep: bool
 ) -> None:
     bad = tmp_path / "run.json"
-    bad.write_text(dumps(sample_run(())))
+    bad.write_text("[" * 100_000 if deep else dumps(sample_run(())))
     assert (
         main(
             [
@@ -353,7 +354,8 @@ def test_a_file_that_is_not_a_calibration(
         )
         == 2
     )
-    assert "not a calibration file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not a calibration file" in err and err.count("\n") == 1
 
 
 def test_calibrating_too_few_cases_says_what_to_measure(

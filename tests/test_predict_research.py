@@ -103,6 +103,68 @@ def test_a_malformed_row_is_one_line_naming_it(
     assert "not one of the research's measurement CSVs" in capsys.readouterr().err
 
 
+def _with_cells(tmp_path: Path, cells: dict[str, str]) -> Path:
+    """The input sweep's file with cells of its sixth line (row 6) changed."""
+    with open(CSVS[0], newline="") as f:
+        rows = list(csv.reader(f))
+    for column, value in cells.items():
+        rows[5][rows[0].index(column)] = value
+    path = tmp_path / "edited.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("cells", "problem"),
+    [  # issue 33: inf and 1e400 stopped `llmenergy import` with an OverflowError traceback
+        ({"Iteration": "inf"}, "Iteration is 'inf'; expected a whole number >= 0"),
+        ({"Iteration": "1e400"}, "Iteration is '1e400'; expected a whole number >= 0"),
+        (
+            {"Iteration": "1.5"},
+            "Iteration is '1.5'; expected a whole number from 0 to 1,000,000,000",
+        ),
+        (
+            {"Number of Input Tokens": "1e300"},
+            "Number of Input Tokens is '1e300'; expected a whole number from 0 to 1,000,000,000",
+        ),
+        ({"Runtime (s)": "-inf"}, "Runtime (s) is '-inf'; expected a number >= 0"),
+        ({"Runtime (s)": "-2"}, "Runtime (s) is '-2'; expected a number >= 0"),
+        ({"CPU Energy (J)": "nan"}, "CPU Energy (J) is 'nan'; expected a number >= 0"),
+        (  # finite, but its statistics would not be (and the run file refuses it)
+            {"Runtime (s)": "1e300"},
+            "Runtime (s) is '1e300'; no measurement is that large (at most 1e+15)",
+        ),
+    ],
+)
+def test_a_number_that_is_no_measurement_is_one_line_naming_file_row_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cells: dict[str, str], problem: str
+) -> None:
+    bad = _with_cells(tmp_path, cells)
+    assert main(["--storage", str(tmp_path / "s"), "import", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"llmenergy: error: {bad} row 6: {problem}\n"
+    assert not (tmp_path / "s").exists()  # nothing written
+
+
+def test_a_csv_with_a_byte_order_mark_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 33: a spreadsheet's "CSV UTF-8" starts with a BOM; it said "no column Phase"."""
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + Path(CSVS[0]).read_bytes())
+    assert main(["--storage", str(tmp_path / "bom"), "import", str(bom)]) == 0
+    assert main(["--storage", str(tmp_path / "plain"), "import", CSVS[0]]) == 0
+    capsys.readouterr()
+
+    def trials(root: Path) -> list[tuple[str, int]]:
+        return [
+            (r.hardware, sum(len(c.trials) for c in r.load().cases)) for r in Storage(root).runs()
+        ]
+
+    assert trials(tmp_path / "bom") == trials(tmp_path / "plain") != []
+
+
 def test_builtin_configs_have_the_published_parameter_counts() -> None:
     # the models' parameter counts as their model cards state them
     published = {

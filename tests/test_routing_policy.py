@@ -188,6 +188,10 @@ def test_load_errors_for_unreadable_files(tmp_path: Path) -> None:
         load_policy(binary)
     with pytest.raises(PolicyError, match="cannot read the policy"):
         load_policy(tmp_path / "missing.json")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000, encoding="utf-8")  # issue 33: a RecursionError traceback
+    with pytest.raises(PolicyError, match=re.escape(f"{deep}: not JSON (maximum recursion")):
+        load_policy(deep)
 
 
 def test_a_file_of_several_models_loads_by_model(tmp_path: Path) -> None:

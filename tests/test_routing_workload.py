@@ -84,6 +84,7 @@ def test_jsonl_workload(tmp_path: Path) -> None:
         ("input_tokens,output_tokens\n-1,2\n", 2, "input_tokens should be a whole"),
         ("input_tokens,output_tokens\n1,\n", 2, "output_tokens should be a whole"),
         ("input_tokens,output_tokens\n1,\u00b2\n", 2, "output_tokens should be a whole"),
+        ("input_tokens,output_tokens\n1,2\n" + "9" * 5000 + ",1\n", 3, "from 0 to 1,000,000,000"),
         ("input_tokens,output_tokens\n1,2\n7\n", 3, "1 values for 2 columns"),
         ("input_tokens\n1\n", 1, "the header lacks output_tokens"),
         ("", 1, "the header lacks input_tokens, output_tokens"),
@@ -110,6 +111,9 @@ def test_bad_csv_rows_name_the_line(tmp_path: Path, text: str, line: int, words:
         ('\n{"input_tokens": 1}\n', 2, "an object with input_tokens and output_tokens"),
         ("[1, 2]\n", 1, "an object with input_tokens and output_tokens"),
         ('{"input_tokens": 1, "output_tokens": 2}\n{"input_tokens": 1,\n', 2, "not a JSON object"),
+        # issue 33: an OverflowError and a RecursionError traceback before
+        ('{"input_tokens": 1' + "0" * 30 + ', "output_tokens": 2}\n', 1, "from 0 to 1,000,000,000"),
+        ("[" * 100_000 + "\n", 1, "not an object of two token counts"),
     ],
 )
 def test_bad_jsonl_rows_name_the_line(tmp_path: Path, text: str, line: int, words: str) -> None:

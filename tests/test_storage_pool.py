@@ -40,7 +40,7 @@ def test_pooling_keeps_every_trial_of_every_case() -> None:
 
 
 def test_an_unfinished_run_leaves_the_pool_unfinished() -> None:
-    one, two = sample_run((make_case([0.1, 0.1]),)), sample_run((make_case([0.1, 0.1]),))
+    one, two = sample_run((make_case([0.1, 0.1]),)), sample_run((make_case([0.2, 0.2]),))
     assert pool_runs([one, replace(two, status=INTERRUPTED)]).status == INTERRUPTED
 
 
@@ -98,3 +98,41 @@ def test_llmenergy_merge_writes_a_new_run_file(
     with pytest.raises(SystemExit):
         cli(capsys, "merge", "1", "--out", tmp_path / "y.json")
     assert "merge needs at least two runs to pool" in capsys.readouterr().err
+
+
+def test_a_run_is_never_pooled_with_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 33: ``llmenergy merge base base`` doubled the trials (and the gate's
+    confidence); so did one run by two names, a copy, or a run already pooled."""
+    first = save(tmp_path, [make_case([0.1, 0.11, 0.12])], name="base")
+    save(tmp_path, [make_case([0.13, 0.12, 0.11])], name="head")
+    copy = tmp_path / "copy.json"
+    copy.write_text(first.read_text())
+    pooled = tmp_path / "pooled.json"
+    assert cli(capsys, "--storage", tmp_path, "merge", "base", "head", "--out", pooled)[0] == 0
+    given_twice = f"0001_base is given twice ({first}); pool runs of distinct sessions\n"
+    for runs, problem in (
+        (["base", "base"], given_twice),
+        (["1", "base"], given_twice),
+        ([f"{HW_A}/0001", str(first)], given_twice),
+        (
+            ["base", copy],
+            "every trial of copy is already in 0001_base (a copy of it, or a pool that holds "
+            "it): pooled, they would count twice; pool runs of distinct sessions\n",
+        ),
+        (
+            [pooled, "head"],
+            "every trial of 0002_head is already in pooled (a copy of it, or a pool that "
+            "holds it): pooled, they would count twice; pool runs of distinct sessions\n",
+        ),
+    ):
+        out = tmp_path / "again.json"
+        code, stdout, stderr = cli(capsys, "--storage", tmp_path, "merge", *runs, "--out", out)
+        assert (code, stdout, stderr) == (2, "", f"llmenergy: error: {problem}")
+        assert not out.exists()
+    # runs that merely share a duration here and there are distinct sessions
+    one = sample_run((make_case([0.10, 0.12, 0.08]),))
+    assert len(pool_runs([one, sample_run((make_case([0.11, 0.09, 0.10]),))]).cases) == 1
+    with pytest.raises(ConfigError, match="every trial of baseline is already in"):
+        pool_runs([one, pool_runs([one, sample_run((make_case([0.3]),))])])

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import pickle
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,6 +156,17 @@ def test_the_options_record_is_written_as_given(tmp_path: Path) -> None:
     assert load(path).options == options
 
 
+def _edit(change: Callable[[Any], object]) -> Callable[[str], str]:
+    """A mangle that changes the decoded file, then writes it back as JSON."""
+
+    def mangle(text: str) -> str:
+        data = json.loads(text)
+        change(data)
+        return json.dumps(data, indent=1)
+
+    return mangle
+
+
 @pytest.fixture
 def good_text() -> str:
     return dumps(sample_run((make_case([0.1, 0.2, 0.3]),)))
@@ -185,6 +198,76 @@ def good_text() -> str:
         (
             lambda t: t.replace('"joules_by_domain": {', '"joules_by_domain": {"x": true, ', 1),
             "should be a number",
+        ),
+        # issue 33: what a hostile file holds is one line naming the field, never a traceback
+        (lambda t: "[" * 200_000, "nested more than 32 levels deep"),
+        (
+            lambda t: t.replace('"machine": {', '"machine": {"x": ' + "[" * 40 + "]" * 40 + ",", 1),
+            "machine.x[0][0]",
+        ),
+        (
+            lambda t: t.replace('"seconds": 0.1,', '"seconds": 0.1, "seconds": 0.1,', 1),
+            "cases[0].trials[0] has the key seconds twice",
+        ),
+        (
+            lambda t: t.replace('"seconds": 0.2,', '"seconds": 1e400,', 1),
+            "cases[0].trials[1].seconds: 1e400 is beyond a double's range",
+        ),
+        (
+            lambda t: t.replace('"seconds": 0.2,', '"seconds": -Infinity,', 1),
+            "cases[0].trials[1].seconds: -Infinity is not a number JSON allows",
+        ),
+        (
+            lambda t: t.replace('"index": 3,', f'"index": 1{"0" * 5000},', 1),
+            "cases[0].trials[2].index: 1000",
+        ),
+        (
+            lambda t: t.replace('"model": "tiny-llama"', '"model": "\\udc00"', 1),
+            "cases[0].labels.model holds half of a UTF-16 surrogate pair",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0].update(seconds=-3.0)),
+            "cases[0].trials[0].seconds is -3.0; it cannot be below 0",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][1].update(joules=-500)),
+            "cases[0].trials[1].joules is -500.0; it cannot be below 0",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0]["joules_by_domain"].update({"gpu:0": -1})),
+            "cases[0].trials[0].joules_by_domain.gpu:0 is -1; it cannot be below 0",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0]["phases"]["decode"].update(seconds=-1)),
+            "cases[0].trials[0].phases.decode.seconds is -1.0",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][2].update(joules=1e300)),
+            "cases[0].trials[2].joules is 1e+300; no measurement is that large",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][2].update(net_joules=-2e15)),
+            "cases[0].trials[2].net_joules is -2e+15; no measurement is that large",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0]["joules_by_domain"].update({"x": 1e16})),
+            "cases[0].trials[0].joules_by_domain.x is 1e+16; no measurement is that large",
+        ),
+        (
+            _edit(lambda d: d["cases"][0].update(output_tokens=-4)),
+            "cases[0].output_tokens is -4; it cannot be below 0",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0].update(passes=0)),
+            "cases[0].trials[0].passes is 0; it cannot be below 1",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0].update(gpu={"reasons": 5})),
+            "cases[0].trials[0].gpu.reasons should be a list",
+        ),
+        (
+            _edit(lambda d: d["cases"][0]["trials"][0]["phases"].update({"a\nb": {}})),
+            "cases[0].trials[0].phases.'a\\nb'.seconds is missing",
         ),
     ],
 )
@@ -222,6 +305,32 @@ def test_nothing_is_executed_from_a_run_file(tmp_path: Path) -> None:
     )
     with pytest.raises(RunFileError, match="run should be an object"):
         loads(evil, "evil.json")
+
+
+def test_figures_that_may_be_negative_are_read(good_text: str) -> None:
+    """Net joules are not clipped at 0 (noise stays unbiased), and a rejected trial keeps
+    what its meter said (the research's published data has negative CPU joules)."""
+    data = json.loads(good_text)
+    first, second = data["cases"][0]["trials"][:2]
+    first["net_joules"] = -0.5
+    first["net_joules_by_domain"]["gpu:0"] = -0.4
+    second.update(rejected="negative energy in the published data", joules=-3.0)
+    second["joules_by_domain"]["cpu:package-0"] = -3.5
+    second["phases"]["prefill"]["joules"] = -1.0
+    data["cases"][0]["trials"][2]["gpu"] = {"temperature_c_max": -5.0}  # a cold GPU
+    run = loads(json.dumps(data), "edited.json")
+    trials = run.cases[0].trials
+    assert trials[0].net_joules == -0.5 and trials[1].joules == -3.0
+    assert trials[2].gpu is not None and trials[2].gpu.temperature_c_max == -5.0
+
+
+def test_a_file_name_or_field_name_never_breaks_the_line(tmp_path: Path) -> None:
+    """A file in the storage folder may be named anything: the message stays one line."""
+    path = tmp_path / "0002_x\n.json"
+    path.write_text("[" * 100)
+    with pytest.raises(RunFileError) as info:
+        load(path)
+    assert "\n" not in str(info.value) and "0002_x\\n.json" in str(info.value)
 
 
 def test_missing_file_and_directory(tmp_path: Path) -> None:

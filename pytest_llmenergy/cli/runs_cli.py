@@ -89,10 +89,12 @@ def _commit_id(commit: Mapping[str, Any]) -> str:
 def _list(storage: Storage, hardware: str | None, fmt: str) -> str:
     keys = ("run", "name", "created", "status", "commit", "cases", "backend")
     rows: list[tuple[Raw, ...]] = []
+    problems: dict[int, str] = {}  # row: why its file is unreadable
     for stored in storage.runs(hardware):
         try:
             run = stored.load()
         except RunFileError as exc:
+            problems[len(rows)] = f"{stored.ref}: {exc.problem}"
             rows.append(
                 (stored.ref, stored.name, None, f"unreadable: {exc.problem}", None, None, None)
             )
@@ -113,9 +115,24 @@ def _list(storage: Storage, hardware: str | None, fmt: str) -> str:
         known = sorted({r.hardware for r in storage.runs()}) if hardware else []
         also = f" (hardware with runs: {', '.join(known)})" if known else ""
         return f"no saved runs in {where}{also}"
-    cells = tuple(tuple("—" if v is None else str(v) for v in row) for row in rows)
+    # On a terminal the status says "unreadable" and a note under the table says why: a
+    # long reason in the cell would push the status column out of a narrow table.
+    status = keys.index("status")
+    cells = tuple(
+        tuple(
+            "—" if v is None else "unreadable" if i in problems and k == status else str(v)
+            for k, v in enumerate(row)
+        )
+        for i, row in enumerate(rows)
+    )
     table = Table(
-        "saved runs", keys, keys, tuple(rows), cells, (), priorities=(0, 0, 2, 1, 2, 1, 3)
+        "saved runs",
+        keys,
+        keys,
+        tuple(rows),
+        cells,
+        notes=tuple(problems.values()),
+        priorities=(0, 0, 2, 1, 2, 1, 3),
     )
     return render([table], fmt, width=table_width(fmt))
 

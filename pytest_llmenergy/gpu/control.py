@@ -106,7 +106,7 @@ class StateFile:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: '[' x 10^5
             raise GpuControlError(
                 f"cannot read the GPU state file {self.path}: {_one_line(exc)}; check it "
                 "and restore the GPUs with nvidia-smi -rpl / -rgc, then delete it"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from .. import values
-from ..errors import ConfigError
+from ..errors import ConfigError, one_line
 from ..storage.store import check_output
 
 INI_PREFIX = "llmenergy_"
@@ -143,7 +143,8 @@ class Section:
         try:
             return self.settings(**values)
         except (ConfigError, ValueError) as exc:
-            raise pytest.UsageError(f"{'/'.join(origins) or '--' + self.name}: {exc}") from None
+            where = "/".join(origins) or "--" + self.name
+            raise pytest.UsageError(one_line(f"{where}: {exc}", limit=10_000)) from None
 
 
 def _plain(value: Any) -> Any:
@@ -194,8 +195,8 @@ def _parse(option: Option, text: str, origin: str) -> Any:
     try:
         return option.parse(text)
     except (ConfigError, ValueError) as exc:
-        why = exc or f"expected {option.metavar}"
-        raise pytest.UsageError(f"{values.shown(origin)}: {why}") from None
+        message = f"{values.shown(origin)}: {exc or 'expected ' + option.metavar}"
+        raise pytest.UsageError(one_line(message, limit=10_000)) from None
 
 
 def read_sections(config: pytest.Config, sections: Sequence[Section]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import pytest
 
 from ..meters.base import Meter
 from ..results import CaseResult
-from ..storage.runfile import case_dict, decode_case
+from ..storage.runfile import RunFileError, case_dict, decode_case
 
 SEED_KEY = "llmenergy_seed"
 LOCK_KEY = "llmenergy_lock"
@@ -84,6 +84,8 @@ class Workers:
         self._dir = tempfile.mkdtemp(prefix="llmenergy-xdist-")
         self.lock_path = os.path.join(self._dir, "meter.lock")
         self.received = 0
+        # by test, for the summary (each phase's report carries the test's properties)
+        self.unreadable: dict[str, str] = {}
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[SEED_KEY] = self.seed
@@ -93,7 +95,18 @@ class Workers:
         for name, value in report.user_properties:
             if name == CASE_PROPERTY and isinstance(value, str):
                 self.received += 1
-                self._on_case(decode_case(value))
+                try:
+                    case = decode_case(value, f"{report.nodeid}: its worker's report")
+                except RunFileError as exc:  # a test can write its own user_properties
+                    self.unreadable[report.nodeid] = str(exc)
+                    continue
+                self._on_case(case)
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for line in self.unreadable.values():
+            terminalreporter.write_line(
+                f"llmenergy: {line}; that case is left out of this run", red=True
+            )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         with contextlib.suppress(OSError):

@@ -516,7 +516,7 @@ def load_calibration(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: no such calibration file; make one with llmenergy calibrate"
         ) from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: 100,000 '['
         raise ConfigError(f"{path}: not a calibration file ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"{path}: not a calibration file; make one with llmenergy calibrate")

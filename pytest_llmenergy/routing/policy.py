@@ -183,7 +183,7 @@ def load_policies(path: str | Path) -> list[Policy]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read the policy: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: 100,000 '['
         raise PolicyError(f"{path}: not JSON ({exc})") from None
     items = data if isinstance(data, list) else [data]
     if not items:

@@ -48,16 +48,24 @@ def alpaca(counting: str = ALPACA) -> Workload:
     return Workload(ALPACA, table[:, 0], table[:, 1])
 
 
+# Beyond any context window; and the counts go into int64 arrays.
+_MAX_TOKENS = 10**9
+
+
 def _count(value: object, column: str, where: str) -> int:
     if isinstance(value, str):
         value = value.strip()
-        ok = value.isdecimal()  # isdigit() also takes "²", which int() rejects
+        # isdigit() also takes "²", which int() rejects; 10 digits: no 5000-digit int()
+        ok = value.isdecimal() and len(value) <= 10
         number = int(value) if ok else -1
     else:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         number = value if ok else -1
-    if not ok:
-        raise WorkloadError(f"{where}: {column} should be a whole number >= 0, got {value!r}")
+    if not 0 <= number <= _MAX_TOKENS:
+        shown = repr(value)[:40]
+        raise WorkloadError(
+            f"{where}: {column} should be a whole number from 0 to {_MAX_TOKENS:,}, got {shown}"
+        )
     return number
 
 
@@ -77,8 +85,10 @@ def _read_jsonl(path: Path) -> list[tuple[int, int]]:
                 continue
             try:
                 item = json.loads(line)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{where}: not a JSON object ({exc.msg})") from None
+            except (ValueError, RecursionError):  # a 5000-digit number, 100,000 '['
+                raise WorkloadError(f"{where}: not an object of two token counts") from None
             if not isinstance(item, dict) or any(c not in item for c in _COLUMNS):
                 raise WorkloadError(
                     f"{where}: each line should be an object with input_tokens and output_tokens"

@@ -8,6 +8,8 @@ are all of that side's trials, and the pooled runs are compared as usual.
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -89,6 +91,7 @@ def pool_runs(runs: Sequence[Run], name: str = "pooled") -> Run:
         raise ConfigError(
             f"runs measured at different confidence levels ({shown}) cannot be pooled"
         )
+    check_distinct(runs)
     by_id: dict[str, list[CaseResult]] = {}
     offsets: dict[str, list[int]] = {}
     total = 0  # sessions of the runs before: numbered alike in every case
@@ -110,3 +113,58 @@ def pool_runs(runs: Sequence[Run], name: str = "pooled") -> Run:
         command=("llmenergy", "merge", *(run.label for run in runs)),
         path=None,
     )
+
+
+def _same_file(a: Run, b: Run) -> bool:
+    if a.path is None or b.path is None:
+        return False
+    try:
+        return os.path.samefile(a.path, b.path)
+    except OSError:  # gone since it was read: then its name decides
+        return os.path.abspath(a.path) == os.path.abspath(b.path)
+
+
+# A run's trials as measured, by case: (seconds, joules, net joules, tokens in, out).
+_Measured = dict[str, Counter[tuple[float, ...]]]
+
+
+def _measured(run: Run) -> _Measured:
+    """Each case's trials as what was measured (the session and number a pool gives a
+    trial set aside), by node id."""
+    return {
+        case.nodeid: Counter(
+            (t.seconds, t.joules, t.net_joules, t.input_tokens, t.output_tokens)
+            for t in (*case.trials, *case.disturbed, *case.prefill_passes)
+        )
+        for case in run.cases
+    }
+
+
+def _within(part: _Measured, whole: _Measured) -> bool:
+    """Is every trial of ``part`` among ``whole``'s, case by case?  Measured durations
+    never repeat across sessions: only a copy or a pool holds another run's trials."""
+    return any(part.values()) and all(
+        trials <= whole.get(nodeid, Counter()) for nodeid, trials in part.items()
+    )
+
+
+def check_distinct(runs: Sequence[Run]) -> None:
+    """Refuse a run given twice (one file by two names: ``0001`` and ``base``), or a run
+    whose every trial another holds (a copy of its file, a pool it is already in):
+    pooled, those trials would count twice and the gate would see a false precision."""
+    measured = [_measured(run) for run in runs]
+    for i, a in enumerate(runs):
+        for j in range(i):
+            b = runs[j]
+            if _same_file(a, b):
+                raise ConfigError(
+                    f"{b.label} is given twice ({a.path}); pool runs of distinct sessions"
+                )
+            for part, whole in ((i, j), (j, i)):
+                if _within(measured[part], measured[whole]):
+                    inner, outer = runs[part].label, runs[whole].label
+                    raise ConfigError(
+                        f"every trial of {inner} is already in {outer} (a copy of it, or a "
+                        "pool that holds it): pooled, they would count twice; pool runs of "
+                        "distinct sessions"
+                    )

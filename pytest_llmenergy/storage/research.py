@@ -29,7 +29,7 @@ from ..controller.targets import CITarget
 from ..errors import ConfigError
 from ..results import ROUNDS, CaseResult, Trial
 from .machine import _slug
-from .runfile import COMPLETE, Run, dumps
+from .runfile import COMPLETE, MAX_MAGNITUDE, Run, dumps
 from .store import STORAGE_HELP, Storage, check_run_name
 
 # The research's model names, and the hub ids their configs are built in under
@@ -87,24 +87,49 @@ class Row:
     rejected: str = ""
 
 
+# A count beyond this is no token count or iteration (and 1e300 would make a 300-digit int).
+_MAX_COUNT = 10**9
+
+
 def _number(
     row: Mapping[str, str], column: str, where: str, kind: type = float, signed: bool = False
 ) -> Any:
+    """A finite number (``inf``, ``nan`` and ``1e400`` are not), >= 0 unless ``signed``;
+    an ``int`` column takes whole numbers only."""
     text = (row.get(column) or "").strip()
     try:
-        value = kind(float(text)) if kind is int else float(text)
+        value = float(text)
     except ValueError:
-        raise ConfigError(f"{where}: {column} is {text!r}, not a number") from None
+        raise ConfigError(f"{where}: {column} is {_cell(text)}, not a number") from None
+    expected = "a whole number >= 0" if kind is int else "a number >= 0"
     if not math.isfinite(value) or (value < 0 and not signed):
-        raise ConfigError(f"{where}: {column} is {text!r}; expected a number >= 0")
+        raise ConfigError(f"{where}: {column} is {_cell(text)}; expected {expected}")
+    if kind is int:
+        if not value.is_integer() or value > _MAX_COUNT:
+            raise ConfigError(
+                f"{where}: {column} is {_cell(text)}; expected a whole number from 0 to "
+                f"{_MAX_COUNT:,}"
+            )
+        return int(value)
+    if abs(value) > MAX_MAGNITUDE:  # the run file would refuse it: never write it
+        raise ConfigError(
+            f"{where}: {column} is {_cell(text)}; no measurement is that large "
+            f"(at most {MAX_MAGNITUDE:g})"
+        )
     return value
+
+
+def _cell(text: str) -> str:
+    """A cell's text in a message: quoted, one line, short."""
+    return repr(text[:40]) + ("…" if len(text) > 40 else "")
 
 
 def read_rows(path: str | Path) -> list[Row]:
     """The trials of one of the research's CSVs (warm-up and start-up rows left out)."""
     path = Path(path)
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark
+        with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             sweep_column = next((c for c in _SWEEP_COLUMNS if c in header), None)

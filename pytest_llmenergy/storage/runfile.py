@@ -3,6 +3,21 @@
 A run file is data only.  Reading one never executes anything from it (plain
 ``json``; no pickle, no imports named in the file), and every field is checked on the
 way in, so a corrupt, truncated, foreign or newer file is one clear error naming it.
+
+What a reader refuses, whoever wrote the file (one line naming the file and the field;
+``llmenergy list`` shows the file as unreadable, every other run stays usable):
+
+- JSON nested more than 32 levels deep (a run file needs 8), an object with a key
+  twice, a string with half of a UTF-16 surrogate pair, NaN or Infinity, a number
+  beyond a double's range (``1e400``) and an integer of more than 19 digits;
+- a figure beyond 10^15 either way (``1e300`` seconds: no trial measures that much, and
+  the statistics of such numbers would leave a double's range);
+- a physical quantity below zero: seconds, joules, watts, bytes, token counts,
+  GPU clocks and times, a trial's busy-machine share, a case's meter resolution and
+  speed reference.  Two figures may be negative: net joules (gross minus idle power x
+  duration, not clipped at 0 so that noise stays unbiased) and anything in a trial
+  marked ``rejected`` (kept as evidence, counted nowhere; the research's published
+  data has negative CPU joules).  ``passes`` and ``queries`` are at least 1.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ from typing import Any
 
 from ..controller.rule import ControllerSettings
 from ..controller.targets import CITarget
-from ..errors import ConfigError, LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError, one_line
 from ..meters.resources import ResourceUsage
 from ..results import CaseResult, GpuTelemetry, PhaseRecord, RequestRecord, Trial
 
@@ -51,7 +66,8 @@ class RunFileError(LLMEnergyError):
     """A run file cannot be read; the message names the file and says what is wrong."""
 
     def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
+        problem = one_line(problem)
+        super().__init__(f"{one_line(os.fspath(path))}: {problem}")
         self.path = Path(path)
         self.problem = problem
 
@@ -284,6 +300,132 @@ def dumps(run: Run, encoded_cases: Sequence[str] | None = None) -> str:
 
 
 # -- reading ---------------------------------------------------------------------------
+# Deeper than any run file (its trials' phases' domains are 8 levels down), shallow
+# enough that nothing walking a file's free-form records recurses near Python's limit.
+MAX_DEPTH = 32
+# |n| < 10**19: more than any count, byte size or clock; a float would lose digits beyond.
+_MAX_INT_DIGITS = 19
+# No figure of a trial comes near it (10**15 s is 30 million years, 10**15 J 280 GWh), and
+# below it the statistics' squares and sums never leave a double's range.
+MAX_MAGNITUDE = 1e15
+
+
+class _Hostile(ValueError):
+    """JSON that parses but is no run file's: a key twice, a number out of range, ..."""
+
+
+class _Refused:
+    """What the parser leaves where a value is refused, for the walk to name its field."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+class _Twice(dict):  # type: ignore[type-arg]
+    """An object that had a key twice (which value a reader sees is anyone's guess)."""
+
+    key = ""
+
+
+def _float(text: str) -> float | _Refused:
+    value = float(text)
+    return value if math.isfinite(value) else _Refused(f"{text[:30]} is beyond a double's range")
+
+
+def _int(text: str) -> int | _Refused:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        return _Refused(f"{text[:20]}… has more than {_MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _constant(name: str) -> _Refused:
+    return _Refused(f"{name} is not a number JSON allows")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    twice = _Twice(obj)
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            twice.key = key
+            break
+        seen.add(key)
+    return twice
+
+
+def _decode(text: str) -> Any:
+    """The JSON document, refused (ValueError naming the field) where no writer of run
+    files would have written it: see the module's docstring.  The check walks the
+    document with a stack of its own, so no depth makes it recurse."""
+    try:
+        data = json.loads(
+            text,
+            parse_constant=_constant,
+            parse_float=_float,
+            parse_int=_int,
+            object_pairs_hook=_object,
+        )
+    except RecursionError:
+        raise _Hostile(f"nested more than {MAX_DEPTH} levels deep") from None
+    Where = tuple[Any, str | int] | None  # (the parent's, this key or index): built on error
+    stack: list[tuple[Any, int, Where]] = [([data], 0, None)]
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _Hostile(f"{_path(where)} is nested more than {MAX_DEPTH} levels deep")
+        if type(value) is _Twice:
+            raise _Hostile(f"{_path(where)} has the key {_shown(value.key)} twice")
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in pairs:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, (where, key)))
+            elif isinstance(child, str):
+                _check_text(child, (where, key))
+            elif isinstance(child, _Refused):
+                raise _Hostile(f"{_path((where, key))}: {child.problem}")
+            if isinstance(key, str):
+                _check_text(key, (where, key))
+    return data
+
+
+def _path(where: tuple[Any, str | int] | None) -> str:
+    """``cases[0].trials[2].seconds`` from the walk's (parent, key) links."""
+    parts: list[str] = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{_shown(key)}")
+    text = "".join(reversed(parts[:-1])).lstrip(".")  # the last is the walk's own wrapper
+    return text or "the document"
+
+
+def _check_text(text: str, where: tuple[Any, str | int]) -> None:
+    """Half a surrogate pair (``"\\ud800"`` in JSON) decodes, then fails every print
+    and every write."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Hostile(
+                f"{_path(where)} holds half of a UTF-16 surrogate pair (\\ud800-\\udfff)"
+            ) from None
+
+
+def _shown(key: object) -> str:
+    """A key from the file inside a field's path: itself when plain, else quoted."""
+    text = str(key)
+    if re.fullmatch(r"[\w:.+-]{1,40}", text):
+        return text
+    return repr(text[:40]) + ("…" if len(text) > 40 else "")
+
+
+_TOO_LARGE = f"no measurement is that large (at most {MAX_MAGNITUDE:g} either way)"
+
+
 class _Bad(Exception):
     """A field that is missing or of the wrong type; carries where it is."""
 
@@ -298,9 +440,17 @@ class _Reader:
         self.where = where
 
     def _at(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
+        return f"{self.where}.{_shown(key)}" if self.where else _shown(key)
 
-    def get(self, key: str, kinds: type | tuple[type, ...], *, optional: bool = False) -> Any:
+    def get(
+        self,
+        key: str,
+        kinds: type | tuple[type, ...],
+        *,
+        optional: bool = False,
+        least: float | None = None,
+    ) -> Any:
+        """The field, of one of ``kinds``; a number below ``least`` is refused."""
         if key not in self.data:
             if optional:
                 return None
@@ -316,7 +466,19 @@ class _Reader:
             raise _Bad(f"{self._at(key)} should be {_kind_name(wanted)}, not a boolean")
         if not isinstance(value, wanted):
             raise _Bad(f"{self._at(key)} should be {_kind_name(wanted)}")
+        if least is not None and isinstance(value, int | float) and value < least:
+            raise _Bad(f"{self._at(key)} is {value!r}; it cannot be below {least:g}")
+        if isinstance(value, float) and abs(value) > MAX_MAGNITUDE:
+            raise _Bad(f"{self._at(key)} is {value:g}; {_TOO_LARGE}")
         return value
+
+    def amount(self, key: str, *, optional: bool = False, signed: bool = False) -> Any:
+        """A physical quantity (seconds, joules, watts, bytes): not below zero, unless
+        ``signed`` (net joules, a rejected trial's figures)."""
+        return self.get(key, float, optional=optional, least=None if signed else 0.0)
+
+    def count(self, key: str, *, optional: bool = False, least: int = 0) -> Any:
+        return self.get(key, int, optional=optional, least=least)
 
     def obj(self, key: str, *, optional: bool = False) -> _Reader | None:
         value = self.get(key, dict, optional=optional)
@@ -326,12 +488,18 @@ class _Reader:
         items = self.get(key, list, optional=optional) or []
         return [_Reader(item, f"{self._at(key)}[{i}]") for i, item in enumerate(items)]
 
-    def numbers(self, key: str) -> dict[str, float]:
+    def numbers(self, key: str, *, signed: bool = True) -> dict[str, float]:
+        """An object of numbers by name (joules by domain): none below zero, unless
+        ``signed``."""
         mapping = self.get(key, dict)
         out: dict[str, float] = {}
         for name, value in mapping.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise _Bad(f"{self._at(key)}.{name} should be a number")
+                raise _Bad(f"{self._at(key)}.{_shown(name)} should be a number")
+            if not signed and value < 0:
+                raise _Bad(f"{self._at(key)}.{_shown(name)} is {value!r}; it cannot be below 0")
+            if abs(value) > MAX_MAGNITUDE:
+                raise _Bad(f"{self._at(key)}.{_shown(name)} is {value:g}; {_TOO_LARGE}")
             out[str(name)] = float(value)
         return out
 
@@ -339,7 +507,7 @@ class _Reader:
         mapping = self.get(key, dict)
         for name, value in mapping.items():
             if not isinstance(value, kind):
-                raise _Bad(f"{self._at(key)}.{name} should be {_kind_name((kind,))}")
+                raise _Bad(f"{self._at(key)}.{_shown(name)} should be {_kind_name((kind,))}")
         return dict(mapping)
 
 
@@ -356,42 +524,44 @@ def _kind_name(kinds: Sequence[type]) -> str:
 
 
 def _trial(r: _Reader) -> Trial:
+    rejected = r.get("rejected", str, optional=True) or ""
+    signed = bool(rejected)  # kept as evidence, counted nowhere: whatever the meter said
     phases = {}
-    phase_map = r.obj("phases")
-    assert phase_map is not None
+    phase_map = _must(r.obj("phases"))
     for name in phase_map.data:
-        p = phase_map.obj(name)
-        assert p is not None
+        p = _must(phase_map.obj(name))
         phases[str(name)] = PhaseRecord(
-            p.get("seconds", float), p.get("joules", float), p.numbers("joules_by_domain")
+            p.amount("seconds", signed=signed),
+            p.amount("joules", signed=signed),
+            p.numbers("joules_by_domain", signed=signed),
         )
     return Trial(
         index=r.get("index", int),
-        seconds=r.get("seconds", float),
-        joules=r.get("joules", float),
-        net_joules=r.get("net_joules", float),
-        joules_by_domain=r.numbers("joules_by_domain"),
+        seconds=r.amount("seconds", signed=signed),
+        joules=r.amount("joules", signed=signed),
+        net_joules=r.amount("net_joules", signed=True),
+        joules_by_domain=r.numbers("joules_by_domain", signed=signed),
         net_joules_by_domain=r.numbers("net_joules_by_domain"),
-        input_tokens=r.get("input_tokens", int),
-        output_tokens=r.get("output_tokens", int),
+        input_tokens=r.count("input_tokens"),
+        output_tokens=r.count("output_tokens"),
         phases=phases,
-        background_cpu=r.get("background_cpu", float, optional=True),
-        passes=r.get("passes", int, optional=True) or 1,
-        queries=r.get("queries", int, optional=True) or 1,
+        background_cpu=r.amount("background_cpu", optional=True),
+        passes=r.count("passes", optional=True, least=1) or 1,
+        queries=r.count("queries", optional=True, least=1) or 1,
         requests=tuple(
             RequestRecord(
-                q.get("ttft_s", float, optional=True),
-                q.get("latency_s", float),
-                q.get("output_tokens", int),
+                q.amount("ttft_s", optional=True, signed=signed),
+                q.amount("latency_s", signed=signed),
+                q.count("output_tokens"),
             )
             for q in r.objs("requests", optional=True)
         ),
         gpu=_gpu(r.obj("gpu", optional=True)),
-        rejected=r.get("rejected", str, optional=True) or "",
-        session=r.get("session", int, optional=True) or 0,
-        visit=r.get("visit", int, optional=True) or 0,
-        reference_s=r.get("reference_s", float, optional=True),
-        pair=r.get("pair", int, optional=True) or 0,
+        rejected=rejected,
+        session=r.count("session", optional=True) or 0,
+        visit=r.count("visit", optional=True) or 0,
+        reference_s=r.amount("reference_s", optional=True),
+        pair=r.count("pair", optional=True) or 0,
     )
 
 
@@ -412,13 +582,14 @@ def _gpu(r: _Reader | None) -> GpuTelemetry | None:
     if r is None:
         return None
     return GpuTelemetry(
+        # a GPU may run below 0 °C: the temperature alone is any number
         temperature_c_max=r.get("temperature_c_max", float, optional=True),
-        sm_clock_mhz_mean=r.get("sm_clock_mhz_mean", float, optional=True),
-        reasons=tuple(str(x) for x in (r.data.get("reasons") or [])),
-        power_capped_s=r.get("power_capped_s", float, optional=True),
-        thermal_s=r.get("thermal_s", float, optional=True),
+        sm_clock_mhz_mean=r.amount("sm_clock_mhz_mean", optional=True),
+        reasons=tuple(str(x) for x in (r.get("reasons", list, optional=True) or [])),
+        power_capped_s=r.amount("power_capped_s", optional=True),
+        thermal_s=r.amount("thermal_s", optional=True),
         throttled=r.get("throttled", str, optional=True) or "",
-        power_limit_w=r.get("power_limit_w", float, optional=True),
+        power_limit_w=r.amount("power_limit_w", optional=True),
     )
 
 
@@ -435,10 +606,10 @@ def _controller(r: _Reader) -> ControllerSettings:
             warmup=r.get("warmup", int),
             targets=targets,
             # runs of 0.1.0 and 0.2.0.dev0 before the busy-machine check: never judged
-            max_background=r.get("max_background", float, optional=True),
+            max_background=r.amount("max_background", optional=True),
             rule=r.get("rule", str, optional=True) or "default",
-            min_time_s=r.get("min_time_s", float, optional=True) or 0.0,
-            max_time_s=r.get("max_time_s", float, optional=True) or 0.0,
+            min_time_s=r.amount("min_time_s", optional=True) or 0.0,
+            max_time_s=r.amount("max_time_s", optional=True) or 0.0,
         )
     except ConfigError as exc:
         raise _Bad(f"{r.where}: {exc}") from None
@@ -448,11 +619,11 @@ def _resources(r: _Reader | None) -> ResourceUsage | None:
     if r is None:
         return None
     return ResourceUsage(
-        peak_rss_bytes=r.get("peak_rss_bytes", int),
-        peak_gpu_bytes=r.get("peak_gpu_bytes", int, optional=True),
-        cpu_seconds=r.get("cpu_seconds", float),
-        iowait_share=r.get("iowait_share", float, optional=True),
-        wall_seconds=r.get("wall_seconds", float),
+        peak_rss_bytes=r.count("peak_rss_bytes"),
+        peak_gpu_bytes=r.count("peak_gpu_bytes", optional=True),
+        cpu_seconds=r.amount("cpu_seconds"),
+        iowait_share=r.amount("iowait_share", optional=True),
+        wall_seconds=r.amount("wall_seconds"),
     )
 
 
@@ -461,8 +632,8 @@ def _case(r: _Reader) -> CaseResult:
         nodeid=r.get("nodeid", str),
         name=r.get("name", str),
         labels=r.strings("labels"),
-        input_tokens=r.get("input_tokens", int),
-        output_tokens=r.get("output_tokens", int),
+        input_tokens=r.count("input_tokens"),
+        output_tokens=r.count("output_tokens"),
         status=r.get("status", str),
         options=_controller(_must(r.obj("controller"))),
         trials=tuple(_trial(t) for t in r.objs("trials")),
@@ -472,12 +643,12 @@ def _case(r: _Reader) -> CaseResult:
         reason=r.get("reason", str),
         resources=_resources(r.obj("resources", optional=True)),
         disturbed=tuple(_trial(t) for t in r.objs("disturbed_trials", optional=True)),
-        resolution_s=r.get("resolution_s", float, optional=True),
+        resolution_s=r.amount("resolution_s", optional=True),
         prefill_passes=tuple(_trial(t) for t in r.objs("prefill_passes", optional=True)),
         conversions=r.numbers("conversions") if "conversions" in r.data else {},
-        queries=r.get("queries", int, optional=True) or 1,
+        queries=r.count("queries", optional=True, least=1) or 1,
         op_profile=r.get("op_profile", dict, optional=True),
-        reference_s=r.get("reference_s", float, optional=True),
+        reference_s=r.amount("reference_s", optional=True),
     )
 
 
@@ -485,7 +656,7 @@ def decode_case(text: str, where: str = "a worker's report") -> CaseResult:
     """One case's JSON (``case_dict``), as pytest-xdist workers send it; checked like a
     run file's cases."""
     try:
-        return _case(_Reader(json.loads(text, parse_constant=_reject_constant), "case"))
+        return _case(_Reader(_decode(text), "case"))
     except (_Bad, ValueError) as exc:
         raise RunFileError(where, f"not a case: {exc}") from None
 
@@ -500,7 +671,7 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
     if not text.strip():
         raise RunFileError(path, "the file is empty (a run that never got its first write?)")
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = _decode(text)
     except json.JSONDecodeError as exc:
         # An error on the last line means the file stops short (a write cut off).
         problem = "corrupt" if "\n" in text.rstrip()[exc.pos :] else "truncated"
@@ -509,8 +680,12 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
             f"not a readable run file: the JSON is {problem} (line {exc.lineno}, "
             f"column {exc.colno}: {exc.msg}); re-run the benchmarks or delete the file",
         ) from None
-    except ValueError as exc:
-        raise RunFileError(path, f"not a readable run file: {exc}") from None
+    except ValueError as exc:  # _Hostile
+        raise RunFileError(
+            path,
+            f"not a readable run file: {exc}; pytest-llmenergy never writes that, so the "
+            "file was edited or damaged: delete it or move it elsewhere",
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise RunFileError(
             path,
@@ -550,11 +725,9 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
             schema_version=version,
         )
     except _Bad as exc:
-        raise RunFileError(path, f"corrupt run file: {exc}") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in a run file")
+        raise RunFileError(
+            path, f"corrupt run file: {exc}; re-run the benchmarks or delete the file"
+        ) from None
 
 
 def load(path: str | os.PathLike[str]) -> Run:
