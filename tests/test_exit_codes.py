@@ -143,7 +143,7 @@ def _commands_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         ("show", "base"),
         ("compare", "base", "head", "--fail-on", "j_per_token:5%", *GATE),
         ("report", "base", "head", "--out", tmp_path / "r.html", "--gate", "j_per_token:5%"),
-        ("merge", "base", "base", "--out", tmp_path / "pooled.json"),
+        ("merge", "base", "head", "--out", tmp_path / "pooled.json"),
         ("export", "base", "--format", "csv"),
         ("metrics",),
     ):
