@@ -765,7 +765,7 @@ def test_every_gate_entry_point_fails_a_gate_that_compared_nothing(
 ) -> None:
     """Issue 33: against a run sharing no case, ``compare --fail-on`` said "nothing
     compared" and exited 0.  It exits 1 with the reason; ``--strict`` also fails on a case
-    in one run only, listed; ``report --gate`` (which never fails) shows the same verdict."""
+    in one run only, listed; ``report --gate`` shows the same verdict and exits 1 too."""
     save(root, [make_case(TIGHT)], name="main")
     save(root, [make_case(TIGHT, model="renamed")], name="pr")
     gate = ("--fail-on", "j_per_token:5%")
@@ -779,8 +779,8 @@ def test_every_gate_entry_point_fails_a_gate_that_compared_nothing(
     out = tmp_path / "r.html"
     argv = ("--storage", root, "report", "main", "pr", "--gate", "j_per_token:5%", "--out", out)
     done = run_process([*MODULE, *argv], tmp_path)
-    assert done.returncode == 0 and done.stdout == f"{out}\n"
-    assert "0002_pr: energy gate FAILED (j_per_token:5%): nothing compared" in done.stderr
+    assert done.returncode == 1 and done.stdout.startswith(f"wrote {out} (")  # one exit rule
+    assert "0002_pr: energy gate FAILED (j_per_token:5%): nothing compared" in done.stdout
     assert '<p class="verdict failed"' in out.read_text()
     # one case shared, one on each side only: passes, unless strict
     save(root, [make_case(TIGHT), make_case(TIGHT, input_tokens=64)], name="both")
