@@ -136,7 +136,7 @@ def _report_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _commands_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = _two_runs(tmp_path, slower=1.0)
+    root = _two_runs(tmp_path, slower=1.001)  # two sessions: merge pools distinct runs
     storage = ("--storage", root)
     for argv in (
         ("list",),

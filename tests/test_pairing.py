@@ -264,7 +264,8 @@ def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
     assert "energy gate passed" in done.stdout
     assert "pairs of trials measured side by side" in done.stdout
     runs = sorted((tmp_path / ".llmenergy").glob("*/*.json"))
-    assert [r.name.split("_", 1)[1] for r in runs] == ["pr1-base.json", "pr1-head.json"]
+    # numbered in the order the two sides saved first: either may be 0001
+    assert sorted(r.name.split("_", 1)[1] for r in runs) == ["pr1-base.json", "pr1-head.json"]
     saved = [load(r) for r in runs]
     assert saved[0].pairing["id"] == saved[1].pairing["id"]
     assert {r.pairing["side"] for r in saved} == {"base", "head"}

@@ -171,11 +171,14 @@ def test_runs_side_by_side_keep_every_label_as_a_column(
     for row in rows:
         assert {float(row[label]) for label in labels} == {float(row[labels[0]])}
     (data,) = json.loads(render([table], "json"))["tables"]
-    assert data["legend"] == [f"{s}: {label}" for s, label in zip(table.headers[4:], labels)]
+    legend = [f"#{i} = {label}" for i, label in enumerate(labels, 1)]
+    legend[0] += ", the baseline"
+    assert data["legend"] == legend
     # the terminal: a legend line per run, each on its own line, as the label shows
     text = render([table], "table").split("\n")  # unwrapped: a long label has a line
-    for short, label in zip(table.headers[4:], labels):
-        assert f"{short}: {printable(label)}".strip() in [line.strip() for line in text]
+    for i, label in enumerate(labels, 1):
+        line = f"#{i} = {printable(label)}" + (", the baseline" if i == 1 else "")
+        assert line.strip() in [x.strip() for x in text]
 
 
 @QUICK
