@@ -159,9 +159,13 @@ class Keeper:
         c = self.comparison
         assert c is not None
         gates = ", ".join(str(g) for g in c.gates)
+        if c.compared_nothing:
+            return f"energy gate FAILED ({gates}): nothing compared"
         if c.failed:
             cases = len({d.name for d in c.failures})
             return f"energy gate FAILED ({gates}): {cases} case(s) significantly worse"
+        if c.only_in_baseline or c.only_in_current:
+            return f"energy gate FAILED ({gates}): a case on one side only (--energy-strict)"
         return f"energy gate inconclusive ({gates}), and --energy-strict fails on that"
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
