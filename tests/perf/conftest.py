@@ -51,7 +51,9 @@ def _shown(value: float, unit: str) -> str:
     if unit == "%":
         return f"{value:+.2%}"
     if unit == "s":
-        return f"{value * 1e3:.3g} ms" if value >= 1e-3 else f"{value * 1e6:.3g} us"
+        for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+            if value >= scale or name == "us":
+                return f"{value / scale:.3g} {name}"
     return f"{value:.4g} {unit}"
 
 
