@@ -279,10 +279,13 @@ class EnergyBenchmark:
                     continue
                 self._check_tokens(out, input_tokens, output_tokens, queries)
             self._reference.append(case_reference_s())
+            # the previous trial's end reading starts the next trial: between them only
+            # this process ran (the stopping rule), which the share leaves out anyway
+            fresh = False
             with ResourceProbe() as probe:
                 while True:
                     args, kwargs = call_args()
-                    if background is not None:
+                    if background is not None and not fresh:
                         history.append(background.read())
                     gpu_probe = self.trial_probe
                     if gpu_probe is not None:
@@ -298,7 +301,10 @@ class EnergyBenchmark:
                         gpu = gpu_probe.stop() if gpu_probe is not None else None
                     share = None
                     if background is not None:
-                        share = background.share_around(history, background.read())
+                        end = background.read()
+                        share = background.share_around(history, end)
+                        history.append(end)
+                        fresh = True
                     n_in, n_out = input_tokens, output_tokens
                     if not rejected:
                         n_in, n_out = self._check_tokens(out, input_tokens, output_tokens, queries)
