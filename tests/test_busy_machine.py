@@ -138,6 +138,22 @@ def run_case(shares: list[float], **options: Any) -> CaseResult:
     return bench(time.sleep, 0.002, input_tokens=8, output_tokens=4)
 
 
+def test_the_check_reads_the_machine_once_per_trial() -> None:
+    """A trial's end reading is the next trial's start (the check's cost is per trial)."""
+    background = ScriptedBackground([0.0] * 4)
+    bench = EnergyBenchmark(
+        TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
+        ControllerSettings(min_trials=4, max_trials=4, warmup=1),
+        nodeid="t",
+        name="t",
+        labels={},
+        on_result=lambda r: None,
+        background=background,  # type: ignore[arg-type]
+    )
+    assert len(bench(time.sleep, 0.002, input_tokens=8, output_tokens=4).trials) == 4
+    assert background.t_s == 1 + 1 + 4  # before the warm-up, before trial 1, each trial's end
+
+
 def test_disturbed_trials_are_kept_out_of_the_figures_and_repeated() -> None:
     r = run_case([0.0, 0.6, 0.0, 0.9, 0.1, 0.0])
     assert [t.index for t in r.trials] == [1, 3, 5] and r.converged

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,10 +21,17 @@ from pytest_llmenergy.compare import (
     parse_gates,
     session_speeds,
 )
+from pytest_llmenergy.controller.benchmark import CaseVisits, EnergyBenchmark
+from pytest_llmenergy.controller.rule import ControllerSettings
+from pytest_llmenergy.meters.reference import case_reference_s, reference_s
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.pool import pool_cases
 from pytest_llmenergy.storage.runfile import Run, dumps
 from tests.casefactory import make_case
+from tests.fakes.scripted import TraceMeter
+from tests.fakes.trace import PowerTrace
+from tests.test_plugin_keep import REPO
+from tests.test_plugin_suite import TRACE_METER
 
 GATES = parse_gates("j_per_token:5%")
 SIZES = (8, 16, 32, 64, 128, 256)
@@ -124,3 +134,81 @@ def test_llmenergy_compare_normalizes_on_the_same_hardware_only(
     # another machine: its speed is what is compared
     assert main([*map(str, argv), str(elsewhere)]) == 1
     assert "normalized" not in capsys.readouterr().out
+
+
+# -- the readings themselves (meters/reference.py) ----------------------------------------
+def test_a_case_reading_estimates_the_full_reference() -> None:
+    """A case reads every 10th iteration of the loop and scales by 10: the same quantity
+    as the session's full reading, so runs read either way compare.  (A shorter range
+    instead reads about 10 % low: its integers stay small.)"""
+    full, case = [], []
+    for _ in range(15):  # interleaved: the machine's drift hits both alike
+        full.append(reference_s(repeats=1))
+        case.append(case_reference_s())
+    ratio = statistics.median(case) / statistics.median(full)
+    assert 0.95 < ratio < 1.05, ratio
+    ticks = iter([0.0, 0.0005])
+    assert case_reference_s(step=10, clock=lambda: next(ticks)) == pytest.approx(0.005)
+
+
+def counting_bench(
+    monkeypatch: pytest.MonkeyPatch, speed_s: float, visits: CaseVisits | None = None
+) -> tuple[EnergyBenchmark, list[float]]:
+    """A case whose speed readings are counted (each reads ``speed_s``)."""
+    readings: list[float] = []
+
+    def reading() -> float:
+        readings.append(speed_s)
+        return speed_s
+
+    monkeypatch.setattr("pytest_llmenergy.controller.benchmark.case_reference_s", reading)
+    meter = TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])})
+    options = ControllerSettings(min_trials=6, max_trials=6, warmup=1)
+    bench = EnergyBenchmark(
+        meter, options, nodeid="t", name="t", labels={}, on_result=lambda r: None, visits=visits
+    )
+    return bench, readings
+
+
+def test_a_case_reads_the_machine_speed_once_however_many_trials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bench, readings = counting_bench(monkeypatch, 0.005)
+    result = bench(lambda: None, input_tokens=1, output_tokens=1)
+    assert len(result.trials) == 6 and readings == [0.005]
+    assert result.reference_s == 0.005 and {t.reference_s for t in result.trials} == {0.005}
+    # interleaved: one reading per visit, the case's speed their mean
+    visits = CaseVisits(count=2)
+    for visit, speed_s in ((1, 0.004), (2, 0.006)):
+        visits.visit = visit
+        bench, readings = counting_bench(monkeypatch, speed_s, visits)
+        result = bench(lambda: None, input_tokens=1, output_tokens=1)
+        assert readings == [speed_s]
+    assert len(result.trials) == 6 and visits.reference == [0.004, 0.006]
+    assert [t.reference_s for t in result.trials] == pytest.approx([0.005] * 6)
+
+
+def test_every_case_keeps_its_reading_in_the_session_readings_unit(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as users do: each case's reading lands on the case and on each of its trials,
+    and reads about what the session's start reading does (the same loop, the same unit)."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO), prepend=os.pathsep)
+    pytester.makeconftest(TRACE_METER)
+    pytester.makepyfile(
+        test_cases="""
+        import time, pytest
+
+        @pytest.mark.parametrize("n", [8, 64, 512])
+        def test_case(energy_benchmark, n):
+            energy_benchmark(time.sleep, 0.01, input_tokens=n, output_tokens=4)
+        """
+    )
+    result = pytester.runpytest("--energy-backend=trace", "--energy-json=run.json")
+    result.assert_outcomes(passed=3)
+    data = json.loads((pytester.path / "run.json").read_text())
+    start_s = data["machine"]["speed_reference_s"]
+    assert len(data["cases"]) == 3
+    for case in data["cases"]:
+        assert 0.5 < case["reference_s"] / start_s < 2.0, (case["reference_s"], start_s)
+        assert {t["reference_s"] for t in case["trials"]} == {case["reference_s"]}

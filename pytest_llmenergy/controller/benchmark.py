@@ -22,7 +22,7 @@ from ..errors import LLMEnergyError, TrialRejected
 from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
 from ..meters.background import BackgroundCpu
 from ..meters.base import Meter
-from ..meters.reference import reference_s
+from ..meters.reference import case_reference_s
 from ..meters.resources import ResourceProbe
 from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, GpuTelemetry, Trial
 from .rule import ControllerSettings, decide, progress_line
@@ -152,8 +152,9 @@ class EnergyBenchmark:
         self._progress = progress
         self.result: CaseResult | None = None
         self.calls = 0  # how often the target ran, warm-up included
-        # The reference workload's time before and after the trials: the machine's speed
-        # while this case ran (a gate normalizes by it, see sessions.py).
+        # The reference workload's time before the trials, once per visit: the machine's
+        # speed while this case ran (a gate normalizes by the median over a session's
+        # cases, compare.session_speeds; one cheap reading a case is what that needs).
         self._reference: list[float] = visits.reference if visits is not None else []
 
     def __call__(
@@ -303,7 +304,11 @@ class EnergyBenchmark:
                     continue
                 self._check_tokens(out, input_tokens, output_tokens, queries)
             if pacer is None:  # paired trials share the machine's speed: nothing to read
-                self._reference.append(reference_s(repeats=5))
+                self._reference.append(case_reference_s())
+            # the previous trial's end reading starts the next trial: between them only
+            # this process ran (the stopping rule), which the share leaves out anyway; not
+            # in a paired run, where the other side may have run in between
+            fresh = False
             with ResourceProbe() as probe:
                 while True:
                     if pacer is not None:
@@ -312,7 +317,7 @@ class EnergyBenchmark:
                             status, stopped, pairs = word.status, word.why, word.pairs
                             break
                     args, kwargs = call_args()
-                    if background is not None:
+                    if background is not None and (not fresh or pacer is not None):
                         history.append(background.read())
                     gpu_probe = self.trial_probe
                     if gpu_probe is not None:
@@ -328,7 +333,10 @@ class EnergyBenchmark:
                         gpu = gpu_probe.stop() if gpu_probe is not None else None
                     share = None
                     if background is not None:
-                        share = background.share_around(history, background.read())
+                        end = background.read()
+                        share = background.share_around(history, end)
+                        history.append(end)
+                        fresh = True
                     n_in, n_out = input_tokens, output_tokens
                     if not rejected:
                         n_in, n_out = self._check_tokens(out, input_tokens, output_tokens, queries)
@@ -539,8 +547,7 @@ class EnergyBenchmark:
         """The case's result; ``keep`` False: a visit's share, shown to the test but not
         kept (the last visit keeps the whole case)."""
         domains = self.meter.domains
-        if self._reference:  # the machine's speed around the trials (meters/reference.py)
-            self._reference.append(reference_s(repeats=5))
+        # the machine's speed at the trials (meters/reference.py), over the visits
         speed_s = statistics.fmean(self._reference) if self._reference else None
         if speed_s is not None:  # on every trial: it stays with them when runs are pooled
             trials = [dataclasses.replace(t, reference_s=speed_s) for t in trials]

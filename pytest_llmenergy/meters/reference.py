@@ -8,16 +8,22 @@ tell how much of a difference between two runs the machine itself could explain.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
 
 _LOOP = 100_000  # about 5 ms of CPython on a 2020s core
+# A case's reading runs every 10th iteration of the loop, once (about 0.6 ms): the session's
+# speed is the median of its cases' readings (compare.session_speeds), so many cheap
+# readings serve it, and the harness's cost per trial stays within its budget
+# (tests/perf/test_harness_overhead.py).
+CASE_STEP = 10
 
 
-def _fixed_work(n: int = _LOOP) -> int:
+def _fixed_work(n: int = _LOOP, step: int = 1) -> int:
     total = 0
-    for i in range(n):
+    for i in range(0, n, step):
         total += i * i % 7
     return total
 
@@ -35,6 +41,16 @@ def reference_s(
         work()
         times.append(clock() - start)
     return statistics.median(times)
+
+
+def case_reference_s(
+    step: int = CASE_STEP, clock: Callable[[], float] = time.process_time
+) -> float:
+    """One case's reading, in the full loop's seconds: every ``step``-th iteration, timed
+    once and multiplied by ``step``.  Strided, not a shorter range, so that it keeps the
+    loop's mix of one- and two-digit integers (``i * i`` passes 2**30 at i = 32768) and a
+    run read this way compares with one read in full."""
+    return step * reference_s(1, work=functools.partial(_fixed_work, step=step), clock=clock)
 
 
 # How much the reference's time varies by itself between sessions of unchanged code:

@@ -2,9 +2,14 @@
 
 Target: at most 3 % more wall time.  Both loops run side by side in one test,
 interleaved round by round so that drift on a shared machine hits both alike:
-``k`` bare ``model.generate`` calls, then ``k`` trials of ``energy_benchmark``
+``k`` bare ``model.generate`` calls and ``k`` trials of ``energy_benchmark``, in turn
+first, the overhead the median of the rounds' ratios (a pair shares its stretch of the
+machine's speed; the medians of each side alone may come from different stretches)
 (meter windows, first-token mark, token checks, trial records, the stopping rule
-after every trial, the resource probe).  Run with ``pytest tests/perf --benchmark-only``.
+after every trial, the resource probe, the busy-machine check's readings, the case's
+reading of the machine's speed).  Five trials and no warm-up: the case's fixed costs
+weigh the most here, more than in a user's case of 1 warm-up and up to 25 trials.  Run
+with ``pytest tests/perf --benchmark-only``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pytest_llmenergy import open_meter
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.llm.loader import load_model
+from pytest_llmenergy.meters.background import BackgroundCpu
 
 TRIALS_PER_ROUND = 5
 ROUNDS = 12
@@ -35,14 +41,20 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("model_name", "n_in", "n_out"), [("tiny-llama", 32, 32), ("tiny-llama", 512, 128)]
 )
 def test_harness_overhead_per_trial(
-    benchmark: Any, cache_dir: Path, model_name: str, n_in: int, n_out: int
+    benchmark: Any, perf_budget: Any, cache_dir: Path, model_name: str, n_in: int, n_out: int
 ) -> None:
     model = load_model(model_name, cache_dir=cache_dir)
     ids = model.prompt_ids(n_in)
     hf = model.model
     pad = model.tokenizer.pad_token_id
     meter = open_meter("estimate")
-    options = ControllerSettings(min_trials=TRIALS_PER_ROUND, max_trials=TRIALS_PER_ROUND, warmup=0)
+    # The busy-machine check reads the machine's CPU time around every trial, as by default;
+    # judged against 100 % so that no trial is repeated (a repeat is the check at work on
+    # this shared machine, not its cost).
+    options = ControllerSettings(
+        min_trials=TRIALS_PER_ROUND, max_trials=TRIALS_PER_ROUND, warmup=0, max_background=1.0
+    )
+    background = BackgroundCpu()
     bare_s: list[float] = []
     harness_s: list[float] = []
 
@@ -66,22 +78,31 @@ def test_harness_overhead_per_trial(
     def harness_loop() -> None:
         t0 = time.perf_counter()
         bench = EnergyBenchmark(
-            meter, options, nodeid="perf", name="perf", labels={}, on_result=lambda r: None
+            meter,
+            options,
+            nodeid="perf",
+            name="perf",
+            labels={},
+            on_result=lambda r: None,
+            background=background,
         )
         result = bench(model.generate, ids, n_out, input_tokens=n_in, output_tokens=n_out)
         harness_s.append((time.perf_counter() - t0) / TRIALS_PER_ROUND)
         assert len(result.trials) == TRIALS_PER_ROUND and result.has_phases
+        assert result.reference_s is not None and result.reference_s > 0  # it was read
 
     def one_round() -> None:
-        bare_loop()
-        harness_loop()
+        first, second = (bare_loop, harness_loop) if len(bare_s) % 2 else (harness_loop, bare_loop)
+        first()
+        second()
 
     one_round()  # warm-up of both paths, not counted
     bare_s.clear()
     harness_s.clear()
     benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
+    assert len(bare_s) == len(harness_s) == ROUNDS
     bare, harness = statistics.median(bare_s), statistics.median(harness_s)
-    overhead = harness / bare - 1.0
+    overhead = statistics.median(h / b for h, b in zip(harness_s, bare_s)) - 1.0
     benchmark.extra_info.update(
         bare_trial_ms=round(bare * 1e3, 3),
         harness_trial_ms=round(harness * 1e3, 3),
@@ -89,7 +110,14 @@ def test_harness_overhead_per_trial(
     )
     print(
         f"\n{model_name} in{n_in} out{n_out}: bare generate {bare * 1e3:.2f} ms, harness trial "
-        f"{harness * 1e3:.2f} ms per trial (median of {ROUNDS} rounds): {overhead:+.2%}"
+        f"{harness * 1e3:.2f} ms per trial (medians of {ROUNDS} rounds: "
+        f"{harness / bare - 1:+.2%}); overhead {overhead:+.2%} (median of the rounds' ratios)"
     )
     meter.close()
-    assert overhead <= OVERHEAD_BUDGET
+    perf_budget(
+        f"harness overhead per trial, {model_name} {n_in}+{n_out} (bare generate "
+        f"{bare * 1e3:.2f} ms, harness trial {harness * 1e3:.2f} ms)",
+        overhead,
+        OVERHEAD_BUDGET,
+        "%",
+    )

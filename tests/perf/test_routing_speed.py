@@ -19,6 +19,13 @@ from pytest_llmenergy.routing.workload import Workload, alpaca
 
 PAPER = Path(__file__).parents[2] / "examples" / "wilkins2024" / "wilkins2024.csv"
 QUERIES = 10_000_000
+DECISION_BUDGET_S = 2.0
+
+
+def within_budget(benchmark: Any, perf_budget: Any, what: str) -> None:
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None:  # None under --benchmark-disable: ran once, unmeasured
+        perf_budget(f"a routing decision, {what}", stats.stats.mean, DECISION_BUDGET_S, "s")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,7 @@ THREE = ["M1-Pro", "Swing AMD+A100", "Palmetto Intel+A100"]
 
 
 @pytest.mark.parametrize("by", ["input", "output"])
-def test_three_systems(benchmark: Any, big_workload: Workload, by: str) -> None:
+def test_three_systems(benchmark: Any, perf_budget: Any, big_workload: Workload, by: str) -> None:
     models = _models(THREE)
 
     def decide() -> Any:
@@ -46,9 +53,12 @@ def test_three_systems(benchmark: Any, big_workload: Workload, by: str) -> None:
 
     decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
     assert sum(decision.totals.queries.values()) == QUERIES
+    within_budget(benchmark, perf_budget, f"three systems by {by}")
 
 
-def test_three_systems_with_capacity(benchmark: Any, big_workload: Workload) -> None:
+def test_three_systems_with_capacity(
+    benchmark: Any, perf_budget: Any, big_workload: Workload
+) -> None:
     models = _models(THREE)
     caps = [Capacity("M1-Pro", query_share=0.5), Capacity("Swing AMD+A100", busy_share=0.3)]
 
@@ -57,9 +67,10 @@ def test_three_systems_with_capacity(benchmark: Any, big_workload: Workload) -> 
 
     decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
     assert decision.totals.queries["M1-Pro"] <= QUERIES // 2
+    within_budget(benchmark, perf_budget, "three systems with capacities")
 
 
-def test_two_systems_by_both(benchmark: Any, big_workload: Workload) -> None:
+def test_two_systems_by_both(benchmark: Any, perf_budget: Any, big_workload: Workload) -> None:
     models = _models(THREE[:2])
 
     def decide() -> Any:
@@ -67,9 +78,12 @@ def test_two_systems_by_both(benchmark: Any, big_workload: Workload) -> None:
 
     decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
     assert sum(decision.totals.queries.values()) == QUERIES
+    within_budget(benchmark, perf_budget, "two systems by both")
 
 
-def test_three_systems_with_capacity_and_65536_distinct_sizes(benchmark: Any) -> None:
+def test_three_systems_with_capacity_and_65536_distinct_sizes(
+    benchmark: Any, perf_budget: Any
+) -> None:
     """The worst case for the capacity search: every token count from 1 to 65,536 occurs."""
     rng = np.random.default_rng(11)
     wide = Workload(
@@ -83,3 +97,4 @@ def test_three_systems_with_capacity_and_65536_distinct_sizes(benchmark: Any) ->
 
     decision = benchmark.pedantic(decide, rounds=3, warmup_rounds=1)
     assert decision.totals.queries["M1-Pro"] <= 0.3 * QUERIES
+    within_budget(benchmark, perf_budget, "65,536 distinct sizes")

@@ -22,7 +22,9 @@ PER_CASE_BUDGET_S = 0.25
 
 
 @pytest.mark.parametrize("n_cases", [57, 500])
-def test_save_after_the_last_case(benchmark: Any, tmp_path: Path, n_cases: int) -> None:
+def test_save_after_the_last_case(
+    benchmark: Any, perf_budget: Any, tmp_path: Path, n_cases: int
+) -> None:
     """The write after case n: the file holds n cases of 25 trials with phases."""
     cases = [make_case([0.1 + i * 1e-4] * 25, input_tokens=8 + i) for i in range(n_cases)]
     counter = iter(range(10**6))
@@ -41,4 +43,9 @@ def test_save_after_the_last_case(benchmark: Any, tmp_path: Path, n_cases: int) 
         print(
             f"\n{n_cases} cases: save after a case {mean_s * 1e3:.1f} ms, file {size / 1e6:.1f} MB"
         )
-        assert mean_s < PER_CASE_BUDGET_S
+        perf_budget(
+            f"saving after case {n_cases} (file {size / 1e6:.1f} MB)",
+            mean_s,
+            PER_CASE_BUDGET_S,
+            "s",
+        )
