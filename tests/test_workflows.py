@@ -212,9 +212,10 @@ def test_ci_installs_what_the_readme_says_and_users_get_extras_that_exist() -> N
 
 
 def test_the_perf_benchmarks_run_reported_in_ci_and_enforced_in_tox() -> None:
-    """Their figures are seen on every CI run; only a quiet machine holds them to budget."""
+    """Their figures are seen on every GitHub CI run (reported, not enforced: a shared
+    runner drifts) and in tox -e perf; .ci/run leaves them out (over 8 min here)."""
     perf = "python -m pytest tests/perf --benchmark-only"
-    assert f"LLMENERGY_PERF_ENFORCE=0 {perf}" in (ROOT / ".ci" / "run").read_text()
+    assert perf not in (ROOT / ".ci" / "run").read_text()
     step = [s for s in workflow("ci.yml")["jobs"]["tests"]["steps"] if perf in s.get("run", "")]
     assert len(step) == 1 and step[0]["env"] == {"LLMENERGY_PERF_ENFORCE": "0"}
     tox = configparser.ConfigParser()
