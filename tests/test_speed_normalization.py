@@ -139,7 +139,7 @@ def test_llmenergy_compare_normalizes_on_the_same_hardware_only(
 
 # -- the readings themselves (meters/reference.py) ----------------------------------------
 def test_a_case_reading_estimates_the_full_reference() -> None:
-    """A case reads every 10th iteration of the loop and scales by 10: the same quantity
+    """A case reads every 20th iteration of the loop and scales by 20: the same quantity
     as the session's full reading, so runs read either way compare.  (A shorter range
     instead reads about 10 % low: its integers stay small.)"""
     full, case = [], []

@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 
 _LOOP = 100_000  # about 5 ms of CPython on a 2020s core
-# A case's reading runs every 10th iteration of the loop, once (about 0.6 ms): the session's
+# A case's reading runs every 20th iteration of the loop, once (about 0.3 ms): the session's
 # speed is the median of its cases' readings (compare.session_speeds), so many cheap
 # readings serve it, and the harness's cost per trial stays within its budget
-# (tests/perf/test_harness_overhead.py).
-CASE_STEP = 10
+# (tests/perf/test_harness_overhead.py).  Read after a generate, the median of 18 such
+# readings spread 0.8 % (every 10th: 1.3 %, the longer one catches more disturbances);
+# every 40th read 2 % long (the call's own cost, multiplied by the step).
+CASE_STEP = 20
 
 
 def _fixed_work(n: int = _LOOP, step: int = 1) -> int:
