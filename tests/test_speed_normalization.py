@@ -23,6 +23,7 @@ from pytest_llmenergy.compare import (
 )
 from pytest_llmenergy.controller.benchmark import CaseVisits, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
+from pytest_llmenergy.llm.loader import load_model
 from pytest_llmenergy.meters.reference import case_reference_s, reference_s
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.pool import pool_cases
@@ -138,7 +139,7 @@ def test_llmenergy_compare_normalizes_on_the_same_hardware_only(
 
 # -- the readings themselves (meters/reference.py) ----------------------------------------
 def test_a_case_reading_estimates_the_full_reference() -> None:
-    """A case reads every 10th iteration of the loop and scales by 10: the same quantity
+    """A case reads every 20th iteration of the loop and scales by 20: the same quantity
     as the session's full reading, so runs read either way compare.  (A shorter range
     instead reads about 10 % low: its integers stay small.)"""
     full, case = [], []
@@ -149,6 +150,20 @@ def test_a_case_reading_estimates_the_full_reference() -> None:
     assert 0.95 < ratio < 1.05, ratio
     ticks = iter([0.0, 0.0005])
     assert case_reference_s(step=10, clock=lambda: next(ticks)) == pytest.approx(0.005)
+
+
+def test_a_reading_right_after_generate_counts_this_thread_only(tiny_cache: Path) -> None:
+    """The math library's workers spin on for a while after a ``generate``: on the
+    process's CPU time a reading there read up to 7 times the loop's time."""
+    model = load_model("tiny-llama", cache_dir=tiny_cache)
+    ids = model.prompt_ids(8)
+    quiet_s = reference_s(repeats=5)
+    readings = []
+    for _ in range(20):
+        model.generate(ids, 8)
+        readings.append(case_reference_s() / quiet_s)
+    assert max(readings) < 2.5, readings
+    assert 0.8 < statistics.median(readings) < 1.25, readings
 
 
 def counting_bench(

@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 
 _LOOP = 100_000  # about 5 ms of CPython on a 2020s core
-# A case's reading runs every 10th iteration of the loop, once (about 0.6 ms): the session's
+# A case's reading runs every 20th iteration of the loop, once (about 0.3 ms): the session's
 # speed is the median of its cases' readings (compare.session_speeds), so many cheap
 # readings serve it, and the harness's cost per trial stays within its budget
-# (tests/perf/test_harness_overhead.py).
-CASE_STEP = 10
+# (tests/perf/test_harness_overhead.py).  Read after a generate, the median of 18 such
+# readings spread 0.8 % (every 10th: 1.3 %, the longer one catches more disturbances);
+# every 40th read 2 % long (the call's own cost, multiplied by the step).
+CASE_STEP = 20
 
 
 def _fixed_work(n: int = _LOOP, step: int = 1) -> int:
@@ -31,10 +33,12 @@ def _fixed_work(n: int = _LOOP, step: int = 1) -> int:
 def reference_s(
     repeats: int = 9,
     work: Callable[[], object] = _fixed_work,
-    clock: Callable[[], float] = time.process_time,
+    clock: Callable[[], float] = time.thread_time,
 ) -> float:
     """Median CPU seconds of the fixed work (CPU time: a busy machine's waiting is not
-    slowness, the busy-machine check is for that)."""
+    slowness, the busy-machine check is for that).  This thread's alone: the process's
+    would add other threads' work, such as a math library's workers still spinning
+    after a ``generate`` (a reading right after one read up to twice the time)."""
     times = []
     for _ in range(repeats):
         start = clock()
@@ -43,9 +47,7 @@ def reference_s(
     return statistics.median(times)
 
 
-def case_reference_s(
-    step: int = CASE_STEP, clock: Callable[[], float] = time.process_time
-) -> float:
+def case_reference_s(step: int = CASE_STEP, clock: Callable[[], float] = time.thread_time) -> float:
     """One case's reading, in the full loop's seconds: every ``step``-th iteration, timed
     once and multiplied by ``step``.  Strided, not a shorter range, so that it keeps the
     loop's mix of one- and two-digit integers (``i * i`` passes 2**30 at i = 32768) and a
