@@ -449,6 +449,7 @@ def compare_cases(
     head_speeds = session_speeds(after) if normalize and not paired else {}
     center = statistics.fmean(base_speeds.values()) if base_speeds else 0.0
     normalized = used_pairs = False
+    budgets: dict[str, tuple[int, int]] = {}  # a paired case's pairs, and its pair limit
     for case in after:
         base = before.get(case.nodeid)
         if base is None:
@@ -476,6 +477,9 @@ def compare_cases(
             test_key = noise_key(case.nodeid, f.key)
             if a is not None and b is not None:  # else no log: shown, never tested
                 pairs[test_key] = (a, b)
+            if both is not None:
+                limit = min(base.options.max_trials, case.options.max_trials)
+                budgets[test_key] = (len(both), max(limit, len(both)))
             found.append((test_key, base, case, f, gate, speed))
     tests = build_tests(pairs, history=history, session_noise=session_noise)
     alpha = 1.0 - confidence
@@ -492,7 +496,7 @@ def compare_cases(
     for i, hit, p_adj in zip(gated, rejected, adjusted):
         d = deltas[i]
         assert d.test is not None and d.gate is not None
-        detectable = d.test.detectable(alpha / m)
+        detectable = _design_test(d.test, budgets.get(found[i][0])).detectable(alpha / m)
         if d.gate.relative:
             detectable = max(detectable, d.gate.threshold)
         deltas[i] = replace(d, discovered=hit, detectable=detectable, p_adjusted=p_adj)
@@ -519,6 +523,17 @@ def compare_cases(
         paired_trials=used_pairs,
         shared=len(now & set(before)),
     )
+
+
+def _design_test(test: Test, budget: tuple[int, int] | None) -> Test:
+    """The test a paired case would have had, had it looked worse: a paired run stops a
+    case early only when it looks like a pass (``pairing/turns.py``), and measures one
+    that looks worse up to its pair limit; so what a paired run can see is set by that
+    limit, not by the pairs a passing case needed."""
+    if budget is None or budget[0] >= budget[1] or budget[0] < 2:
+        return test
+    pairs, limit = budget
+    return replace(test, se=test.se * math.sqrt(pairs / limit), df=test.df + (limit - pairs))
 
 
 def _unnormalized_note(
@@ -681,7 +696,10 @@ def evidence_text(c: Comparison) -> str:
     sources = {d.test.source for d in c.deltas if d.test is not None}
     parts = []
     if ROUNDS in sources and c.paired_trials:
-        parts.append("pairs of trials measured side by side (llmenergy ab)")
+        parts.append(
+            "pairs of trials measured side by side (llmenergy ab; a case that looks worse"
+            " is measured up to its pair limit)"
+        )
     elif ROUNDS in sources:
         paired = any(d.test is not None and d.test.paired for d in c.deltas)
         parts.append("the runs' own sessions" + (", paired round by round" if paired else ""))

@@ -60,7 +60,7 @@ RULE = GateRule("j_per_token", 0.05, True)
 
 
 def _decide(diffs: list[float], **kw: float) -> object:
-    args = dict(level=0.99, attempted_pairs=len(diffs), max_pairs=25, measured_s=5.0)
+    args = dict(pass_level=0.95, fail_level=0.995, attempted_pairs=len(diffs), max_pairs=25, measured_s=5.0)
     args.update(min_time_s=1.0, max_time_s=15.0)
     args.update(kw)
     return decide({"j_per_token": diffs}, [RULE], **args)  # type: ignore[arg-type]
@@ -424,13 +424,13 @@ def test_a_case_with_few_pairs_borrows_the_pooled_variance_of_earlier_cases() ->
     from pytest_llmenergy.pairing.turns import pooled
 
     few = [math.log(1.0 + x) for x in (0.01, -0.012, 0.004, 0.0)]
-    alone = _decide(few, level=0.9995)  # 18 cases at 95 %: 1 - 0.05 / 18 ~ 0.997
+    alone = _decide(few, pass_level=0.9995)  # a strict pass level
     assert not alone.stop  # t(3) at the corrected level is too wide alone
     earlier = [[math.log(1.0 + rng.gauss(0, 0.01)) for _ in range(10)] for rng in
                (random.Random(s) for s in range(5))]  # fmt: skip
     pool = pooled(earlier)
     assert pool is not None and pool.df == 45
-    helped = _decide(few, level=0.9995, pools={"j_per_token": pool})  # type: ignore[arg-type]
+    helped = _decide(few, pass_level=0.9995, pools={"j_per_token": pool})  # type: ignore[arg-type]
     assert helped.decided  # type: ignore[attr-defined]
 
 

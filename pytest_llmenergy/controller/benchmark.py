@@ -25,7 +25,7 @@ from ..meters.base import Meter
 from ..meters.reference import case_reference_s
 from ..meters.resources import ResourceProbe
 from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, GpuTelemetry, Trial
-from .rule import ControllerSettings, decide, progress_line
+from .rule import RULES, ControllerSettings, decide, progress_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,16 @@ class PacerStop:
 class Pacer(Protocol):
     """Who may measure next, when two sessions take turns (``llmenergy ab``): asked
     before every measured trial, told every trial; it, not the stopping rule, ends the
-    case.  The plugin's side of a paired run (``plugin/pairing.py``) is one."""
+    case.  The plugin's side of a paired run (``plugin/pairing.py``) is one.
+
+    ``began`` is true when the last ``turn`` started a new turn: the other side may have
+    run just before, so what the rest of the machine did is judged from there on (the
+    other side's own work is not a busy machine).  ``warm_up`` asks for one unmeasured
+    call first: the other side's turn left this side's caches cold and its threads
+    asleep, which made a short trial up to three times as long."""
+
+    began: bool
+    warm_up: bool
 
     def turn(self, meta: Mapping[str, Any]) -> PacerStop | None: ...
 
@@ -306,8 +315,8 @@ class EnergyBenchmark:
             if pacer is None:  # paired trials share the machine's speed: nothing to read
                 self._reference.append(case_reference_s())
             # the previous trial's end reading starts the next trial: between them only
-            # this process ran (the stopping rule), which the share leaves out anyway; not
-            # in a paired run, where the other side may have run in between
+            # this process ran (the stopping rule), which the share leaves out anyway; in a
+            # paired run the span restarts at each turn, after the other side's
             fresh = False
             with ResourceProbe() as probe:
                 while True:
@@ -317,7 +326,13 @@ class EnergyBenchmark:
                             status, stopped, pairs = word.status, word.why, word.pairs
                             break
                     args, kwargs = call_args()
-                    if background is not None and (not fresh or pacer is not None):
+                    if pacer is not None and pacer.warm_up:
+                        with contextlib.suppress(TrialRejected):
+                            self._call(fn, args, kwargs)
+                        args, kwargs = call_args()
+                    if background is not None and pacer is not None and pacer.began:
+                        history = [background.read()]  # not back into the other side's turn
+                    elif background is not None and not fresh:
                         history.append(background.read())
                     gpu_probe = self.trial_probe
                     if gpu_probe is not None:
@@ -442,14 +457,18 @@ class EnergyBenchmark:
 
     def _pacer_meta(self, input_tokens: int, output_tokens: int, queries: int) -> dict[str, Any]:
         """What the coordinator of a paired run needs of this case: its size, to compute
-        the gated figures, and its limits."""
+        the gated figures, and its limits.  Not the rule's default minimum time: it keeps
+        a single session's interval from resting on too little, where a paired case's
+        rests on its pairs, each turn long against the meter's resolution; a minimum time
+        the user set applies."""
         o = self.options
+        rule_default = o.min_time == (RULES[o.rule].min_time_s or 0.0)
         return {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
             "queries": queries,
             "max_trials": o.max_trials,
-            "min_time_s": o.min_time,
+            "min_time_s": 0.0 if rule_default else o.min_time,
             "max_time_s": o.max_time,
         }
 

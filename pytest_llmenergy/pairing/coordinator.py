@@ -311,7 +311,8 @@ class Coordinator:
         case.decision = decide(
             case.diffs,
             self.rules,
-            level=case_level(self.confidence, max(1, len(self.order))),
+            pass_level=self.confidence,
+            fail_level=case_level(self.confidence, max(1, len(self.order))),
             attempted_pairs=case.attempted,
             max_pairs=self._limit(case, "max_trials", 25),
             measured_s=min(self._measured_s(case, s) for s in SIDES),

@@ -31,7 +31,7 @@ from .keeping import Keeper
 # A turn measures at least this long (and PASS_WINDOW_MULTIPLE x the meter's resolution):
 # trials shorter than that come several to a turn, so that a pair is not the meter's
 # rounding or the scheduler's jitter.
-MIN_TURN_S = 0.2
+MIN_TURN_S = 0.05
 
 
 def _ask(channel: Channel, message: dict[str, Any]) -> dict[str, Any]:
@@ -52,14 +52,22 @@ class CasePacer:
         self.nodeid = nodeid
         self.turn_s = turn_s
         self._in_turn_s: float | None = None  # measured in this turn so far; None: waiting
+        self._last_trial_s = 0.0
+        self.began = self.warm_up = False
 
     def turn(self, meta: Mapping[str, Any]) -> PacerStop | None:
+        self.began = self.warm_up = False
         if self._in_turn_s is not None and self._in_turn_s < self.turn_s:
             return None  # the turn goes on
         self._in_turn_s = None
         reply = _ask(self.channel, {"op": "turn", "case": self.nodeid, "meta": dict(meta)})
         if reply.get("go"):
             self._in_turn_s = 0.0
+            self.began = True
+            # a trial shorter than a turn: a cold first call would weigh in the turn's
+            # mean (a trial as long as a turn warms up within itself); the case's own
+            # warm-up served its first turn
+            self.warm_up = 0.0 < self._last_trial_s < self.turn_s
             return None
         pairs = reply.get("pairs")
         return PacerStop(
@@ -71,6 +79,7 @@ class CasePacer:
     def trial(self, trial: Trial, counted: Mapping[str, bool], disturbed: bool) -> None:
         if self._in_turn_s is not None:
             self._in_turn_s += trial.seconds
+        self._last_trial_s = trial.seconds
         _ask(
             self.channel,
             {
