@@ -704,7 +704,15 @@ def evidence_text(c: Comparison) -> str:
         paired = any(d.test is not None and d.test.paired for d in c.deltas)
         parts.append("the runs' own sessions" + (", paired round by round" if paired else ""))
     if HISTORY in sources:
-        parts.append("saved runs of the same code")
+        floored = any(d.test is not None and d.test.floored for d in c.deltas)
+        parts.append(
+            "saved runs of the same code"
+            + (
+                f" (saved back to back: not trusted below the assumed {c.session_noise:.0%})"
+                if floored
+                else ""
+            )
+        )
     if PRIOR in sources:
         parts.append(f"assumed {c.session_noise:.0%} (--energy-session-noise)")
     return "; ".join(parts) or "none"

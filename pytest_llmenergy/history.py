@@ -10,12 +10,14 @@ from a metric's history, applied per case).  Saving the baseline in three sessio
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from .compare import case_sessions, noise_key, session_speeds, speed_exponent, speed_offsets
 from .figures import figure
-from .sessions import NoiseEstimate, SideSessions, noise_from_runs
+from .sessions import SEEN_ENOUGH_S, NoiseEstimate, SideSessions, noise_from_runs
 from .storage.runfile import COMPLETE, Run, RunFileError, load
 from .storage.store import Storage
 
@@ -82,9 +84,23 @@ def learned_noise(runs: Sequence[Run], metrics: Iterable[str]) -> dict[str, Nois
         if key is not None and run.status == COMPLETE:
             groups.setdefault(key, []).append(run)
     metrics = list(metrics)
+    kept = [group for group in groups.values() if len(group) > 1]
     return noise_from_runs(
-        [[run_sessions(r, metrics) for r in group] for group in groups.values() if len(group) > 1]
+        [[run_sessions(r, metrics) for r in group] for group in kept],
+        [span_s(group) for group in kept],
     )
+
+
+def span_s(runs: Sequence[Run]) -> float:
+    """How long the runs' sessions spanned, first start to last (inf: a time unreadable,
+    so nothing is assumed of it)."""
+    try:
+        times = [datetime.fromisoformat(r.created.replace("Z", "+00:00")) for r in runs]
+    except (ValueError, AttributeError):
+        return math.inf
+    if any(t.tzinfo is None for t in times):
+        return math.inf
+    return (max(times) - min(times)).total_seconds()
 
 
 def stored_noise(
@@ -110,4 +126,10 @@ def history_note(noise: Mapping[str, NoiseEstimate]) -> str:
     if not noise:
         return ""
     df = max(n.df for n in noise.values())
-    return f"between-session noise learned from saved runs of the same code ({df:g} df per case)"
+    text = f"between-session noise learned from saved runs of the same code ({df:g} df per case)"
+    if all(n.seen_s < SEEN_ENOUGH_S for n in noise.values()):
+        text += (
+            "; they were saved within an hour of each other, so it is not trusted below "
+            "the assumed noise (--energy-session-noise)"
+        )
+    return text

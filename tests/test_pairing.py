@@ -60,8 +60,8 @@ RULE = GateRule("j_per_token", 0.05, True)
 
 
 def _decide(diffs: list[float], **kw: float) -> object:
-    args = dict(pass_level=0.95, fail_level=0.995, attempted_pairs=len(diffs), max_pairs=25, measured_s=5.0)
-    args.update(min_time_s=1.0, max_time_s=15.0)
+    args = dict(pass_level=0.95, fail_level=0.995, attempted_pairs=len(diffs), max_pairs=25)
+    args.update(measured_s=5.0, min_time_s=1.0, max_time_s=15.0)
     args.update(kw)
     return decide({"j_per_token": diffs}, [RULE], **args)  # type: ignore[arg-type]
 
@@ -83,6 +83,25 @@ def test_rule_stops_a_clear_pass_and_a_clear_fail_and_keeps_a_close_case() -> No
     assert "25 pairs" in limited.why  # type: ignore[attr-defined]
     timed = _decide(close, measured_s=15.0)
     assert timed.stop and not timed.decided  # type: ignore[attr-defined]
+
+
+def test_rule_passes_leniently_and_fails_strictly() -> None:
+    """A pass stops on the one-sided bound at the run's confidence, a fail only on the
+    bound corrected for the cases: an A/A case at this machine's pair noise (3 %) stops
+    after two blocks (alone; earlier cases' noise lets it stop after one), and a +10 %
+    case at a 5 % gate keeps going until it can fail."""
+    rng = random.Random(7)
+    same = [rng.gauss(0.0, 0.03) for _ in range(4)]
+    assert _decide(same, fail_level=0.9997).decided  # type: ignore[attr-defined]
+    worse = [math.log(1.10) + rng.gauss(0.0, 0.03) for _ in range(60)]
+    for n in range(MIN_PAIRS, 60, 2):
+        d = _decide(worse[:n], fail_level=0.9997, attempted_pairs=0)
+        if d.stop:  # type: ignore[attr-defined]
+            interval = d.intervals["j_per_token"]  # type: ignore[attr-defined]
+            assert interval.low > math.log(1.05), "stopped, but not as a fail"
+            break
+    else:
+        raise AssertionError("a +10 % case never failed")
 
 
 def test_rule_for_a_throughput_gate_reads_lower_as_worse() -> None:
@@ -195,6 +214,32 @@ def test_paired_comparison_uses_the_pairs_and_says_so() -> None:
     from pytest_llmenergy.compare import evidence_text
 
     assert "side by side" in evidence_text(paired)
+
+
+def test_what_a_paired_run_can_see_is_set_by_its_pair_limit() -> None:
+    """A passing case stops after few pairs, but one that looked worse would have been
+    measured up to the pair limit: the printed 'detects' says what the run could see."""
+    import dataclasses
+
+    from pytest_llmenergy.controller.rule import ControllerSettings
+    from tests.casefactory import make_case
+
+    rng = random.Random(2)
+
+    def paired() -> object:
+        case = make_case([1.0 + rng.gauss(0, 0.05) for _ in range(4)])
+        trials = tuple(dataclasses.replace(t, pair=i) for i, t in enumerate(case.trials, 1))
+        return dataclasses.replace(case, trials=trials)
+
+    gates = parse_gates("energy_j:1%")
+    sides = paired(), paired()
+    seen = {}
+    for limit in (4, 25):
+        options = ControllerSettings(min_trials=3, max_trials=limit)
+        base, head = (dataclasses.replace(c, options=options) for c in sides)  # type: ignore[type-var]
+        c = compare_cases([base], [head], gates=gates, normalize=False, paired=True)
+        seen[limit] = c.deltas[0].detectable
+    assert seen[25] < seen[4] / 2
 
 
 # -- the command, the way users run it ---------------------------------------------------------
@@ -463,3 +508,92 @@ def test_ab_killed_leaves_no_side_running_and_keeps_their_cases(tmp_path: Path) 
     assert not alive, "a side outlived its coordinator"
     runs = sorted((tmp_path / ".llmenergy").glob("*/*.json"))
     assert all(load(r).cases for r in runs)
+
+
+# -- one side's case, with a scripted pacer ---------------------------------------------------
+class _ScriptedPacer:
+    """Three turns of three trials; between turns the other side runs 0.3 s on every CPU."""
+
+    def __init__(self, machine: dict[str, float]) -> None:
+        self.machine = machine
+        self.in_turn = 0
+        self.turns = 0
+        self.began = self.warm_up = False
+
+    def turn(self, meta: object) -> object:
+        from pytest_llmenergy.controller.benchmark import PacerStop
+
+        self.began = self.warm_up = False
+        if self.turns and self.in_turn < 3:
+            return None
+        if self.turns == 3:
+            return PacerStop("converged")
+        self.machine["t"] += 0.3  # the other side's turn: both CPUs busy, not this tree
+        self.machine["busy"] += 0.6
+        self.turns += 1
+        self.in_turn = 0
+        self.began = True
+        self.warm_up = self.turns > 1  # the case's own warm-up served the first
+        return None
+
+    def trial(self, trial: Trial, counted: object, disturbed: bool) -> None:
+        self.in_turn += 1
+
+
+class _NoRestart(_ScriptedPacer):
+    """A pacer that never says a turn began (as before the fix)."""
+
+    def turn(self, meta: object) -> object:
+        word = super().turn(meta)
+        self.began = False
+        return word
+
+
+def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -> None:
+    """The other side's turn is not a busy machine: the span a trial is judged over
+    starts at its own turn.  Each later turn starts with one unmeasured call."""
+    from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+    from pytest_llmenergy.controller.rule import ControllerSettings
+    from pytest_llmenergy.meters.background import BackgroundCpu
+    from tests.fakes.scripted import TraceMeter
+    from tests.fakes.trace import PowerTrace
+
+    machine = {"t": 0.0, "busy": 0.0, "mine": 0.0}
+    calls = []
+
+    def call() -> None:  # 0.1 s on one CPU, of this tree
+        calls.append(machine["t"])
+        machine["t"] += 0.1
+        machine["busy"] += 0.1
+        machine["mine"] += 0.1
+
+    class Tree:
+        def read(self) -> float:
+            return machine["mine"]
+
+    background = BackgroundCpu(
+        Tree(),  # type: ignore[arg-type]
+        logical_cpus=2,
+        machine_busy_s=lambda: machine["busy"],
+        clock=lambda: machine["t"],
+    )
+
+    def bench(pacer: _ScriptedPacer) -> EnergyBenchmark:
+        return EnergyBenchmark(
+            TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
+            ControllerSettings(min_trials=3, max_trials=25, warmup=1),
+            nodeid="t",
+            name="t",
+            labels={},
+            on_result=lambda r: None,
+            background=background,
+            pacer=pacer,
+        )
+
+    result = bench(_ScriptedPacer(machine))(call, input_tokens=1, output_tokens=1)
+    assert len(result.trials) == 9 and not result.disturbed
+    assert {t.background_cpu for t in result.trials} == {0.0}
+    assert len(calls) == 1 + 9 + 2  # the case's warm-up, the trials, two turns' warm-ups
+    # without the restart, a trial's 0.25 s span would reach into the other side's turn
+    again = bench(_NoRestart(machine))(call, input_tokens=1, output_tokens=1)
+    assert again.disturbed, "the check should have seen the other side's turn"

@@ -120,9 +120,13 @@ def test_rounds_learn_the_noise_and_find_a_regression_of_25_percent() -> None:
     assert aa_failed <= 3
 
 
+def saved_at(run: Run, day: int, minute: int = 0) -> Run:
+    return replace(run, created=f"2026-11-{day:02d}T10:{minute:02d}:00+00:00")
+
+
 def test_history_of_the_same_code_replaces_the_prior() -> None:
     rng = random.Random(3)
-    saved = [run_of(session(rng, 0.04), f"base{i}") for i in range(4)]
+    saved = [saved_at(run_of(session(rng, 0.04), f"base{i}"), 20 + i) for i in range(4)]
     noise = learned_noise(saved, ["j_per_token"])
     assert len(noise) == CASES
     pooled = sum(n.variance for n in noise.values()) / CASES
@@ -133,6 +137,29 @@ def test_history_of_the_same_code_replaces_the_prior() -> None:
     c = compare_cases(saved[0].cases, head, gates=GATE, history=noise)
     assert {d.test.source for d in c.deltas if d.test} == {HISTORY}
     assert len(c.failures) >= CASES * 2 // 3
+
+
+def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() -> None:
+    """Saves minutes apart agree more than sessions on other days: on a user's 2-case
+    suite they agreed within 3 % and unchanged code then FAILed 2 of 8 sessions.  Their
+    noise is floored at the assumed one, and the verdict says so."""
+    from pytest_llmenergy.compare import evidence_text
+    from pytest_llmenergy.history import history_note
+
+    rng = random.Random(5)
+    back_to_back = [saved_at(run_of(session(rng, 0.01), f"b{i}"), 24, i) for i in range(3)]
+    noise = learned_noise(back_to_back, ["j_per_token"])
+    assert noise and all(n.seen_s == 120.0 for n in noise.values())
+    later = session(rng, 0.01, 1.18)  # another day's session: 18 % off, same code
+    c = compare_cases(back_to_back[0].cases, later, gates=GATE, history=noise)
+    assert not c.failed
+    assert all(d.test is not None and d.test.floored for d in c.deltas)
+    assert "back to back" in evidence_text(c) and "within an hour" in history_note(noise)
+    # the same noise learned over days is trusted as it is
+    spread = [saved_at(r, 20 + i) for i, r in enumerate(back_to_back)]
+    trusted = learned_noise(spread, ["j_per_token"])
+    c = compare_cases(spread[0].cases, later, gates=GATE, history=trusted)
+    assert c.failed and not any(d.test is not None and d.test.floored for d in c.deltas)
 
 
 def test_the_verdict_says_what_it_rests_on_and_what_it_can_see() -> None:
