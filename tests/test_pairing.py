@@ -596,4 +596,19 @@ def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -
     assert len(calls) == 1 + 9 + 2  # the case's warm-up, the trials, two turns' warm-ups
     # without the restart, a trial's 0.25 s span would reach into the other side's turn
     again = bench(_NoRestart(machine))(call, input_tokens=1, output_tokens=1)
-    assert again.disturbed, "the check should have seen the other side's turn"
+    seen = [t.background_cpu or 0.0 for t in again.trials]
+    assert max(seen) > 0.25, "the check should have seen the other side's turn"
+
+    # a machine busy during this side's own turns: the trials are paired, not repeated,
+    # and the command says how busy it was
+    from pytest_llmenergy.cli.ab_cli import busy_line
+
+    def call_beside_a_burner() -> None:
+        call()
+        machine["busy"] += 0.1  # another process, on the other CPU, the whole time
+
+    busy = bench(_ScriptedPacer(machine))(call_beside_a_burner, input_tokens=1, output_tokens=1)
+    assert len(busy.trials) == 9 and not busy.disturbed
+    assert all(t.background_cpu is not None and t.background_cpu > 0.25 for t in busy.trials)
+    assert "busy with other work in 100% of the trials" in busy_line({BASE: {"t": busy}})
+    assert busy_line({BASE: {"t": result}}) == ""

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from ..figures import FIGURES
 from ..pairing.channel import BASE, ENV, HEAD, SIDES
 from ..pairing.coordinator import Coordinator, accept_sides, listen
 from ..pairing.turns import GateRule
+from ..results import CaseResult
 from ..storage.store import DERIVED_FILE, Storage, check_run_name
 from ..tables import render
 from .cli_args import checked, gate_argument, table_width
@@ -309,6 +310,9 @@ def _outcome(
     table = comparison_table(comparison)
     out = render([table], args.format, width=table_width(args.format))
     verdicts = [*gate_verdict_lines(comparison), *one_sided]
+    busy = busy_line(coordinator.results)
+    if busy:
+        verdicts.append(busy)
     # a gate that compared nothing fails (Comparison.failed); --strict: a case on one
     # side only, or one the gate could not judge, fails too
     failed = comparison.fails(args.strict) or (args.strict and bool(one_sided))
@@ -316,6 +320,25 @@ def _outcome(
     if args.report:
         notes.append(_write_report(args.report, coordinator, comparison))
     return Outcome(out=out, notes=notes, verdicts=verdicts, failed=failed)
+
+
+def busy_line(results: Mapping[str, Mapping[str, CaseResult]]) -> str:
+    """How busy the rest of the machine was, when it was ('' when it was not): a paired
+    run pairs such trials rather than repeating them."""
+    judged = [
+        case.options.disturbed(t.background_cpu)
+        for side in results.values()
+        for case in side.values()
+        for t in case.trials
+        if t.background_cpu is not None
+    ]
+    if not any(judged):
+        return ""
+    return (
+        f"the machine was busy with other work in {sum(judged) / len(judged):.0%} of the "
+        "trials (beyond --energy-max-background); they were paired, not repeated: both "
+        "sides shared it turn by turn, which costs pairs, not bias"
+    )
 
 
 def _write_report(path: str, coordinator: Coordinator, comparison: Comparison) -> str:
