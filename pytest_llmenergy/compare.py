@@ -746,10 +746,17 @@ def evidence_line(c: Comparison) -> str:
     if (blind and not c.paired_trials) or any(
         d.test is not None and d.test.source == PRIOR for d in c.deltas
     ):
+        floored = any(d.test is not None and d.test.floored for d in c.deltas)
+        sessions = (
+            "the baseline in sessions hours apart (saves within an hour of each other teach "
+            "no less than the assumed noise)"
+            if floored
+            else "the baseline in several sessions (--energy-save=NAME three times, then "
+            "--energy-compare=NAME learns the noise)"
+        )
         text += (
             "; to see smaller regressions, measure base and head side by side "
-            "(llmenergy ab BASE_DIR HEAD_DIR), or the baseline in several sessions "
-            "(--energy-save=NAME three times, then --energy-compare=NAME learns the noise)"
+            f"(llmenergy ab BASE_DIR HEAD_DIR), or {sessions}"
         )
     return text
 

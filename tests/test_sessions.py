@@ -155,6 +155,9 @@ def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() 
     assert not c.failed
     assert all(d.test is not None and d.test.floored for d in c.deltas)
     assert "back to back" in evidence_text(c) and "within an hour" in history_note(noise)
+    from pytest_llmenergy.compare import evidence_line
+
+    assert "hours apart" in evidence_line(c)  # not "save it three times" again
     # the same noise learned over days is trusted as it is
     spread = [saved_at(r, 20 + i) for i, r in enumerate(back_to_back)]
     trusted = learned_noise(spread, ["j_per_token"])
