@@ -323,21 +323,20 @@ def _outcome(
 
 
 def busy_line(results: Mapping[str, Mapping[str, CaseResult]]) -> str:
-    """How busy the rest of the machine was, when it was ('' when it was not): a paired
-    run pairs such trials rather than repeating them."""
+    """How busy the rest of the machine was, when it was ('' when it was not)."""
     judged = [
         case.options.disturbed(t.background_cpu)
         for side in results.values()
         for case in side.values()
-        for t in case.trials
+        for t in (*case.trials, *case.disturbed)
         if t.background_cpu is not None
     ]
     if not any(judged):
         return ""
     return (
         f"the machine was busy with other work in {sum(judged) / len(judged):.0%} of the "
-        "trials (beyond --energy-max-background); they were paired, not repeated: both "
-        "sides shared it turn by turn, which costs pairs, not bias"
+        "trials (beyond --energy-max-background): left out of the pairs and repeated. "
+        "A busy machine costs a paired run pairs; stop the other work for a quicker verdict"
     )
 
 

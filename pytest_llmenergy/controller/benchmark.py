@@ -372,12 +372,7 @@ class EnergyBenchmark:
                     if rejected:
                         trial = dataclasses.replace(trial, rejected=rejected)
                     throttled = gpu.throttled if gpu is not None else ""
-                    # in a paired run a busy machine is recorded, not repeated: what the
-                    # rest of the machine does hits both sides, turn by turn in random
-                    # order, so the pairs cancel it (at the cost of more pairs); repeating
-                    # left a busy machine's cases with no pair at all
-                    others_busy = self.options.disturbed(share) and pacer is None
-                    busy = others_busy or bool(throttled) or bool(rejected)
+                    busy = self.options.disturbed(share) or bool(throttled) or bool(rejected)
                     (disturbed if busy else trials).append(trial)
                     if rounds is not None:
                         if index >= rounds:

@@ -40,6 +40,10 @@ BLOCKS = ((BASE, HEAD, HEAD, BASE), (HEAD, BASE, BASE, HEAD))
 # stops after one block: a long case (0.6 s a trial) then costs 4 trials a side, where
 # two blocks doubled the paired run's time on the quick grid.
 MIN_PAIRS = 2
+# Pairs a case measures before it may stop as a fail: two blocks of its own.  On a machine
+# busy with other work one block of a short case read 10x (the math library's threads
+# spinning while the other work held a core), and the pool's borrowed noise let it fail.
+MIN_FAIL_PAIRS = 4
 
 
 def block(rng: random.Random) -> tuple[str, ...]:
@@ -175,7 +179,7 @@ def decide(
         if failing is not None:
             intervals[rule.metric] = failing
         passed = passing is not None and passing.high < rule.limit
-        failed = failing is not None and failing.low > rule.limit
+        failed = failing is not None and failing.low > rule.limit and len(found) >= MIN_FAIL_PAIRS
         if not (passed or failed):
             open_rules.append(rule)
     enough = min((len(diffs.get(r.metric, ())) for r in rules), default=0) >= MIN_PAIRS
