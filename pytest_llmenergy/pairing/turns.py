@@ -17,7 +17,8 @@ at once) lies above it; otherwise at the trial and time limits.  The verdict is 
 stopping rule's: the comparison tests every case on its pairs afterwards, corrected for
 many cases.  So a lenient pass costs nothing against false alarms, and a case that
 regressed beyond the gate cannot stop as a pass unless it looks like one (a +10 % case
-at a 5 % gate, at this machine's noise, has a chance below 1e-6).  Clear cases stop
+at a 5 % gate, with pairs spread 3.5 % as here, about 1e-5 per look after two blocks:
+computed from the t bound, not measured).  Clear cases stop
 after one or two blocks; close ones get the trials.
 """
 
@@ -37,8 +38,7 @@ BLOCKS = ((BASE, HEAD, HEAD, BASE), (HEAD, BASE, BASE, HEAD))
 # Pairs a case measures before the rule may stop it: one block, whose two pairs cancel a
 # steady drift together.  Their interval alone is wide (one degree of freedom); the cases
 # decided before lend it their noise (``Pool``), so from the second case on a clear case
-# stops after one block: a long case (0.6 s a trial) then costs 4 trials a side, where
-# two blocks doubled the paired run's time on the quick grid.
+# stops after one block: a long case (0.6 s a trial) then costs 2 trials a side, not 4.
 MIN_PAIRS = 2
 # Pairs a case measures before it may stop as a fail: two blocks of its own.  On a machine
 # busy with other work one block of a short case read 10x (the math library's threads
