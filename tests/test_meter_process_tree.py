@@ -143,3 +143,40 @@ def test_the_machine_counter_sees_this_process_spin() -> None:
     _spin(0.3)
     b = machine_busy_cpu_seconds()
     assert b - a >= 0.3 - 0.02 * (os.cpu_count() or 1)
+
+
+def test_the_no_children_shortcut_sees_children_of_any_thread_and_zombies() -> None:
+    """The scan of every thread's children is skipped only when ``waitid`` says this
+    process has no child at all: a child started by another thread counts, and so does
+    one that ended but was not collected (its time is not yet in the parent's)."""
+    import threading
+
+    import psutil
+
+    from pytest_llmenergy.meters.process_tree import _descendants, _has_no_children
+
+    started: list[subprocess.Popen[bytes]] = []
+    thread = threading.Thread(
+        target=lambda: started.append(subprocess.Popen([sys.executable, "-c", _SPIN, "0.3", "0"]))
+    )
+    thread.start()
+    thread.join()
+    child = started[0]
+    try:
+        assert not _has_no_children()
+        assert child.pid in _descendants(psutil.Process())
+        _wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE)
+        assert not _has_no_children()  # ended, not collected: still a child
+        assert child.pid in _descendants(psutil.Process())
+        tree = ProcessTreeCpu()
+        assert tree.read() >= 0.3  # its CPU time, read while it waits to be collected
+    finally:
+        child.wait()
+    # and a process with no child at all takes the shortcut
+    code = (
+        "from pytest_llmenergy.meters.process_tree import _has_no_children as f; "
+        "import subprocess, sys; a = f(); subprocess.run([sys.executable, '-c', '']); "
+        "print(a, f())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

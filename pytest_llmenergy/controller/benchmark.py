@@ -379,6 +379,9 @@ class EnergyBenchmark:
                             break
                         continue
                     counted = {name: d.counted for name, d in self.meter.domains.items()}
+                    quiet = self._progress is None and pacer is None and visits is None
+                    if quiet and not self._may_stop(len(trials), len(disturbed)):
+                        continue  # the rule could not stop yet: no need to ask it
                     decision = decide(self.options, trials, len(disturbed), counted)
                     if self._progress is not None:
                         line = progress_line(self.options, len(trials), decision)
@@ -454,6 +457,13 @@ class EnergyBenchmark:
                 pytrace=False,
             )
         return result
+
+    def _may_stop(self, measured: int, disturbed: int) -> bool:
+        """Whether the stopping rule could stop after this many trials: below the
+        minimum and the limit it cannot (``decide`` says so too, at the cost of its
+        statistics after every trial)."""
+        options = self.options
+        return measured >= max(2, options.min_trials) or measured + disturbed >= options.max_trials
 
     def _pacer_meta(self, input_tokens: int, output_tokens: int, queries: int) -> dict[str, Any]:
         """What the coordinator of a paired run needs of this case: its size, to compute

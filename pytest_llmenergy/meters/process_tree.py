@@ -63,8 +63,30 @@ def _proc_children(pid: int) -> list[int] | None:
     return found
 
 
+def _has_no_children() -> bool:
+    """True when this process has no child at all, live or not yet collected: one
+    ``waitid`` that neither waits nor reaps (``WNOHANG | WNOWAIT``) and fails with ECHILD.
+    Any thread's children count (Linux since 2.4).  A meter reads its tree several
+    times a trial, and a model run in-process has no children: this skips the scan of
+    every thread's ``children`` file.  False where the call is missing or says anything
+    else, so the full scan decides."""
+    waitid = getattr(os, "waitid", None)
+    flags = getattr(os, "WNOWAIT", None)
+    if waitid is None or flags is None:
+        return False
+    try:
+        waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | flags)
+    except ChildProcessError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _descendants(root: psutil.Process) -> list[int]:
     """PIDs of every live (or not yet collected) descendant of ``root``."""
+    if root.pid == os.getpid() and _has_no_children():
+        return []
     first = _proc_children(root.pid)
     if first is None:
         try:

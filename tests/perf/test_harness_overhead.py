@@ -10,10 +10,21 @@ after every trial, the resource probe, the busy-machine check's readings, the ca
 reading of the machine's speed).  Five trials and no warm-up: the case's fixed costs
 weigh the most here, more than in a user's case of 1 warm-up and up to 25 trials.  Run
 with ``pytest tests/perf --benchmark-only``.
+
+Where the loops run changes the figure, as "Producing wrong data without doing
+anything obviously wrong!" (Mytkowicz et al., 2009) warns: the depth of the C stack
+alone moved it between +1.3 % and +3.5 % (8 depths, one per run), and run inside
+``benchmark.pedantic``'s own frames it read +3.3 to +5.0 % against +1.2 to +2.1 % in
+the test's frame (the same code, 2026-11-24).  So the rounds run in the test's frame, as
+a user's test calls the harness, each at a depth drawn at random (0-15 extra frames,
+the same for both loops), and the budget is judged on the median over those depths;
+``benchmark.pedantic`` then times one more round, for the benchmark table only.
 """
 
 from __future__ import annotations
 
+import functools
+import random
 import statistics
 import time
 from pathlib import Path
@@ -28,7 +39,8 @@ from pytest_llmenergy.llm.loader import load_model
 from pytest_llmenergy.meters.background import BackgroundCpu
 
 TRIALS_PER_ROUND = 5
-ROUNDS = 12
+ROUNDS = 16
+MAX_EXTRA_DEPTH = 15
 OVERHEAD_BUDGET = 0.03
 
 
@@ -91,18 +103,28 @@ def test_harness_overhead_per_trial(
         assert len(result.trials) == TRIALS_PER_ROUND and result.has_phases
         assert result.reference_s is not None and result.reference_s > 0  # it was read
 
-    def one_round() -> None:
+    depths = random.Random(20261124)
+
+    def both() -> None:
         first, second = (bare_loop, harness_loop) if len(bare_s) % 2 else (harness_loop, bare_loop)
         first()
         second()
 
+    def one_round() -> None:
+        call = both
+        for _ in range(depths.randint(0, MAX_EXTRA_DEPTH)):
+            call = functools.partial(call)  # each one a frame of the C stack
+        call()
+
     one_round()  # warm-up of both paths, not counted
     bare_s.clear()
     harness_s.clear()
-    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
+    for _ in range(ROUNDS):
+        one_round()
     assert len(bare_s) == len(harness_s) == ROUNDS
     bare, harness = statistics.median(bare_s), statistics.median(harness_s)
     overhead = statistics.median(h / b for h, b in zip(harness_s, bare_s)) - 1.0
+    benchmark.pedantic(one_round, rounds=1, iterations=1)  # the table's round, not judged
     benchmark.extra_info.update(
         bare_trial_ms=round(bare * 1e3, 3),
         harness_trial_ms=round(harness * 1e3, 3),
