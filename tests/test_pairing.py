@@ -19,7 +19,7 @@ import pytest
 
 from pytest_llmenergy.compare import compare_cases, parse_gates
 from pytest_llmenergy.pairing.channel import BASE, HEAD, Channel
-from pytest_llmenergy.pairing.coordinator import Coordinator
+from pytest_llmenergy.pairing.coordinator import BUSY_SPAN_S, Coordinator
 from pytest_llmenergy.pairing.turns import BLOCKS, MIN_PAIRS, GateRule, decide, paired_interval
 from pytest_llmenergy.results import Trial
 from pytest_llmenergy.storage.runfile import load, trial_dict
@@ -128,13 +128,20 @@ def test_rule_for_a_throughput_gate_reads_lower_as_worse() -> None:
 
 # -- the coordinator, with two simulated sides ------------------------------------------------
 def _simulate(
-    effects: dict[str, float], seed: int = 3, noise: float = 0.02, leave: str = ""
+    effects: dict[str, float],
+    seed: int = 3,
+    noise: float = 0.02,
+    leave: str = "",
+    busy_until_s: float = 0.0,
 ) -> tuple[Coordinator, list[tuple[str, str]], dict[str, dict[str, list[Trial]]]]:
     """Two threads play the sides; each trial's seconds (and joules) are 1 + the
-    case's effect on head, times a drift shared in time by both sides, times noise."""
+    case's effect on head, times a drift shared in time by both sides, times noise.
+    A trial takes 0.5 s of the coordinator's clock; those before ``busy_until_s`` say
+    that other work disturbed them."""
     coordinator = Coordinator([RULE], confidence=0.95, seed=seed)
     cases = sorted(effects)
     clock = [0]
+    coordinator.clock = lambda: 0.5 * clock[0]
     running: list[str] = []
     overlaps: list[tuple[str, str]] = []
     measured: dict[str, dict[str, list[Trial]]] = {BASE: {}, HEAD: {}}
@@ -163,8 +170,15 @@ def _simulate(
                 trial = Trial(index, seconds, 10 * seconds, 10 * seconds, {}, {}, 10, 10)
                 measured[name].setdefault(case, []).append(trial)
                 running.remove(name)
+                disturbed = 0.5 * clock[0] < busy_until_s
                 channel.ask(
-                    {"op": "trial", "case": case, "trial": trial_dict(trial), "counted": {}}
+                    {
+                        "op": "trial",
+                        "case": case,
+                        "trial": trial_dict(trial),
+                        "counted": {},
+                        "disturbed": disturbed,
+                    }
                 )
             channel.ask({"op": "case_end", "case": case, "result": ""})
         channel.ask({"op": "bye"})
@@ -199,6 +213,22 @@ def test_a_case_one_side_leaves_stops_the_other_and_the_next_case_runs() -> None
     assert not coordinator.cases["a"].decision.decided
     assert coordinator.cases["b"].decision is not None and coordinator.cases["b"].decision.decided
     assert len(measured[HEAD]["a"]) == 3
+
+
+def test_a_machine_busy_for_the_whole_span_stops_the_run_and_a_burst_does_not() -> None:
+    coordinator, overlaps, _ = _simulate({"a": 0.0, "b": 0.0, "c": 0.0}, busy_until_s=1e9)
+    assert overlaps == []
+    assert coordinator.too_busy.startswith("the machine is too busy for a paired run")
+    assert "stop the other work" in coordinator.too_busy
+    # stopped after about one span of trials (a trial is 0.5 s here), not at the limits
+    assert sum(c.attempted for c in coordinator.cases.values()) <= 2 * BUSY_SPAN_S
+    assert not any(
+        c.decision is not None and c.decision.decided for c in coordinator.cases.values()
+    )
+    # others' work for half the span: its trials are repeated, the run goes on
+    coordinator, _, _ = _simulate({"a": 0.0, "b": 0.0}, busy_until_s=0.5 * BUSY_SPAN_S)
+    assert coordinator.too_busy == ""
+    assert all(c.decision is not None and c.decision.decided for c in coordinator.cases.values())
 
 
 def test_paired_comparison_uses_the_pairs_and_says_so() -> None:

@@ -247,6 +247,8 @@ def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id:
             or (codes.get(s.name) is not None and codes[s.name] not in (0, 1))
             or (codes.get(s.name) is not None and s.name not in coordinator.finished)
         ]
+        if coordinator.too_busy:
+            return coordinator.too_busy + "; finished cases kept"
         if failed:
             side = failed[0]
             code = codes.get(side.name)

@@ -12,9 +12,11 @@ the order of ``turns.block``; between cases, whichever is behind catches up firs
 
 from __future__ import annotations
 
+import collections
 import random
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,16 @@ from ..results import CaseResult
 from ..storage.runfile import decode_case, decode_trial
 from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
 from .turns import Decision, GateRule, Pool, block, case_level, decide, pooled
+
+
+# A run stops, saying why, once at least BUSY_MIN_TRIALS trials over the last BUSY_SPAN_S
+# seconds were nearly all (BUSY_SHARE) disturbed by other work: beside a process burning
+# one of this 2-core machine's cores every trial was, no case paired, and a 10-minute
+# run ended without a verdict (2026-11-24).  A burst of others' work shorter than the
+# span only costs a case some repeated trials.
+BUSY_SPAN_S = 30.0
+BUSY_MIN_TRIALS = 20
+BUSY_SHARE = 0.8
 
 
 def other(side: str) -> str:
@@ -106,6 +118,9 @@ class Coordinator:
         self.cases: dict[str, PairedCase] = {}
         self.results: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
         self.runs: dict[str, str] = {}  # side -> the run file it saved, as it said
+        self.clock = time.monotonic
+        self.recent: collections.deque[tuple[float, bool]] = collections.deque()  # trials
+        self.too_busy = ""  # why the run stopped because the machine was busy
 
     # -- one side's connection ----------------------------------------------------------
     def serve(self, side: str, channel: Channel) -> None:
@@ -181,6 +196,7 @@ class Coordinator:
             if slot is None:
                 return
             trial = decode_trial(message.get("trial"), f"the {side} side's trial")
+            self._watch_busy(bool(message.get("disturbed")))
             counted = message.get("counted")
             values = self._values(case, side, trial, counted if isinstance(counted, dict) else {})
             if message.get("disturbed") or len(values) != len(self.rules):
@@ -189,6 +205,25 @@ class Coordinator:
             slot.seconds += trial.seconds
             for metric, value in values.items():
                 slot.sums[metric] = slot.sums.get(metric, 0.0) + value
+
+    def _watch_busy(self, disturbed: bool) -> None:
+        """Keep the last ``BUSY_SPAN_S`` of trials; decide that the machine is too busy
+        for a paired run when nearly all of them were disturbed."""
+        now = self.clock()
+        recent = self.recent
+        recent.append((now, disturbed))
+        while recent and now - recent[0][0] > BUSY_SPAN_S:
+            recent.popleft()
+        if self.too_busy or len(recent) < BUSY_MIN_TRIALS:
+            return
+        busy = sum(1 for _, d in recent if d)
+        if now - recent[0][0] >= 0.9 * BUSY_SPAN_S and busy >= BUSY_SHARE * len(recent):
+            self.too_busy = (
+                f"the machine is too busy for a paired run: other work used more than "
+                f"--energy-max-background of the CPUs in {busy} of the {len(recent)} "
+                f"trials of the last {BUSY_SPAN_S:g} s, so the cases could not pair; "
+                "stop the other work (or run on a machine of its own) and run again"
+            )
 
     def _values(
         self, case: PairedCase, side: str, trial: Any, counted: Mapping[str, Any]
@@ -251,6 +286,8 @@ class Coordinator:
         wait = waits[first]
         if wait.op != "turn":
             return first, {}
+        if self.too_busy:
+            return first, {"go": False, "abort": self.too_busy}
         case = self.cases.get(wait.case)
         if case is None:
             return first, {"go": False, "why": "not a case of this paired run"}

@@ -32,6 +32,9 @@ from .keeping import Keeper
 # trials shorter than that come several to a turn, so that a pair is not the meter's
 # rounding or the scheduler's jitter.
 MIN_TURN_S = 0.05
+# A side told to stop by the coordinator (the machine is too busy) exits with pytest's
+# "interrupted": the command says why, once, for both sides.
+EXIT_ABORTED = int(pytest.ExitCode.INTERRUPTED)
 
 
 def _ask(channel: Channel, message: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +64,8 @@ class CasePacer:
             return None  # the turn goes on
         self._in_turn_s = None
         reply = _ask(self.channel, {"op": "turn", "case": self.nodeid, "meta": dict(meta)})
+        if reply.get("abort"):  # the whole run stops; finished cases are kept
+            pytest.exit(f"llmenergy ab: {reply['abort']}", returncode=EXIT_ABORTED)
         if reply.get("go"):
             self._in_turn_s = 0.0
             self.began = True
