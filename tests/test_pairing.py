@@ -133,15 +133,16 @@ def _simulate(
     noise: float = 0.02,
     leave: str = "",
     busy_until_s: float = 0.0,
+    trial_s: float = 0.5,
 ) -> tuple[Coordinator, list[tuple[str, str]], dict[str, dict[str, list[Trial]]]]:
     """Two threads play the sides; each trial's seconds (and joules) are 1 + the
     case's effect on head, times a drift shared in time by both sides, times noise.
-    A trial takes 0.5 s of the coordinator's clock; those before ``busy_until_s`` say
-    that other work disturbed them."""
+    A trial takes ``trial_s`` of the coordinator's clock; those before ``busy_until_s``
+    say that other work disturbed them."""
     coordinator = Coordinator([RULE], confidence=0.95, seed=seed)
     cases = sorted(effects)
     clock = [0]
-    coordinator.clock = lambda: 0.5 * clock[0]
+    coordinator.clock = lambda: trial_s * clock[0]
     running: list[str] = []
     overlaps: list[tuple[str, str]] = []
     measured: dict[str, dict[str, list[Trial]]] = {BASE: {}, HEAD: {}}
@@ -170,7 +171,7 @@ def _simulate(
                 trial = Trial(index, seconds, 10 * seconds, 10 * seconds, {}, {}, 10, 10)
                 measured[name].setdefault(case, []).append(trial)
                 running.remove(name)
-                disturbed = 0.5 * clock[0] < busy_until_s
+                disturbed = trial_s * clock[0] < busy_until_s
                 channel.ask(
                     {
                         "op": "trial",
@@ -225,6 +226,10 @@ def test_a_machine_busy_for_the_whole_span_stops_the_run_and_a_burst_does_not() 
     assert not any(
         c.decision is not None and c.decision.decided for c in coordinator.cases.values()
     )
+    # trials of 10 s each (a long case on a busy machine): stopped after the span too
+    coordinator, _, _ = _simulate({"a": 0.0}, busy_until_s=1e9, trial_s=10.0)
+    assert coordinator.too_busy
+    assert coordinator.cases["a"].attempted <= 4  # 2 blocks: 8 trials, 80 s
     # others' work for half the span: its trials are repeated, the run goes on
     coordinator, _, _ = _simulate({"a": 0.0, "b": 0.0}, busy_until_s=0.5 * BUSY_SPAN_S)
     assert coordinator.too_busy == ""

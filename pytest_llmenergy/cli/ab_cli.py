@@ -45,6 +45,8 @@ DEFAULT_GATE = "j_per_token:5%"
 # How long a side may take from its start to its first word (importing torch, collecting).
 CONNECT_TIMEOUT_S = 600.0
 EXIT_SIDE_FAILED = 3
+# How long sides told to stop (the machine is too busy) may take to save and exit.
+ABORT_GRACE_S = 60.0
 LAST_LINES = 15
 
 
@@ -237,6 +239,7 @@ def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id:
     acceptor = threading.Thread(target=accept, daemon=True)
     acceptor.start()
     started = time.monotonic()
+    busy_since = 0.0
     while True:
         time.sleep(0.2)
         codes = {s.name: s.process.poll() for s in sides if s.process is not None}
@@ -248,7 +251,14 @@ def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id:
             or (codes.get(s.name) is not None and s.name not in coordinator.finished)
         ]
         if coordinator.too_busy:
-            return coordinator.too_busy + "; finished cases kept"
+            # both sides were told to stop: let them save their finished cases themselves
+            busy_since = busy_since or time.monotonic()
+            done = all(code is not None for code in codes.values())
+            if done or time.monotonic() - busy_since > ABORT_GRACE_S:
+                finished = min(len(coordinator.results[s]) for s in SIDES)
+                kept = f"{finished} finished cases kept" if finished else "no case had finished"
+                return f"{coordinator.too_busy}; {kept}"
+            continue
         if failed:
             side = failed[0]
             code = codes.get(side.name)

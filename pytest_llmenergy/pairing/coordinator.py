@@ -30,14 +30,14 @@ from ..storage.runfile import decode_case, decode_trial
 from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
 from .turns import Decision, GateRule, Pool, block, case_level, decide, pooled
 
-
-# A run stops, saying why, once at least BUSY_MIN_TRIALS trials over the last BUSY_SPAN_S
-# seconds were nearly all (BUSY_SHARE) disturbed by other work: beside a process burning
-# one of this 2-core machine's cores every trial was, no case paired, and a 10-minute
-# run ended without a verdict (2026-11-24).  A burst of others' work shorter than the
-# span only costs a case some repeated trials.
+# A run stops, saying why, once the trials of the last BUSY_SPAN_S seconds (at least
+# BUSY_MIN_TRIALS of them, however long they take) were nearly all (BUSY_SHARE)
+# disturbed by other work: beside a process burning one of this 2-core machine's cores
+# every trial was, no case paired, and a 10-minute run ended without a verdict
+# (2026-11-24).  A burst of others' work shorter than the span only costs a case some
+# repeated trials.
 BUSY_SPAN_S = 30.0
-BUSY_MIN_TRIALS = 20
+BUSY_MIN_TRIALS = 6
 BUSY_SHARE = 0.8
 
 
@@ -207,22 +207,23 @@ class Coordinator:
                 slot.sums[metric] = slot.sums.get(metric, 0.0) + value
 
     def _watch_busy(self, disturbed: bool) -> None:
-        """Keep the last ``BUSY_SPAN_S`` of trials; decide that the machine is too busy
-        for a paired run when nearly all of them were disturbed."""
+        """Keep the trials of the last ``BUSY_SPAN_S`` (and at least ``BUSY_MIN_TRIALS``);
+        decide that the machine is too busy for a paired run when nearly all of them
+        were disturbed."""
         now = self.clock()
         recent = self.recent
         recent.append((now, disturbed))
-        while recent and now - recent[0][0] > BUSY_SPAN_S:
+        while len(recent) > BUSY_MIN_TRIALS and now - recent[1][0] >= BUSY_SPAN_S:
             recent.popleft()
-        if self.too_busy or len(recent) < BUSY_MIN_TRIALS:
+        if self.too_busy or len(recent) < BUSY_MIN_TRIALS or now - recent[0][0] < BUSY_SPAN_S:
             return
         busy = sum(1 for _, d in recent if d)
-        if now - recent[0][0] >= 0.9 * BUSY_SPAN_S and busy >= BUSY_SHARE * len(recent):
+        if busy >= BUSY_SHARE * len(recent):
             self.too_busy = (
                 f"the machine is too busy for a paired run: other work used more than "
                 f"--energy-max-background of the CPUs in {busy} of the {len(recent)} "
-                f"trials of the last {BUSY_SPAN_S:g} s, so the cases could not pair; "
-                "stop the other work (or run on a machine of its own) and run again"
+                f"trials of the last {now - recent[0][0]:.0f} s, so the cases could not "
+                "pair; stop the other work (or run on a machine of its own) and run again"
             )
 
     def _values(
