@@ -90,6 +90,8 @@ BUSY = "inconclusive: machine busy"
 DRIFT = "inconclusive: machine speed"
 UNRESOLVED = "below resolution"
 OTHER_MODEL = "another model config"
+# A paired run's FAIL that fresh processes of both sides did not repeat (llmenergy ab).
+UNCONFIRMED = "not confirmed"
 OK = "ok"
 
 
@@ -134,6 +136,9 @@ class Delta:
     # to the current's (from the speed reference, see ``session_speeds``): the test and
     # the gate judge the current figure divided by it.  1: not normalized.
     speed: float = 1.0
+    # A paired run's FAIL that a second pass in fresh processes did not repeat: each
+    # process has an offset of its own that its pairs cannot cancel (llmenergy ab).
+    unconfirmed: bool = False
 
     @property
     def change(self) -> float:
@@ -173,7 +178,9 @@ class Delta:
         return (
             self.exceeded
             and self.significant
-            and not (self.busy or self.unresolved or self.drifted or self.other_model)
+            and not (
+                self.busy or self.unresolved or self.drifted or self.other_model or self.unconfirmed
+            )
         )
 
     @property
@@ -197,7 +204,9 @@ class Delta:
             return NOT_SIGNIFICANT
         if self.busy:
             return BUSY
-        return DRIFT if self.drifted else FAIL
+        if self.drifted:
+            return DRIFT
+        return UNCONFIRMED if self.unconfirmed else FAIL
 
 
 def session_values(
@@ -846,6 +855,12 @@ def _verdict(c: Comparison) -> str:
     other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
     if other:
         extra += f"; {other} not gated: the model of that name has another config"
+    unconfirmed = sorted({d.name for d in c.deltas if d.verdict == UNCONFIRMED})
+    if unconfirmed:
+        extra += (
+            f"; {len(unconfirmed)} failed at first but not again in fresh processes: "
+            f"{_listed(unconfirmed)}"
+        )
     busy = sorted({d.name for d in c.inconclusive if d.busy})
     drifted = sorted({d.name for d in c.inconclusive if not d.busy})
     if busy or drifted:

@@ -392,6 +392,32 @@ def test_ab_fails_a_regressed_case_and_not_the_unchanged_one(tmp_path: Path) -> 
     verdict = next(line for line in done.stdout.splitlines() if "energy gate FAILED" in line)
     assert "test_fast[1]" in verdict and "test_fast[2]" in verdict
     assert "steady" not in verdict
+    assert "measuring them again in fresh processes" in done.stderr  # and they failed again
+
+
+def test_ab_a_fail_that_fresh_processes_do_not_repeat_is_not_a_fail(tmp_path: Path) -> None:
+    """A process's own offset, played by a head that is slower only in its first
+    process: the second pass measures the failing cases again, and they pass."""
+    base = _project(tmp_path, "base")
+    marker = tmp_path / "head-ran-once"
+    extra = (
+        f"\nSLOWER = 0.0 if os.path.exists({str(marker)!r}) else 0.3\n"
+        "def test_zz_mark():\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+    )
+    head = _project(tmp_path, "head", extra=extra)
+    done = _ab(tmp_path, str(base), str(head), "--seed", "7", "--save", "pr", *COMMON)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "measuring them again in fresh processes" in done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("test_fast[")]
+    assert rows and all("not confirmed" in row for row in rows), done.stdout
+    assert "2 failed at first but not again in fresh processes" in done.stdout
+    assert "(again):" in done.stdout + done.stderr  # the second pass is saved too
+    # without the second pass, the first one's verdict stands
+    marker.unlink()
+    done = _ab(tmp_path, str(base), str(head), "--seed", "7", "--confirm=off", *COMMON)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "fresh processes" not in done.stderr
 
 
 def test_ab_lists_one_sided_cases_and_strict_fails_on_them(tmp_path: Path) -> None:

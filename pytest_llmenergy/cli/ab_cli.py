@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
@@ -93,6 +94,14 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="save both sides in the storage folder as NAME-base and NAME-head",
     )
+    ab.add_argument(
+        "--confirm",
+        choices=("on", "off"),
+        default="on",
+        help="measure the cases that FAIL again in fresh processes of both sides, and "
+        "fail only those that fail again (default on: one process pair per side has "
+        "offsets of its own, up to 8 %% on a case here)",
+    )
     ab.add_argument("--report", metavar="PATH", help="write the pair's HTML report to PATH")
     ab.add_argument(
         "--strict",
@@ -117,7 +126,7 @@ class Side:
         return "\n".join(f"  {line}" for line in lines[-LAST_LINES:])
 
 
-def _sides(args: argparse.Namespace, storage: Storage) -> list[Side]:
+def _sides(args: argparse.Namespace, storage: Storage, prefix: str = "") -> list[Side]:
     pytest_args = list(args.pytest_args)
     refused = {"-n", "--numprocesses", "--dist", "--energy-interleave", "--llm-serve"}
     for arg in pytest_args + args.base_arg + args.head_arg:
@@ -142,7 +151,7 @@ def _sides(args: argparse.Namespace, storage: Storage) -> list[Side]:
         if args.save:
             save = [
                 f"--energy-storage={storage.root.resolve()}",
-                f"--energy-save={args.save}-{name}",
+                f"--energy-save={args.save}-{prefix}{name}",
             ]
         sides.append(Side(name, path.resolve(), exe, [*pytest_args, *extra, *save]))
     return sides
@@ -163,10 +172,45 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
     gates = tuple(g for group in (args.gate or [parse_gates(DEFAULT_GATE)]) for g in group)
     if args.report and not args.save:
         raise ConfigError("--report needs both sides saved: add --save NAME")
-    sides = _sides(args, storage)
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
+    coordinator = _pass(args, storage, gates, seed)
+    comparison = _compare(coordinator, gates, args.confidence)
+    failed = sorted({d.nodeid for d in comparison.failures})
+    confirm = None
+    if failed and args.confirm == "on":
+        _say(
+            f"{len(failed)} case(s) FAILED; measuring them again in fresh processes of both "
+            "sides (each process has an offset of its own that its pairs cannot cancel)"
+        )
+        confirm = _pass(args, storage, gates, seed + 1, only=failed)
+        repeated = {d.nodeid for d in _compare(confirm, gates, args.confidence).failures}
+        comparison = dataclasses.replace(
+            comparison,
+            deltas=tuple(
+                dataclasses.replace(d, unconfirmed=True)
+                if d.failed and d.nodeid not in repeated
+                else d
+                for d in comparison.deltas
+            ),
+        )
+    return _outcome(args, coordinator, comparison, confirm)
+
+
+def _pass(
+    args: argparse.Namespace,
+    storage: Storage,
+    gates: Sequence[Any],
+    seed: int,
+    only: Sequence[str] | None = None,
+) -> Coordinator:
+    """One paired pass: both sides started, served until they end, stopped.  The second
+    pass (``only``: the cases that failed) runs fresh processes, saved as
+    NAME-confirm-base and NAME-confirm-head."""
+    sides = _sides(args, storage, "confirm-" if only is not None else "")
     pairing_id = secrets.token_hex(8)
-    coordinator = Coordinator(_rules(gates), confidence=args.confidence, seed=seed, log=_say)
+    coordinator = Coordinator(
+        _rules(gates), confidence=args.confidence, seed=seed, log=_say, only_cases=only
+    )
     workdir = Path(tempfile.mkdtemp(prefix="llmenergy-ab-"))
     socket_path = str(workdir / "coordinator.sock")
     server = listen(socket_path)
@@ -186,17 +230,20 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
         raise _Exit(128 + interrupted[0], "interrupted: both sides stopped; finished cases kept")
     if failure:
         raise _Exit(EXIT_SIDE_FAILED, failure)
-    comparison = compare_cases(
+    return coordinator
+
+
+def _compare(coordinator: Coordinator, gates: Sequence[Any], confidence: float) -> Comparison:
+    return compare_cases(
         list(coordinator.results[BASE].values()),
         list(coordinator.results[HEAD].values()),
         gates=gates,
-        confidence=args.confidence,
+        confidence=confidence,
         baseline_label="base",
         current_label="head",
         normalize=False,
         paired=True,
     )
-    return _outcome(args, coordinator, comparison, sides)
 
 
 class _Exit(Exception):
@@ -314,7 +361,10 @@ def _restore_signals(previous: dict[int, Any]) -> None:
 
 
 def _outcome(
-    args: argparse.Namespace, coordinator: Coordinator, comparison: Comparison, sides: list[Side]
+    args: argparse.Namespace,
+    coordinator: Coordinator,
+    comparison: Comparison,
+    confirm: Coordinator | None,
 ) -> Outcome:
     one_sided = [
         f"only on the {s}: {', '.join(coordinator.only[s])}" for s in SIDES if coordinator.only[s]
@@ -329,6 +379,8 @@ def _outcome(
     # side only, or one the gate could not judge, fails too
     failed = comparison.fails(args.strict) or (args.strict and bool(one_sided))
     notes = [f"{s}: {coordinator.runs[s]}" for s in SIDES if coordinator.runs.get(s)]
+    if confirm is not None:
+        notes += [f"{s} (again): {confirm.runs[s]}" for s in SIDES if confirm.runs.get(s)]
     if args.report:
         notes.append(_write_report(args.report, coordinator, comparison))
     return Outcome(out=out, notes=notes, verdicts=verdicts, failed=failed)

@@ -17,7 +17,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,7 @@ class Coordinator:
         confidence: float,
         seed: int,
         log: Callable[[str], None] = lambda line: None,
+        only_cases: Collection[str] | None = None,
     ) -> None:
         self.rules = tuple(rules)
         self.confidence = confidence
@@ -115,6 +116,9 @@ class Coordinator:
         self.collected: dict[str, list[Mapping[str, Any]]] = {}
         self.order: list[str] = []
         self.only: dict[str, list[str]] = {BASE: [], HEAD: []}
+        # a second pass measures these cases alone (None: every common case)
+        self.only_cases = frozenset(only_cases) if only_cases is not None else None
+        self.skip: dict[str, list[str]] = {BASE: [], HEAD: []}  # deselected by each side
         self.cases: dict[str, PairedCase] = {}
         self.results: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
         self.runs: dict[str, str] = {}  # side -> the run file it saved, as it said
@@ -281,7 +285,7 @@ class Coordinator:
                     return side, {"abort": f"the {other(side)} side stopped before it collected"}
                 self._plan()
             side = self.rng.choice(hellos)
-            return side, {"order": self.order, "skip": self.only[side], "seed": self.seed}
+            return side, {"order": self.order, "skip": self.skip[side], "seed": self.seed}
         # a side still finishing an earlier case, or released from a stopped one, goes first
         first = min(alive, key=lambda s: self._position(waits[s]))
         wait = waits[first]
@@ -404,7 +408,8 @@ class Coordinator:
     # -- the plan -----------------------------------------------------------------------
     def _plan(self) -> None:
         """The common cases in one random order (each model's cases together, so each
-        side loads each model once); cases of one side only are listed, not run."""
+        side loads each model once); cases of one side only are listed, not run.  A
+        second pass runs only its cases; the sides deselect the others."""
         ids = {s: [str(c.get("id")) for c in self.collected.get(s, [])] for s in SIDES}
         groups = {
             str(c.get("id")): str(c.get("group", ""))
@@ -414,6 +419,11 @@ class Coordinator:
         common = [i for i in ids[BASE] if i in set(ids[HEAD])]
         for s in SIDES:
             self.only[s] = [i for i in ids[s] if i not in set(ids[other(s)])]
+        if self.only_cases is not None:
+            common = [i for i in common if i in self.only_cases]
+            self.only = {BASE: [], HEAD: []}  # listed by the first pass already
+        for s in SIDES:
+            self.skip[s] = [i for i in ids[s] if i not in set(common)]
         self.order = shuffled_in_groups(common, self.seed, lambda i: groups.get(i, ""))
         self.cases = {i: PairedCase(i, n) for n, i in enumerate(self.order, start=1)}
 
