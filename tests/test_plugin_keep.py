@@ -96,7 +96,8 @@ def test_save_writes_everything_a_run_needs(project: pytest.Pytester) -> None:
     assert data["meter"]["idle_power_w"]["gpu:0"] == pytest.approx(200.0, rel=1e-3)
     case = data["cases"][0]
     assert [t["index"] for t in case["trials"]] == [1, 2, 3]
-    assert [round(t["seconds"], 2) for t in case["trials"]] == [0.01, 0.01, 0.01]
+    # each trial slept 10-12 ms (a busy machine may stretch a sleep, never shorten it)
+    assert all(0.0095 <= t["seconds"] < 1.0 for t in case["trials"])
     for trial in case["trials"]:
         assert trial["joules"] == pytest.approx(200.0 * trial["seconds"], rel=1e-3)
         assert trial["net_joules"] == pytest.approx(0.0, abs=1e-3)  # idle is 200 W too
