@@ -1,0 +1,110 @@
+"""Counted work: the FLOPs, bytes and operator calls of one run of a case.
+
+Unlike joules and seconds these are counted, not measured: the same code, inputs and
+library versions give the same numbers in every session and on every machine, so a
+gate on them needs no statistics, and "more work" (the KV cache no longer used, a wider
+dtype, a second forward pass) can be told from "the same work done slower".
+
+How: the case runs once more after its trials, never inside a measured window, under a
+``TorchDispatchMode``.  It sees each aten operator after autograd and after composite
+operators have been split into the ones with kernels (``aten::linear`` arrives as
+``aten::t`` + ``aten::addmm``), so nothing is counted twice.  Per call:
+
+- FLOPs: torch's own formula (``torch.utils.flop_counter``'s registry) where it has
+  one; the fused CPU attention kernel has none, so its FLOPs are ``op_profile``'s
+  estimate (causal: half the query-key pairs), and its rows are marked ``estimated``;
+- bytes: the element bytes of the call's tensor inputs and outputs (in place: read and
+  written).  An upper bound of memory traffic, blind to caches, to broadcasts read once
+  and to kernels that read an operand twice; views move nothing and count none;
+- calls: every dispatched operator, views included (each costs a dispatch).
+
+Phases: ``llm.loader``'s streamer calls ``meters.base.mark_phase("decode")`` at the
+first output token, which splits a measured window; the count hears the same mark
+through ``meters.base.phase_listener`` (no window is open), so what ran before it is
+prefill and what ran after is decode.  A run that never marks is all prefill.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..meters.base import phase_listener
+from ..results import DECODE, PREFILL, CountedWork, OpWork
+from .op_profile import _FLASH, _flash_flops, op_class
+
+
+def count_work(fn: Callable[[], Any]) -> CountedWork:
+    """Run ``fn`` once and count the work of every aten operator it dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    tally = _Tally()
+
+    class _Counting(TorchDispatchMode):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            tally.add(func, args, kwargs, out)
+            return out
+
+    start = time.perf_counter()
+    with phase_listener(tally.mark), _Counting():
+        fn()
+    seconds = time.perf_counter() - start
+    return tally.result(seconds)
+
+
+class _Tally:
+    """Per phase, per (operator, class): [calls, flops, bytes, estimated]."""
+
+    def __init__(self) -> None:
+        from torch.utils._pytree import tree_leaves
+        from torch.utils.flop_counter import flop_registry
+
+        self._leaves = tree_leaves
+        self._formulas = flop_registry
+        self.phase = PREFILL
+        self.marked = False
+        self.rows: dict[str, dict[tuple[str, str], list[Any]]] = {PREFILL: {}, DECODE: {}}
+
+    def mark(self, phase: str) -> None:
+        """The first output token: the rest is decode (later generations' marks too)."""
+        if phase == DECODE:
+            self.phase, self.marked = DECODE, True
+
+    def add(self, func: Any, args: tuple[Any, ...], kwargs: Any, out: Any) -> None:
+        import torch
+
+        name = str(func._schema.name)
+        inputs = [x for x in self._leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        shapes = [list(t.shape) for t in inputs]
+        cls = op_class(name, shapes)
+        flops, estimated = 0.0, False
+        formula = self._formulas.get(func._overloadpacket)
+        if formula is not None:
+            flops = float(formula(*args, **kwargs, out_val=out))
+        elif name == _FLASH:
+            flops, estimated = _flash_flops(shapes), True
+        moved = 0
+        if not func.is_view:
+            outputs = [x for x in self._leaves(out) if isinstance(x, torch.Tensor)]
+            moved = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
+        row = self.rows[self.phase].setdefault((name, cls), [0, 0.0, 0, False])
+        row[0] += 1
+        row[1] += flops
+        row[2] += moved
+        row[3] = row[3] or estimated
+
+    def result(self, seconds: float) -> CountedWork:
+        def ops(phase: str) -> tuple[OpWork, ...]:
+            return tuple(
+                OpWork(name, cls, calls, flops, moved, estimated)
+                for (name, cls), (calls, flops, moved, estimated) in sorted(
+                    self.rows[phase].items()
+                )
+            )
+
+        return CountedWork(ops(PREFILL), ops(DECODE), self.marked, seconds)
