@@ -18,6 +18,12 @@ operators have been split into the ones with kernels (``aten::linear`` arrives a
   and to kernels that read an operand twice; views move nothing and count none;
 - calls: every dispatched operator, views included (each costs a dispatch).
 
+Classes are ``op_profile``'s, but at this level ``aten::matmul`` is gone: a linear layer
+arrives as ``aten::mm``/``aten::addmm`` (its weight is 2-d), so a batched product
+(``aten::bmm``) multiplies two activations: attention (eager scores and values), or,
+over a contraction of one, an outer product (rotary positions x frequencies), which is
+elementwise work.
+
 Phases: ``llm.loader``'s streamer calls ``meters.base.mark_phase("decode")`` at the
 first output token, which splits a measured window; the count hears the same mark
 through ``meters.base.phase_listener`` (no window is open), so what ran before it is
@@ -32,7 +38,10 @@ from typing import Any
 
 from ..meters.base import phase_listener
 from ..results import DECODE, PREFILL, CountedWork, OpWork
+from .features import ATTENTION, ELEMENTWISE
 from .op_profile import _FLASH, _flash_flops, op_class
+
+_BATCHED = {"aten::bmm": 0, "aten::baddbmm": 1}  # the index of the first factor
 
 
 def count_work(fn: Callable[[], Any]) -> CountedWork:
@@ -55,6 +64,14 @@ def count_work(fn: Callable[[], Any]) -> CountedWork:
         fn()
     seconds = time.perf_counter() - start
     return tally.result(seconds)
+
+
+def dispatch_class(name: str, shapes: list[list[int]]) -> str:
+    """The class of an operator as a dispatch mode sees it (see the module's docstring)."""
+    first = _BATCHED.get(name)
+    if first is not None and len(shapes) > first:
+        return ELEMENTWISE if shapes[first][-1:] == [1] else ATTENTION
+    return op_class(name, shapes)
 
 
 class _Tally:
@@ -81,7 +98,7 @@ class _Tally:
         name = str(func._schema.name)
         inputs = [x for x in self._leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         shapes = [list(t.shape) for t in inputs]
-        cls = op_class(name, shapes)
+        cls = dispatch_class(name, shapes)
         flops, estimated = 0.0, False
         formula = self._formulas.get(func._overloadpacket)
         if formula is not None:
