@@ -994,6 +994,9 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         means: list[float | None] = []
         for cases in by_run:
             other = cases.get(case.nodeid)
+            if m.exact:  # counted: the case's one value
+                means.append(_number(m.value(other)) if other is not None else None)
+                continue
             values = m.trial_values(other) if other is not None else None
             means.append(summarize(values, confidence).mean if values else None)
             estimated = estimated or bool(other is not None and other.estimated)
