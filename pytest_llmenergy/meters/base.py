@@ -392,7 +392,8 @@ def mark_phase(phase: str, *, ending: str | None = None) -> bool:
 
     Lets code that cannot see the window (a model's generate loop) split it at the
     moment it knows about, e.g. the first output token.  Returns whether a window
-    was marked; outside any window it does nothing.
+    was marked; outside any window it marks nothing.  Every ``phase_listener`` of this
+    context hears the mark, window or not.
     """
     for listener in _listeners.get():
         listener(phase)
