@@ -42,6 +42,8 @@ from .features import ATTENTION, ELEMENTWISE
 from .op_profile import _FLASH, _flash_flops, op_class
 
 _BATCHED = {"aten::bmm": 0, "aten::baddbmm": 1}  # the index of the first factor
+# Operators whose class or FLOPs need their inputs' shapes (the others' are read once).
+_SHAPED = {*_BATCHED, "aten::matmul", _FLASH}
 
 
 def count_work(fn: Callable[[], Any]) -> CountedWork:
@@ -78,11 +80,15 @@ class _Tally:
     """Per phase, per (operator, class): [calls, flops, bytes, estimated]."""
 
     def __init__(self) -> None:
+        import torch
         from torch.utils._pytree import tree_leaves
         from torch.utils.flop_counter import flop_registry
 
+        self._tensor = torch.Tensor
         self._leaves = tree_leaves
         self._formulas = flop_registry
+        # per operator overload: (name, FLOP formula, is a view, class without shapes)
+        self._known: dict[Any, tuple[str, Any, bool, str | None]] = {}
         self.phase = PREFILL
         self.marked = False
         self.rows: dict[str, dict[tuple[str, str], list[Any]]] = {PREFILL: {}, DECODE: {}}
@@ -93,21 +99,26 @@ class _Tally:
             self.phase, self.marked = DECODE, True
 
     def add(self, func: Any, args: tuple[Any, ...], kwargs: Any, out: Any) -> None:
-        import torch
-
-        name = str(func._schema.name)
-        inputs = [x for x in self._leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        shapes = [list(t.shape) for t in inputs]
-        cls = dispatch_class(name, shapes)
+        known = self._known.get(func)
+        if known is None:
+            name = str(func._schema.name)
+            fixed = None if name in _SHAPED else dispatch_class(name, [])
+            known = (name, self._formulas.get(func._overloadpacket), func.is_view, fixed)
+            self._known[func] = known
+        name, formula, is_view, cls = known
+        tensor = self._tensor
+        inputs = [x for x in self._leaves((args, kwargs)) if isinstance(x, tensor)]
+        shapes = [list(t.shape) for t in inputs] if cls is None else []
+        if cls is None:
+            cls = dispatch_class(name, shapes)
         flops, estimated = 0.0, False
-        formula = self._formulas.get(func._overloadpacket)
         if formula is not None:
             flops = float(formula(*args, **kwargs, out_val=out))
         elif name == _FLASH:
             flops, estimated = _flash_flops(shapes), True
         moved = 0
-        if not func.is_view:
-            outputs = [x for x in self._leaves(out) if isinstance(x, torch.Tensor)]
+        if not is_view:
+            outputs = [x for x in self._leaves(out) if isinstance(x, tensor)]
             moved = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
         row = self.rows[self.phase].setdefault((name, cls), [0, 0.0, 0, False])
         row[0] += 1
