@@ -849,6 +849,8 @@ def _nothing_compared(c: Comparison, gates: str) -> str:
             f"the {c.shared} case(s) in both runs have no {figures} per trial; gate on a "
             "figure they have (llmenergy metrics lists them)"
         )
+        if any(g.figure.exact for g in c.gates):
+            why += "; counted work is kept only by runs with --energy-count-work"
     elif c.only_in_current:
         why = (
             f"none of the {len(c.only_in_current)} case(s) of {c.current_label} is in "
