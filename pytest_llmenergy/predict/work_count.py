@@ -113,7 +113,10 @@ class _Tally:
             cls = dispatch_class(name, shapes)
         flops, estimated = 0.0, False
         if formula is not None:
-            flops = float(formula(*args, **kwargs, out_val=out))
+            try:
+                flops = float(formula(*args, **kwargs, out_val=out))
+            except (AssertionError, TypeError, ValueError):  # shapes its formula refuses
+                estimated = True  # none counted: the row says its FLOPs are not torch's
         elif name == _FLASH:
             flops, estimated = _flash_flops(shapes), True
         moved = 0
