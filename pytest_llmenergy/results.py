@@ -163,7 +163,7 @@ class OpWork:
     flops: float
     bytes: int  # inputs + outputs of each call: an upper bound of memory traffic
     # Some of ``flops`` comes from the project's estimate, where torch has no formula
-    # (the fused CPU attention kernel).
+    # (the fused CPU attention kernel), or is missing where its formula refused the shapes.
     estimated: bool = False
 
 
