@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from pytest_llmenergy.cli import main
 from pytest_llmenergy.compare import FAIL, OK, compare_cases, evidence_line, parse_gate
 from pytest_llmenergy.controller.targets import parse_ci_target
 from pytest_llmenergy.errors import ConfigError
@@ -121,3 +123,11 @@ def test_counted_work_is_kept_in_the_run_file_and_old_files_still_load() -> None
         "bytes": 300,
         "estimated": True,
     }
+
+
+def test_a_paired_run_refuses_a_gate_on_counted_work_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["ab", str(tmp_path), str(tmp_path), "--gate", "flops_per_token:0%"])
+    assert code == 2
+    assert "counted work is not counted in a paired run" in capsys.readouterr().err
