@@ -6,9 +6,10 @@ gate on them needs no statistics, and "more work" (the KV cache no longer used, 
 dtype, a second forward pass) can be told from "the same work done slower".
 
 How: the case runs once more after its trials, never inside a measured window, under a
-``TorchDispatchMode``.  It sees each aten operator after autograd and after composite
-operators have been split into the ones with kernels (``aten::linear`` arrives as
-``aten::t`` + ``aten::addmm``), so nothing is counted twice.  Per call:
+``TorchDispatchMode``.  It counts the aten operators that run kernels: a composite one
+(``aten::linear``, which ``torch.inference_mode`` lets through whole) is split into its
+parts (``aten::t`` + ``aten::mm``), as ``FlopCounterMode`` does, and only they count, so
+nothing is counted twice.  Per call:
 
 - FLOPs: torch's own formula (``torch.utils.flop_counter``'s registry) where it has
   one; the fused CPU attention kernel has none, so its FLOPs are ``op_profile``'s
@@ -16,7 +17,7 @@ operators have been split into the ones with kernels (``aten::linear`` arrives a
 - bytes: the element bytes of the call's tensor inputs and outputs (in place: read and
   written).  An upper bound of memory traffic, blind to caches, to broadcasts read once
   and to kernels that read an operand twice; views move nothing and count none;
-- calls: every dispatched operator, views included (each costs a dispatch).
+- calls: every operator that runs a kernel, views included (each costs a dispatch).
 
 Classes are ``op_profile``'s, but at this level ``aten::matmul`` is gone: a linear layer
 arrives as ``aten::mm``/``aten::addmm`` (its weight is 2-d), so a batched product
@@ -57,6 +58,9 @@ def count_work(fn: Callable[[], Any]) -> CountedWork:
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
         ) -> Any:
             kwargs = kwargs or {}
+            if tally.composite(func):  # split here, its parts dispatched to this mode
+                with self:
+                    return func.decompose(*args, **kwargs)
             out = func(*args, **kwargs)
             tally.add(func, args, kwargs, out)
             return out
@@ -89,9 +93,22 @@ class _Tally:
         self._formulas = flop_registry
         # per operator overload: (name, FLOP formula, is a view, class without shapes)
         self._known: dict[Any, tuple[str, Any, bool, str | None]] = {}
+        self._composite: dict[Any, bool] = {}
+        self._composite_key = torch._C.DispatchKey.CompositeImplicitAutograd
+        self._has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
         self.phase = PREFILL
         self.marked = False
         self.rows: dict[str, dict[tuple[str, str], list[Any]]] = {PREFILL: {}, DECODE: {}}
+
+    def composite(self, func: Any) -> bool:
+        """Made of other operators (``aten::linear``, ``aten::scaled_dot_product_attention``):
+        under ``torch.inference_mode`` the mode sees them whole, so they are split."""
+        found = self._composite.get(func)
+        if found is None:
+            key = self._composite_key
+            found = key in func.py_kernels or self._has_kernel(func.name(), key)
+            self._composite[func] = found
+        return found
 
     def mark(self, phase: str) -> None:
         """The first output token: the rest is decode (later generations' marks too)."""
