@@ -92,6 +92,11 @@ UNRESOLVED = "below resolution"
 OTHER_MODEL = "another model config"
 # A paired run's FAIL that fresh processes of both sides did not repeat (llmenergy ab).
 UNCONFIRMED = "not confirmed"
+# What a gate on a counted figure rests on (``Figure.exact``).
+EXACT_EVIDENCE = (
+    "no noise (the same code, inputs and library versions count the same work in every "
+    "session, on every machine)"
+)
 OK = "ok"
 
 
@@ -139,6 +144,9 @@ class Delta:
     # A paired run's FAIL that a second pass in fresh processes did not repeat: each
     # process has an offset of its own that its pairs cannot cancel (llmenergy ab).
     unconfirmed: bool = False
+    # A counted figure (``Figure.exact``): one value per side, no noise, so any change
+    # is real and a worsening beyond the gate fails with no test.
+    exact: bool = False
 
     @property
     def change(self) -> float:
@@ -156,6 +164,8 @@ class Delta:
 
     @property
     def significant(self) -> bool:
+        if self.exact:
+            return self.change != 0
         if self.gate is not None:
             return self.discovered
         return self.p_value is not None and self.p_value < 1.0 - self.confidence
@@ -168,13 +178,15 @@ class Delta:
     @property
     def drifted(self) -> bool:
         """Worse beyond the gate, but not beyond the gate plus the machine's speed drift."""
-        if self.gate is None or self.drift <= 0:
+        if self.gate is None or self.drift <= 0 or self.exact:
             return False
         worse = self.gate.worsening(self.baseline.mean, self.current.mean)
         return worse <= self.gate.allowed(self.baseline.mean) + self.drift * abs(self.baseline.mean)
 
     @property
     def failed(self) -> bool:
+        if self.exact:  # the machine's business, speed or meter cannot move it
+            return self.exceeded and not (self.other_model or self.unconfirmed)
         return (
             self.exceeded
             and self.significant
@@ -186,7 +198,7 @@ class Delta:
     @property
     def inconclusive(self) -> bool:
         """It would have failed, but the machine was busy or ran at another speed."""
-        return self.exceeded and self.significant and (self.busy or self.drifted)
+        return not self.exact and self.exceeded and self.significant and (self.busy or self.drifted)
 
     @property
     def verdict(self) -> str:
@@ -198,6 +210,8 @@ class Delta:
             return UNRESOLVED
         if not self.exceeded:
             return OK
+        if self.exact:
+            return UNCONFIRMED if self.unconfirmed else FAIL
         if self.p_value is None:
             return TOO_FEW
         if not self.significant:
@@ -465,6 +479,10 @@ def compare_cases(
             continue
         for key, gate in checks:
             f = figure(key, per_trial=True, warn=False)
+            if f.exact:  # counted: compared as they are, no sessions, no test
+                if _number(f.value(base)) is not None and _number(f.value(case)) is not None:
+                    found.append((noise_key(case.nodeid, f.key), base, case, f, gate, 1.0))
+                continue
             if f.trial_values(base) is None or f.trial_values(case) is None:
                 continue
             exponent = speed_exponent(f, base, case)
@@ -582,6 +600,8 @@ def _delta(
     drift: float,
     speed: float = 1.0,
 ) -> Delta:
+    if f.exact:
+        return _exact_delta(base, case, f, confidence, gate)
     a, b = f.trial_values(base) or [], f.trial_values(case) or []
     enough = len(a) >= 2 and len(b) >= 2
     return Delta(
@@ -599,6 +619,31 @@ def _delta(
         other_model=_other_model(base, case),
         test=test,
         speed=speed,
+    )
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _exact_delta(
+    base: CaseResult, case: CaseResult, f: Figure, confidence: float, gate: Gate | None
+) -> Delta:
+    """A counted figure's delta: the two case values, no p; it sees exactly its gate."""
+    a, b = _number(f.value(base)), _number(f.value(case))
+    assert a is not None and b is not None  # compare_cases kept only cases with both
+    return Delta(
+        nodeid=case.nodeid,
+        name=case.name,
+        metric=f.key,
+        baseline=summarize([a], confidence),
+        current=summarize([b], confidence),
+        p_value=None,
+        confidence=confidence,
+        gate=gate,
+        other_model=_other_model(base, case),
+        detectable=(gate.threshold if gate.relative else 0.0) if gate is not None else math.nan,
+        exact=True,
     )
 
 
@@ -724,6 +769,8 @@ def evidence_text(c: Comparison) -> str:
         )
     if PRIOR in sources:
         parts.append(f"assumed {c.session_noise:.0%} (--energy-session-noise)")
+    if any(d.exact for d in c.deltas):
+        parts.append(f"counted, exact: {EXACT_EVIDENCE}")
     return "; ".join(parts) or "none"
 
 
@@ -739,6 +786,11 @@ def evidence_line(c: Comparison) -> str:
     gated = sum(1 for d in c.deltas if d.gate is not None)
     if not gated:
         return ""
+    if all(d.exact for d in c.deltas if d.gate is not None):
+        return (
+            f"gate on counted work: {gated} gated figure(s), counted, exact: "
+            f"{EXACT_EVIDENCE}; any worsening beyond the gate fails"
+        )
     found = detectable(c)
     sees = f"detects >= {found:.0%} here" if math.isfinite(found) else "detects nothing here"
     text = (
@@ -797,6 +849,8 @@ def _nothing_compared(c: Comparison, gates: str) -> str:
             f"the {c.shared} case(s) in both runs have no {figures} per trial; gate on a "
             "figure they have (llmenergy metrics lists them)"
         )
+        if any(g.figure.exact for g in c.gates):
+            why += "; counted work is kept only by runs with --energy-count-work"
     elif c.only_in_current:
         why = (
             f"none of the {len(c.only_in_current)} case(s) of {c.current_label} is in "
@@ -942,6 +996,9 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         means: list[float | None] = []
         for cases in by_run:
             other = cases.get(case.nodeid)
+            if m.exact:  # counted: the case's one value
+                means.append(_number(m.value(other)) if other is not None else None)
+                continue
             values = m.trial_values(other) if other is not None else None
             means.append(summarize(values, confidence).mean if values else None)
             estimated = estimated or bool(other is not None and other.estimated)

@@ -75,11 +75,15 @@ class Figure:
     # made of them: ``gpu_j``, ``gpu_j_per_token``.  Which domains count is the meter's
     # (a core inside a package does not), so the value needs the case's ``counted``.
     family: tuple[str, Callable[[float, Trial], float | None]] | None = None
+    # Counted, not measured (predict.work_count): identical in every session with the
+    # same code and library versions, so a gate compares the case values exactly, with
+    # no statistics.  It has no value per trial, so it is no CI target.
+    exact: bool = False
 
     @property
     def per_trial(self) -> bool:
-        """Comparable between runs, gateable, usable as a CI target."""
-        return self.trial is not None or self.family is not None
+        """Comparable between runs and gateable; a CI target unless ``exact``."""
+        return self.trial is not None or self.family is not None or self.exact
 
     def of_trial(self, t: Trial, counted: Mapping[str, bool] | None = None) -> float | None:
         """One trial's value; ``counted`` (domain -> in the totals?) for a family figure."""
@@ -195,6 +199,69 @@ def _resource(attr: str, scale: float = 1.0) -> Callable[[CaseResult], float | N
 
 def _trials(r: CaseResult) -> int | None:
     return len(r.trials) if r.measured else None
+
+
+def _work(attr: str, phase: str | None = None) -> Callable[[CaseResult], float | None]:
+    """Counted work per token: of the whole query per token (input + output, as
+    ``j_per_token``), of the prefill per input token, of the decode per token it
+    produces (output tokens - 1); every query of a batch counts."""
+
+    def value(r: CaseResult) -> float | None:
+        w = r.work
+        if w is None or (phase is not None and not w.marked):
+            return None
+        if phase == PREFILL:
+            tokens = r.input_tokens
+        elif phase == DECODE:
+            tokens = max(r.output_tokens - 1, 0)
+        else:
+            tokens = r.input_tokens + r.output_tokens
+        return _per(w.total(attr, phase), tokens * r.queries)
+
+    return value
+
+
+_COUNTED = (
+    "counted in one unmeasured run after the trials (--energy-count-work): exact, the "
+    "same in every session with the same code and library versions"
+)
+_FLOPS = "FLOPs by torch's formulas (the fused CPU attention kernel's: an estimate)"
+_BYTES = (
+    "bytes of every operator's tensor inputs and outputs: an upper bound of memory "
+    "traffic, not cache-aware"
+)
+_OPS = "aten operator calls, views included"
+
+
+def _work_figures() -> tuple[Figure, ...]:
+    """Work per token, and its prefill and decode twins, for FLOPs, bytes and calls."""
+    out = []
+    for attr, unit, short, what in (
+        ("flops", "FLOP", "FLOP", _FLOPS),
+        ("bytes", "B", "B", _BYTES),
+        ("calls", "ops", "ops", _OPS),
+    ):
+        key = "ops" if attr == "calls" else attr
+        for phase, suffix, label, per in (
+            (None, "per_token", "/tok", "per token (input + output)"),
+            (PREFILL, "per_input_token", "/in", "of the prefill per input token"),
+            (DECODE, "per_output_token", "/out", "of the decode per output token after the first"),
+        ):
+            name = f"{key}_{suffix}" if phase is None else f"{phase}_{key}_{suffix}"
+            shown = f"{short}{label}" if phase is None else f"{phase} {short}{label}"
+            out.append(
+                Figure(
+                    name,
+                    shown,
+                    unit,
+                    f"{what}, {per}; {_COUNTED}",
+                    case=_work(attr, phase),
+                    exact=True,
+                    needs_phases=phase is not None,
+                    priority=7,
+                )
+            )
+    return tuple(out)
 
 
 # -- a server's requests (``--llm-endpoint``): timed from their streamed responses ----------
@@ -651,6 +718,8 @@ FIGURES: dict[str, Figure] = {
             lower_is_better=False,
             priority=6,
         ),
+        # -- counted work (--energy-count-work) -----------------------------------------
+        *_work_figures(),
     )
 }
 
@@ -814,6 +883,9 @@ UNIT_SCALES: dict[str, dict[str, float]] = {
     "W": {"w": 1.0, "mw": 1e-3, "kw": 1e3},
     "tokens/s": {"": 1.0},
     "MiB": {"mib": 1.0, "gib": 1024.0},
+    "FLOP": {"flop": 1.0, "kflop": 1e3, "mflop": 1e6, "gflop": 1e9, "tflop": 1e12},
+    "B": {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024.0, "mib": 2.0**20},
+    "ops": {"": 1.0},
 }
 
 
@@ -830,7 +902,8 @@ def parse_figure_threshold(
     try:
         f = figure(name, per_trial=True)
         scales = UNIT_SCALES.get(f.unit, {"": 1.0})
-        value, relative = threshold(amount, scales, percent_range=percent_range)
+        # a counted figure may be gated at 0: any growth of its work fails
+        value, relative = threshold(amount, scales, percent_range=percent_range, zero=f.exact)
     except ConfigError as exc:
         raise ConfigError(f"bad {text!r}: {exc}") from None
     return f, value, relative

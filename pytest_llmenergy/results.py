@@ -149,6 +149,61 @@ class Trial:
         return self.queries * (self.input_tokens + self.output_tokens)
 
 
+@dataclass(frozen=True)
+class OpWork:
+    """One operator's counted work in one phase of a case (``predict.work_count``).
+
+    Counted, not measured: the same code, inputs and library versions give the same
+    numbers on every machine, so they need no statistics.
+    """
+
+    name: str  # aten::mm
+    op_class: str  # matmul, attention, embedding, elementwise, other
+    calls: int
+    flops: float
+    bytes: int  # inputs + outputs of each call: an upper bound of memory traffic
+    # Some of ``flops`` comes from the project's estimate, where torch has no formula
+    # (the fused CPU attention kernel), or is missing where its formula refused the shapes.
+    estimated: bool = False
+
+
+@dataclass(frozen=True)
+class CountedWork:
+    """The work one unmeasured run of a case dispatched, per phase and operator.
+
+    ``prefill`` runs up to the first output token, ``decode`` after it; without the
+    mark (a target that does not generate) everything is in ``prefill`` and ``marked``
+    is False.
+    """
+
+    prefill: tuple[OpWork, ...] = ()
+    decode: tuple[OpWork, ...] = ()
+    marked: bool = False
+    seconds: float = 0.0  # the counting run's wall time: its cost, not a figure
+
+    def ops(self, phase: str | None = None) -> tuple[OpWork, ...]:
+        """The operators of one phase (PREFILL or DECODE), or of both (None)."""
+        if phase == PREFILL:
+            return self.prefill
+        if phase == DECODE:
+            return self.decode
+        return (*self.prefill, *self.decode)
+
+    def total(self, attr: str, phase: str | None = None, op_class: str | None = None) -> float:
+        """Summed ``calls``, ``flops`` or ``bytes`` of a phase (None: both), optionally
+        of one operator class."""
+        return math.fsum(
+            float(getattr(o, attr))
+            for o in self.ops(phase)
+            if op_class is None or o.op_class == op_class
+        )
+
+    @property
+    def estimated(self) -> bool:
+        """Some FLOPs are the project's estimate, not torch's formula."""
+        return any(o.estimated for o in self.ops())
+
+
 # How a case ended.
 CONVERGED = "converged"  # every CI target held (the precision was reached)
 LIMIT = "limit"  # stopped at the trial limit or time budget before the targets held
@@ -189,6 +244,9 @@ class CaseResult:
     # The operator trace of one unmeasured run after the trials (--energy-profile-ops):
     # plain JSON from predict.op_profile.  None: not profiled.
     op_profile: Mapping[str, Any] | None = None
+    # The work one more unmeasured run dispatched, counted (--energy-count-work): FLOPs,
+    # bytes and operator calls per phase.  None: not counted.
+    work: CountedWork | None = None
     # The reference workload's CPU seconds around the trials (meters/reference.py): how
     # fast the machine ran while this case did.  None: not read.
     reference_s: float | None = None

@@ -179,10 +179,15 @@ def text(value: str) -> str:
 
 
 def threshold(
-    text: str, scales: Mapping[str, float], *, percent_range: tuple[float, float] | None = None
+    text: str,
+    scales: Mapping[str, float],
+    *,
+    percent_range: tuple[float, float] | None = None,
+    zero: bool = False,
 ) -> tuple[float, bool]:
     """``5%`` -> (0.05, relative); ``0.5s`` -> (0.5, absolute) in the base unit of
-    ``scales`` (its first suffix; a bare number is in that unit)."""
+    ``scales`` (its first suffix; a bare number is in that unit).  ``zero``: 0 is
+    allowed too (a gate on a counted figure, which has no noise to allow for)."""
     parsed = split_number(text)
     units = [u for u in scales if u]
     if parsed is None:
@@ -190,13 +195,13 @@ def threshold(
     number, unit = parsed
     if unit == "%":
         low, high = percent_range or (0.0, math.inf)
-        if not low < number < high:
+        if not (low < number or (zero and number == 0)) or not number < high:
             raise ConfigError(f"a percentage must lie between {low:g} and {high:g}, got {text!r}")
         return number / 100.0, True
     scale = scales.get(unit) if unit else 1.0
     if scale is None:
         raise ConfigError(f"expected {_units_text(units)} or %, got {text!r}")
-    if not number > 0:
+    if not (number > 0 or (zero and number == 0)):
         raise ConfigError(f"expected a positive amount, got {text!r}")
     return number * scale, False
 

@@ -36,9 +36,10 @@ from hypothesis import strategies as st
 from pytest_llmenergy import report
 from pytest_llmenergy.cli import main
 from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.figures import FIGURES
 from pytest_llmenergy.plugin import option_rows
 from pytest_llmenergy.plugin.options import OPTIONS, SECTIONS
-from pytest_llmenergy.results import GpuTelemetry, RequestRecord
+from pytest_llmenergy.results import CountedWork, GpuTelemetry, OpWork, RequestRecord
 from pytest_llmenergy.routing.workload import WorkloadError, load_workload
 from pytest_llmenergy.storage.research import _NEEDED, read_rows, system_runs
 from pytest_llmenergy.storage.runfile import (
@@ -149,7 +150,7 @@ HOSTILE_TEXT = st.one_of(
 # -- a valid run with every kind of field, and ways to spoil it ---------------------------
 def rich_run() -> Run:
     """A run file's every part: phases, GPU telemetry, requests, a rejected trial, disturbed
-    trials, prefill passes, conversions, resources."""
+    trials, prefill passes, conversions, resources, counted work."""
     trials = make_trials([0.1, 0.2, 0.3])
     trials = (
         replace(
@@ -169,6 +170,22 @@ def rich_run() -> Run:
         prefill_passes=tuple(replace(t, passes=4) for t in make_trials([0.05])),
         conversions={"gco2e_per_kwh": 400.0, "price_per_kwh": 0.3},
         resolution_s=0.001,
+        work=CountedWork(
+            prefill=(OpWork("aten::addmm", "matmul", 4, 1.5e6, 40_000),),
+            decode=(
+                OpWork("aten::mm", "matmul", 6, 9.0e5, 30_000),
+                OpWork(
+                    "aten::_scaled_dot_product_flash_attention_for_cpu",
+                    "attention",
+                    2,
+                    512.0,
+                    900,
+                    True,
+                ),
+            ),
+            marked=True,
+            seconds=0.25,
+        ),
     )
     other = make_case([0.4, 0.41], input_tokens=64, model="tiny-mistral")
     return replace(sample_run((case, other)), status=COMPLETE)
@@ -231,7 +248,14 @@ def check_read(run: Run) -> None:
                     and min(t.joules_by_domain.values(), default=0) >= 0
                 )
             assert t.input_tokens >= 0 and t.output_tokens >= 0 and t.passes >= 1
+        if case.work is not None:  # counted work: counts, never negative or infinite
+            assert math.isfinite(case.work.seconds) and case.work.seconds >= 0
+            for o in case.work.ops():
+                assert o.calls >= 0 and o.bytes >= 0 and isinstance(o.estimated, bool)
+                assert math.isfinite(o.flops) and 0 <= o.flops <= MAX_MAGNITUDE
     render(report.case_tables(run.cases), "table")
+    counted = [k for k, f in FIGURES.items() if f.exact]  # figures of the counted work
+    render(report.case_tables(run.cases, columns=counted, group_by=()), "csv")
     again = loads(dumps(run), "again.json")
     assert replace(again, schema_version=run.schema_version) == run  # written as the newest
 

@@ -156,6 +156,8 @@ def figures_page() -> str:
         "`llmenergy compare --fail-on`), a CI target (`--energy-ci-target`) and a column of "
         "the exports. `llmenergy metrics` prints this table. *Per trial*: the figure has a "
         "value per trial, so it can be compared between runs, gated and targeted. "
+        "The counted work (`flops_per_token` and its kin, `--energy-count-work`) is exact: "
+        "gated without statistics, not a CI target. "
         "*Phases*: it needs the prefill | decode split. *Default*: a column of the default "
         f"tables. {len(records)} figures.\n",
         table(
@@ -450,6 +452,9 @@ def _schema_classes() -> dict[str, type]:
         "cases[].trials[].phases.<phase>": results.PhaseRecord,
         "cases[].trials[].gpu": results.GpuTelemetry,
         "cases[].trials[].requests[]": results.RequestRecord,
+        "cases[].work": results.CountedWork,
+        "cases[].work.prefill[]": results.OpWork,
+        "cases[].work.decode[]": results.OpWork,
     }
 
 

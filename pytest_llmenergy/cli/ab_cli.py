@@ -170,6 +170,13 @@ def _say(line: str) -> None:
 
 def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
     gates = tuple(g for group in (args.gate or [parse_gates(DEFAULT_GATE)]) for g in group)
+    counted = [str(g) for g in gates if g.figure.exact]
+    if counted:  # the pairs are of trials, and the work is counted apart from them
+        raise ConfigError(
+            f"--gate {', '.join(counted)}: counted work is not counted in a paired run; gate "
+            "it in one session (--energy-count-work --energy-compare-fail=...), where it is "
+            "exact"
+        )
     if args.report and not args.save:
         raise ConfigError("--report needs both sides saved: add --save NAME")
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)

@@ -24,7 +24,17 @@ from ..meters.background import BackgroundCpu
 from ..meters.base import Meter
 from ..meters.reference import case_reference_s
 from ..meters.resources import ResourceProbe
-from ..results import CONVERGED, LIMIT, OOM, PREFILL, ROUNDS, CaseResult, GpuTelemetry, Trial
+from ..results import (
+    CONVERGED,
+    LIMIT,
+    OOM,
+    PREFILL,
+    ROUNDS,
+    CaseResult,
+    CountedWork,
+    GpuTelemetry,
+    Trial,
+)
 from .rule import RULES, ControllerSettings, decide, progress_line
 
 
@@ -137,6 +147,7 @@ class EnergyBenchmark:
         exclusive: Callable[[], AbstractContextManager[None]] | None = None,
         trial_probe: TrialProbe | None = None,
         op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
+        work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None,
         visits: CaseVisits | None = None,
         pacer: Pacer | None = None,
     ) -> None:
@@ -145,6 +156,8 @@ class EnergyBenchmark:
         self.pacer = pacer
         # --energy-profile-ops: one more run after the trials, outside every window
         self.op_profiler = op_profiler
+        # --energy-count-work: one more run after the trials, its work counted, unmeasured
+        self.work_counter = work_counter
         self.meter = meter
         # the GPUs' clock, temperature and throttle reasons around every trial; a trial
         # throttled by heat or a power brake is kept, left out and repeated, like a
@@ -414,6 +427,7 @@ class EnergyBenchmark:
                 )
             ran_any = (trials or disturbed) and not paused
             op_profile = self._profile_ops(fn, args, kwargs) if ran_any else None
+            work = self._count_work(fn, args, kwargs) if ran_any else None
         except BaseException as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -448,6 +462,7 @@ class EnergyBenchmark:
             prefill_passes=passes,
             queries=queries,
             op_profile=op_profile,
+            work=work,
             keep=not paused,
         )
         if not trials and disturbed and all(t.rejected for t in disturbed):
@@ -490,6 +505,15 @@ class EnergyBenchmark:
         if self.op_profiler is None:
             return None
         return self.op_profiler(lambda: self._call(fn, args, kwargs))
+
+    def _count_work(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> CountedWork | None:
+        """The counted work of one more run of the last trial's call, unmeasured: the
+        counting's overhead never enters a measured trial."""
+        if self.work_counter is None:
+            return None
+        return self.work_counter(lambda: self._call(fn, args, kwargs))
 
     def _prefill_passes(
         self,
@@ -571,6 +595,7 @@ class EnergyBenchmark:
         prefill_passes: tuple[Trial, ...] = (),
         queries: int = 1,
         op_profile: Mapping[str, Any] | None = None,
+        work: CountedWork | None = None,
         keep: bool = True,
     ) -> CaseResult:
         """The case's result; ``keep`` False: a visit's share, shown to the test but not
@@ -599,6 +624,7 @@ class EnergyBenchmark:
             prefill_passes=prefill_passes,
             queries=queries,
             op_profile=op_profile,
+            work=work,
             reference_s=speed_s,
         )
         if keep:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..figures import FIGURES, canonical, format_amount, parse_figure_threshold
 from ..stats import Summary
 from ..values import words
@@ -49,6 +50,11 @@ class CITarget:
 
 def parse_ci_target(text: str) -> CITarget:
     f, value, relative = parse_figure_threshold(text, EXAMPLES, percent_range=(0.0, 100.0))
+    if f.exact:
+        raise ConfigError(
+            f"bad {text!r}: {f.key} is counted once after the trials, exactly: it has no "
+            "confidence interval to narrow (gate it instead)"
+        )
     return CITarget(f.key, value, relative)
 
 

@@ -8,12 +8,13 @@ freely and can be split into phases at marks (prefill | decode).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
@@ -391,13 +392,33 @@ def mark_phase(phase: str, *, ending: str | None = None) -> bool:
 
     Lets code that cannot see the window (a model's generate loop) split it at the
     moment it knows about, e.g. the first output token.  Returns whether a window
-    was marked; outside any window it does nothing.
+    was marked; outside any window it marks nothing.  Every ``phase_listener`` of this
+    context hears the mark, window or not.
     """
+    for listener in _listeners.get():
+        listener(phase)
     window = _innermost.get()
     if window is None:
         return False
     window.mark(phase, ending=ending)
     return True
+
+
+# Who else hears the marks of this context: work counted outside any window
+# (predict.work_count) learns from the same mark where a generation's prefill ends.
+_listeners: contextvars.ContextVar[tuple[Callable[[str], None], ...]] = contextvars.ContextVar(
+    "llmenergy_phase_listeners", default=()
+)
+
+
+@contextlib.contextmanager
+def phase_listener(callback: Callable[[str], None]) -> Iterator[None]:
+    """Call ``callback(phase)`` at every ``mark_phase`` in this context, window or not."""
+    token = _listeners.set((*_listeners.get(), callback))
+    try:
+        yield
+    finally:
+        _listeners.reset(token)
 
 
 _object_new = object.__new__

@@ -80,10 +80,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # tables print before the comparison, and a server starts before anything else).
 CONTROLLER, XDIST_WORKER, TORCHRUN_RANK = "controller", "xdist worker", "torchrun rank"
 ROLES: dict[str, tuple[str, ...]] = {
-    XDIST_WORKER: ("profile-ops", "xdist-worker", "metering", "cases"),
+    XDIST_WORKER: ("profile-ops", "count-work", "xdist-worker", "metering", "cases"),
     TORCHRUN_RANK: ("profile-ops", "torchrun", "metering", "cases"),
     CONTROLLER: (
         "profile-ops",
+        "count-work",
         "xdist",
         "pytest-benchmark",
         "torchrun",
@@ -220,6 +221,12 @@ def _features(
         from ..predict.plugin import OP_PROFILING, OpProfiling
 
         features["profile-ops"] = stash[OP_PROFILING] = OpProfiling()
+    # counted on workers too (the work travels with the case); not a server's (it runs
+    # elsewhere), nor under torchrun (each rank's share is not counted yet)
+    if options.measure.count_work and not options.serve.active and ranks is None:
+        from ..predict.plugin import WORK_COUNTING, WorkCounting
+
+        features["count-work"] = stash[WORK_COUNTING] = WorkCounting()
     if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config, lambda: metering.meter)
         features["xdist-worker"] = stash[WORKER_SIDE] = side
@@ -314,6 +321,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
         *(stash[SERVING].header() if SERVING in stash else []),
         *_profiling_header(config),
+        *_counting_header(config),
     ]
     return header_lines(config, lines)
 
@@ -322,6 +330,22 @@ def _profiling_header(config: pytest.Config) -> list[str]:
     from ..predict.plugin import OP_PROFILING
 
     return config.stash[OP_PROFILING].header() if OP_PROFILING in config.stash else []
+
+
+def _counting_header(config: pytest.Config) -> list[str]:
+    from ..predict.plugin import WORK_COUNTING
+
+    counting = config.stash.get(WORK_COUNTING, None)
+    return counting.header() if counting is not None and PAIRED_SIDE not in config.stash else []
+
+
+def _work_counter(config: pytest.Config) -> Any:
+    """The case's work counter; none in a paired run (llmenergy ab): its extra run could
+    fall in the other side's turn."""
+    from ..predict.plugin import WORK_COUNTING
+
+    counting = config.stash.get(WORK_COUNTING, None)
+    return counting.counter() if counting is not None and PAIRED_SIDE not in config.stash else None
 
 
 def _op_profiler(config: pytest.Config, labels: dict[str, str]) -> Any:
@@ -444,6 +468,7 @@ def energy_benchmark(
         exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
         trial_probe=gpu.probe() if gpu is not None else None,
         op_profiler=_op_profiler(config, labels),
+        work_counter=_work_counter(config),
         visits=interleaving.visits_for(node) if interleaving is not None else None,
         pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
         if PAIRED_SIDE in config.stash

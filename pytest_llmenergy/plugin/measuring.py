@@ -70,6 +70,8 @@ class MeasureSettings:
     idle_s: float = 0.0
     dist_timeout_s: float = 300.0  # under torchrun: how long a rank waits for the others
     profile_ops: bool = False  # an unmeasured torch.profiler run after each case's trials
+    # an unmeasured run after each case's trials with its work counted (predict.work_count)
+    count_work: bool = False
 
 
 class Metering:
@@ -202,6 +204,17 @@ MEASURE_OPTIONS = Section(
             "after each case's trials, run it once more under torch.profiler (unmeasured, so "
             "the profiler's overhead never enters a trial) and keep its operator trace with "
             "the case, for llmenergy calibrate",
+            const="on",
+        ),
+        Option(
+            "--energy-count-work",
+            "count_work",
+            values.switch,
+            "on|off",
+            "after each case's trials, run it once more (unmeasured) and count its work: "
+            "FLOPs, bytes and operator calls per token, by phase (figures flops_per_token, "
+            "bytes_per_token, ops_per_token and their prefill and decode twins), exact and "
+            "the same on every machine; not for servers and torchrun",
             const="on",
         ),
         Option(

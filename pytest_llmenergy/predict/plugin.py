@@ -1,4 +1,5 @@
-"""``--energy-profile-ops``: the feature object that profiles each case once, unmeasured.
+"""``--energy-profile-ops`` and ``--energy-count-work``: the feature objects that run each
+case once more after its trials, unmeasured, to profile it or count its work.
 
 The energy_benchmark fixture asks it for a profiler per case; the profile goes into the
 case's ``op_profile`` with the model's sizes (from its config, when the case names a
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from ..errors import ConfigError
+from ..results import CountedWork
 
 Profiler = Callable[[Callable[[], Any]], Mapping[str, Any]]
 
@@ -73,3 +75,43 @@ class OpProfiling:
 
 
 OP_PROFILING = pytest.StashKey[OpProfiling]()
+
+
+class WorkCounting:
+    """Registered when ``--energy-count-work`` is on: each case's work, counted once in
+    one more run after its trials (``work_count``), outside every measured window."""
+
+    def __init__(self) -> None:
+        self.counted = 0
+        self.count_s = 0.0  # the counting runs' wall time, summed over the cases
+
+    def header(self) -> list[str]:
+        return [
+            "counted work: one more run of each case after its trials, its operators' FLOPs, "
+            "bytes and calls counted, unmeasured (--energy-count-work)"
+        ]
+
+    def counter(self) -> Callable[[Callable[[], Any]], CountedWork | None]:
+        def run(call: Callable[[], Any]) -> CountedWork | None:
+            import sys
+
+            if "torch" not in sys.modules:  # the case ran no torch operator: none to count
+                return None
+            from .work_count import count_work
+
+            work = count_work(call)
+            self.count_s += work.seconds
+            self.counted += 1
+            return work if work.ops() else None
+
+        return run
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.counted:
+            terminalreporter.write_line(
+                f"llmenergy: the work of {self.counted} case(s) counted in {self.count_s:.1f} s "
+                "(outside the measured trials)"
+            )
+
+
+WORK_COUNTING = pytest.StashKey[WorkCounting]()

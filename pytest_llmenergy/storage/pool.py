@@ -55,6 +55,8 @@ def pool_cases(cases: Sequence[CaseResult], offsets: Sequence[int] | None = None
         disturbed=tuple(disturbed),
         status=status,
         reason="; ".join(dict.fromkeys(c.reason for c in cases if c.reason)),
+        # counted work is the same in every session of the same code: the first counted
+        work=next((c.work for c in cases if c.work is not None), None),
     )
 
 

@@ -35,7 +35,15 @@ from ..controller.rule import ControllerSettings
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError, one_line
 from ..meters.resources import ResourceUsage
-from ..results import CaseResult, GpuTelemetry, PhaseRecord, RequestRecord, Trial
+from ..results import (
+    CaseResult,
+    CountedWork,
+    GpuTelemetry,
+    OpWork,
+    PhaseRecord,
+    RequestRecord,
+    Trial,
+)
 
 FORMAT = "pytest-llmenergy-run"
 # 1: pytest-llmenergy 0.1.0; "options" was a dump of the settings dataclasses.
@@ -55,7 +63,9 @@ FORMAT = "pytest-llmenergy-run"
 #    the machine's "speed_reference" (readings of the reference workload through the
 #    session) and "threads" (torch's and the OpenMP/MKL settings); a trial's "pair" (its
 #    pair in a paired run, llmenergy ab) and the run's "pairing" ({"id": shared by the
-#    two runs of one paired run, "side": "base" or "head"}).
+#    two runs of one paired run, "side": "base" or "head"}); a case's "work" (counted work,
+#    results.CountedWork: "prefill" and "decode" lists of operators with "name", "class",
+#    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -248,6 +258,29 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "queries": r.queries,
         "op_profile": None if r.op_profile is None else dict(r.op_profile),
         **({"reference_s": r.reference_s} if r.reference_s is not None else {}),
+        **({"work": _work_dict(r.work)} if r.work is not None else {}),
+    }
+
+
+def _work_dict(w: CountedWork) -> dict[str, Any]:
+    def ops(rows: tuple[OpWork, ...]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": o.name,
+                "class": o.op_class,
+                "calls": o.calls,
+                "flops": o.flops,
+                "bytes": o.bytes,
+                **({"estimated": True} if o.estimated else {}),
+            }
+            for o in rows
+        ]
+
+    return {
+        "prefill": ops(w.prefill),
+        "decode": ops(w.decode),
+        "marked": w.marked,
+        "seconds": w.seconds,
     }
 
 
@@ -649,6 +682,32 @@ def _case(r: _Reader) -> CaseResult:
         queries=r.count("queries", optional=True, least=1) or 1,
         op_profile=r.get("op_profile", dict, optional=True),
         reference_s=r.amount("reference_s", optional=True),
+        work=_work(r.obj("work", optional=True)),  # runs before counted work: none
+    )
+
+
+def _work(r: _Reader | None) -> CountedWork | None:
+    if r is None:
+        return None
+
+    def ops(key: str) -> tuple[OpWork, ...]:
+        return tuple(
+            OpWork(
+                name=o.get("name", str),
+                op_class=o.get("class", str),
+                calls=o.count("calls"),
+                flops=o.amount("flops"),
+                bytes=o.count("bytes"),
+                estimated=o.get("estimated", bool, optional=True) or False,
+            )
+            for o in r.objs(key)
+        )
+
+    return CountedWork(
+        prefill=ops("prefill"),
+        decode=ops("decode"),
+        marked=r.get("marked", bool),
+        seconds=r.amount("seconds"),
     )
 
 

@@ -1,0 +1,133 @@
+"""Counted work as figures: per token and per phase, in the run file, and gated exactly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_llmenergy.cli import main
+from pytest_llmenergy.compare import FAIL, OK, compare_cases, evidence_line, parse_gate
+from pytest_llmenergy.controller.targets import parse_ci_target
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.figures import FIGURES, value
+from pytest_llmenergy.results import CaseResult, CountedWork, OpWork
+from pytest_llmenergy.storage.runfile import dumps, loads
+from tests.casefactory import make_case
+from tests.test_storage_runfile import sample_run
+
+BASE = [0.100, 0.101, 0.099, 0.100]
+FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+def work(decode_mm_flops: float = 400.0) -> CountedWork:
+    return CountedWork(
+        prefill=(
+            OpWork("aten::mm", "matmul", 2, 1000.0, 800),
+            OpWork("aten::view", "other", 3, 0.0, 0),
+        ),
+        decode=(
+            OpWork("aten::mm", "matmul", 3, decode_mm_flops, 120),
+            OpWork(FLASH, "attention", 3, 60.0, 300, estimated=True),
+        ),
+        marked=True,
+        seconds=0.5,
+    )
+
+
+def counted(seconds: list[float], w: CountedWork | None = None) -> CaseResult:
+    return replace(make_case(seconds, input_tokens=8, output_tokens=4), work=w or work())
+
+
+def test_work_per_token_and_per_phase_by_hand() -> None:
+    case = counted(BASE)
+    assert value(case, "flops_per_token") == pytest.approx(1460 / 12)  # (in + out) tokens
+    assert value(case, "prefill_flops_per_input_token") == pytest.approx(1000 / 8)
+    assert value(case, "decode_flops_per_output_token") == pytest.approx(460 / 3)  # out - 1
+    assert value(case, "bytes_per_token") == pytest.approx(1220 / 12)
+    assert value(case, "prefill_bytes_per_input_token") == pytest.approx(800 / 8)
+    assert value(case, "decode_bytes_per_output_token") == pytest.approx(420 / 3)
+    assert value(case, "ops_per_token") == pytest.approx(11 / 12)
+    assert value(case, "decode_ops_per_output_token") == pytest.approx(6 / 3)
+    assert value(replace(case, queries=2), "flops_per_token") == pytest.approx(1460 / 24)
+    assert case.work is not None and case.work.estimated
+
+
+def test_no_counted_work_or_no_phase_mark_means_no_figure() -> None:
+    assert value(make_case(BASE), "flops_per_token") is None
+    unmarked = counted(BASE, replace(work(), marked=False))
+    assert value(unmarked, "decode_flops_per_output_token") is None
+    assert value(unmarked, "prefill_bytes_per_input_token") is None
+    assert value(unmarked, "flops_per_token") == pytest.approx(1460 / 12)
+    one_token = replace(counted(BASE), output_tokens=1)
+    assert value(one_token, "decode_flops_per_output_token") is None  # no decode token
+
+
+def test_counted_figures_are_exact_gateable_and_not_ci_targets() -> None:
+    names = [k for k, f in FIGURES.items() if f.exact]
+    assert sorted(names) == sorted(
+        f"{p}{w}_{s}"
+        for w in ("flops", "bytes", "ops")
+        for p, s in (
+            ("", "per_token"),
+            ("prefill_", "per_input_token"),
+            ("decode_", "per_output_token"),
+        )
+    )
+    assert all(FIGURES[k].per_trial for k in names)
+    assert parse_gate("flops_per_token:0%").threshold == 0  # no noise to allow for
+    with pytest.raises(ConfigError):
+        parse_gate("j_per_token:0%")  # a measured figure still needs room
+    with pytest.raises(ConfigError, match="no confidence interval"):
+        parse_ci_target("flops_per_token:5%")
+
+
+def test_a_gate_on_counted_work_fails_any_worsening_beyond_it_with_no_statistics() -> None:
+    gate = parse_gate("flops_per_token:0%")
+    base = counted(BASE)
+    slower = counted([0.2, 0.21, 0.19, 0.2])  # twice the time, the same work
+    c = compare_cases([base], [slower], gates=[gate])
+    assert not c.failed and [d.verdict for d in c.deltas] == [OK]
+    assert "counted, exact: no noise" in evidence_line(c)
+    one_more = counted(BASE, work(decode_mm_flops=401.0))  # one FLOP, 0.07 % per token
+    c = compare_cases([base], [one_more], gates=[gate])
+    (d,) = c.deltas
+    assert c.failed and d.verdict == FAIL and d.p_value is None and d.exact
+    assert d.relative_change == pytest.approx(1 / 1460)
+    assert not compare_cases([base], [one_more], gates=[parse_gate("flops_per_token:1%")]).failed
+    fewer = counted(BASE, work(decode_mm_flops=200.0))
+    assert not compare_cases([base], [fewer], gates=[gate]).failed  # less work is better
+
+
+def test_a_counted_gate_beside_a_measured_one_says_what_each_rests_on() -> None:
+    gates = [parse_gate("j_per_token:5%"), parse_gate("flops_per_token:0%")]
+    c = compare_cases([counted(BASE)], [counted(BASE)], gates=gates)
+    assert len(c.deltas) == 2 and not c.failed
+    line = evidence_line(c)
+    assert "counted, exact: no noise" in line and "Benjamini-Hochberg" in line
+
+
+def test_counted_work_is_kept_in_the_run_file_and_old_files_still_load() -> None:
+    run = sample_run((counted(BASE), make_case(BASE, input_tokens=64)))
+    again = loads(dumps(run), "run.json")
+    assert again.cases[0].work == work() and again.cases[1].work is None
+    data = json.loads(dumps(run))
+    assert "work" not in data["cases"][1]  # not counted: no key, as before
+    assert data["cases"][0]["work"]["decode"][1] == {
+        "name": FLASH,
+        "class": "attention",
+        "calls": 3,
+        "flops": 60.0,
+        "bytes": 300,
+        "estimated": True,
+    }
+
+
+def test_a_paired_run_refuses_a_gate_on_counted_work_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["ab", str(tmp_path), str(tmp_path), "--gate", "flops_per_token:0%"])
+    assert code == 2
+    assert "counted work is not counted in a paired run" in capsys.readouterr().err
