@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import statistics
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -157,11 +158,14 @@ def test_a_reading_right_after_generate_counts_this_thread_only(tiny_cache: Path
     process's CPU time a reading there read up to 7 times the loop's time."""
     model = load_model("tiny-llama", cache_dir=tiny_cache)
     ids = model.prompt_ids(8)
-    quiet_s = reference_s(repeats=5)
     readings = []
     for _ in range(20):
         model.generate(ids, 8)
-        readings.append(case_reference_s() / quiet_s)
+        after_s = case_reference_s()
+        time.sleep(0.2)  # the workers have gone quiet
+        # each against a quiet reading beside it: the reference itself jumps between two
+        # speeds on this VM (5 or 8 ms), and one reading taken up front read 0.7 in CI
+        readings.append(after_s / case_reference_s())
     assert max(readings) < 2.5, readings
     assert 0.8 < statistics.median(readings) < 1.25, readings
 
