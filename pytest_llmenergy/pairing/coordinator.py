@@ -28,7 +28,7 @@ from ..figures import FIGURES
 from ..results import CaseResult
 from ..storage.runfile import decode_case, decode_trial
 from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
-from .turns import Decision, GateRule, Pool, block, case_level, decide, pooled
+from .turns import PASS_LEVEL, Decision, GateRule, Pool, block, case_level, decide, pooled
 
 # A run stops, saying why, once the trials of the last BUSY_SPAN_S seconds (at least
 # BUSY_MIN_TRIALS of them, however long they take) were nearly all (BUSY_SHARE)
@@ -353,7 +353,7 @@ class Coordinator:
         case.decision = decide(
             case.diffs,
             self.rules,
-            pass_level=self.confidence,
+            pass_level=min(self.confidence, PASS_LEVEL),
             fail_level=case_level(self.confidence, max(1, len(self.order))),
             attempted_pairs=case.attempted,
             max_pairs=self._limit(case, "max_trials", 25),
