@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
+from .explain import Why, why
 from .figures import (
     DEFAULT_COMPARE_METRICS,
     FIGURES,
@@ -388,6 +389,9 @@ class Comparison:
     # The runs are the two sides of one paired run, tested pair of trials by pair.
     paired_trials: bool = False
     shared: int = 0  # cases measured in both runs
+    # Why each failed case got worse (``explain``), by case name: more work or the same
+    # work done slower, and what moved most.
+    explanations: tuple[Why, ...] = ()
 
     @property
     def failures(self) -> list[Delta]:
@@ -529,6 +533,9 @@ def compare_cases(
         deltas[i] = replace(d, discovered=hit, detectable=detectable, p_adjusted=p_adj)
     deltas = [replace(d, name=names[d.nodeid]) for d in deltas]
     now = {c.nodeid for c in after}
+    by_id = {c.nodeid: c for c in after}
+    failed_ids = dict.fromkeys(d.nodeid for d in deltas if d.failed)
+    explanations = tuple(why(names[i], before[i], by_id[i]) for i in failed_ids if i in before)
     return Comparison(
         baseline_label=baseline_label,
         current_label=current_label,
@@ -549,6 +556,7 @@ def compare_cases(
         ),
         paired_trials=used_pairs,
         shared=len(now & set(before)),
+        explanations=explanations,
     )
 
 
@@ -826,7 +834,13 @@ def verdict_lines(c: Comparison, strict: bool = False) -> list[str]:
     """The gate's verdict, then (gated) what it rests on and the smallest regression it
     could have seen."""
     evidence = evidence_line(c) if c.gates and c.deltas and not c.not_comparable else ""
-    return [verdict_line(c, strict), *([evidence] if evidence else [])]
+    return [verdict_line(c, strict), *([evidence] if evidence else []), *why_lines(c)]
+
+
+def why_lines(c: Comparison) -> list[str]:
+    """One line per failed case: why it got worse (``explain``)."""
+    failing = {d.name for d in c.failures}  # a paired run's unconfirmed ones are not
+    return [f"why {w.name}: {w.line}" for w in c.explanations if w.name in failing]
 
 
 def verdict_line(c: Comparison, strict: bool = False) -> str:

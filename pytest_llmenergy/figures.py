@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from .conversions import G_PER_KWH, J_PER_KWH, PRICE_PER_KWH
 from .errors import ConfigError
 from .meters.base import PROCESS_DOMAIN
-from .results import DECODE, PREFILL, PREFILL_PASSES, CaseResult, Trial
+from .results import DECODE, PREFILL, PREFILL_PASSES, CaseResult, Trial, work_tokens
 from .stats import Summary, summarize
 
 Value = int | float | str | bool | None
@@ -210,13 +210,7 @@ def _work(attr: str, phase: str | None = None) -> Callable[[CaseResult], float |
         w = r.work
         if w is None or (phase is not None and not w.marked):
             return None
-        if phase == PREFILL:
-            tokens = r.input_tokens
-        elif phase == DECODE:
-            tokens = max(r.output_tokens - 1, 0)
-        else:
-            tokens = r.input_tokens + r.output_tokens
-        return _per(w.total(attr, phase), tokens * r.queries)
+        return _per(w.total(attr, phase), work_tokens(r, phase))
 
     return value
 
@@ -868,6 +862,8 @@ def describe(keys: Iterable[str] | None = None) -> list[dict[str, Value]]:
                 "meaning": f.meaning,
                 "better": {True: "lower", False: "higher", None: ""}[f.lower_is_better],
                 "per_trial": f.per_trial,
+                # how a gate judges it: tested on the trials, or compared exactly (counted)
+                "gated": "exact" if f.exact else "tested" if f.per_trial else "",
                 "needs_phases": f.needs_phases,
                 "default_column": f.key in DEFAULT_COLUMNS,
                 "old_names": ", ".join(a for a, k in ALIASES.items() if k == f.key),

@@ -11,7 +11,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "layers"),
     ("values", "stats", "meters"),
     ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
-    ("figures",),
+    ("figures", "explain"),
     ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
     ("storage", "serving", "export"),
     ("routing", "history"),

@@ -180,6 +180,9 @@ class CountedWork:
     decode: tuple[OpWork, ...] = ()
     marked: bool = False
     seconds: float = 0.0  # the counting run's wall time: its cost, not a figure
+    # Under torchrun: each rank's own work, in rank order; the fields above are the job's
+    # (every rank's summed), so figures per token are the job's.  Empty elsewhere.
+    ranks: tuple[CountedWork, ...] = ()
 
     def ops(self, phase: str | None = None) -> tuple[OpWork, ...]:
         """The operators of one phase (PREFILL or DECODE), or of both (None)."""
@@ -202,6 +205,29 @@ class CountedWork:
     def estimated(self) -> bool:
         """Some FLOPs are the project's estimate, not torch's formula."""
         return any(o.estimated for o in self.ops())
+
+    @staticmethod
+    def of_job(ranks: Sequence[CountedWork]) -> CountedWork:
+        """The work of a torchrun job: every rank's operators summed, each rank's kept."""
+
+        def summed(phase: str) -> tuple[OpWork, ...]:
+            rows: dict[tuple[str, str], list[Any]] = {}
+            for w in ranks:
+                for o in w.ops(phase):
+                    row = rows.setdefault((o.name, o.op_class), [0, 0.0, 0, False])
+                    row[0] += o.calls
+                    row[1] += o.flops
+                    row[2] += o.bytes
+                    row[3] = row[3] or o.estimated
+            return tuple(OpWork(n, c, *v) for (n, c), v in sorted(rows.items()))
+
+        return CountedWork(
+            summed(PREFILL),
+            summed(DECODE),
+            all(w.marked for w in ranks),
+            max((w.seconds for w in ranks), default=0.0),
+            tuple(ranks),
+        )
 
 
 # How a case ended.
@@ -429,3 +455,16 @@ def distinct_names(nodeids: Sequence[str]) -> dict[str, str]:
         for name in levels[n]:
             taken[name] = taken.get(name, 0) + 1
     return {n: next((x for x in levels[n] if taken[x] == 1), n) for n in ids}
+
+
+def work_tokens(case: CaseResult, phase: str | None) -> int:
+    """The tokens a phase's counted work is divided by: the prefill's by the input
+    tokens, the decode's by the tokens it produced (output - 1), the whole run's (None)
+    by input + output; every query of a batch counts."""
+    if phase == PREFILL:
+        tokens = case.input_tokens
+    elif phase == DECODE:
+        tokens = max(case.output_tokens - 1, 0)
+    else:
+        tokens = case.input_tokens + case.output_tokens
+    return tokens * max(case.queries, 1)

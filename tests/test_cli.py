@@ -513,8 +513,13 @@ def test_gate_fails_on_a_significant_regression(
     assert "0002_pr (current) against 0001_main (baseline)" in out.splitlines()
     verdict = gate_row(out)
     assert verdict[-1] == "FAIL" and "+100.0" in verdict
-    assert out.splitlines()[-2].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
-    assert out.splitlines()[-1].startswith("0002_pr: gate detects >= ")
+    assert out.splitlines()[-3].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
+    assert out.splitlines()[-2].startswith("0002_pr: gate detects >= ")
+    # then why, per failed case: here nothing was counted, and it says how to count
+    assert out.splitlines()[-1].startswith(
+        "0002_pr: why test_input_tokens[tiny-llama-in8-out4]: work not counted "
+        "(--energy-count-work on both runs"
+    )
 
 
 def test_gate_failure_with_data_formats_keeps_stdout_data(
@@ -564,8 +569,9 @@ def test_old_gate_and_metric_names_warn_on_stderr_and_still_gate(
     argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
     code, out, err = cli(capsys, *argv, "--metric", "joules")
     assert code == 1  # the old name gates j_per_token: +100 %, significant
-    assert out.splitlines()[-2].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
-    assert out.splitlines()[-1].startswith("0002_pr: gate detects >= ")
+    assert out.splitlines()[-3].startswith("0002_pr: energy gate FAILED (j_per_token:5%)")
+    assert out.splitlines()[-2].startswith("0002_pr: gate detects >= ")
+    assert out.splitlines()[-1].startswith("0002_pr: why ")
     assert "J ± CI (energy_j), side by side" in out.splitlines()
     assert err.splitlines() == [
         f"llmenergy: warning: figure name {old!r} is deprecated, use {new!r} (the old name "
@@ -930,7 +936,10 @@ def test_metrics_as_a_table(
     assert j_per_token[1:3] == ["J/token", "J"]
     assert j_per_token[-2:] == ["energy_per_token,", "joules_per_token"]
     assert "input + output tokens" in next(x for x in lines if x.startswith("j_per_token "))
-    assert lines[-1].startswith("per trial: comparable between runs")
+    flat = " ".join(out.split())
+    assert "gated: tested: a value per trial" in flat and "exact: counted once per case" in flat
+    assert "exact" in row_of(out, "flops_per_token")  # counted: compared exactly, untested
+    assert "tested" in j_per_token and "exact" not in j_per_token
 
 
 @pytest.mark.parametrize(

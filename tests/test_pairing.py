@@ -20,7 +20,14 @@ import pytest
 from pytest_llmenergy.compare import compare_cases, parse_gates
 from pytest_llmenergy.pairing.channel import BASE, HEAD, Channel
 from pytest_llmenergy.pairing.coordinator import BUSY_SPAN_S, Coordinator
-from pytest_llmenergy.pairing.turns import BLOCKS, MIN_PAIRS, GateRule, decide, paired_interval
+from pytest_llmenergy.pairing.turns import (
+    BLOCKS,
+    MIN_CONFIRM_PAIRS,
+    MIN_PAIRS,
+    GateRule,
+    decide,
+    paired_interval,
+)
 from pytest_llmenergy.results import Trial
 from pytest_llmenergy.storage.runfile import load, trial_dict
 
@@ -83,6 +90,15 @@ def test_rule_stops_a_clear_pass_and_a_clear_fail_and_keeps_a_close_case() -> No
     assert "25 pairs" in limited.why  # type: ignore[attr-defined]
     timed = _decide(close, measured_s=15.0)
     assert timed.stop and not timed.decided  # type: ignore[attr-defined]
+
+
+def test_a_confirming_pass_clears_a_case_on_two_blocks_not_one() -> None:
+    """A first-pass FAIL read head/base 0.90 on its first block in the second pass: one
+    block must not clear it; two blocks that agree may."""
+    looks_fine = [math.log(x) for x in (0.90, 0.91, 0.99, 1.0)]
+    assert _decide(looks_fine[:2]).decided  # type: ignore[attr-defined]
+    assert not _decide(looks_fine[:2], min_pairs=MIN_CONFIRM_PAIRS).stop  # type: ignore[attr-defined]
+    assert _decide(looks_fine, min_pairs=MIN_CONFIRM_PAIRS).decided  # type: ignore[attr-defined]
 
 
 def test_rule_never_fails_a_case_on_one_block() -> None:

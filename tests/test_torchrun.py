@@ -103,6 +103,7 @@ def test_two_nodes_run_tiny_llama_tensor_parallel_and_rank_0_keeps_both_nodes_en
         "--energy-min-trials=2",
         "--energy-max-trials=2",
         "--energy-json=run.json",
+        "--energy-count-work",
     ]
     trees = [
         _node_tree(pytester.path / "node0", 10.0, 2.0),
@@ -152,6 +153,33 @@ def test_two_nodes_run_tiny_llama_tensor_parallel_and_rank_0_keeps_both_nodes_en
     assert max(node_s.values()) <= seconds * 1.001
     joules = sum(t["joules"] for case in run["cases"] for t in case["trials"])
     assert joules == pytest.approx(by_node["node0"] + by_node["node1"], rel=1e-9)
+    # the counted work: each rank's share kept, the job's the sum; split evenly, and
+    # together the products of one whole model (counted here in one process)
+    work = run["cases"][0]["work"]
+    assert len(work["ranks"]) == 2
+    assert _flops(work) == pytest.approx(sum(_flops(r) for r in work["ranks"]))
+    shares = [_flops(r, "matmul") for r in work["ranks"]]
+    assert shares[0] == pytest.approx(shares[1]) and shares[0] > 0
+    assert sum(shares) == pytest.approx(_whole_model_matmul_flops(tiny_cache), rel=0.01)
+
+
+def _flops(work: dict, op_class: str | None = None) -> float:
+    return sum(
+        o["flops"]
+        for phase in ("prefill", "decode")
+        for o in work[phase]
+        if op_class is None or o["class"] == op_class
+    )
+
+
+def _whole_model_matmul_flops(cache: Path) -> float:
+    from pytest_llmenergy.llm.loader import load_model
+    from pytest_llmenergy.predict.work_count import count_work
+
+    model = load_model("tiny-llama", cache_dir=cache)
+    ids = model.prompt_ids(8)
+    work = count_work(lambda: model.generate(ids, 8))
+    return work.total("flops", op_class="matmul")
 
 
 FAULT_TEST = """

@@ -79,6 +79,15 @@ def _compare_arguments(cmp_: argparse.ArgumentParser) -> None:
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
     )
 
+    cmp_.add_argument(
+        "--explain",
+        action="store_true",
+        help="why each failed case got worse: its counted work per token by phase and "
+        "operator class, the operators that moved most and, where both runs were profiled "
+        "(--energy-profile-ops), the time per class and outside operators; without "
+        "--fail-on, every case whose counted work changed",
+    )
+
 
 def _report_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
@@ -185,7 +194,37 @@ def _compare(
             label = comparison.current_label
             verdicts += [f"{label}: {line}" for line in verdict_lines(comparison, args.strict)]
             failed = failed or comparison.fails(args.strict)
+            if args.explain:
+                tables += [t for w in comparison.explanations for t in w.tables]
+    elif args.explain:
+        tables += _work_changes(runs, lineup.labels, verdicts)
     return render(tables, args.format, width=table_width(args.format)), verdicts, failed
+
+
+def _work_changes(runs: Sequence[Run], labels: Sequence[str], notes: list[str]) -> list[Table]:
+    """``--explain`` without a gate: the tables of every case whose counted work differs
+    between the first run and a later one."""
+    from ..explain import explain_tables, work_changed
+
+    out: list[Table] = []
+    before = {c.nodeid: c for c in runs[0].cases}
+    for label, run in zip(labels[1:], runs[1:]):
+        counted = changed = 0
+        for case in run.cases:
+            base = before.get(case.nodeid)
+            if base is None or base.work is None or case.work is None:
+                continue
+            counted += 1
+            if work_changed(base, case):
+                changed += 1
+                out += explain_tables(f"{label}: {case.name}", base, case)
+        if not counted:
+            notes.append(
+                f"{label}: no case counted in both runs; run both with --energy-count-work"
+            )
+        else:
+            notes.append(f"{label}: counted work changed in {changed} of {counted} case(s)")
+    return out
 
 
 def _gatecheck(args: argparse.Namespace) -> tuple[str, list[str]]:

@@ -241,23 +241,26 @@ def _metrics(fmt: str) -> str:
         "meaning",
         "better",
         "per trial",
+        "gated",
         "phases",
         "default",
         "old names",
     )
     table = Table(
-        "figures: columns (--columns), gates and compare (per trial), CI targets (per trial)",
+        "figures: columns (--columns), gates and compare (gated), CI targets (tested)",
         keys,
         headers,
         rows,
         cells,
         notes=(
-            "per trial: comparable between runs session by session (or pair by pair), so "
-            "usable in gates (--fail-on, "
-            "--energy-compare-fail) and CI targets (--energy-ci-target); phases: needs the "
-            "prefill | decode split",
+            "gated: tested: a value per trial, comparable between runs session by session "
+            "(or pair by pair), so usable in gates (--fail-on, --energy-compare-fail) and CI "
+            "targets (--energy-ci-target); exact: counted once per case "
+            "(--energy-count-work), the same in every session, so a gate compares it "
+            "exactly, and it is no CI target; phases: needs the prefill | decode split",
         ),
-        priorities=(0, 1, 1, 0, 2, 2, 3, 3, 4),
+        hidden=("per_trial",),
+        priorities=(0, 1, 1, 0, 2, 2, 2, 3, 3, 4),
     )
     return render([table], fmt, width=width)
 

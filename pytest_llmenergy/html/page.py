@@ -268,7 +268,18 @@ def _comparison_html(index: int, c: Comparison, ratios: Sequence[DrawnChart] = (
         + _table_html(table_id, heads, body, [r["direction"] for r in rows])
         + "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
         + (_charts_html(list(ratios)) if ratios else "")
+        + _why_html(index, c)
     )
+
+
+def _why_html(index: int, c: Comparison) -> str:
+    """Why each failed case got worse: its line, then its work and time tables."""
+    parts = []
+    failing = {d.name for d in c.failures}
+    for i, w in enumerate(w for w in c.explanations if w.name in failing):
+        parts.append(f'<h4>why {escape(w.name)}</h4><p class="why">{escape(w.line)}</p>')
+        parts += [_registry_table_html(f"why-{index}-{i}-{j}", t) for j, t in enumerate(w.tables)]
+    return "".join(parts)
 
 
 def _charts_html(charts: list[DrawnChart]) -> str:

@@ -6,6 +6,10 @@ pass of the model is followed by extra CPU work of ``share`` times the CPU time 
 itself took, so the model's work (and, on CPU meters, its energy) grows by about
 ``share`` whatever the case's size; generation's bookkeeping outside the forward passes
 is not scaled, so the whole case grows a little less.
+
+Two more, to check that a failed gate says why (``--llm-inject-work``, issue 35): more
+work of a known kind (every linear layer computes its product twice) and the same work
+done slower (every linear layer busy-waits, in Python, as long as its product took).
 """
 
 from __future__ import annotations
@@ -39,3 +43,56 @@ def inject_regression(model: Any, share: float) -> None:
 
     model.register_forward_pre_hook(before)
     model.register_forward_hook(after)
+
+
+def _linear_twice(linear: Any) -> None:
+    """Compute the layer's product once more after each call: twice the matmul FLOPs,
+    the same output."""
+    import torch.nn.functional as F
+
+    def again(module: Any, args: Any, output: Any) -> Any:
+        return F.linear(args[0], module.weight, module.bias)
+
+    linear.register_forward_hook(again)
+
+
+def _linear_slow(linear: Any) -> None:
+    """Busy-wait after each call as long as the call took: the same work, slower, the
+    extra time in no operator (Python)."""
+    started: list[float] = []
+
+    def before(module: Any, args: Any) -> None:
+        started.append(time.perf_counter())
+
+    def after(module: Any, args: Any, output: Any) -> None:
+        if started:
+            took = time.perf_counter() - started.pop()
+            end = time.perf_counter() + took
+            while time.perf_counter() < end:
+                pass
+
+    linear.register_forward_pre_hook(before)
+    linear.register_forward_hook(after)
+
+
+# Changes of a known kind to every linear layer: name -> (what it does, how).
+WORK_INJECTIONS: dict[str, tuple[str, Any]] = {
+    "linear-twice": ("every linear layer computes its product twice (more work)", _linear_twice),
+    "linear-slow": (
+        "every linear layer busy-waits as long as its product took (the same work, slower)",
+        _linear_slow,
+    ),
+}
+
+
+def inject_work(model: Any, kinds: tuple[str, ...]) -> None:
+    """Apply ``WORK_INJECTIONS`` ``kinds`` to every ``torch.nn.Linear`` of ``model``."""
+    if not kinds:
+        return
+    import torch
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for kind in kinds:
+        apply = WORK_INJECTIONS[kind][1]
+        for linear in linears:
+            apply(linear)

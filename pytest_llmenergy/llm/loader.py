@@ -107,6 +107,9 @@ class LoadedModel:
     # Let cases run past max_positions (computed positions only): the research measured
     # Llama-2-7B (context 4096) at 32 + 4096 tokens.
     allow_beyond_context: bool = False
+    # Generate with a KV cache (transformers' default); off, every decoded token runs the
+    # model over the whole sequence again, as the research's scripts did.
+    kv_cache: bool = True
     _text_ids: list[int] | None = field(default=None, init=False, repr=False)
     _start: list[int] | None = field(default=None, init=False, repr=False)
 
@@ -182,7 +185,7 @@ class LoadedModel:
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=self._generation_config(output_tokens),
                 streamer=streamer,
-                **self._cache_kwargs(),
+                **(self._cache_kwargs() if self.kv_cache else {}),
             )
         self._synchronize()
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
@@ -267,7 +270,7 @@ class LoadedModel:
             eos_token_id=eos,
             pad_token_id=pad,
             bos_token_id=self.tokenizer.bos_token_id,
-            use_cache=True,
+            use_cache=self.kv_cache,
             return_dict_in_generate=False,
         )
         return GenerationConfig(**params)
@@ -485,8 +488,12 @@ class ModelPool:
         parallel: str = "none",
         on_load: Callable[[LoadedModel], None] | None = None,
         inject_regression: float | Mapping[str, float] = 0.0,
+        inject_work: tuple[str, ...] = (),
+        kv_cache: bool = True,
     ) -> None:
         self.dtype = dtype
+        self.inject_work = inject_work  # llm/inject.py: does a failed gate say why?
+        self.kv_cache = kv_cache
         self.inject_regression = inject_regression  # llm/inject.py: the gate's self-check
         self.parallel = parallel
         self.on_load = on_load  # e.g. check that the meter reads every GPU the model is on
@@ -521,6 +528,11 @@ class ModelPool:
             from .inject import inject_regression
 
             inject_regression(self._current.model, share)
+        if self.inject_work:
+            from .inject import inject_work
+
+            inject_work(self._current.model, self.inject_work)
+        self._current.kv_cache = self.kv_cache
         if self.on_load is not None:
             self.on_load(self._current)
         return self._current

@@ -28,7 +28,18 @@ from ..figures import FIGURES
 from ..results import CaseResult
 from ..storage.runfile import decode_case, decode_trial
 from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
-from .turns import PASS_LEVEL, Decision, GateRule, Pool, block, case_level, decide, pooled
+from .turns import (
+    MIN_CONFIRM_PAIRS,
+    MIN_PAIRS,
+    PASS_LEVEL,
+    Decision,
+    GateRule,
+    Pool,
+    block,
+    case_level,
+    decide,
+    pooled,
+)
 
 # A run stops, saying why, once the trials of the last BUSY_SPAN_S seconds (at least
 # BUSY_MIN_TRIALS of them, however long they take) were nearly all (BUSY_SHARE)
@@ -361,6 +372,7 @@ class Coordinator:
             min_time_s=float(self._limit(case, "min_time_s", 0.0)),
             max_time_s=float(self._limit(case, "max_time_s", 0.0)),
             pools=self._pools(case),
+            min_pairs=MIN_CONFIRM_PAIRS if self.only_cases is not None else MIN_PAIRS,
         )
         if case.decision.stop:
             self.log(self._progress(case))

@@ -222,11 +222,12 @@ def _features(
 
         features["profile-ops"] = stash[OP_PROFILING] = OpProfiling()
     # counted on workers too (the work travels with the case); not a server's (it runs
-    # elsewhere), nor under torchrun (each rank's share is not counted yet)
-    if options.measure.count_work and not options.serve.active and ranks is None:
+    # elsewhere); under torchrun every rank counts its own share and rank 0 keeps the job's
+    if options.measure.count_work and not options.serve.active:
         from ..predict.plugin import WORK_COUNTING, WorkCounting
 
-        features["count-work"] = stash[WORK_COUNTING] = WorkCounting()
+        gather = ranks.group.all_gather if ranks is not None else None
+        features["count-work"] = stash[WORK_COUNTING] = WorkCounting(gather)
     if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config, lambda: metering.meter)
         features["xdist-worker"] = stash[WORKER_SIDE] = side
@@ -512,6 +513,8 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
         parallel=settings.parallel if DISTRIBUTED in pytestconfig.stash else "none",
         on_load=lambda loaded: _check_metered(pytestconfig, loaded),
         inject_regression=settings.inject_regression,
+        inject_work=settings.inject_work,
+        kv_cache=settings.kv_cache,
     )
     yield pool
     pool.close()

@@ -150,6 +150,8 @@ class CasePlan:
         config = self.model_configs.get(case.model) if case is not None else None
         if config:
             labels["model_config"] = config
+        if case is not None and not self.llm.kv_cache:
+            labels["kv_cache"] = "off"  # as the research's cases (predict.calibrate reads it)
         return labels
 
     def controller_for(self, item: pytest.Item) -> ControllerSettings:

@@ -24,6 +24,7 @@ from ..llm.grid import (
     Grid,
     make_grid,
 )
+from ..llm.inject import WORK_INJECTIONS
 from ..llm.loader import DTYPES, PARALLEL
 from .option_rows import Option, Section
 
@@ -44,6 +45,9 @@ class LLMSettings:
     # A known regression added to the models' work, to measure what a gate can see.
     # one share for every model, or model name -> share (the others unchanged)
     inject_regression: float | Mapping[str, float] = 0.0
+    # Changes of a known kind to every linear layer (llm/inject.py's WORK_INJECTIONS).
+    inject_work: tuple[str, ...] = ()
+    kv_cache: bool = True  # off: generate without a KV cache, as the research did
     # --llm-axis NAME=VALUES: values of the axes conftests add (pytest_llmenergy_axes)
     axis_choices: tuple[tuple[str, str], ...] = ()
     # those axes with their values, set at configure once the hook has answered
@@ -83,6 +87,19 @@ def _injected(text: str) -> float | dict[str, float]:
             )
         out[model.strip()] = _share(share)
     return out
+
+
+def _work_injections(text: str) -> tuple[str, ...]:
+    """``linear-twice`` or ``linear-slow`` (or both, comma-separated), or off."""
+    if text.strip().lower() in ("off", "none", "no", ""):
+        return ()
+    kinds = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    unknown = [k for k in kinds if k not in WORK_INJECTIONS]
+    if unknown:
+        raise ConfigError(
+            f"unknown work injection {unknown[0]!r}; choose from: {', '.join(WORK_INJECTIONS)}"
+        )
+    return kinds
 
 
 def _share(text: str) -> float:
@@ -176,6 +193,26 @@ LLM_OPTIONS = Section(
             "meters), to learn which regressions a gate finds on this runner "
             "(llmenergy gatecheck); MODEL=SHARE,... slows those models only; never in a baseline",
             default_text="off",
+        ),
+        Option(
+            "--llm-inject-work",
+            "inject_work",
+            _work_injections,
+            "KIND",
+            "change every linear layer of every model on purpose, to see whether a failed gate "
+            "says why: {choices} (comma-separated for several); never in a baseline",
+            choices=lambda: tuple(WORK_INJECTIONS),
+            default_text="off",
+        ),
+        Option(
+            "--llm-kv-cache",
+            "kv_cache",
+            values.switch,
+            "on|off",
+            "generate with a KV cache (on, the default) or without one (off: every decoded "
+            "token runs the model over the whole sequence again, as the research's scripts "
+            "did; its labels record kv_cache=off)",
+            default_text="on",
         ),
         Option(
             "--llm-parallel",

@@ -26,6 +26,7 @@ from ..compare import (
     parse_gates,
     unlike_meters,
     verdict_line,
+    why_lines,
 )
 from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, export_text, parse_exports
@@ -206,6 +207,8 @@ class Keeper:
         )
         if comparison.gates and comparison.deltas and not comparison.not_comparable:
             write(evidence_line(comparison))
+        for line in why_lines(comparison):
+            write(line, red=True)
 
     # -- saving and comparing ------------------------------------------------------
     def _open(self) -> None:

@@ -81,9 +81,14 @@ class WorkCounting:
     """Registered when ``--energy-count-work`` is on: each case's work, counted once in
     one more run after its trials (``work_count``), outside every measured window."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, gather: Callable[[CountedWork | None], list[CountedWork | None]] | None = None
+    ) -> None:
         self.counted = 0
         self.count_s = 0.0  # the counting runs' wall time, summed over the cases
+        # under torchrun: every rank's count, in rank order (a collective: every rank
+        # counts every case, as it runs every case)
+        self.gather = gather
 
     def header(self) -> list[str]:
         return [
@@ -99,9 +104,15 @@ class WorkCounting:
                 return None
             from .work_count import count_work
 
-            work = count_work(call)
+            work: CountedWork | None = count_work(call)
+            assert work is not None
             self.count_s += work.seconds
             self.counted += 1
+            if self.gather is not None:  # the job's work, each rank's share kept
+                ranks = self.gather(work)
+                if any(w is None for w in ranks):
+                    return None
+                work = CountedWork.of_job([w for w in ranks if w is not None])
             return work if work.ops() else None
 
         return run

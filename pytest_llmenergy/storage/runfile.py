@@ -281,6 +281,7 @@ def _work_dict(w: CountedWork) -> dict[str, Any]:
         "decode": ops(w.decode),
         "marked": w.marked,
         "seconds": w.seconds,
+        **({"ranks": [_work_dict(rank) for rank in w.ranks]} if w.ranks else {}),
     }
 
 
@@ -686,7 +687,8 @@ def _case(r: _Reader) -> CaseResult:
     )
 
 
-def _work(r: _Reader | None) -> CountedWork | None:
+def _work(r: _Reader | None, rank: bool = False) -> CountedWork | None:
+    """A case's counted work; under torchrun with each rank's (whose own have none)."""
     if r is None:
         return None
 
@@ -703,11 +705,13 @@ def _work(r: _Reader | None) -> CountedWork | None:
             for o in r.objs(key)
         )
 
+    ranks = () if rank else tuple(_work(w, rank=True) for w in r.objs("ranks", optional=True))
     return CountedWork(
         prefill=ops("prefill"),
         decode=ops("decode"),
         marked=r.get("marked", bool),
         seconds=r.amount("seconds"),
+        ranks=tuple(w for w in ranks if w is not None),
     )
 
 
