@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -223,17 +223,17 @@ def run_check(
     meters = check_meters(backends, idle_s=idle_s)
     try:
         with open_meter("auto") as chosen:
-            auto = chosen.backend
+            auto = chosen.kind  # what measures: "estimate", "nvml+rapl"
     except LLMEnergyError as exc:
         auto = f"none: {_first_line(str(exc))}"
     notes = []
     noise = None
     if sessions >= 2 and not auto.startswith("none"):
-        log(f"{sessions} short sessions of the small case with {auto}")
-        noise = run_sessions(auto, sessions, max_s)
+        log(f"{sessions} short sessions of the small case with auto ({auto})")
+        noise = replace(run_sessions("auto", sessions, max_s), backend=auto)
     elif sessions >= 2:
         notes.append("no meter opens here, so no session could be measured")
-    if any(m.estimated for m in meters if m.backend == auto):
+    if any(m.estimated for m in meters if m.backend in auto.split("+")):
         notes.append(f"{auto} estimates energy from CPU time and a TDP: it follows time, not power")
     return Report(tuple(meters), auto, noise, tuple(notes))
 

@@ -60,7 +60,7 @@ def meters_table(report: Report) -> Table:
         rows.append((m.backend, m.available, m.why, m.resolution_s, m.idle_w))
         cells.append(
             (
-                m.backend + (" (auto)" if m.backend == report.auto else ""),
+                m.backend + (" (auto)" if m.backend in report.auto.split("+") else ""),
                 "yes" if m.available else "no",
                 m.why,
                 "—" if m.resolution_s is None else f"{fmt_number(m.resolution_s * 1e3)} ms",
