@@ -527,3 +527,49 @@ def test_counter_problem_finds_a_counter_off_by_a_factor(
         assert problem is None
     if scale < 0.2 or scale > 5:
         assert problem is not None and "does not follow power" in problem
+
+
+# -- the stand-in's settings behave as a board's -------------------------------------------
+
+
+def test_fake_power_cap_needs_root_an_int_and_outlives_the_process(tmp_path: Path) -> None:
+    """What a power-cap sweep on AMD will rely on: µW, root only, an int, within the
+    range, shared by an MI250X's dies, and kept by the "driver" for the next process."""
+    from tests.fakes.fake_amdsmi import (
+        AmdSmiLibraryException,
+        AmdSmiParameterException,
+        build_fake_amdsmi,
+    )
+
+    state = tmp_path / "driver.json"
+    smi = build_fake_amdsmi(mi250x(0, PowerTrace([(60, 100.0)])), state_path=state, root=False)
+    smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+    first, second = smi.amdsmi_get_processor_handles()
+    info = smi.amdsmi_get_power_cap_info(first)
+    assert (info["min_power_cap"], info["power_cap"]) == (200_000_000, 560_000_000)
+    with pytest.raises(AmdSmiLibraryException) as denied:
+        smi.amdsmi_set_power_cap(first, 0, 300_000_000)
+    assert denied.value.get_error_code() == AMDSMI_STATUS_NO_PERM
+    smi.fake.root = True
+    with pytest.raises(AmdSmiParameterException):
+        smi.amdsmi_set_power_cap(first, 0, 300.0e6)  # type: ignore[arg-type]
+    with pytest.raises(AmdSmiLibraryException):
+        smi.amdsmi_set_power_cap(first, 0, 900_000_000)  # above the maximum
+    smi.amdsmi_set_power_cap(first, 0, 300_000_000)
+    assert smi.amdsmi_get_power_cap_info(second)["power_cap"] == 300_000_000  # one board
+    smi.amdsmi_shut_down()
+    with pytest.raises(AmdSmiLibraryException):  # NOT_INIT after the last shut-down
+        smi.amdsmi_get_power_cap_info(first)
+
+    again = build_fake_amdsmi(mi250x(0, PowerTrace([(60, 100.0)])), state_path=state)
+    again.amdsmi_init(again.AmdSmiInitFlags.INIT_AMD_GPUS)
+    handle = again.amdsmi_get_processor_handles()[0]
+    assert again.amdsmi_get_power_cap_info(handle)["power_cap"] == 300_000_000
+    power = again.amdsmi_get_power_info(again.amdsmi_get_processor_handles()[1])
+    assert power["current_socket_power"] == NA and power["average_socket_power"] == 0
+    assert (
+        again.amdsmi_get_temp_metric(
+            handle, again.AmdSmiTemperatureType.HOTSPOT, again.AmdSmiTemperatureMetric.CURRENT
+        )
+        == 35
+    )  # °C
