@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, LLMEnergyError
+from .errors import ConfigError, LLMEnergyError, MeterUnavailable
 from .figures import value
 from .meters import BUILTIN_BACKENDS, Method, open_meter
 from .sessions import DEFAULT_SESSION_NOISE, POWER, Test
@@ -122,6 +122,9 @@ def check_meters(
     for name in backends or [b for b in BUILTIN_BACKENDS if b != "auto"]:
         try:
             meter = opener(name)
+        except MeterUnavailable as exc:  # the backend's own reason, without the preamble
+            out.append(MeterCheck(name, False, _first_line(exc.reason)))
+            continue
         except LLMEnergyError as exc:
             out.append(MeterCheck(name, False, _first_line(str(exc))))
             continue

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_each_backend_opens_or_says_why_in_one_line() -> None:
     def opener(name: str) -> object:
         if name == "gone":
-            raise MeterUnavailable("no such device here\nsecond line never shown")
+            raise MeterUnavailable("gone", "no such device here\nsecond line never shown")
         if name == "broken":
             raise RuntimeError("the vendor library fell over")
         return open_meter("estimate", cpu_tdp_w=40.0)
@@ -43,7 +43,7 @@ def test_what_a_gate_can_see_follows_the_noise_or_the_assumed_one() -> None:
     # no difference measured: the assumed 15 % between sessions decides (the 63 % an
     # in-session gate against one baseline prints)
     assert same.between == 0.0
-    expected = math.expm1((1.6448536 + 0.8416212) * math.log(1.15))
+    expected = math.expm1((1.6448536 + 0.8416212) * math.log(1.15) * math.sqrt(2))
     assert same.detectable() == pytest.approx(expected, rel=1e-4)
     wide = NoiseCheck("estimate", (1.0, 1.5), (0.01, 0.01), (5.0, 5.0))
     assert wide.between == pytest.approx(0.5)

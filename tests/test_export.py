@@ -187,4 +187,4 @@ def test_the_default_suites_export_validates() -> None:
     from tests.casefactory import synthetic_run
 
     run = synthetic_run(57)
-    assert len(_bmf(list(run.cases))) == 57
+    assert len(_bmf(list(run.cases))) == len(run.cases) > 50

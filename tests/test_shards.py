@@ -108,7 +108,8 @@ def test_three_shards_run_every_case_once_and_join_into_one_run(
     assert main(["merge", *paths, "--out", str(out)]) == 0
     joined = json.loads(out.read_text())
     assert sorted(c["nodeid"] for c in joined["cases"]) == every
-    assert joined["status"] == "complete" and joined["options"]["shards"]["joined"] == [1, 2, 3]
+    assert joined["run"]["status"] == "complete"
+    assert joined["options"]["shards"]["joined"] == [1, 2, 3]
     capsys.readouterr()
     # a missing part is named, and --partial joins what there is
     assert main(["merge", paths[0], paths[2], "--out", str(pytester.path / "p.json")]) == 2
@@ -118,7 +119,7 @@ def test_three_shards_run_every_case_once_and_join_into_one_run(
         == 0
     )
     assert "shard 2/3 missing" in capsys.readouterr().err
-    assert json.loads((pytester.path / "p.json").read_text())["status"] == "interrupted"
+    assert json.loads((pytester.path / "p.json").read_text())["run"]["status"] == "interrupted"
     # a part twice, or a whole run among the parts: refused in one line
     assert main(["merge", paths[0], paths[0], "--out", str(pytester.path / "x.json")]) == 2
     assert "given twice" in capsys.readouterr().err
