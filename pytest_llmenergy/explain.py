@@ -204,7 +204,12 @@ def _slower_line(base: CaseResult, head: CaseResult, same: str) -> str:
         return same
     top = max(rows, key=lambda r: r.head - r.base)
     if top.head <= top.base:
-        return f"{same}; no operator class and no time outside operators grew in the profiles"
+        change = _time_change(base, head)
+        slower = f"{_percent(change)} time per trial" if change is not None else "slower"
+        return (
+            f"{same}; {slower}, not located by the profiles (one profiled run each: the "
+            "profiler's own cost per operator can hide a small change)"
+        )
     grew = (top.head - top.base) / top.base if top.base else math.inf
     grown = _percent(grew) if math.isfinite(grew) else "new"
     if top.op_class == OUTSIDE:

@@ -1,4 +1,4 @@
-"""A run's figures for other tools: CI dashboards (github-action-benchmark) and CSV.
+"""A run's figures for other tools: CI dashboards (github-action-benchmark, Bencher) and CSV.
 
 ``github-action-benchmark`` is the JSON that the GitHub Action of the same name reads with
 ``tool: customSmallerIsBetter``: one entry per case (named by its node id) and figure,
@@ -22,11 +22,14 @@ from .results import CaseResult
 from .tables import fmt_number, render
 
 GITHUB_ACTION_BENCHMARK = "github-action-benchmark"
+BENCHER = "bencher"
 CSV = "csv"
-EXPORT_FORMATS = (GITHUB_ACTION_BENCHMARK, CSV)
+EXPORT_FORMATS = (GITHUB_ACTION_BENCHMARK, BENCHER, CSV)
+# Bencher's limits: a benchmark's name at most 1024 characters, a measure's 64.
+BENCHER_NAME_MAX = 1024
 # What a dashboard charts per case: the research's energy per token, then per query.
 DASHBOARD_FIGURES = ("j_per_token", "energy_j", "time_s")
-EXPORT_EXAMPLES = "github-action-benchmark:energy.json, csv:energy.csv"
+EXPORT_EXAMPLES = "github-action-benchmark:energy.json, bencher:bmf.json, csv:energy.csv"
 
 
 def dashboard_entries(results: Sequence[CaseResult]) -> list[dict[str, object]]:
@@ -54,9 +57,43 @@ def dashboard_entries(results: Sequence[CaseResult]) -> list[dict[str, object]]:
     return entries
 
 
+def bencher_metrics(results: Sequence[CaseResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """Bencher Metric Format: per case (its node id) and figure (its key, as a measure
+    slug: ``j-per-token``), the mean as ``value`` and the interval's ends as
+    ``lower_value`` and ``upper_value`` (left out after a single trial)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for case in results:
+        measures: dict[str, dict[str, float]] = {}
+        for key in DASHBOARD_FIGURES:
+            summary = FIGURES[key].summary(case)
+            if summary is None or not math.isfinite(summary.mean):
+                continue
+            metric = {"value": summary.mean}
+            if math.isfinite(summary.half_width):
+                metric["lower_value"] = summary.mean - summary.half_width
+                metric["upper_value"] = summary.mean + summary.half_width
+            measures[key.replace("_", "-")] = metric
+        if measures:
+            out[_bencher_name(case.nodeid)] = measures
+    return out
+
+
+def _bencher_name(nodeid: str) -> str:
+    """The node id, or (past Bencher's 1024 characters) its head and a hash of the whole:
+    still unique and the same in every run."""
+    if len(nodeid) <= BENCHER_NAME_MAX:
+        return nodeid
+    import hashlib
+
+    digest = hashlib.sha256(nodeid.encode()).hexdigest()[:16]
+    return f"{nodeid[: BENCHER_NAME_MAX - 18]}~{digest}"
+
+
 def export_text(results: Sequence[CaseResult], fmt: str) -> str:
     if fmt == GITHUB_ACTION_BENCHMARK:
         return json.dumps(dashboard_entries(results), indent=2, allow_nan=False) + "\n"
+    if fmt == BENCHER:
+        return json.dumps(bencher_metrics(results), indent=2, allow_nan=False) + "\n"
     if fmt == CSV:
         return render(case_tables(results, columns=list(FIGURES), group_by=()), "csv")
     raise ConfigError(f"unknown export format {fmt!r}; choose from: {', '.join(EXPORT_FORMATS)}")

@@ -15,7 +15,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
     ("storage", "serving", "export"),
     ("routing", "history"),
-    ("frontier", "scale", "predict", "gatecheck", "pairing"),
+    ("frontier", "scale", "predict", "gatecheck", "pairing", "check"),
     ("html",),  # the report draws the frontier, routing and scale analyses
     ("__init__",),  # the public API
     ("plugin",),  # the pytest front end

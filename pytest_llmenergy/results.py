@@ -294,8 +294,10 @@ class CaseResult:
     @property
     def short_of_time(self) -> bool:
         """Its intervals held, but it stopped at the trial limit before the minimum measured
-        time (a short case): precise on less time than the rule asks, so shown apart."""
-        return self.converged and self.measured_s < self.options.min_time
+        time (a short case): precise on less time than the rule asks, so shown apart.  A
+        paired run's case (``llmenergy ab``) stops on its pairs, never at this limit."""
+        paired = any(t.pair for t in self.trials)
+        return self.converged and not paired and self.measured_s < self.options.min_time
 
     @property
     def busy(self) -> bool:

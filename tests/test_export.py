@@ -126,3 +126,65 @@ def test_llmenergy_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     target.write_text("an earlier export")
     code, _, err = cli(capsys, *argv, "--out", target)  # replaced: exports are derived
     assert code == 0 and len(json.loads(target.read_text())) == len(DASHBOARD_FIGURES)
+
+
+# -- Bencher's BMF JSON, checked against the schema Bencher documents ----------------------
+# https://bencher.dev/docs/reference/bencher-metric-format (its JSON schema, as data)
+BMF_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema",
+    "type": "object",
+    "patternProperties": {
+        ".+": {
+            "type": "object",
+            "patternProperties": {
+                ".+": {
+                    "type": "object",
+                    "properties": {
+                        "value": {"type": "number"},
+                        "lower_value": {"type": "number"},
+                        "upper_value": {"type": "number"},
+                    },
+                    "required": ["value"],
+                }
+            },
+        }
+    },
+}
+
+
+def _bmf(cases: list) -> dict:
+    import jsonschema
+
+    data = json.loads(export_text(cases, "bencher"))
+    jsonschema.validate(data, BMF_SCHEMA)
+    for name, measures in data.items():  # Bencher's limits on names and slugs
+        assert len(name) <= 1024
+        assert all(len(slug) <= 64 and slug == slug.lower() for slug in measures)
+    return data
+
+
+def test_bencher_metrics_carry_the_mean_and_the_interval_as_lower_and_upper() -> None:
+    measured = make_case([0.1, 0.12, 0.11])
+    single = dataclasses.replace(make_case([0.1]), nodeid="t.py::test_once", name="test_once")
+    data = _bmf([measured, single])
+    ept = data[measured.nodeid]["j-per-token"]
+    summary = FIGURES["j_per_token"].summary(measured)
+    assert summary is not None and ept["value"] == pytest.approx(summary.mean)
+    assert ept["lower_value"] == pytest.approx(summary.mean - summary.half_width)
+    assert ept["upper_value"] == pytest.approx(summary.mean + summary.half_width)
+    assert set(data[measured.nodeid]) == {"j-per-token", "energy-j", "time-s"}
+    assert set(data["t.py::test_once"]["j-per-token"]) == {"value"}  # one trial: no interval
+
+
+def test_bencher_names_survive_hostile_and_long_node_ids() -> None:
+    ids = ['t.py::test_x["\n</script>]', "t.py::test_" + "y" * 2000, "t.py::test_" + "y" * 2001]
+    cases = [dataclasses.replace(make_case([0.1, 0.11]), nodeid=i, name=i) for i in ids]
+    data = _bmf(cases)
+    assert len(data) == 3 and ids[0] in data  # JSON keeps the text as it is, escaped
+
+
+def test_the_default_suites_export_validates() -> None:
+    from tests.casefactory import synthetic_run
+
+    run = synthetic_run(57)
+    assert len(_bmf(list(run.cases))) == len(run.cases) > 50

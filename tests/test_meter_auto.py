@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from pytest_llmenergy import Method, open_meter
 from pytest_llmenergy.meters.auto import CompositeMeter
 from pytest_llmenergy.meters.base import duration_text
+from tests.fakes.fake_amdsmi import install_fake_amdsmi, mi300x
 from tests.fakes.fake_pynvml import (
     NVML_DEVICE_ARCH_AMPERE,
     FakeGPU,
@@ -103,12 +105,39 @@ def test_with_no_sensors_auto_falls_back_to_the_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     install_fake_pynvml_without_library(monkeypatch)
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # not installed
     meter = open_meter("auto", powercap_root=str(tmp_path / "none"))
     assert meter.backend.endswith("estimate)")
-    for backend in ("nvml", "rapl", "pyjoules", "powermetrics"):
+    for backend in ("nvml", "amdsmi", "rapl", "pyjoules", "powermetrics"):
         assert "not used" in status(meter, backend)
     assert "no RAPL zones" in status(meter, "rapl")
     with meter.measure() as m:
         sum(range(200_000))
     assert m.measurement.estimated
     assert m.methods == {"cpu:process": Method.ESTIMATED}
+
+
+def test_amd_gpus_from_amdsmi_where_nvml_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_fake_pynvml_without_library(monkeypatch)
+    install_fake_amdsmi(monkeypatch, [mi300x(0, PowerTrace([(60, 250.0)]), counter_period_s=0.002)])
+    with open_meter("auto", powercap_root=str(tmp_path / "none")) as meter:
+        assert meter.backend == "auto(amdsmi+estimate)"
+        assert "not used (NVML Shared Library Not Found" in status(meter, "nvml")
+        assert status(meter, "amdsmi") == "amdsmi: used (GPUs: gpu:0)"
+        with meter.measure() as m:
+            time.sleep(0.2)
+    assert m.methods["gpu:0"] is Method.COUNTER
+    assert m.by_domain["gpu:0"] == pytest.approx(250.0 * m.seconds, rel=0.03)
+
+
+def test_one_gpu_vendor_per_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA and AMD GPUs in one machine would both be gpu:0...: NVML's are measured."""
+    gpu = FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, PowerTrace([(60, 50.0)]))
+    install_fake_pynvml(monkeypatch, [gpu])
+    fake = install_fake_amdsmi(monkeypatch, [mi300x(0, PowerTrace([(60, 250.0)]))]).fake
+    with open_meter("auto", powercap_root=str(tmp_path / "none")) as meter:
+        assert meter.backend == "auto(nvml+estimate)"
+        assert status(meter, "amdsmi") == "amdsmi: not used (GPUs already measured by nvml)"
+    assert fake.calls["amdsmi_init"] == 0

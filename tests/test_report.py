@@ -423,6 +423,11 @@ def test_a_case_short_of_the_minimum_time_has_its_own_mark_and_note() -> None:
     short = make_case("test_x[short]", seconds=[0.028] * 25)
     enough = make_case("test_x[enough]", seconds=[0.05] * 25)  # 1.25 s
     assert short.short_of_time and not enough.short_of_time
+    # a paired run's case stops on its pairs: no trial limit to blame
+    paired = dataclasses.replace(
+        short, trials=tuple(dataclasses.replace(t, pair=i) for i, t in enumerate(short.trials))
+    )
+    assert not paired.short_of_time
     (table,) = case_tables([short, enough], group_by=())
     trials = {row[0]: row[table.keys.index("trials")] for row in table.cells}
     assert trials == {"short": "25 \u2713<", "enough": "25 \u2713"}

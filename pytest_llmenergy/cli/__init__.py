@@ -30,6 +30,7 @@ from ..storage.research import COMMANDS as IMPORT_COMMANDS
 from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage, check_output
 from ..tables import FORMATS
 from .ab_cli import COMMANDS as AB_COMMANDS
+from .check_cli import COMMANDS as CHECK_COMMANDS
 from .cli_args import DATA_FORMATS, checked
 from .compare_cli import COMMANDS as COMPARE_COMMANDS
 from .route_cli import COMMANDS as ROUTE_COMMANDS
@@ -122,6 +123,7 @@ COMMANDS: dict[str, Command] = check_commands(
         *frontier_cli.COMMANDS,
         *PREDICT_COMMANDS,
         *IMPORT_COMMANDS,
+        *CHECK_COMMANDS,
     )
 )
 

@@ -16,7 +16,7 @@ from ..export import EXPORT_FORMATS, export_text
 from ..figures import (
     describe,
 )
-from ..storage.pool import pool_runs
+from ..storage.pool import join_shards, pool_runs, shard_of
 from ..storage.runfile import COMPLETE, Run, RunFileError, dumps
 from ..storage.store import (
     DERIVED_FILE,
@@ -47,6 +47,12 @@ def _merge_arguments(merge: argparse.ArgumentParser) -> None:
     )
     merge.add_argument(
         "--name", default="pooled", type=checked(check_run_name), help="the pooled run's name"
+    )
+    merge.add_argument(
+        "--partial",
+        action="store_true",
+        help="shards (--llm-shard): join the parts there are when some are missing (the "
+        "joined run is marked interrupted and the missing parts are named)",
     )
     merge.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
@@ -199,16 +205,44 @@ def _show(run: Run, args: argparse.Namespace) -> str:
     return "\n".join([*header, "", body or "no cases in this run"])
 
 
-def _merge(runs: list[Run], args: argparse.Namespace) -> str:
-    """Write the pooled run and say what it holds."""
-    pooled = pool_runs(runs, name=args.name)
+# The option sections whose values change what is measured: the shards of one grid must
+# agree on all of them (outputs, names and the order's seed may differ).
+MEASURING_SECTIONS = ("measure", "meter", "controller", "llm", "gpu")
+
+
+def _measuring_options() -> set[str]:
+    from ..plugin.options import SECTIONS
+
+    return {
+        o.name
+        for section in SECTIONS
+        if section.name in MEASURING_SECTIONS
+        for o in section.options
+        if not o.writes
+    }
+
+
+def _merge(runs: list[Run], args: argparse.Namespace) -> Outcome:
+    """Write the pooled (or, for shards, joined) run and say what it holds."""
+    notes: list[str] = []
+    if any(shard_of(run) is not None for run in runs):
+        merged, notes = join_shards(
+            runs, measuring=_measuring_options(), name=args.name, partial=args.partial
+        )
+        how = f"the shards of one grid joined into one run, {len(merged.cases)} cases"
+    else:
+        if args.partial:
+            raise ConfigError("--partial joins shards (runs with --llm-shard); these are none")
+        merged = pool_runs(runs, name=args.name)
+        how = "pooled into one run"
     target = Path(args.out)  # checked by the front end (the command's ``writes``)
     try:
-        AtomicFile(target).write(dumps(pooled))
+        AtomicFile(target).write(dumps(merged))
     except FileExistsError:
         raise ConfigError(f"{target} already exists; runs are never overwritten") from None
-    trials = sum(len(c.trials) for c in pooled.cases)
-    return f"wrote {target} ({counted(runs)}, {trials} trials, pooled into one run)"
+    trials = sum(len(c.trials) for c in merged.cases)
+    wrote = f"wrote {target} ({counted(runs)}, {trials} trials, {how})"
+    return Outcome(wrote, notes=notes)
 
 
 def _export(run: Run, args: argparse.Namespace) -> str:
@@ -288,15 +322,16 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "merge",
         "pool runs of the same cases on the same hardware into one run (e.g. a pull "
-        "request's base measured twice, alternating with its head), to compare or gate",
+        "request's base measured twice, alternating with its head), to compare or gate; "
+        "or join the shards of one grid (--llm-shard=I/N) into one run",
         _merge_arguments,
-        lambda args, storage: Outcome(_merge(runs_of(args, storage), args)),
+        lambda args, storage: _merge(runs_of(args, storage), args),
         writes=(("out", NEW_FILE),),
     ),
     Command(
         "export",
         "one run's figures for other tools: github-action-benchmark's JSON "
-        "(customSmallerIsBetter) for CI dashboards, or CSV",
+        "(customSmallerIsBetter) or Bencher's BMF JSON for CI dashboards, or CSV",
         _export_arguments,
         lambda args, storage: Outcome(_export(storage.load(args.run), args)),
         writes=(("out", DERIVED_FILE),),

@@ -1,6 +1,6 @@
 """Energy meters: one module per source, all behind :class:`~.base.Meter`.
 
-Vendor libraries (pynvml, pyJoules) are imported when a meter is opened, never when
+Vendor libraries (pynvml, amdsmi, pyJoules) are imported when a meter is opened, never when
 this package is imported.
 """
 
@@ -20,6 +20,7 @@ MeterFactory = Callable[[MeterSettings], Meter]
 BUILTIN_BACKENDS: dict[str, str] = {
     "auto": "pytest_llmenergy.meters.auto:create",
     "nvml": "pytest_llmenergy.meters.nvml:create",
+    "amdsmi": "pytest_llmenergy.meters.amdsmi:create",
     "rapl": "pytest_llmenergy.meters.rapl:create",
     "pyjoules": "pytest_llmenergy.meters.pyjoules:create",
     "powermetrics": "pytest_llmenergy.meters.powermetrics:create",
@@ -30,9 +31,13 @@ BUILTIN_BACKENDS: dict[str, str] = {
 def sample_interval_defaults() -> dict[str, float]:
     """Each sampling meter's own sampling period, for help texts (imports no vendor
     library: the vendor modules import theirs when a meter opens)."""
-    from . import nvml, powermetrics
+    from . import amdsmi, nvml, powermetrics
 
-    return {"nvml": nvml.DEFAULT_INTERVAL_S, "powermetrics": powermetrics.DEFAULT_INTERVAL_S}
+    return {
+        "nvml": nvml.DEFAULT_INTERVAL_S,
+        "amdsmi": amdsmi.DEFAULT_INTERVAL_S,
+        "powermetrics": powermetrics.DEFAULT_INTERVAL_S,
+    }
 
 
 def backend_names(extra: Mapping[str, MeterFactory] | None = None) -> list[str]:

@@ -1,8 +1,8 @@
 """``auto``: the best meters this machine has, combined.
 
-GPUs come from NVML; the CPU side from the first of RAPL, pyJoules, powermetrics and
-the estimate that works.  Every backend not used is listed with the reason, so the
-report header says what measured what.
+GPUs come from NVML, else from amdsmi (AMD); the CPU side from the first of RAPL,
+pyJoules, powermetrics and the estimate that works.  Every backend not used is listed
+with the reason, so the report header says what measured what.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ..errors import MeterUnavailable
 from .base import Domain, Meter, PowerSample, Reading
 from .meter_settings import MeterSettings
 
+GPU_ORDER = ("nvml", "amdsmi")
 CPU_ORDER = ("rapl", "pyjoules", "powermetrics", "estimate")
 
 
@@ -108,13 +109,18 @@ def create(options: MeterSettings) -> CompositeMeter:
 
     meters: list[Meter] = []
     statuses: list[BackendStatus] = []
-    try:
-        gpu = resolve_factory("nvml")(options)
-    except MeterUnavailable as exc:
-        statuses.append(BackendStatus("nvml", False, exc.reason))
-    else:
+    gpu: Meter | None = None
+    for name in GPU_ORDER:
+        if gpu is not None:  # both would name their GPUs gpu:0...: one vendor per session
+            statuses.append(BackendStatus(name, False, f"GPUs already measured by {gpu.backend}"))
+            continue
+        try:
+            gpu = resolve_factory(name)(options)
+        except MeterUnavailable as exc:
+            statuses.append(BackendStatus(name, False, exc.reason))
+            continue
         meters.append(gpu)
-        statuses.append(BackendStatus("nvml", True, "GPUs: " + ", ".join(gpu.domains)))
+        statuses.append(BackendStatus(name, True, "GPUs: " + ", ".join(gpu.domains)))
     cpu: Meter | None = None
     for name in CPU_ORDER:
         if cpu is not None:

@@ -18,7 +18,7 @@ import pytest
 
 from .. import values
 from ..axes import Axis, check_axes
-from ..controller.order import shuffle_in_place
+from ..controller.order import shuffle_in_place, split_shards, token_cost
 from ..controller.rule import (
     DEFAULT_MAX_BACKGROUND,
     MARKER_KWARGS,
@@ -137,6 +137,7 @@ class CasePlan:
         self.order = order
         self.llm = llm
         self.shuffled = False
+        self.shard_note = ""  # --llm-shard: which part of the cases this session runs
         self.n_llm_cases = 0
         self._controllers: dict[str, ControllerSettings] = {}
         self.model_configs: dict[str, str] = {}  # model source -> config_hash, once checked
@@ -189,6 +190,8 @@ class CasePlan:
                 self._controllers[item.nodeid] = with_overrides(self.controller, marker.kwargs)
             except ConfigError as exc:
                 raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}: {exc}") from None
+        if self.llm.shard is not None:
+            self._keep_shard(config, items, *self.llm.shard)
         if not self.config.option.collectonly:
             self._check_models(items)
         self.n_llm_cases = sum(1 for item in items if is_llm_case(item))
@@ -210,6 +213,8 @@ class CasePlan:
         lines = []
         if self.n_llm_cases:
             lines.append(self.llm.grid.describe())
+        if self.shard_note:
+            lines.append(self.shard_note)
         if self.shuffled:
             seed = self.order.seed
             lines.append(
@@ -223,6 +228,27 @@ class CasePlan:
                 + ("seeded as above" if self.shuffled else "the file's")
             )
         return header_lines(config, lines)
+
+    def _keep_shard(self, config: pytest.Config, items: list[pytest.Item], i: int, n: int) -> None:
+        """``--llm-shard=I/N``: keep the I-th part of the energy cases (split by
+        ``order.split_shards`` on node ids and tokens, so every machine agrees), and the
+        other tests in part 1 only; the rest are deselected."""
+        energy = [item for item in items if uses_energy_benchmark(item)]
+        parts = split_shards(energy, n, cost=_item_cost, key=lambda item: item.nodeid)
+        mine = {item.nodeid for item, part in zip(energy, parts) if part == i - 1}
+        keep = [
+            item
+            for item in items
+            if item.nodeid in mine or (not uses_energy_benchmark(item) and i == 1)
+        ]
+        dropped = [item for item in items if item not in keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+        self.shard_note = (
+            f"shard {i}/{n}: {len(mine)} of {len(energy)} energy cases "
+            "(split by tokens, the same on every machine; llmenergy merge joins the parts)"
+        )
 
     def _check_models(self, items: list[pytest.Item]) -> None:
         """A model that cannot load, or a case longer than its model's context, stops the
@@ -255,6 +281,15 @@ class CasePlan:
             (model, problem), others = problems[0], [m for m, _ in problems[1:]]
             also = f" (and the same for {', '.join(others)})" if others else ""
             raise pytest.UsageError(f"--llm-model={model}: {problem}{also}")
+
+
+def _item_cost(item: pytest.Item) -> float:
+    """An energy case's expected time for the split: its tokens where it is an LLM case,
+    else one short case's."""
+    case = llm_case(item)
+    if case is None:
+        return token_cost(8, 8)
+    return token_cost(case.input_tokens, case.output_tokens, case.queries)
 
 
 def llm_case(item: pytest.Item) -> LLMCase | None:

@@ -48,6 +48,8 @@ class LLMSettings:
     # Changes of a known kind to every linear layer (llm/inject.py's WORK_INJECTIONS).
     inject_work: tuple[str, ...] = ()
     kv_cache: bool = True  # off: generate without a KV cache, as the research did
+    # (I, N): run the I-th of N parts of the session's cases (a job array's task)
+    shard: tuple[int, int] | None = None
     # --llm-axis NAME=VALUES: values of the axes conftests add (pytest_llmenergy_axes)
     axis_choices: tuple[tuple[str, str], ...] = ()
     # those axes with their values, set at configure once the hook has answered
@@ -87,6 +89,22 @@ def _injected(text: str) -> float | dict[str, float]:
             )
         out[model.strip()] = _share(share)
     return out
+
+
+def _shard(text: str) -> tuple[int, int] | None:
+    """``2/3``: the second of three parts; ``off`` or ``1/1``: all cases."""
+    if text.strip().lower() in ("off", "none", "all"):
+        return None
+    part, slash, total = text.partition("/")
+    try:
+        i, n = int(part), int(total)
+    except ValueError:
+        i = n = 0
+    if not slash or not 1 <= i <= n or n > 10_000:
+        raise ConfigError(
+            f"expected a part such as 2/3 (the second of three, 1 <= I <= N), got {text!r}"
+        )
+    return None if n == 1 else (i, n)
 
 
 def _work_injections(text: str) -> tuple[str, ...]:
@@ -203,6 +221,17 @@ LLM_OPTIONS = Section(
             "says why: {choices} (comma-separated for several); never in a baseline",
             choices=lambda: tuple(WORK_INJECTIONS),
             default_text="off",
+        ),
+        Option(
+            "--llm-shard",
+            "shard",
+            _shard,
+            "I/N",
+            "run the I-th of N parts of the session's energy cases (1 <= I <= N), balanced by "
+            "their tokens and the same on every machine, so that a Slurm job array, a CI "
+            "matrix or an indexed job runs one grid across machines; llmenergy merge joins "
+            "the parts' runs; other tests run in part 1",
+            default_text="all cases",
         ),
         Option(
             "--llm-kv-cache",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from ..errors import ConfigError
 from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
 from .recorder import utc_now
-from .runfile import COMPLETE, Run
+from .runfile import COMPLETE, INTERRUPTED, Run
 
 # How a pooled case ended: the least settled of its parts.
 _STATUS_ORDER = (OOM, LIMIT, ROUNDS, CONVERGED)
@@ -170,3 +170,103 @@ def check_distinct(runs: Sequence[Run]) -> None:
                         "pool that holds it): pooled, they would count twice; pool runs of "
                         "distinct sessions"
                     )
+
+
+# -- shards: the parts of one grid, run on several machines (--llm-shard=I/N) -----------
+def shard_of(run: Run) -> tuple[int, int] | None:
+    """The part of a split this run measured, as its options record it (None: all)."""
+    value = run.options.get("shard")
+    if (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and 1 <= value[0] <= value[1]
+    ):
+        return int(value[0]), int(value[1])
+    return None
+
+
+def join_shards(
+    runs: Sequence[Run],
+    *,
+    measuring: Collection[str],
+    name: str = "joined",
+    partial: bool = False,
+) -> tuple[Run, list[str]]:
+    """The shards of one grid as one run, and what it lacks.  Refused, in one line each:
+    a run that is no shard, parts of different splits, another hardware, other values
+    of the ``measuring`` options, a part given twice, a case in two parts, and (unless
+    ``partial``) a missing part."""
+    parts = []
+    for run in runs:
+        found = shard_of(run)
+        if found is None:
+            raise ConfigError(
+                f"{run.label} is no shard (it ran without --llm-shard); join only the parts "
+                "of one split, or pool whole runs of the same cases without shards"
+            )
+        parts.append(found)
+    totals = sorted({n for _, n in parts})
+    if len(totals) > 1:
+        raise ConfigError(f"these runs are parts of different splits (of {totals}); join one split")
+    total = totals[0]
+    hardware = sorted({run.hardware for run in runs})
+    if len(hardware) > 1:
+        raise ConfigError(
+            f"the shards ran on different hardware ({', '.join(hardware)}): a join is one "
+            "hardware's grid; compare the hardware side by side with llmenergy compare"
+        )
+    first = runs[0]
+    for run in runs[1:]:
+        differ = sorted(
+            k for k in measuring if k != "shard" and run.options.get(k) != first.options.get(k)
+        )
+        if differ:
+            k = differ[0]
+            raise ConfigError(
+                f"{run.label} was measured with other options than {first.label}: {k} "
+                f"{run.options.get(k)!r} against {first.options.get(k)!r}"
+                + (f" (and {len(differ) - 1} more)" if len(differ) > 1 else "")
+            )
+    seen: dict[int, Run] = {}
+    owner: dict[str, Run] = {}
+    for run, (i, _) in zip(runs, parts):
+        if i in seen:
+            raise ConfigError(f"shard {i}/{total} is given twice: {seen[i].label} and {run.label}")
+        seen[i] = run
+        for case in run.cases:
+            if case.nodeid in owner:
+                raise ConfigError(
+                    f"{case.nodeid} is in two shards ({owner[case.nodeid].label} and "
+                    f"{run.label}); a split puts every case in one"
+                )
+            owner[case.nodeid] = run
+    missing = [i for i in range(1, total + 1) if i not in seen]
+    notes = []
+    if missing:
+        text = ", ".join(f"{i}/{total}" for i in missing)
+        if not partial:
+            raise ConfigError(
+                f"shard {text} missing (have {', '.join(f'{i}/{total}' for i in sorted(seen))}); "
+                "run it, or join what there is with --partial"
+            )
+        notes.append(f"shard {text} missing: the joined run lacks its cases")
+    unfinished = [run.label for run in runs if run.status != COMPLETE]
+    if unfinished:
+        notes.append(f"not complete: {', '.join(unfinished)} (their finished cases are joined)")
+    ordered = [seen[i] for i in sorted(seen)]
+    options = {**first.options, "shard": None, "shards": {"of": total, "joined": sorted(seen)}}
+    joined = replace(
+        first,
+        run_id="",
+        name=name,
+        created=min(run.created for run in runs),
+        finished=utc_now(),
+        status=COMPLETE if not (missing or unfinished) else INTERRUPTED,
+        exit_status=max((run.exit_status or 0) for run in runs),
+        options=options,
+        cases=tuple(case for run in ordered for case in run.cases),
+        command=("llmenergy", "merge", *(run.label for run in runs)),
+        path=None,
+    )
+    return joined, notes

@@ -1,0 +1,570 @@
+"""AMD GPUs through amdsmi (ROCm's ``amdsmi`` Python package, over ``libamd_smi``).
+
+Instinct GPUs keep an energy accumulator: ``amdsmi_get_energy_count`` returns a count
+and the microjoules one count is worth (``counter_resolution``, 15.3 µJ on the parts
+seen), so reading it at the window's edges costs two calls and no thread.  The count's
+key changed with ROCm (``power`` up to 6.2, ``energy_accumulator`` from 6.3, ``power``
+gone from 6.4): each is read.  AMD documents no update period, so the meter times it
+when it opens, as for NVML, and checks that the counter moves with the power the GPU
+reports: a counter that stands still while the GPU draws power (stuck counters exist on
+some parts), or that moves at a rate far from that power, is left aside and the GPU's
+power is sampled instead, which the meter's line says.  Power comes from
+``amdsmi_get_power_info``: ``current_socket_power`` where it is valid (MI300),
+``average_socket_power`` where that one is (MI200 and MI210, an average, so its edges
+blur); a field a part lacks reads ``"N/A"``.
+
+An MI250 or MI250X is two dies the system lists as two GPUs: the first reports the
+power and energy of both, the second reports 0 or ``"N/A"``.  The meter measures such a
+board once, under the first of its dies that is measured, and says that its joules are
+both dies': never twice, and never 0 J for the second die.
+
+The GPUs measured are the ones HIP sees (``ROCR_VISIBLE_DEVICES``, then
+``HIP_VISIBLE_DEVICES``, or ``CUDA_VISIBLE_DEVICES`` when that one is unset, as HIP
+reads them), numbered as HIP numbers them, so ``gpu:i`` is what torch on ROCm calls
+``cuda:i``; amdsmi is taken to list the GPUs in HIP's order (both sort by PCI bus).
+
+``amdsmi`` is imported when a meter is opened, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from time import perf_counter
+from types import ModuleType
+from typing import Any
+
+from ..errors import ConfigError, MeterError, MeterUnavailable
+from .base import Domain, Meter, Method, PowerSample, Reading, _frozen
+from .meter_settings import MeterSettings
+from .nvml import PERIOD_PROBE_INTERVALS, PERIOD_PROBE_MAX_S, _one_line, _period_s, _period_text
+from .sampling import PowerSampler, integrate_instant
+
+BACKEND = "amdsmi"
+DEFAULT_INTERVAL_S = 0.1
+INSTALL_HINT = (
+    "the amdsmi Python package is not installed: install the one that comes with your "
+    "ROCm, pip install /opt/rocm/share/amd_smi (its version must match ROCm's)"
+)
+FALLBACK_HINT = "use --energy-backend=auto or estimate"
+SAMPLER_THREAD_NAME = "llmenergy-amdsmi-sampler"
+# The count's key, newest first: ROCm 6.3 added energy_accumulator, 6.4 dropped power.
+COUNT_KEYS = ("energy_accumulator", "power")
+# Power fields, best first: the instant one (MI300), the one newer amdsmi fills for every
+# part, then the firmware's average (MI200/MI210).  All in watts.
+POWER_FIELDS = ("current_socket_power", "socket_power", "average_socket_power")
+_AVERAGE_FIELDS = frozenset({"average_socket_power"})
+# amdsmi marks a value the part lacks by "N/A", or (raw fields of newer releases) by the
+# largest value of the field's width.
+_UNSET = frozenset({0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
+# A counter whose power over the probe is further than this factor from the power the
+# GPU reports does not measure it (Zeus rules out the same obvious failures).
+COUNTER_AGREEMENT = 4.0
+# Below this the GPU's power says nothing about whether its counter moves.
+MIN_CHECK_W = 1.0
+_MI250 = "MI250"
+
+# amdsmi status codes (amdsmi_status_t) of init failures: what they mean here, what to do.
+_INIT_HINTS = {
+    10: "no permission to open the GPU devices (/dev/kfd, /dev/dri): add the user to the "
+    "render and video groups",
+    18: "amdsmi could not start: check that ROCm and the amdgpu driver work (amd-smi list)",
+    34: "the amdgpu kernel driver is not loaded (modprobe amdgpu, or try amd-smi)",
+    51: "no AMD GPU driver on this machine",
+    52: "libamd_smi.so not found: install ROCm, or set ROCM_PATH",
+}
+
+
+@dataclass(frozen=True)
+class AmdGpu:
+    """One measured GPU: ``domain`` is ``gpu:<HIP ordinal>``, ``index`` its amdsmi index
+    (the die whose counter and power are read: the first die of an MI250 board)."""
+
+    domain: str
+    index: int
+    name: str
+    method: Method
+    note: str
+    # Counter: the measured update period; sampled: the sampling interval; None: unknown.
+    resolution_s: float | None = None
+
+
+def create(options: MeterSettings) -> AmdSmiMeter:
+    """Registry entry point: open amdsmi on the GPUs HIP sees (or ``options.gpus`` of them)."""
+    return AmdSmiMeter(options)
+
+
+# -- reading amdsmi's replies ---------------------------------------------------------------
+def watts(value: Any) -> float | None:
+    """A power field in watts, or None where the part has none (``"N/A"``, a marker)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not 0 <= value < min(_UNSET):  # also NaN; no GPU draws 65 kW
+        return None
+    return float(value)
+
+
+def energy_count(reply: Mapping[str, Any]) -> tuple[int, float]:
+    """``(count, µJ per count)`` of an ``amdsmi_get_energy_count`` reply, whichever key
+    its ROCm used for the count; ValueError when the reply holds no usable count."""
+    count: Any = None
+    for key in COUNT_KEYS:
+        count = reply.get(key)
+        if count is not None and count != "N/A":
+            break
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"no energy count in amdsmi's reply {dict(reply)!r}")
+    resolution = reply.get("counter_resolution")
+    if isinstance(resolution, bool) or not isinstance(resolution, (int, float)):
+        raise ValueError(f"no counter_resolution in amdsmi's reply {dict(reply)!r}")
+    if not 0 < resolution < 1e9:  # also NaN and infinity
+        raise ValueError(f"counter_resolution {resolution!r} is not a positive number")
+    return count, float(resolution)
+
+
+def count_delta(before: int, after: int) -> int:
+    """Counts between two readings.  A count that went down wrapped: at 32 bits if it
+    never needed more, else at 64 (an accumulator reset by a driver reload would read
+    as a wrap; the window then fails its sanity check upstream, not here)."""
+    if after >= before:
+        return after - before
+    width = 32 if before < 2**32 else 64
+    return after - before + 2**width
+
+
+def _import_amdsmi() -> ModuleType:
+    """``amdsmi`` prints to stdout when libamd_smi.so is missing and fails with whatever
+    exception its ctypes loading meets (OSError, AttributeError, KeyError): one line here."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            import amdsmi
+    except ImportError as exc:
+        raise MeterUnavailable(BACKEND, INSTALL_HINT) from exc
+    except Exception as exc:
+        raise MeterUnavailable(
+            BACKEND,
+            f"the amdsmi package cannot load libamd_smi ({_one_line(exc)}): install the amdsmi "
+            "package of this machine's ROCm (pip install /opt/rocm/share/amd_smi) and set "
+            f"ROCM_PATH; {FALLBACK_HINT}",
+        ) from exc
+    return amdsmi
+
+
+def _error_code(exc: BaseException) -> int | None:
+    get = getattr(exc, "get_error_code", None)
+    try:
+        return int(get()) if get is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _init_failure(exc: BaseException) -> MeterUnavailable:
+    """amdsmi_init failed: amdsmi's own words, then what it means here and what to do."""
+    hint = _INIT_HINTS.get(_error_code(exc) or -1, "amdsmi could not start")
+    return MeterUnavailable(BACKEND, f"{_one_line(exc)}: {hint}; {FALLBACK_HINT}")
+
+
+def _visible_entries(text: str, count: int) -> list[int]:
+    """Indices named by a ``*_VISIBLE_DEVICES`` list into ``count`` devices; like HIP,
+    parsing stops at the first entry that names no device."""
+    out: list[int] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not (entry.isascii() and entry.isdigit()) or int(entry) >= count or int(entry) in out:
+            break
+        out.append(int(entry))
+    return out
+
+
+def visible_indices(count: int, environ: Mapping[str, str] | None = None) -> list[int]:
+    """amdsmi index of each HIP ordinal: ``ROCR_VISIBLE_DEVICES`` picks among all GPUs,
+    then ``HIP_VISIBLE_DEVICES`` (else ``CUDA_VISIBLE_DEVICES``) among those."""
+    env = os.environ if environ is None else environ
+    ordinals = list(range(count))
+    rocr = env.get("ROCR_VISIBLE_DEVICES")
+    if rocr is not None:
+        ordinals = [ordinals[i] for i in _visible_entries(rocr, len(ordinals))]
+    hip = env.get("HIP_VISIBLE_DEVICES")
+    if hip is None:
+        hip = env.get("CUDA_VISIBLE_DEVICES")
+    if hip is not None:
+        ordinals = [ordinals[i] for i in _visible_entries(hip, len(ordinals))]
+    return ordinals
+
+
+def _visibility_text(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    names = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+    return ", ".join(f"{n}={env[n]!r}" for n in names if n in env)
+
+
+# -- timing and checking the counters --------------------------------------------------------
+def probe_counters(
+    read_count: Callable[[Any], int],
+    handles: Sequence[Any],
+    max_s: float = PERIOD_PROBE_MAX_S,
+    intervals: int = PERIOD_PROBE_INTERVALS,
+    clock: Callable[[], float] = perf_counter,
+) -> list[list[tuple[float, int]]]:
+    """Each counter's changes ``(time, count)`` while polled in turn, within ``max_s``:
+    what its update period and its rate are measured from."""
+    last = [read_count(handle) for handle in handles]
+    changes: list[list[tuple[float, int]]] = [[] for _ in handles]
+    pending = list(range(len(handles)))
+    deadline = clock() + max_s
+    while pending and clock() < deadline:
+        for i in pending:
+            value = read_count(handles[i])
+            if value != last[i]:
+                last[i] = value
+                changes[i].append((clock(), value))
+        pending = [i for i in pending if len(changes[i]) <= intervals]
+    return changes
+
+
+def counter_problem(
+    changes: Sequence[tuple[float, int]],
+    uj_per_count: float,
+    power_w: float | None,
+    probed_s: float,
+) -> str | None:
+    """Why this counter does not measure the GPU's power, or None when it seems to.
+
+    A counter that never moved while the GPU drew power is stuck; one whose power between
+    its first and last change is further than ``COUNTER_AGREEMENT`` from the GPU's
+    reported power counts something else.  Too little to tell (no power reading, one
+    change) is no problem: the counter is believed, as NVML's is.
+    """
+    if power_w is None or power_w < MIN_CHECK_W:
+        return None
+    if not changes:
+        return (
+            f"its energy counter did not move in {probed_s:.2g} s while the GPU reported "
+            f"{power_w:.0f} W (a stuck counter)"
+        )
+    if len(changes) < 2:
+        return None
+    (t0, c0), (t1, c1) = changes[0], changes[-1]
+    counter_w = count_delta(c0, c1) * uj_per_count / 1e6 / (t1 - t0)
+    ratio = counter_w / power_w
+    if 1 / COUNTER_AGREEMENT <= ratio <= COUNTER_AGREEMENT:
+        return None
+    return (
+        f"its energy counter reads {counter_w:.3g} W while the GPU reported {power_w:.0f} W "
+        "(a counter that does not follow power)"
+    )
+
+
+COUNTER_TEXT = "counter (amdsmi energy accumulator, µJ)"
+
+
+def _power_or_none(read: Callable[[], float] | None) -> float | None:
+    return None if read is None else read()
+
+
+def _board_text(served: Sequence[int], first_die_measured: bool) -> str:
+    """What a domain read through an MI250's first die covers."""
+    if first_die_measured and len(served) > 1:
+        dies = " and ".join(f"gpu:{o}" for o in served)
+        return (
+            f"; {dies} are the two dies of one board, measured once: the first die reports "
+            "both dies' power, the second none of its own"
+        )
+    if first_die_measured:
+        return (
+            "; both dies of its board: the first die reports both dies' power (the second "
+            "die's work included), the second none of its own"
+        )
+    return (
+        f"; gpu:{served[0]} is the second die of a board whose first die reports both dies' "
+        "power: that die is read, so these are both dies' joules (the other die's work "
+        "included)"
+    )
+
+
+def _sampled_note(
+    domain: str, name: str, why: str | None, field: str | None, interval_s: float
+) -> str:
+    source = f"{field} every {interval_s:g} s"
+    if field in _AVERAGE_FIELDS:
+        source += ", an average over the firmware's window, so edges blur"
+    return f"{domain} {name}: sampled ({why}; {source})"
+
+
+class AmdSmiMeter(Meter):
+    """Energy of AMD GPUs: the energy accumulator where it works, sampled power elsewhere."""
+
+    backend = BACKEND
+
+    def __init__(self, options: MeterSettings | None = None) -> None:
+        super().__init__()
+        options = options or MeterSettings()
+        smi = _import_amdsmi()
+        self._error: type[BaseException] = smi.AmdSmiException
+        try:
+            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+        except smi.AmdSmiException as exc:
+            raise _init_failure(exc) from exc
+        self._smi = smi
+        self._closed = False
+        self._sampler: PowerSampler | None = None
+        try:
+            self._open(options)
+        except smi.AmdSmiException as exc:
+            self._shutdown()
+            reason = f"amdsmi failed while listing GPUs: {_one_line(exc)}"
+            raise MeterUnavailable(BACKEND, reason) from exc
+        except ValueError as exc:  # a reply energy_count cannot read
+            self._shutdown()
+            raise MeterUnavailable(BACKEND, f"{exc}; {FALLBACK_HINT}") from exc
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # -- opening -------------------------------------------------------------------------
+    def _open(self, options: MeterSettings) -> None:
+        smi = self._smi
+        handles = list(smi.amdsmi_get_processor_handles())
+        ordinals = visible_indices(len(handles))
+        if not ordinals:
+            shown = _visibility_text()
+            if handles and shown:
+                raise MeterUnavailable(BACKEND, f"{shown} hides all GPUs; {FALLBACK_HINT}")
+            raise MeterUnavailable(BACKEND, f"amdsmi found no AMD GPU; {FALLBACK_HINT}")
+        selected = list(range(len(ordinals)))
+        if options.gpus is not None:
+            bad = [i for i in options.gpus if i >= len(ordinals)]
+            if bad:
+                shown = _visibility_text()
+                where = f" with {shown}" if shown else ""
+                raise ConfigError(
+                    f"--energy-gpus names GPU {bad[0]}, but {len(ordinals)} GPU(s) are "
+                    f"visible{where} (valid: 0..{len(ordinals) - 1})"
+                )
+            selected = sorted(set(options.gpus))
+        self._hip_ordinals: tuple[int, ...] = tuple(selected)
+
+        names = [self._name(h) for h in handles]
+        # One domain per board: the silent second die of an MI250 is read through its first.
+        silent = {
+            i
+            for i in range(1, len(handles))
+            if self._second_die(names, i) and self._power_field(handles[i]) is None
+        }
+        boards: dict[int, list[int]] = {}  # amdsmi index read -> HIP ordinals it measures
+        for ordinal in selected:
+            index = ordinals[ordinal]
+            boards.setdefault(index - 1 if index in silent else index, []).append(ordinal)
+
+        interval_s = options.interval_s(DEFAULT_INTERVAL_S)
+        self.notes: list[str] = []
+        devices: list[AmdGpu] = []
+        counters: list[tuple[int, float]] = []  # position in devices, µJ per count
+        readers: dict[str, Callable[[], float]] = {}
+        power_readers: list[Callable[[], float] | None] = []
+        fields: list[str | None] = []
+        boards_text: list[str] = []
+        for index, served in sorted(boards.items(), key=lambda kv: kv[1][0]):
+            handle = handles[index]
+            domain = f"gpu:{served[0]}"
+            name = names[index]
+            field = self._power_field(handle)
+            uj_per_count, why_not = self._counter(handle)
+            if field is None and uj_per_count is None:
+                raise MeterUnavailable(
+                    BACKEND,
+                    f"{domain} {name} reports neither an energy counter ({why_not}) nor power; "
+                    f"{FALLBACK_HINT}",
+                )
+            reader = self._power_reader(handle, field) if field is not None else None
+            board = _board_text(served, ordinals[served[0]] == index) if index + 1 in silent else ""
+            if uj_per_count is not None:
+                counters.append((len(devices), uj_per_count))
+                note = f"{domain} {name}: {COUNTER_TEXT}{board}"
+                devices.append(AmdGpu(domain, index, name, Method.COUNTER, note))
+            else:
+                assert reader is not None
+                readers[domain] = reader
+                note = _sampled_note(domain, name, why_not, field, interval_s) + board
+                devices.append(AmdGpu(domain, index, name, Method.SAMPLED, note, interval_s))
+            power_readers.append(reader)
+            fields.append(field)
+            boards_text.append(board)
+
+        # Time the counters, and leave aside any that does not move with the GPU's power.
+        before = [_power_or_none(power_readers[i]) for i, _ in counters]
+        started = perf_counter()
+        changes = probe_counters(self._count, [handles[devices[i].index] for i, _ in counters])
+        probed_s = perf_counter() - started
+        kept: list[tuple[str, Any, float]] = []
+        for (i, uj), seen, w_before in zip(counters, changes, before):
+            device = devices[i]
+            reader = power_readers[i]
+            known = [w for w in (w_before, _power_or_none(reader)) if w is not None]
+            power_w = sum(known) / len(known) if known else None
+            problem = counter_problem(seen, uj, power_w, probed_s)
+            if problem is None:
+                period_s = _period_s([t for t, _ in seen])
+                note = device.note.replace(
+                    COUNTER_TEXT, f"{COUNTER_TEXT}, {_period_text(period_s)}", 1
+                )
+                devices[i] = replace(device, note=note, resolution_s=period_s)
+                kept.append((device.domain, handles[device.index], uj))
+                continue
+            assert reader is not None  # counter_problem needs a power reading to find one
+            note = _sampled_note(device.domain, device.name, problem, fields[i], interval_s)
+            devices[i] = replace(
+                device,
+                method=Method.SAMPLED,
+                note=note + boards_text[i],
+                resolution_s=interval_s,
+            )
+            readers[device.domain] = reader
+        self.notes.extend(d.note for d in devices)
+        # The coarsest GPU sets what the meter resolves; one unknown makes it unknown.
+        known_s = [d.resolution_s for d in devices if d.resolution_s is not None]
+        self._resolution_s = max(known_s) if len(known_s) == len(devices) else None
+
+        self.devices: tuple[AmdGpu, ...] = tuple(devices)
+        self._domains = {d.domain: Domain(d.domain, d.method) for d in devices}
+        self._names = tuple(self._domains)
+        self._counter_names = tuple(d for d, _, _ in kept)
+        self._counter_handles = tuple(h for _, h, _ in kept)
+        self._uj_per_count = tuple(uj for _, _, uj in kept)
+        sampled = tuple((d.domain, readers[d.domain]) for d in devices if d.domain in readers)
+        self._sampled_names = tuple(name for name, _ in sampled)
+        if sampled:
+
+            def read_power_w() -> dict[str, float]:
+                return {name: read() for name, read in sampled}
+
+            self._sampler = PowerSampler(read_power_w, interval_s, SAMPLER_THREAD_NAME)
+        else:
+            self._uses_start_stop = False  # counters only: no sampler to start or stop
+
+    def _name(self, handle: Any) -> str:
+        try:
+            name = str(self._smi.amdsmi_get_gpu_asic_info(handle).get("market_name", ""))
+        except self._error:
+            name = ""
+        return name if name and name != "N/A" else "AMD GPU"
+
+    def _power_field(self, handle: Any) -> str | None:
+        """The best power field this GPU fills, or None (0 W counts as none: only a die
+        that reports no power of its own reads 0)."""
+        try:
+            info = self._smi.amdsmi_get_power_info(handle)
+        except self._error:
+            return None
+        for field in POWER_FIELDS:
+            value = watts(info.get(field))
+            if value:
+                return field
+        return None
+
+    @staticmethod
+    def _second_die(names: Sequence[str], index: int) -> bool:
+        """The second die of an MI250 board: odd, silent, right after a die of its name."""
+        name = names[index]
+        return _MI250 in name and index % 2 == 1 and names[index - 1] == name
+
+    def _counter(self, handle: Any) -> tuple[float | None, str | None]:
+        """µJ per count of this GPU's accumulator, or why it has none."""
+        try:
+            _, uj = energy_count(self._smi.amdsmi_get_energy_count(handle))
+        except self._error as exc:
+            return None, f"energy counter unavailable: {_one_line(exc)}"
+        except ValueError as exc:
+            return None, f"energy counter unreadable: {exc}"
+        return uj, None
+
+    def _count(self, handle: Any) -> int:
+        return energy_count(self._smi.amdsmi_get_energy_count(handle))[0]
+
+    def _power_reader(self, handle: Any, field: str) -> Callable[[], float]:
+        get_info = self._smi.amdsmi_get_power_info
+
+        def read_w() -> float:
+            value = watts(get_info(handle).get(field))
+            if value is None:
+                raise MeterError(f"amdsmi stopped reporting {field} of a GPU")
+            return value
+
+        return read_w
+
+    # -- the Meter interface -----------------------------------------------------------------
+    @property
+    def domains(self) -> Mapping[str, Domain]:
+        return self._domains
+
+    def _read(self) -> Reading:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            _sync_gpus(torch, self._hip_ordinals)
+        try:
+            sampler = self._sampler
+            t = sampler.sample_now() if sampler is not None else perf_counter()
+            state = tuple(map(self._count, self._counter_handles))
+        except self._error as exc:
+            raise MeterError(f"amdsmi reading failed: {_one_line(exc)}") from exc
+        except ValueError as exc:
+            raise MeterError(f"amdsmi reading failed: {exc}") from exc
+        return _frozen(Reading, {"t": t, "state": state})
+
+    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, uj, count_a, count_b in zip(
+            self._counter_names, self._uj_per_count, a.state, b.state
+        ):
+            out[name] = count_delta(count_a, count_b) * uj / 1e6
+        if self._sampler is not None:
+            samples = self._sampler.bracket(a.t, b.t)
+            out.update(integrate_instant(samples, a.t, b.t, self._sampled_names))
+            if self._counter_names:
+                out = {name: out[name] for name in self._names}
+        return out
+
+    def _start(self) -> None:
+        if self._sampler is not None:
+            self._sampler.start()
+
+    def _stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    def _samples(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
+        return self._sampler.between(t0, t1) if self._sampler is not None else ()
+
+    def describe(self) -> str:
+        return f"{self.backend}: " + "; ".join(self.notes)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        """amdsmi_shut_down once per amdsmi_init."""
+        self._closed = True
+        with contextlib.suppress(self._error):
+            self._smi.amdsmi_shut_down()
+
+
+def _sync_gpus(torch: Any, ordinals: Sequence[int]) -> None:
+    """Let queued kernels finish, so their energy lands inside the window they ran in;
+    torch on ROCm keeps the ``torch.cuda`` names.  Only when the program already uses the
+    GPUs through torch: we never import torch."""
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return
+    try:
+        for ordinal in ordinals:
+            cuda.synchronize(ordinal)
+    except (RuntimeError, ValueError, AssertionError):
+        cuda.synchronize()
