@@ -411,6 +411,39 @@ def test_ab_fails_a_regressed_case_and_not_the_unchanged_one(tmp_path: Path) -> 
     assert "measuring them again in fresh processes" in done.stderr  # and they failed again
 
 
+TORCH_PROJECT = """
+import torch
+
+PRODUCTS = {products}
+
+
+def products():
+    a = torch.ones(96, 96)
+    for _ in range(PRODUCTS):
+        a = a @ a / 96.0
+
+
+def test_products(energy_benchmark):
+    energy_benchmark(products, input_tokens=1, output_tokens=1)
+"""
+
+
+def test_ab_says_why_a_case_failed_from_both_sides_counted_work(tmp_path: Path) -> None:
+    """The sides count their work (``--energy-count-work`` in the session's arguments) after
+    each case's turns, while the other waits: a head that computes twice the products
+    fails, and the verdict says it is more work, and which."""
+    sides = []
+    for name, n in (("base", 2), ("head", 4)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "test_energy.py").write_text(TORCH_PROJECT.format(products=n))
+        sides.append(str(folder))
+    done = _ab(tmp_path, *sides, "--seed", "3", *COMMON, "--energy-count-work")
+    assert done.returncode == 1, done.stdout + done.stderr
+    why = next(line for line in done.stdout.splitlines() if line.startswith("why "))
+    assert "more work" in why and "matmul FLOPs/token x2" in why, why
+
+
 def test_ab_a_fail_that_fresh_processes_do_not_repeat_is_not_a_fail(tmp_path: Path) -> None:
     """A process's own offset, played by a head that is slower only in its first
     process: the second pass measures the failing cases again, and they pass."""

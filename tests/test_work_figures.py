@@ -130,4 +130,4 @@ def test_a_paired_run_refuses_a_gate_on_counted_work_at_start(
 ) -> None:
     code = main(["ab", str(tmp_path), str(tmp_path), "--gate", "flops_per_token:0%"])
     assert code == 2
-    assert "counted work is not counted in a paired run" in capsys.readouterr().err
+    assert "counted work cannot gate a paired run" in capsys.readouterr().err

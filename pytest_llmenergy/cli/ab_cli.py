@@ -173,9 +173,10 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
     counted = [str(g) for g in gates if g.figure.exact]
     if counted:  # the pairs are of trials, and the work is counted apart from them
         raise ConfigError(
-            f"--gate {', '.join(counted)}: counted work is not counted in a paired run; gate "
-            "it in one session (--energy-count-work --energy-compare-fail=...), where it is "
-            "exact"
+            f"--gate {', '.join(counted)}: counted work cannot gate a paired run (its pairs "
+            "are of trials); gate it in one session (--energy-count-work "
+            "--energy-compare-fail=...), where it is exact; with --energy-count-work after "
+            "--, a paired run's sides count it for the explanation of a failed case"
         )
     if args.report and not args.save:
         raise ConfigError("--report needs both sides saved: add --save NAME")

@@ -337,16 +337,17 @@ def _counting_header(config: pytest.Config) -> list[str]:
     from ..predict.plugin import WORK_COUNTING
 
     counting = config.stash.get(WORK_COUNTING, None)
-    return counting.header() if counting is not None and PAIRED_SIDE not in config.stash else []
+    return counting.header() if counting is not None else []
 
 
 def _work_counter(config: pytest.Config) -> Any:
-    """The case's work counter; none in a paired run (llmenergy ab): its extra run could
-    fall in the other side's turn."""
+    """The case's work counter.  In a paired run (llmenergy ab) too: its extra run comes
+    after the case's last turn and before the side reports the case, while the other side
+    waits (the coordinator lets one side run at a time), as the operator profile's does."""
     from ..predict.plugin import WORK_COUNTING
 
     counting = config.stash.get(WORK_COUNTING, None)
-    return counting.counter() if counting is not None and PAIRED_SIDE not in config.stash else None
+    return counting.counter() if counting is not None else None
 
 
 def _op_profiler(config: pytest.Config, labels: dict[str, str]) -> Any:
