@@ -195,6 +195,12 @@ def run_sessions(
             except (RunFileError, IndexError) as exc:
                 raise ConfigError(f"check: session {i + 1} saved no case: {exc}") from None
             j = value(case, "j_per_token")
+            if j is None and case.disturbed and not case.trials:
+                raise ConfigError(
+                    f"check: session {i + 1}: every trial was disturbed by other work on this "
+                    "machine (more than --energy-max-background of the CPUs busy); a noise "
+                    "read now would be that work's: stop it and run check again"
+                )
             if j is None:
                 raise ConfigError(f"check: session {i + 1} measured no energy per token")
             values_.append(float(j))
