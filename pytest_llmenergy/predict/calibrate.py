@@ -14,7 +14,7 @@ import datetime as _dt
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,12 +56,24 @@ class Row:
     x: tuple[float, ...]
     # every pass's FLOPs, bytes and count, for the roofline column (its k is fitted)
     passes: np.ndarray | None = None
+    # the roofline column at each balance point the fit tries, worked out once: every
+    # held-out fit (one per case or model, when choosing a form too) tries them all
+    rooflines: Mapping[float, float] = field(default_factory=dict)
 
     def vector(self, k: float) -> tuple[float, ...]:
         if not k or self.passes is None:
             return self.x
         i = ROOFLINE_INDEX
-        return (*self.x[:i], roofline(self.passes, k), *self.x[i + 1 :])
+        column = self.rooflines.get(k)
+        if column is None:
+            column = roofline(self.passes, k)
+        return (*self.x[:i], column, *self.x[i + 1 :])
+
+    @classmethod
+    def of(cls, case: int, phase: str, time_s: float, energy_j: float, work: Work) -> Row:
+        passes = work.pass_array()
+        columns = {k: roofline(passes, k) for k in ROOFLINE_KS}
+        return cls(case, phase, time_s, energy_j, tuple(work.vector()), passes, columns)
 
 
 @dataclass(frozen=True)
@@ -288,14 +300,12 @@ def rows_for(points: Sequence[Point]) -> list[Row]:
         if p.phases and p.output_tokens > 1:
             for phase, (t, e) in p.phases.items():
                 if t > 0 and e > 0:
-                    w = p.work[phase]
-                    rows.append(Row(i, phase, t, e, tuple(w.vector()), w.pass_array()))
+                    rows.append(Row.of(i, phase, t, e, p.work[phase]))
         else:
             total = Work()
             total.add(p.work[PREFILL])
             total.add(p.work[DECODE])
-            x = tuple(total.vector())
-            rows.append(Row(i, "total", p.time_s, p.energy_j, x, total.pass_array()))
+            rows.append(Row.of(i, "total", p.time_s, p.energy_j, total))
     return rows
 
 
@@ -317,7 +327,7 @@ def fit_roofline(rows: Sequence[Row], target: str) -> tuple[np.ndarray, float]:
     best: tuple[float, np.ndarray, float] | None = None
     for k in ROOFLINE_KS:
         coef = fit(rows, target, "roofline", None, k)
-        pred = np.array([np.dot(coef, r.vector(k)) for r in rows])
+        pred = np.array([r.vector(k) for r in rows]) @ coef
         err = float(np.mean(np.abs(pred / y - 1.0)))
         if best is None or err < best[0]:
             best = (err, coef, k)
