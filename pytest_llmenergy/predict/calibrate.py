@@ -507,9 +507,9 @@ def form_reason(choice: Mapping[str, Any], chosen: str) -> str:
     if best == chosen:
         why = "the lowest energy error"
     else:
-        slower = mine["time_mean_abs_rel"] < fitted[best]["time_mean_abs_rel"] - FORM_TIE
+        faster = mine["time_mean_abs_rel"] < fitted[best]["time_mean_abs_rel"] - FORM_TIE
         why = f"energy error within {100 * FORM_TIE:.1f} points of {best}'s, and " + (
-            "a lower time error" if slower else "fewer coefficients"
+            "a lower time error" if faster else "fewer coefficients"
         )
     others = ", ".join(
         f"{f} {_pct1(s['energy_mean_abs_rel'])}" for f, s in fitted.items() if f != chosen
