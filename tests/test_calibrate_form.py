@@ -101,11 +101,17 @@ def test_one_model_holds_out_cases_and_scores_as_the_calibration_does() -> None:
             assert mine[f"{key}_mean_abs_rel"] == pytest.approx(loo, rel=1e-9)
 
 
-def test_too_few_cases_to_hold_out_fall_back_to_the_default_and_say_so() -> None:
-    cases = [synthetic_case(LLAMA, i, o) for i, o in sizes()[:3]]
-    (cal,) = calibrate_runs([sample_run(tuple(cases))], ["three"])["calibrations"]
+def test_too_few_cases_to_hold_out_fall_back_to_the_default_and_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "three.json"
+    run.write_text(dumps(sample_run(tuple(synthetic_case(LLAMA, i, o) for i, o in sizes()[:3]))))
+    assert main(["calibrate", str(run), "--out", str(tmp_path / "cal.json")]) == 0
+    (cal,) = json.loads((tmp_path / "cal.json").read_text())["calibrations"]
     assert cal["form"] == "shared" and cal["form_choice"]["scheme"] is None
-    assert cal["form_choice"]["reason"].startswith("form shared (the default): 3 cases are")
+    line = "form shared (the default): 3 cases are too few to hold any out and compare forms"
+    assert cal["form_choice"]["reason"].startswith(line)
+    assert f"llmenergy: {cal['system']}: {line}" in capsys.readouterr().err
 
 
 def test_an_explicit_form_is_kept_and_says_it_was_asked_for() -> None:

@@ -5,7 +5,8 @@ energy likewise, with non-negative coefficients (a negative joule per FLOP means
 nothing), fitted by non-negative least squares on *relative* residuals (a 10 ms case
 counts as much as a 2 s one) over every measured case's prefill and decode phases.
 The error estimate a prediction carries is the leave-one-case-out error: each case
-predicted by a fit that never saw it.
+predicted by a fit that never saw it.  How the columns share coefficients (the form) is
+chosen the same way, by the error on held-out models or cases (``calibrate_auto``).
 """
 
 from __future__ import annotations
@@ -539,7 +540,8 @@ def calibrate_auto(points: Sequence[Point]) -> dict[str, Any]:
             "scheme": None,
             "held_out": {},
             "reason": f"form {DEFAULT_FORM} (the default): {len(points)} cases are too few "
-            f"to hold any out and compare forms (a held-out fit needs {MIN_TRAIN_CASES}); "
+            f"to hold any out and compare forms (each held-out fit needs {MIN_TRAIN_CASES} "
+            "others); "
             "measure more sizes or models to let calibrate choose",
         }
         return result
