@@ -23,7 +23,7 @@ from pytest_llmenergy.predict.calibrate import (
 from pytest_llmenergy.predict.features import COLUMNS, case_work, load_shape
 from pytest_llmenergy.storage.runfile import dumps
 from tests.test_predict import BIG, LLAMA, sizes, synthetic_case
-from tests.test_predict_research import _case
+from tests.test_predict_research import SYSTEMS, _case
 from tests.test_predict_research import store as store  # the research's runs, imported
 from tests.test_storage_runfile import sample_run
 
@@ -187,11 +187,14 @@ def test_the_research_gpu_runs_are_calibrated_in_the_roofline_form(
 def test_every_research_gpu_system_is_calibrated_in_the_roofline_form(store: Path) -> None:
     from pytest_llmenergy.storage.store import Storage
 
-    runs = [Storage(store).load(f"{s}/0001") for s in ("palmetto-intel-v100", "swing-amd-a100")]
-    data = calibrate_runs(runs, ["v100", "swing"])
+    runs = [Storage(store).load(f"{s}/0001") for s in SYSTEMS]
+    data = calibrate_runs(runs, list(SYSTEMS))
+    assert [c["system"] for c in data["calibrations"]] == list(SYSTEMS)
     for cal in data["calibrations"]:
         assert cal["form"] == "roofline", cal["form_choice"]["reason"]
         assert cal["form_choice"]["scheme"] == LEAVE_ONE_MODEL_OUT
+        held = cal["form_choice"]["held_out"]
+        assert held["roofline"]["energy_mean_abs_rel"] < held["shared"]["energy_mean_abs_rel"]
 
 
 # -- bad input -------------------------------------------------------------------------
