@@ -243,7 +243,7 @@ def join_shards(
             owner[case.nodeid] = run
     missing = ", ".join(f"{i}/{total}" for i in range(1, total + 1) if i not in seen)
     unfinished = [
-        f"shard {i}/{total} {_unfinished(run)} ({run.label}: {len(run.cases)} case(s) saved)"
+        f"shard {i}/{total} ended early ({_unfinished(run)}; {len(run.cases)} case(s) saved)"
         for i, run in sorted(seen.items())
         if run.status != COMPLETE
     ]
@@ -278,5 +278,5 @@ def _unfinished(run: Run) -> str:
     """How a part ended before its end, as its run file says: a session killed outright
     (``scancel``, a time limit, an out-of-memory kill) leaves its last write, ``running``."""
     if run.status == RUNNING:
-        return "was stopped before its end (its file still says running: killed or cancelled)"
-    return f"is {run.status}"
+        return f"{run.label} still says running: killed or cancelled"
+    return f"{run.label} is {run.status}"
