@@ -40,8 +40,9 @@ QUICK = [
     "--energy-min-time=0",
     "--energy-max-background=1",
 ]
-# how many parts of an array run side by side (2 CPUs: 2; 1 on a machine others use)
-AT_ONCE = int(os.environ.get("LLMENERGY_SLURM_AT_ONCE", "2"))
+# how many parts of an array run side by side (1: the machine may be shared; the node
+# takes 2 one-CPU jobs at once)
+AT_ONCE = int(os.environ.get("LLMENERGY_SLURM_AT_ONCE", "1"))
 # the states a job ends in (squeue forgets it then; scontrol keeps it for MinJobAge)
 ENDED = {
     "COMPLETED",
