@@ -154,6 +154,8 @@ def wait_for(jobs: list[str], timeout_s: float) -> dict[str, str]:
             now.update(states(job))
         pending = [s for s in now.values() if s not in ENDED]
         if now and not pending:
+            # for the log (-rP): the jobs' ends as Slurm reports them
+            print("slurm:", ", ".join(f"{task} {state}" for task, state in sorted(now.items())))
             return now
         if time.monotonic() > deadline:
             subprocess.run(["scancel", *jobs], timeout=30)
