@@ -69,3 +69,16 @@ def test_counted_work_is_kept_and_its_gate_is_exact(suite: pytest.Pytester) -> N
     )  # fmt: skip
     assert compared.ret == 1, compared.stdout.str() + compared.stderr.str()
     compared.stdout.fnmatch_lines(["*flops_per_token*FAIL*"])
+
+
+def test_under_xdist_the_work_travels_with_its_case_and_the_summary_counts_it(
+    suite: pytest.Pytester,  # noqa: F811
+) -> None:
+    """The controller counts nothing itself: its summary line comes from its workers'
+    cases, as the run file's counted work does."""
+    result = suite.runpytest_subprocess(*COMMON, "-n", "2", "--energy-json=xdist.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["llmenergy: the work of 1 case(s) counted in *"])
+    (case,) = load(suite.path / "xdist.json").cases
+    assert case.work is not None and case.work.marked and case.work.seconds > 0
+    assert value(case, "flops_per_token") > 0  # type: ignore[operator]

@@ -227,7 +227,8 @@ def _features(
         from ..predict.plugin import WORK_COUNTING, WorkCounting
 
         gather = ranks.group.all_gather if ranks is not None else None
-        features["count-work"] = stash[WORK_COUNTING] = WorkCounting(gather)
+        counting = WorkCounting(gather, lambda: results.results)
+        features["count-work"] = stash[WORK_COUNTING] = counting
     if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config, lambda: metering.meter)
         features["xdist-worker"] = stash[WORKER_SIDE] = side

@@ -8,13 +8,13 @@ model whose config can be read) so that ``llmenergy calibrate`` needs nothing el
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from ..errors import ConfigError
-from ..results import CountedWork
+from ..results import CaseResult, CountedWork
 
 Profiler = Callable[[Callable[[], Any]], Mapping[str, Any]]
 
@@ -82,13 +82,16 @@ class WorkCounting:
     one more run after its trials (``work_count``), outside every measured window."""
 
     def __init__(
-        self, gather: Callable[[CountedWork | None], list[CountedWork | None]] | None = None
+        self,
+        gather: Callable[[CountedWork | None], list[CountedWork | None]] | None = None,
+        cases: Callable[[], Sequence[CaseResult]] = tuple,
     ) -> None:
-        self.counted = 0
-        self.count_s = 0.0  # the counting runs' wall time, summed over the cases
         # under torchrun: every rank's count, in rank order (a collective: every rank
         # counts every case, as it runs every case)
         self.gather = gather
+        # the session's cases as they are kept: under xdist the controller counts
+        # nothing itself, its workers' work arrives with their cases
+        self.cases = cases
 
     def header(self) -> list[str]:
         return [
@@ -106,8 +109,6 @@ class WorkCounting:
 
             work: CountedWork | None = count_work(call)
             assert work is not None
-            self.count_s += work.seconds
-            self.counted += 1
             if self.gather is not None:  # the job's work, each rank's share kept
                 ranks = self.gather(work)
                 if any(w is None for w in ranks):
@@ -118,10 +119,11 @@ class WorkCounting:
         return run
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if self.counted:
+        works = [c.work for c in self.cases() if c.work is not None]
+        if works:
             terminalreporter.write_line(
-                f"llmenergy: the work of {self.counted} case(s) counted in {self.count_s:.1f} s "
-                "(outside the measured trials)"
+                f"llmenergy: the work of {len(works)} case(s) counted in "
+                f"{sum(w.seconds for w in works):.1f} s (outside the measured trials)"
             )
 
 
