@@ -57,6 +57,17 @@ class GpuTelemetry:
 
 
 @dataclass(frozen=True)
+class ThermalWait:
+    """How a case waited for the GPUs to cool before it began (``gpu.thermal``)."""
+
+    start_c: tuple[float | None, ...]  # each GPU's temperature as the case began
+    reference_c: tuple[float | None, ...] = ()  # what it had to come back near (): first
+    tolerance_c: float = 0.0  # how far above its reference a GPU may start
+    waited_s: float = 0.0
+    gave_up: bool = False  # the longest wait passed first: it began hotter
+
+
+@dataclass(frozen=True)
 class RequestRecord:
     """One request of a trial sent to a server, timed from its streamed response."""
 
@@ -276,6 +287,9 @@ class CaseResult:
     # The reference workload's CPU seconds around the trials (meters/reference.py): how
     # fast the machine ran while this case did.  None: not read.
     reference_s: float | None = None
+    # How it waited for the GPUs to cool before it began (--energy-thermal-tolerance);
+    # None: it did not.
+    thermal: ThermalWait | None = None
 
     # -- status --------------------------------------------------------------
     @property

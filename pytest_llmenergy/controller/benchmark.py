@@ -33,6 +33,7 @@ from ..results import (
     CaseResult,
     CountedWork,
     GpuTelemetry,
+    ThermalWait,
     Trial,
 )
 from .rule import RULES, ControllerSettings, decide, progress_line
@@ -150,8 +151,12 @@ class EnergyBenchmark:
         work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None,
         visits: CaseVisits | None = None,
         pacer: Pacer | None = None,
+        settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None,
     ) -> None:
         self.visits = visits
+        # waits for the GPUs to cool before the warm-up (--energy-thermal-tolerance)
+        self.settle = settle
+        self._thermal: ThermalWait | None = None
         # a paired run's turns: the other session measures between this one's trials
         self.pacer = pacer
         # --energy-profile-ops: one more run after the trials, outside every window
@@ -277,6 +282,8 @@ class EnergyBenchmark:
             if done.status == OOM:
                 pytest.skip(done.reason)
             return done
+        if self.settle is not None:
+            self._thermal = self.settle(self._progress)
         try:
             with self._exclusive():
                 return self._measure(
@@ -626,6 +633,7 @@ class EnergyBenchmark:
             op_profile=op_profile,
             work=work,
             reference_s=speed_s,
+            thermal=self._thermal,
         )
         if keep:
             if self.visits is not None:
