@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from .meters.resources import ResourceUsage
 
 PREFILL, DECODE = "prefill", "decode"
+# A burst of concurrent requests to a server, split where its batch is full: filling up,
+# every request generating (the steady window, what a server's figures should rest on),
+# and draining once the first request is done.
+RAMP_UP, STEADY, DRAIN = "ramp-up", "steady", "drain"
 PREFILL_PASSES = "prefill_passes"
 
 
@@ -122,6 +126,11 @@ class Trial:
     # Which pair of a paired run (``llmenergy ab``) it belongs to: the other side's trial
     # of the same number ran next to it in time.  0: not paired.
     pair: int = 0
+    # A burst to a server: the output tokens streamed in its steady window (the STEADY
+    # phase), and why the burst had no steady window worth measuring ("": it had, or the
+    # trial was no burst).  An unstable burst's case is flagged and never gated.
+    steady_tokens: int = 0
+    unstable: str = ""
 
     @classmethod
     def from_measurement(
@@ -335,6 +344,11 @@ class CaseResult:
         rejected result)."""
         left = {id(t) for t in (*self.throttled, *self.rejected)}
         return tuple(t for t in self.disturbed if id(t) not in left)
+
+    @property
+    def unstable(self) -> tuple[Trial, ...]:
+        """Kept bursts with no steady window worth measuring: the case is never gated."""
+        return tuple(t for t in self.trials if t.unstable)
 
     @property
     def rejected(self) -> tuple[Trial, ...]:

@@ -125,6 +125,15 @@ class CaseVisits:
         return max(1, math.ceil(max_trials / self.count))
 
 
+def _steadiness(out: Any) -> tuple[int, str] | None:
+    """A server burst's steady window (``serving.target.Burst``): the tokens streamed in
+    it and why it is unstable; None for any other target's result."""
+    tokens, unstable = getattr(out, "steady_tokens", None), getattr(out, "unstable", None)
+    if isinstance(tokens, int) and isinstance(unstable, str):
+        return tokens, unstable
+    return None
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as one line for a run file and a table note."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -387,6 +396,11 @@ class EnergyBenchmark:
                     )
                     if gpu is not None:
                         trial = dataclasses.replace(trial, gpu=gpu)
+                    steady = _steadiness(out)
+                    if steady is not None:
+                        trial = dataclasses.replace(
+                            trial, steady_tokens=steady[0], unstable=steady[1]
+                        )
                     if visits is not None:
                         trial = dataclasses.replace(trial, visit=visits.visit)
                     if rejected:

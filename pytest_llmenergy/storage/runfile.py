@@ -69,7 +69,9 @@ FORMAT = "pytest-llmenergy-run"
 #    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted);
 #    a case's "thermal" (how it waited for the GPUs to cool first, results.ThermalWait:
 #    "start_c" and "reference_c" lists of °C or null per GPU, "tolerance_c", "waited_s",
-#    "gave_up"; absent: it did not wait).
+#    "gave_up"; absent: it did not wait); a trial's "steady_tokens" (a server burst's
+#    output tokens streamed in its steady window, the phase "steady") and "unstable" (why
+#    the burst had no steady window worth measuring; absent: it had, or was no burst).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -200,6 +202,8 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"visit": t.visit} if t.visit else {}),
         **({"reference_s": t.reference_s} if t.reference_s is not None else {}),
         **({"pair": t.pair} if t.pair else {}),
+        **({"steady_tokens": t.steady_tokens} if t.steady_tokens else {}),
+        **({"unstable": t.unstable} if t.unstable else {}),
     }
 
 
@@ -611,6 +615,8 @@ def _trial(r: _Reader) -> Trial:
         visit=r.count("visit", optional=True) or 0,
         reference_s=r.amount("reference_s", optional=True),
         pair=r.count("pair", optional=True) or 0,
+        steady_tokens=r.count("steady_tokens", optional=True) or 0,
+        unstable=r.get("unstable", str, optional=True) or "",
     )
 
 
