@@ -281,3 +281,54 @@ def test_bad_input_and_no_gpu_stop_at_start_in_one_line(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([line])
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+AMD_TEST_FILE = """
+import sys
+
+import pytest
+
+from tests.fakes.gpu_physics import Phase
+
+
+@pytest.mark.parametrize("seconds", [20.0, 1.0])
+def test_work(energy_benchmark, seconds):
+    fake = sys.modules["amdsmi"].fake
+    energy_benchmark(fake.work, 0, (Phase("compute", seconds),), input_tokens=8, output_tokens=8)
+"""
+
+
+def test_the_suite_waits_for_a_hot_amd_gpu_too(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MI300X (no edge sensor: its hotspot is read) that 20 s of work heats: the next
+    case waits for it, on the amdsmi stand-in's virtual time."""
+    trace = SwitchTrace(PHYSICS.idle_w)
+    module = build_fake_amdsmi([mi300x(0, trace, heat=HEAT, physics=PHYSICS)], virtual_time=True)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setitem(sys.modules, "amdsmi", module)
+    monkeypatch.setattr(thermal, "monotonic", module.fake.clock)
+    monkeypatch.setattr(thermal, "sleep", virtual_sleep(module.fake))
+    pytester.makepyfile(test_amd=AMD_TEST_FILE)
+    result = pytester.runpytest(
+        "-p",
+        "no:randomly",
+        "--energy-backend=estimate",
+        "--energy-shuffle=off",
+        "--energy-min-trials=2",
+        "--energy-max-trials=2",
+        "--energy-warmup=0",
+        "--energy-thermal-tolerance=2",
+        "--energy-json=run.json",
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*read through amdsmi, 31 °C now*", "*waited * s in all*before 1 of 2 case(s)*"]
+    )
+    run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
+    hot, after = (c.thermal for c in run.cases)
+    assert hot is not None and after is not None
+    # two 20 s trials at 400 W lifted it well above 33 °C; it cooled back before the next
+    assert after.reference_c == (31.0,) and after.start_c[0] <= 33.0  # type: ignore[operator]
+    assert after.waited_s > 10.0 and not after.gave_up
+    assert module.fake.calls["amdsmi_get_temp_metric"] > 2

@@ -301,6 +301,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llama-cpp", action="store_true", help="llama-cpp-python's quirks")
     parser.add_argument("--tokenizer", default="", help="count text prompts with this HF one")
     parser.add_argument("--fail", default="", help="print this and exit 3 at once")
+    parser.add_argument("--prefill-s", type=float, default=Behaviour.prefill_s)
+    parser.add_argument("--token-s", type=float, default=Behaviour.token_s)
+    parser.add_argument("--serial-prefill", action="store_true", help="one prefill at a time")
+    parser.add_argument("--max-num-seqs", type=int, default=0, help="as vLLM's (0: no limit)")
     args, _ = parser.parse_known_args(argv)
     if args.fail:
         for i in range(8):
@@ -327,7 +331,14 @@ def main(argv: list[str] | None = None) -> None:
             os._exit(0)
 
         signal.signal(signal.SIGTERM, shut_down)
-    behaviour = Behaviour(model=args.model, extra_token_every=args.extra_token_every)
+    behaviour = Behaviour(
+        model=args.model,
+        extra_token_every=args.extra_token_every,
+        prefill_s=args.prefill_s,
+        token_s=args.token_s,
+        serial_prefill=args.serial_prefill,
+        max_num_seqs=args.max_num_seqs,
+    )
     if args.llama_cpp:
         behaviour = Behaviour.llama_cpp(model=args.model)
         if args.extra_token_every:
