@@ -332,3 +332,26 @@ def test_the_suite_waits_for_a_hot_amd_gpu_too(
     assert after.reference_c == (31.0,) and after.start_c[0] <= 33.0  # type: ignore[operator]
     assert after.waited_s > 10.0 and not after.gave_up
     assert module.fake.calls["amdsmi_get_temp_metric"] > 2
+
+
+def test_interleaved_visits_each_wait_and_the_case_keeps_their_sum(
+    pytester: pytest.Pytester, hot_gpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --energy-interleave every visit of a case waits: the case keeps its first
+    visit's temperatures and the seconds of all of them, which the summary adds up."""
+    slept: list[float] = []
+    idle = thermal.sleep
+    monkeypatch.setattr(thermal, "sleep", lambda s: (slept.append(s), idle(s)))
+    pytester.makepyfile(test_fake_gpu=TEST_FILE)
+    result = pytester.runpytest(
+        *RUN, "--energy-interleave=2", "--energy-thermal-tolerance=1", "--energy-seed=3"
+    )
+    assert result.ret == 0, result.stdout.str()
+    run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
+    waits = [c.thermal for c in run.cases]
+    assert all(w is not None for w in waits)
+    total_s = math.fsum(w.waited_s for w in waits if w is not None)
+    assert total_s > 5.0  # the later visits found the GPU warm from the one before
+    assert total_s == pytest.approx(math.fsum(slept), abs=0.5)  # every visit's wait counted
+    result.stdout.fnmatch_lines([f"*thermal: waited {total_s:.1f} s in all*"])
+    assert hot_gpu.fake.gpus[0].works == 2 * 3 + 2 * 2  # 3 trials a case, a warm-up a visit

@@ -23,6 +23,7 @@ from pytest_llmenergy.serving.steady import BurstWatch
 from pytest_llmenergy.serving.target import ServerTarget
 from pytest_llmenergy.storage.runfile import loads
 from tests.fakes.fake_openai_server import Behaviour, FakeServer
+from tests.fakes.fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, fake_uuid, install_fake_pynvml
 from tests.fakes.trace import SwitchTrace
 from tests.test_serving import Prompts, served  # noqa: F401 - the fixture
 
@@ -203,3 +204,40 @@ def test_a_burst_without_a_steady_window_is_flagged_in_the_run_and_the_table(
     assert run["options"]["min_steady"] == 0.01
     loaded = loads((served.path / "run.json").read_text(), served.path / "run.json")
     assert len(loaded.cases[0].unstable) == 3
+
+
+def test_the_nvml_meter_measures_the_steady_window_of_a_served_burst(
+    served: pytest.Pytester,  # noqa: F811 - test_serving's fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The whole way: a session against a server whose GPU (the NVML stand-in's counter,
+    1 ms updates) draws idle + W per generating request; every trial's steady phase has
+    the true power of a full batch, read from the counter at the window's two marks."""
+    behaviour, trace = powered(model="tiny", serial_prefill=True, prefill_s=0.04, token_s=0.01)
+    gpu = FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, trace, 1e-3)  # type: ignore[arg-type]
+    install_fake_pynvml(monkeypatch, [gpu])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with FakeServer(behaviour) as s:
+        result = served.runpytest(
+            f"--llm-endpoint={s.url}",
+            "--llm-model=tiny-llama",
+            "--llm-input-tokens=16",
+            "--llm-concurrency=4",
+            "--llm-min-steady=100ms",
+            "--energy-backend=nvml",
+            "--energy-min-trials=3",
+            "--energy-max-trials=3",
+            "--energy-json=run.json",
+            "-p",
+            "no:randomly",
+        )
+    assert result.ret == 0, result.stdout.str()
+    run = loads((served.path / "run.json").read_text(), served.path / "run.json")
+    (case,) = run.cases
+    assert not case.unstable and len(case.trials) == 3
+    full_w = IDLE_W + 4 * PER_REQUEST_W
+    for trial in case.trials:
+        steady = trial.phases[STEADY]
+        assert steady.joules == pytest.approx(full_w * steady.seconds, rel=0.03)
+        assert trial.joules / trial.seconds < 0.93 * full_w  # ramp-up and drain: fewer
+    assert value(case, "steady_power_w") == pytest.approx(full_w, rel=0.03)

@@ -112,6 +112,9 @@ class CaseVisits:
     trials: list[Trial] = dataclasses.field(default_factory=list)
     disturbed: list[Trial] = dataclasses.field(default_factory=list)
     reference: list[float] = dataclasses.field(default_factory=list)
+    # the waits for the GPUs to cool before its visits: the first's temperatures, the
+    # seconds summed (--energy-thermal-tolerance)
+    thermal: ThermalWait | None = None
     # The case's result once it is done: after the last visit, or earlier when it cannot
     # go on (out of memory) or took its fixed rounds (``pedantic`` runs at the first visit).
     final: CaseResult | None = None
@@ -292,7 +295,7 @@ class EnergyBenchmark:
                 pytest.skip(done.reason)
             return done
         if self.settle is not None:
-            self._thermal = self.settle(self._progress)
+            self._thermal = self._settled(self.settle(self._progress))
         try:
             with self._exclusive():
                 return self._measure(
@@ -493,6 +496,21 @@ class EnergyBenchmark:
                 pytrace=False,
             )
         return result
+
+    def _settled(self, wait: ThermalWait | None) -> ThermalWait | None:
+        """This visit's wait, added to the earlier visits' (one wait without visits)."""
+        visits = self.visits
+        if visits is None or wait is None:
+            return wait
+        earlier = visits.thermal
+        if earlier is not None:
+            wait = dataclasses.replace(
+                earlier,
+                waited_s=earlier.waited_s + wait.waited_s,
+                gave_up=earlier.gave_up or wait.gave_up,
+            )
+        visits.thermal = wait
+        return wait
 
     def _may_stop(self, measured: int, disturbed: int) -> bool:
         """Whether the stopping rule could stop after this many trials: below the
