@@ -420,6 +420,7 @@ GPU_OPTIONS = Section(
             "SECONDS",
             "the longest a case waits for the GPUs to cool (--energy-thermal-tolerance); "
             "it then starts anyway, and the run and the summary say so",
+            default_text=f"{DEFAULT_THERMAL_MAX_WAIT_S:g} s",
         ),
         Option(
             "--energy-frontier-json",

@@ -19,6 +19,7 @@ from .. import values
 from ..errors import ConfigError, LLMEnergyError
 from ..serving.engine import ENGINES
 from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
+from ..serving.steady import DEFAULT_MIN_STEADY_S
 from .generating import LLMSettings
 from .option_rows import Option, Section
 
@@ -306,6 +307,7 @@ SERVE_OPTIONS = Section(
             "every request's first token, before the first finishes); a burst whose window "
             "is shorter, or whose batch never held all its requests, is flagged unstable "
             "and never gated",
+            default_text=f"{DEFAULT_MIN_STEADY_S:g} s",
         ),
         Option(
             "--llm-gguf-converter",
