@@ -206,6 +206,16 @@ def test_a_burst_without_a_steady_window_is_flagged_in_the_run_and_the_table(
     assert len(loaded.cases[0].unstable) == 3
 
 
+@pytest.fixture
+def in_process() -> None:
+    """Import here what a served session imports: an in-process session (pytester's
+    ``runpytest``, sharing the stand-in GPU with this test) forgets the modules it
+    imported, and torch and numpy cannot be imported twice in one process."""
+    import torch  # noqa: F401
+    from transformers import AutoConfig, AutoTokenizer  # noqa: F401
+
+
+@pytest.mark.usefixtures("in_process")
 def test_the_nvml_meter_measures_the_steady_window_of_a_served_burst(
     served: pytest.Pytester,  # noqa: F811 - test_serving's fixture
     monkeypatch: pytest.MonkeyPatch,
@@ -241,3 +251,53 @@ def test_the_nvml_meter_measures_the_steady_window_of_a_served_burst(
         assert steady.joules == pytest.approx(full_w * steady.seconds, rel=0.03)
         assert trial.joules / trial.seconds < 0.93 * full_w  # ramp-up and drain: fewer
     assert value(case, "steady_power_w") == pytest.approx(full_w, rel=0.03)
+
+
+@pytest.mark.usefixtures("in_process")
+def test_a_gate_never_fails_an_unstable_burst_but_fails_the_same_regression_steady(
+    served: pytest.Pytester,  # noqa: F811 - test_serving's fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Saved baseline, then the server's GPU draws twice the watts per request: steady
+    bursts fail the gate; the same regression on a server that never runs all four at
+    once (--max-num-seqs 2) is shown, flagged, and not judged."""
+
+    trace = SwitchTrace(IDLE_W)
+    gpu = FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, trace, 1e-3)  # type: ignore[arg-type]
+    install_fake_pynvml(monkeypatch, [gpu])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def session(w_per_request: float, max_num_seqs: int, *args: str) -> pytest.RunResult:
+        behaviour = Behaviour(
+            model="tiny", serial_prefill=True, prefill_s=0.02, token_s=0.01, power=trace,
+            idle_w=IDLE_W, w_per_request=w_per_request, max_num_seqs=max_num_seqs,
+        )  # fmt: skip
+        with FakeServer(behaviour) as s:
+            return served.runpytest(
+                f"--llm-endpoint={s.url}",
+                "--llm-model=tiny-llama",
+                "--llm-input-tokens=16",
+                "--llm-concurrency=4",
+                "--llm-min-steady=50ms",
+                "--energy-backend=nvml",
+                "--energy-min-trials=4",
+                "--energy-max-trials=4",
+                "-p",
+                "no:randomly",
+                *args,
+            )
+
+    assert session(PER_REQUEST_W, 0, "--energy-save=base").ret == 0
+    gate = ("--energy-compare=base", "--energy-compare-fail=j_per_token:5%")
+    steady = session(2 * PER_REQUEST_W, 0, *gate)
+    assert steady.ret == pytest.ExitCode.TESTS_FAILED, steady.stdout.str()
+    steady.stdout.fnmatch_lines(["*energy gate FAILED (j_per_token:5%)*"])
+    unstable = session(2 * PER_REQUEST_W, 2, *gate)
+    assert unstable.ret == 0, unstable.stdout.str()
+    unstable.stdout.fnmatch_lines(
+        [
+            "*j_per_token*+*%*j_per_token:5%*unstable: no steady window*",
+            "*energy gate passed (j_per_token:5%): no significant regression; 1 case(s) not "
+            "gated: bursts without a steady window (--llm-min-steady): *c4*",
+        ]
+    )
