@@ -90,6 +90,7 @@ TOO_FEW = "too few trials"
 BUSY = "inconclusive: machine busy"
 DRIFT = "inconclusive: machine speed"
 UNRESOLVED = "below resolution"
+UNSTABLE = "unstable: no steady window"
 OTHER_MODEL = "another model config"
 # A paired run's FAIL that fresh processes of both sides did not repeat (llmenergy ab).
 UNCONFIRMED = "not confirmed"
@@ -122,6 +123,9 @@ class Delta:
     # Measured, on either side, over stretches shorter than the meter resolves: the
     # figure is shown but never gated.
     unresolved: bool = False
+    # A server's bursts, on either side, without a steady window worth measuring (their
+    # batch never held all requests, or not for long enough): shown, never gated.
+    unstable: bool = False
     # How much the machine's own speed differed beyond its reference's noise (a
     # fraction, see meters/reference.py): a regression within the gate plus this is one
     # the machine could explain.
@@ -192,7 +196,12 @@ class Delta:
             self.exceeded
             and self.significant
             and not (
-                self.busy or self.unresolved or self.drifted or self.other_model or self.unconfirmed
+                self.busy
+                or self.unresolved
+                or self.unstable
+                or self.drifted
+                or self.other_model
+                or self.unconfirmed
             )
         )
 
@@ -209,6 +218,8 @@ class Delta:
             return OTHER_MODEL
         if self.unresolved:
             return UNRESOLVED
+        if self.unstable:
+            return UNSTABLE
         if not self.exceeded:
             return OK
         if self.exact:
@@ -639,6 +650,7 @@ def _delta(
         gate=gate,
         busy=mostly_busy(base) or mostly_busy(case),
         unresolved=not (resolved(f, base) and resolved(f, case)),
+        unstable=bool(base.unstable or case.unstable),
         drift=drift if speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
         other_model=_other_model(base, case),
         test=test,
@@ -940,6 +952,12 @@ def _verdict(c: Comparison) -> str:
     if below:
         extra += f"; {below} not gated: shorter than the meter resolves"
     extra += unjudged
+    unstable = sorted({d.name for d in c.deltas if d.verdict == UNSTABLE})
+    if unstable:
+        extra += (
+            f"; {len(unstable)} case(s) not gated: bursts without a steady window "
+            f"(--llm-min-steady): {_listed(unstable)}"
+        )
     other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
     if other:
         extra += f"; {other} not gated: the model of that name has another config"

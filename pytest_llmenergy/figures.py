@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from .conversions import G_PER_KWH, J_PER_KWH, PRICE_PER_KWH
 from .errors import ConfigError
 from .meters.base import PROCESS_DOMAIN
-from .results import DECODE, PREFILL, PREFILL_PASSES, CaseResult, Trial, work_tokens
+from .results import DECODE, PREFILL, PREFILL_PASSES, STEADY, CaseResult, Trial, work_tokens
 from .stats import Summary, summarize
 
 Value = int | float | str | bool | None
@@ -166,6 +166,10 @@ def _prefill_j_per_in_token(t: Trial) -> float | None:
 
 def _decode_j_per_out_token(t: Trial) -> float | None:
     return _per(_phase(DECODE, "joules")(t), decode_tokens(t)) if _both_phases(t) else None
+
+
+def _steady_j_per_token(t: Trial) -> float | None:
+    return _per(_phase(STEADY, "joules")(t), t.steady_tokens)
 
 
 def _out_tokens_per_s(t: Trial) -> float | None:
@@ -523,6 +527,29 @@ FIGURES: dict[str, Figure] = {
             source=PREFILL_PASSES,
             priority=6,
         ),
+        # -- a server's steady window (serving/steady.py) -----------------------------------
+        Figure(
+            "steady_power_w",
+            "steady W",
+            "W",
+            "a burst's power in its steady window, every request generating (the meter's "
+            "joules from the last first token to the first finished response / its seconds)",
+            trial=lambda t: _per(_phase(STEADY, "joules")(t), _phase(STEADY, "seconds")(t) or 0.0),
+            energy=True,
+            phase=STEADY,
+            priority=5,
+        ),
+        Figure(
+            "steady_j_per_token",
+            "steady J/out",
+            "J",
+            "joules per output token in a burst's steady window: the window's joules / the "
+            "output tokens streamed in it, as ML.ENERGY's benchmark measures servers",
+            trial=_steady_j_per_token,
+            energy=True,
+            phase=STEADY,
+            priority=3,
+        ),
         # -- what the energy costs (--energy-carbon-intensity, --energy-price) -----------
         Figure(
             "co2_g",
@@ -727,6 +754,7 @@ DEFAULT_COLUMNS: tuple[str, ...] = (
     "j_per_token",
     "prefill_j_per_in_token",
     "decode_j_per_out_token",
+    "steady_j_per_token",
     "tokens_per_s",
     "out_tokens_per_s",
     "power_w",

@@ -78,6 +78,12 @@ THROTTLED_LEGEND = (
     "+Nt: N more trials ran while the GPU was slowed by heat or a power brake; they are "
     "kept in the run file but left out of every figure"
 )
+UNSTABLE_MARK = "u"
+UNSTABLE_LEGEND = (
+    "(Nu): N of the trials were server bursts without a steady window worth measuring (the "
+    "batch never held all its requests, or not for --llm-min-steady): the notes say why; "
+    "no gate judges such a case"
+)
 # Carried in csv/json only; see the module docstring.
 _ESTIMATED_KEY = "estimated"
 _NODEID_KEY = "nodeid"  # the case's whole node id: unique and stable across runs
@@ -94,7 +100,8 @@ def cell(f: Figure, r: CaseResult) -> str:
         busy += f" +{n_hot}{THROTTLED_MARK}" if n_hot else ""
         busy += f" +{n_rejected}{REJECTED_MARK}" if n_rejected else ""
         mark = SHORT_MARK if r.short_of_time else _STATUS_MARKS.get(r.status, "")
-        return f"{len(r.trials)}{mark}{busy}"
+        unstable = f" ({len(r.unstable)}{UNSTABLE_MARK})" if r.unstable else ""
+        return f"{len(r.trials)}{mark}{unstable}{busy}"
     summary = f.summary(r) if f.with_ci else None
     text = fmt_mean_ci(summary) if summary is not None else format_raw(clean(f.value(r)))
     if f.energy and r.estimated and text != DASH:
@@ -287,6 +294,8 @@ def _build_table(
         legend.append(THROTTLED_LEGEND)
     if "trials" in shown and any(r.rejected for r in results):
         legend.append(REJECTED_LEGEND)
+    if "trials" in shown and any(r.unstable for r in results):
+        legend.append(UNSTABLE_LEGEND)
     coarse = [
         r.resolution_s
         for r in results
@@ -297,6 +306,12 @@ def _build_table(
     if any(r.estimated for r in results) and any(FIGURES[k].energy for k in shown):
         legend.append(ESTIMATED_NOTE)
     notes = [n for n in (_note_for(r, names[r.nodeid]) for r in results) if n is not None]
+    notes += [
+        f"{names[r.nodeid]}: unstable ({len(r.unstable)} of {len(r.trials)}): "
+        f"{r.unstable[0].unstable}"
+        for r in results
+        if r.unstable
+    ]
     return Table(
         title=title,
         keys=keys,

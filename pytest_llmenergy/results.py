@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from .meters.resources import ResourceUsage
 
 PREFILL, DECODE = "prefill", "decode"
+# A burst of concurrent requests to a server, split where its batch is full: filling up,
+# every request generating (the steady window, what a server's figures should rest on),
+# and draining once the first request is done.
+RAMP_UP, STEADY, DRAIN = "ramp-up", "steady", "drain"
 PREFILL_PASSES = "prefill_passes"
 
 
@@ -54,6 +58,17 @@ class GpuTelemetry:
     thermal_s: float | None = None  # held back by heat
     throttled: str = ""  # why the trial does not show its setting (heat, power brake)
     power_limit_w: float | None = None  # the limit in force (enforced) as the trial began
+
+
+@dataclass(frozen=True)
+class ThermalWait:
+    """How a case waited for the GPUs to cool before it began (``gpu.thermal``)."""
+
+    start_c: tuple[float | None, ...]  # each GPU's temperature as the case began
+    reference_c: tuple[float | None, ...] = ()  # what it had to come back near (): first
+    tolerance_c: float = 0.0  # how far above its reference a GPU may start
+    waited_s: float = 0.0
+    gave_up: bool = False  # the longest wait passed first: it began hotter
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,11 @@ class Trial:
     # Which pair of a paired run (``llmenergy ab``) it belongs to: the other side's trial
     # of the same number ran next to it in time.  0: not paired.
     pair: int = 0
+    # A burst to a server: the output tokens streamed in its steady window (the STEADY
+    # phase), and why the burst had no steady window worth measuring ("": it had, or the
+    # trial was no burst).  An unstable burst's case is flagged and never gated.
+    steady_tokens: int = 0
+    unstable: str = ""
 
     @classmethod
     def from_measurement(
@@ -276,6 +296,9 @@ class CaseResult:
     # The reference workload's CPU seconds around the trials (meters/reference.py): how
     # fast the machine ran while this case did.  None: not read.
     reference_s: float | None = None
+    # How it waited for the GPUs to cool before it began (--energy-thermal-tolerance);
+    # None: it did not.
+    thermal: ThermalWait | None = None
 
     # -- status --------------------------------------------------------------
     @property
@@ -321,6 +344,11 @@ class CaseResult:
         rejected result)."""
         left = {id(t) for t in (*self.throttled, *self.rejected)}
         return tuple(t for t in self.disturbed if id(t) not in left)
+
+    @property
+    def unstable(self) -> tuple[Trial, ...]:
+        """Kept bursts with no steady window worth measuring: the case is never gated."""
+        return tuple(t for t in self.trials if t.unstable)
 
     @property
     def rejected(self) -> tuple[Trial, ...]:

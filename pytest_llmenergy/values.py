@@ -61,6 +61,14 @@ def watts(text: str) -> float:
     return parsed[0]
 
 
+def celsius_difference(text: str) -> float:
+    """A temperature difference > 0: ``2``, ``2C``, ``2 °C``."""
+    parsed = split_number(text.replace("°", ""))
+    if not parsed or parsed[1] not in ("", "c") or not parsed[0] > 0:
+        raise ConfigError(f"expected degrees Celsius > 0 such as 2 or 2C, got {text!r}")
+    return parsed[0]
+
+
 def fraction(text: str, what: str = "a weight") -> float:
     """A number in [0, 1] or a percentage: ``0.3``, ``30%``."""
     parsed = split_number(text)

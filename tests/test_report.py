@@ -350,7 +350,14 @@ def test_sort_by_name() -> None:
 
 
 # Default columns only a batch (queries > 1) or a server's requests have.
-SERVER_OR_BATCH = ("queries", "req_ttft_s", "tpot_s", "latency_p50_s", "latency_p99_s")
+SERVER_OR_BATCH = (
+    "queries",
+    "steady_j_per_token",
+    "req_ttft_s",
+    "tpot_s",
+    "latency_p50_s",
+    "latency_p99_s",
+)
 
 
 def test_default_columns_drop_what_no_case_has() -> None:

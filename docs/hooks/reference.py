@@ -452,6 +452,7 @@ def _schema_classes() -> dict[str, type]:
         "cases[].trials[].phases.<phase>": results.PhaseRecord,
         "cases[].trials[].gpu": results.GpuTelemetry,
         "cases[].trials[].requests[]": results.RequestRecord,
+        "cases[].thermal": results.ThermalWait,
         "cases[].work": results.CountedWork,
         "cases[].work.prefill[]": results.OpWork,
         "cases[].work.decode[]": results.OpWork,

@@ -33,6 +33,7 @@ from ..results import (
     CaseResult,
     CountedWork,
     GpuTelemetry,
+    ThermalWait,
     Trial,
 )
 from .rule import RULES, ControllerSettings, decide, progress_line
@@ -111,6 +112,9 @@ class CaseVisits:
     trials: list[Trial] = dataclasses.field(default_factory=list)
     disturbed: list[Trial] = dataclasses.field(default_factory=list)
     reference: list[float] = dataclasses.field(default_factory=list)
+    # the waits for the GPUs to cool before its visits: the first's temperatures, the
+    # seconds summed (--energy-thermal-tolerance)
+    thermal: ThermalWait | None = None
     # The case's result once it is done: after the last visit, or earlier when it cannot
     # go on (out of memory) or took its fixed rounds (``pedantic`` runs at the first visit).
     final: CaseResult | None = None
@@ -122,6 +126,15 @@ class CaseVisits:
     def quota(self, max_trials: int) -> int:
         """Trials one visit may run: the case's limit shared among its visits."""
         return max(1, math.ceil(max_trials / self.count))
+
+
+def _steadiness(out: Any) -> tuple[int, str] | None:
+    """A server burst's steady window (``serving.target.Burst``): the tokens streamed in
+    it and why it is unstable; None for any other target's result."""
+    tokens, unstable = getattr(out, "steady_tokens", None), getattr(out, "unstable", None)
+    if isinstance(tokens, int) and isinstance(unstable, str):
+        return tokens, unstable
+    return None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -150,8 +163,12 @@ class EnergyBenchmark:
         work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None,
         visits: CaseVisits | None = None,
         pacer: Pacer | None = None,
+        settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None,
     ) -> None:
         self.visits = visits
+        # waits for the GPUs to cool before the warm-up (--energy-thermal-tolerance)
+        self.settle = settle
+        self._thermal: ThermalWait | None = None
         # a paired run's turns: the other session measures between this one's trials
         self.pacer = pacer
         # --energy-profile-ops: one more run after the trials, outside every window
@@ -277,6 +294,8 @@ class EnergyBenchmark:
             if done.status == OOM:
                 pytest.skip(done.reason)
             return done
+        if self.settle is not None:
+            self._thermal = self._settled(self.settle(self._progress))
         try:
             with self._exclusive():
                 return self._measure(
@@ -380,6 +399,11 @@ class EnergyBenchmark:
                     )
                     if gpu is not None:
                         trial = dataclasses.replace(trial, gpu=gpu)
+                    steady = _steadiness(out)
+                    if steady is not None:
+                        trial = dataclasses.replace(
+                            trial, steady_tokens=steady[0], unstable=steady[1]
+                        )
                     if visits is not None:
                         trial = dataclasses.replace(trial, visit=visits.visit)
                     if rejected:
@@ -472,6 +496,21 @@ class EnergyBenchmark:
                 pytrace=False,
             )
         return result
+
+    def _settled(self, wait: ThermalWait | None) -> ThermalWait | None:
+        """This visit's wait, added to the earlier visits' (one wait without visits)."""
+        visits = self.visits
+        if visits is None or wait is None:
+            return wait
+        earlier = visits.thermal
+        if earlier is not None:
+            wait = dataclasses.replace(
+                earlier,
+                waited_s=earlier.waited_s + wait.waited_s,
+                gave_up=earlier.gave_up or wait.gave_up,
+            )
+        visits.thermal = wait
+        return wait
 
     def _may_stop(self, measured: int, disturbed: int) -> bool:
         """Whether the stopping rule could stop after this many trials: below the
@@ -626,6 +665,7 @@ class EnergyBenchmark:
             op_profile=op_profile,
             work=work,
             reference_s=speed_s,
+            thermal=self._thermal,
         )
         if keep:
             if self.visits is not None:

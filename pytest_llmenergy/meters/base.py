@@ -387,6 +387,12 @@ _innermost: contextvars.ContextVar[Window | None] = contextvars.ContextVar(
 )
 
 
+def current_window() -> Window | None:
+    """The innermost open window of this thread/context, for code that marks it from
+    other threads (a burst's requests each run in their own)."""
+    return _innermost.get()
+
+
 def mark_phase(phase: str, *, ending: str | None = None) -> bool:
     """Mark the innermost open window of this thread/context, if there is one.
 

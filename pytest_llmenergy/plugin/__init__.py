@@ -197,6 +197,10 @@ def _features(
             "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
             "sweep one process, without torchrun"
         )
+    if options.gpu.thermal_tolerance_c is not None and ranks is not None:
+        raise pytest.UsageError(
+            "--energy-thermal-tolerance does not run under torchrun yet: leave it out"
+        )
     gpu = GpuTuning(
         config,
         options.gpu,
@@ -476,6 +480,7 @@ def energy_benchmark(
         pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
         if PAIRED_SIDE in config.stash
         else None,
+        settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
     )
 
 

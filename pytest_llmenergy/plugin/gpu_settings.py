@@ -44,7 +44,13 @@ from ..gpu.settings import (
     resolve_power,
 )
 from ..gpu.telemetry import TrialTelemetry
-from ..results import CaseResult
+from ..gpu.thermal import (
+    GpuTemperatures,
+    ThermalSettling,
+    gpu_temperatures_reader,
+    wait_summary,
+)
+from ..results import CaseResult, ThermalWait
 from ..storage.store import NEW_FILE, AtomicFile
 from ..tables import render
 from .cases import BENCHMARK_FIXTURE
@@ -53,6 +59,7 @@ from .option_rows import Option, Section
 
 SECTION = "llmenergy: GPU settings and the time-energy frontier"
 SETTING_FIXTURE = "energy_gpu_setting"
+DEFAULT_THERMAL_MAX_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,9 @@ class GpuSettings:
     telemetry: bool = False  # read the GPUs during every trial even without the axes
     max_slowdowns: tuple[float, ...] = (0.0, 0.05)
     frontier_json: str | None = None
+    # each case waits until every GPU is at most this much above its reference (None: off)
+    thermal_tolerance_c: float | None = None
+    thermal_max_wait_s: float = DEFAULT_THERMAL_MAX_WAIT_S
 
     @property
     def sweeping(self) -> bool:
@@ -98,12 +108,15 @@ class GpuTuning:
         self.notes: list[str] = []
         self.restored: list[str] = []  # what was given back, read back, for the summary
         self._previous_sigterm: Any = None
+        self.temperatures: GpuTemperatures | None = None
+        self.thermal: ThermalSettling | None = None  # with --energy-thermal-tolerance
         self._lock = threading.RLock()  # the SIGTERM handler may restore mid-apply
 
     # -- session start -------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self._recover()
+        self._open_thermal()
         if not (self.options.sweeping or self.options.telemetry):
             return
         if getattr(self.config.option, "numprocesses", None):
@@ -121,6 +134,38 @@ class GpuTuning:
         if self.options.sweeping and threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         atexit.register(self._restore_quietly)
+
+    def _open_thermal(self) -> None:
+        """--energy-thermal-tolerance reads the GPUs' temperature: one line at start
+        where it cannot, or where the cases do not run one at a time in this process."""
+        tolerance_c = self.options.thermal_tolerance_c
+        if tolerance_c is None or self.config.option.collectonly:
+            return
+        if getattr(self.config.option, "numprocesses", None):
+            raise pytest.UsageError(
+                "--energy-thermal-tolerance waits for the GPUs between cases, which "
+                "pytest-xdist's workers run at once: drop -n"
+            )
+        try:
+            self.temperatures = gpu_temperatures_reader(self.gpus)
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--energy-thermal-tolerance: {exc}") from None
+        self.thermal = ThermalSettling(
+            self.temperatures, tolerance_c, self.options.thermal_max_wait_s
+        )
+        now = "/".join("?" if t is None else f"{t:.0f}" for t in self.temperatures())
+        self.notes.append(
+            f"thermal: every case waits until each GPU is at most {tolerance_c:g} °C above "
+            f"its reference (the previous case's start, never above the first's), at most "
+            f"{self.options.thermal_max_wait_s:g} s; read through {self.temperatures.source}, "
+            f"{now} °C now"
+        )
+
+    def settle(self, progress: Callable[[str], None] | None = None) -> ThermalWait | None:
+        """Before a case's warm-up: wait for a steady thermal state (None: not asked)."""
+        if self.thermal is None:
+            return None
+        return self.thermal.settle(progress)
 
     def _recover(self) -> None:
         """A session killed outright left its GPUs changed: give them back now."""
@@ -235,6 +280,9 @@ class GpuTuning:
         if self.control is not None:
             self.control.close()
             self.control = None
+        if self.temperatures is not None:
+            self.temperatures.close()
+            self.temperatures = None
 
     # -- the end --------------------------------------------------------------------------------
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -242,10 +290,16 @@ class GpuTuning:
 
         items = frontiers(self.results, max_slowdowns=self.options.max_slowdowns, lam=self.lam)
         throttled = [r for r in self.results if r.throttled]
-        if not (items or self.restored or throttled):
+        waits = [r.thermal for r in self.results if r.thermal is not None]
+        if not (items or self.restored or throttled or waits):
             return
         terminalreporter.section(SECTION)
         config = terminalreporter.config
+        if waits:
+            line = wait_summary(waits, self.options.thermal_max_wait_s)
+            gave_up = any(w.gave_up for w in waits)
+            for part in header_lines(config, [line]):
+                terminalreporter.write_line(part, yellow=gave_up)
         if items:
             width = config.get_terminal_writer().fullwidth
             for line in render([frontier_table(items)], "table", width=width).splitlines():
@@ -347,6 +401,26 @@ GPU_OPTIONS = Section(
             "most this much slower saves, e.g. 0%,5%",
             default_text="0%,5%",
             multiple=True,
+        ),
+        Option(
+            "--energy-thermal-tolerance",
+            "thermal_tolerance_c",
+            values.celsius_difference,
+            "C",
+            "before each case, wait until every GPU is at most C °C above the previous "
+            "case's start temperature (never above the first case's), so every case starts "
+            "from the same thermal state; the waits are kept in the run and summed at the "
+            "end (reads the GPUs through NVML or amdsmi)",
+            default_text="off: cases start at once",
+        ),
+        Option(
+            "--energy-thermal-max-wait",
+            "thermal_max_wait_s",
+            values.seconds,
+            "SECONDS",
+            "the longest a case waits for the GPUs to cool (--energy-thermal-tolerance); "
+            "it then starts anyway, and the run and the summary say so",
+            default_text=f"{DEFAULT_THERMAL_MAX_WAIT_S:g} s",
         ),
         Option(
             "--energy-frontier-json",

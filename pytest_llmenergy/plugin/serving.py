@@ -19,6 +19,7 @@ from .. import values
 from ..errors import ConfigError, LLMEnergyError
 from ..serving.engine import ENGINES
 from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
+from ..serving.steady import DEFAULT_MIN_STEADY_S
 from .generating import LLMSettings
 from .option_rows import Option, Section
 
@@ -150,7 +151,11 @@ class Serving:
             self.record["serve_endpoint"] = {"url": s.endpoint, "model": endpoint.model}
         engine = self.engine
         self.target = ServerTarget(
-            endpoint, prompts, prompts.tokenizer, gone=engine.exited if engine else None
+            endpoint,
+            prompts,
+            prompts.tokenizer,
+            gone=engine.exited if engine else None,
+            min_steady_s=s.min_steady_s,
         )
         try:
             self.target.probe()
@@ -198,6 +203,13 @@ class Serving:
             f"{self.target.prompt_kind}, ignore_eos, min_tokens = max_tokens), checked against "
             "each response's usage: another count rejects the trial (kept, left out, repeated)"
         )
+        if any(c > 1 for c in self.llm.grid.concurrency):
+            lines.append(
+                "  a burst of concurrent requests is also measured in its steady window (every "
+                "request generating: from the last first token to the first finished "
+                f"response); shorter than {self.settings.min_steady_s:g} s, or a batch that "
+                "never held all its requests, is flagged unstable and never gated"
+            )
         if not self.target.endpoint.stream:
             lines.append(
                 "  the server's streams carry no usage counts, so requests are not streamed: "
@@ -285,6 +297,17 @@ SERVE_OPTIONS = Section(
             "PID",
             "the --llm-endpoint server's process: the CPU meters charge its process tree too",
             default_text="the process listening on the URL's port, when it is on this machine",
+        ),
+        Option(
+            "--llm-min-steady",
+            "min_steady_s",
+            values.seconds,
+            "SECONDS",
+            "a burst of concurrent requests is measured in its steady window too (after "
+            "every request's first token, before the first finishes); a burst whose window "
+            "is shorter, or whose batch never held all its requests, is flagged unstable "
+            "and never gated",
+            default_text=f"{DEFAULT_MIN_STEADY_S:g} s",
         ),
         Option(
             "--llm-gguf-converter",

@@ -123,9 +123,11 @@ class Endpoint:
         max_tokens: int,
         *,
         on_first_token: Callable[[], None] | None = None,
+        on_token: Callable[[], None] | None = None,
     ) -> Completion:
         """Stream one greedy completion of exactly ``max_tokens`` tokens (if the server
-        honours ``ignore_eos`` / ``min_tokens``: ``check`` finds out)."""
+        honours ``ignore_eos`` / ``min_tokens``: ``check`` finds out); ``on_token`` hears
+        every streamed chunk of tokens after the first."""
         body: dict[str, object] = {
             "model": self.model,
             "prompt": prompt if isinstance(prompt, str) else list(prompt),
@@ -140,7 +142,7 @@ class Endpoint:
         conn = self._connection()
         start = time.perf_counter()
         try:
-            return self._post(conn, body, start, on_first_token)
+            return self._post(conn, body, start, on_first_token, on_token)
         except OSError as exc:  # refused, reset, timed out: the server is gone or stuck
             raise ServerError(f"{self.url}: {exc}") from exc
         finally:
@@ -152,6 +154,7 @@ class Endpoint:
         body: dict[str, object],
         start: float,
         on_first_token: Callable[[], None] | None,
+        on_token: Callable[[], None] | None = None,
     ) -> Completion:
         conn.request(
             "POST",
@@ -168,7 +171,7 @@ class Endpoint:
             )
         if not body.get("stream"):
             return _read_whole(response, start)
-        return _read_stream(response, start, on_first_token)
+        return _read_stream(response, start, on_first_token, on_token)
 
 
 def _read_whole(response: http.client.HTTPResponse, start: float) -> Completion:
@@ -200,7 +203,10 @@ def _read_whole(response: http.client.HTTPResponse, start: float) -> Completion:
 
 
 def _read_stream(
-    response: http.client.HTTPResponse, start: float, on_first_token: Callable[[], None] | None
+    response: http.client.HTTPResponse,
+    start: float,
+    on_first_token: Callable[[], None] | None,
+    on_token: Callable[[], None] | None = None,
 ) -> Completion:
     first_s: float | None = None
     usage: dict[str, int] | None = None
@@ -225,6 +231,8 @@ def _read_stream(
             first_s = time.perf_counter() - start
             if on_first_token is not None:
                 on_first_token()
+        elif choices and on_token is not None:
+            on_token()
         for choice in choices:
             if isinstance(choice, dict) and isinstance(choice.get("text"), str):
                 text.append(choice["text"])

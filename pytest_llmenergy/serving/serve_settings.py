@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .client import parse_endpoint_url
+from .steady import DEFAULT_MIN_STEADY_S
 
 DEFAULT_SERVE_TIMEOUT_S = 300.0
 
@@ -21,6 +22,8 @@ class ServeSettings:
     timeout_s: float = DEFAULT_SERVE_TIMEOUT_S  # for the engine to answer
     server_pid: int | None = None  # the server's process (None: found from the port)
     converter: str | None = None  # llama.cpp's convert_hf_to_gguf.py (None: looked for)
+    # a burst whose steady window (every request generating) is shorter is unstable
+    min_steady_s: float = DEFAULT_MIN_STEADY_S
 
     def __post_init__(self) -> None:
         if self.endpoint and self.engine:

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, LLMEnergyError
-from ..meters.base import mark_phase
+from ..meters.base import current_window, mark_phase
 from ..results import RequestRecord
 from .client import Completion, Endpoint, NoStreamUsage, ServerError, burst, check
+from .steady import DEFAULT_MIN_STEADY_S, BurstWatch
 
 IDS, TEXT = "token ids", "text"
 
@@ -36,6 +37,10 @@ class Burst:
     output_tokens: int
     queries: int
     requests: tuple[RequestRecord, ...]
+    # More than one request: the output tokens streamed in the steady window, and why
+    # the burst had none worth measuring ("": it had); see serving/steady.py.
+    steady_tokens: int = 0
+    unstable: str = ""
 
 
 class ServerTarget:
@@ -51,8 +56,10 @@ class ServerTarget:
         prompts: Any,
         tokenizer: Any = None,
         gone: Callable[[], str | None] | None = None,
+        min_steady_s: float = DEFAULT_MIN_STEADY_S,
     ) -> None:
         self.endpoint = endpoint
+        self.min_steady_s = min_steady_s  # a shorter steady window makes a burst unstable
         self.prompts = prompts
         self.tokenizer = tokenizer
         # why the server is gone (an engine started here that exited), else None
@@ -65,7 +72,8 @@ class ServerTarget:
         """Send ``concurrency`` requests at once; a count other than the case's raises
         ``CountMismatch`` for this trial.  At concurrency 1 the first streamed token
         splits the measurement window into prefill | decode; with more requests in flight
-        their phases overlap, so the window is not split."""
+        their phases overlap, and the window is split into ramp-up | steady | drain
+        instead (serving/steady.py)."""
         try:
             return self._run(input_tokens, output_tokens, concurrency)
         except ServerError as exc:
@@ -80,10 +88,19 @@ class ServerTarget:
         if self.prompt_kind is None:
             self.probe(input_tokens)
 
+        window = current_window()  # marked from the requests' threads
+        mark = (lambda phase, ending: window.mark(phase, ending=ending)) if window else None
+        watch = BurstWatch(concurrency, mark) if concurrency > 1 else None
+
         def send(i: int, hook: Any) -> Completion:
-            return self.endpoint.complete(
-                self._prompt(input_tokens, rows[i]), output_tokens, on_first_token=hook
+            prompt = self._prompt(input_tokens, rows[i])
+            if watch is None:
+                return self.endpoint.complete(prompt, output_tokens, on_first_token=hook)
+            done = self.endpoint.complete(
+                prompt, output_tokens, on_first_token=watch.first_token, on_token=watch.token
             )
+            watch.finished()
+            return done
 
         def first_token() -> None:
             # ValueError: the window was split already (not the first generate in it)
@@ -93,11 +110,14 @@ class ServerTarget:
         done = burst(send, concurrency, first_token)
         for i, completion in enumerate(done):
             check(completion, input_tokens, output_tokens, f"request {i + 1} of {concurrency}")
+        steady = watch.result(self.min_steady_s, self.endpoint.stream) if watch else None
         return Burst(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             queries=concurrency,
             requests=tuple(RequestRecord(c.ttft_s, c.latency_s, c.completion_tokens) for c in done),
+            steady_tokens=steady.tokens if steady is not None else 0,
+            unstable=steady.unstable if steady is not None else "",
         )
 
     # -- prompts ---------------------------------------------------------------------

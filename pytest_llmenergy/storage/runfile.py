@@ -42,6 +42,7 @@ from ..results import (
     OpWork,
     PhaseRecord,
     RequestRecord,
+    ThermalWait,
     Trial,
 )
 
@@ -65,7 +66,12 @@ FORMAT = "pytest-llmenergy-run"
 #    pair in a paired run, llmenergy ab) and the run's "pairing" ({"id": shared by the
 #    two runs of one paired run, "side": "base" or "head"}); a case's "work" (counted work,
 #    results.CountedWork: "prefill" and "decode" lists of operators with "name", "class",
-#    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted).
+#    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted);
+#    a case's "thermal" (how it waited for the GPUs to cool first, results.ThermalWait:
+#    "start_c" and "reference_c" lists of °C or null per GPU, "tolerance_c", "waited_s",
+#    "gave_up"; absent: it did not wait); a trial's "steady_tokens" (a server burst's
+#    output tokens streamed in its steady window, the phase "steady") and "unstable" (why
+#    the burst had no steady window worth measuring; absent: it had, or was no burst).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -196,6 +202,8 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"visit": t.visit} if t.visit else {}),
         **({"reference_s": t.reference_s} if t.reference_s is not None else {}),
         **({"pair": t.pair} if t.pair else {}),
+        **({"steady_tokens": t.steady_tokens} if t.steady_tokens else {}),
+        **({"unstable": t.unstable} if t.unstable else {}),
     }
 
 
@@ -259,6 +267,17 @@ def case_dict(r: CaseResult) -> dict[str, Any]:
         "op_profile": None if r.op_profile is None else dict(r.op_profile),
         **({"reference_s": r.reference_s} if r.reference_s is not None else {}),
         **({"work": _work_dict(r.work)} if r.work is not None else {}),
+        **({"thermal": _thermal_dict(r.thermal)} if r.thermal is not None else {}),
+    }
+
+
+def _thermal_dict(w: ThermalWait) -> dict[str, Any]:
+    return {
+        "start_c": list(w.start_c),
+        "reference_c": list(w.reference_c),
+        "tolerance_c": w.tolerance_c,
+        "waited_s": w.waited_s,
+        "gave_up": w.gave_up,
     }
 
 
@@ -596,6 +615,8 @@ def _trial(r: _Reader) -> Trial:
         visit=r.count("visit", optional=True) or 0,
         reference_s=r.amount("reference_s", optional=True),
         pair=r.count("pair", optional=True) or 0,
+        steady_tokens=r.count("steady_tokens", optional=True) or 0,
+        unstable=r.get("unstable", str, optional=True) or "",
     )
 
 
@@ -684,6 +705,30 @@ def _case(r: _Reader) -> CaseResult:
         op_profile=r.get("op_profile", dict, optional=True),
         reference_s=r.amount("reference_s", optional=True),
         work=_work(r.obj("work", optional=True)),  # runs before counted work: none
+        thermal=_thermal(r.obj("thermal", optional=True)),
+    )
+
+
+def _thermal(r: _Reader | None) -> ThermalWait | None:
+    if r is None:
+        return None
+
+    def temps(key: str) -> tuple[float | None, ...]:
+        # a GPU may run below 0 °C: a temperature is any number, or null (not read)
+        out: list[float | None] = []
+        for v in r.get(key, list):
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            if v is not None and not (number and abs(v) <= MAX_MAGNITUDE):
+                raise _Bad(f"{r.where}.{key} should hold numbers (°C) or null")
+            out.append(None if v is None else float(v))
+        return tuple(out)
+
+    return ThermalWait(
+        start_c=temps("start_c"),
+        reference_c=temps("reference_c"),
+        tolerance_c=r.amount("tolerance_c"),
+        waited_s=r.amount("waited_s"),
+        gave_up=r.get("gave_up", bool),
     )
 
 

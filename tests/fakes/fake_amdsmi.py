@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from .gpu_physics import Phase, Physics
+from .gpu_physics import Heat, Phase, Physics
 from .trace import PowerTrace, SwitchTrace
 
 # amdsmi_status_t, as amdsmi_wrapper has them.
@@ -182,6 +182,7 @@ class FakeAmdGpu:
     edge_temperature: bool = False  # MI300X has no edge sensor, only hotspot
     processes: list[dict[str, Any]] = field(default_factory=list)
     physics: Physics | None = None
+    heat: Heat | None = None  # the temperature follows the power trace (gpu_physics.Heat)
     busy: tuple[int, float] | None = field(default=None, repr=False)  # MHz, W while working
 
 
@@ -452,6 +453,8 @@ class FakeAmdSmi:
             raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
         if metric != AmdSmiTemperatureMetric.CURRENT:
             return 100
+        if gpu.heat is not None:  # whole degrees, as amdsmi reports them
+            return round(gpu.heat.temperature_c(gpu.trace.steps, gpu.trace.origin, self.clock()))
         busy = gpu.busy
         return (
             gpu.idle_temperature_c if busy is None else int(gpu.idle_temperature_c + 0.06 * busy[1])

@@ -19,7 +19,14 @@ What the exactness check and the request metrics depend on behaves as in real en
 * responses stream as server-sent events, a chunk per token after ``prefill_s`` and
   then every ``token_s``, the usage in a last chunk when ``stream_options.include_usage``
   asks for it, then ``data: [DONE]``; requests run concurrently (one thread each) and the
-  server records how many were in flight at most.
+  server records how many were in flight at most;
+* a batch fills and drains as an engine's does: ``serial_prefill`` prefills one request
+  at a time (so a burst's requests start generating one after another), and
+  ``max_num_seqs`` (vLLM's flag) lets at most that many generate at once, the others
+  waiting for a slot;
+* with ``power`` (a ``SwitchTrace``), the server's GPU draws ``idle_w`` plus
+  ``w_per_request`` for every request generating, switched the moment that number
+  changes: the true energy of any stretch of a burst is known.
 
 Run in a thread (``FakeServer(...).start()``) or as a process:
 ``python -m tests.fakes.fake_openai_server --port N [--extra-token-every 10] [--spawn-child]``
@@ -57,6 +64,11 @@ class Behaviour:
     stream_usage: bool = True
     prefill_s: float = 0.01
     token_s: float = 0.002
+    serial_prefill: bool = False
+    max_num_seqs: int = 0  # 0: no limit
+    power: Any = None  # a tests.fakes.trace.SwitchTrace the server's load switches
+    idle_w: float = 50.0
+    w_per_request: float = 25.0
     count_text: Callable[[str], int] = field(default=lambda text: len(text.split()))
 
     @classmethod
@@ -85,7 +97,11 @@ class FakeServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests: list[dict[str, Any]] = []
+        self.generating = 0  # requests past their prefill, not yet finished
         self._lock = threading.Lock()
+        self._prefill_lock = threading.Lock()
+        b = self.behaviour
+        self._slots = threading.Semaphore(b.max_num_seqs) if b.max_num_seqs else None
         handler = _handler_for(self)
         self.httpd = _Server(("127.0.0.1", port), handler)
         self.httpd.daemon_threads = True
@@ -111,6 +127,39 @@ class FakeServer:
         self.stop()
 
     # -- generation ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def slot(self) -> Any:
+        """A place in the batch (``max_num_seqs``), held from prefill to the last token."""
+        if self._slots is None:
+            yield
+            return
+        with self._slots:
+            yield
+
+    def prefill(self) -> None:
+        """``prefill_s``, one request at a time with ``serial_prefill``."""
+        if not self.behaviour.serial_prefill:
+            time.sleep(self.behaviour.prefill_s)
+            return
+        with self._prefill_lock:
+            time.sleep(self.behaviour.prefill_s)
+
+    def _generating(self, change: int) -> None:
+        with self._lock:
+            self.generating += change
+            b = self.behaviour
+            if b.power is not None:
+                b.power.set(b.idle_w + b.w_per_request * self.generating, time.perf_counter())
+
+    @contextlib.contextmanager
+    def decoding(self) -> Any:
+        """One request generating: the power steps up for it, and down when it is done."""
+        self._generating(+1)
+        try:
+            yield
+        finally:
+            self._generating(-1)
+
     def output_count(self, body: dict[str, Any]) -> int:
         """How many tokens this request really gets, as an engine would decide."""
         b = self.behaviour
@@ -199,16 +248,18 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
-            time.sleep(b.prefill_s)
-            for i in range(n):
-                if i:
-                    time.sleep(b.token_s)
-                chunk = {
-                    "object": "text_completion",
-                    "model": b.model,
-                    "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}],
-                }
-                self._event(chunk)
+            with server.slot():
+                server.prefill()
+                with server.decoding():
+                    for i in range(n):
+                        if i:
+                            time.sleep(b.token_s)
+                        chunk = {
+                            "object": "text_completion",
+                            "model": b.model,
+                            "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}],
+                        }
+                        self._event(chunk)
             if b.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
                 self._event(
                     {"object": "text_completion", "choices": [], "usage": _usage(prompt_tokens, n)}
@@ -250,6 +301,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llama-cpp", action="store_true", help="llama-cpp-python's quirks")
     parser.add_argument("--tokenizer", default="", help="count text prompts with this HF one")
     parser.add_argument("--fail", default="", help="print this and exit 3 at once")
+    parser.add_argument("--prefill-s", type=float, default=Behaviour.prefill_s)
+    parser.add_argument("--token-s", type=float, default=Behaviour.token_s)
+    parser.add_argument("--serial-prefill", action="store_true", help="one prefill at a time")
+    parser.add_argument("--max-num-seqs", type=int, default=0, help="as vLLM's (0: no limit)")
     args, _ = parser.parse_known_args(argv)
     if args.fail:
         for i in range(8):
@@ -276,7 +331,14 @@ def main(argv: list[str] | None = None) -> None:
             os._exit(0)
 
         signal.signal(signal.SIGTERM, shut_down)
-    behaviour = Behaviour(model=args.model, extra_token_every=args.extra_token_every)
+    behaviour = Behaviour(
+        model=args.model,
+        extra_token_every=args.extra_token_every,
+        prefill_s=args.prefill_s,
+        token_s=args.token_s,
+        serial_prefill=args.serial_prefill,
+        max_num_seqs=args.max_num_seqs,
+    )
     if args.llama_cpp:
         behaviour = Behaviour.llama_cpp(model=args.model)
         if args.extra_token_every:

@@ -41,6 +41,7 @@ from .gpu_physics import (
     REASON_GPU_IDLE,
     REASON_HW_THERMAL,
     REASON_NONE,
+    Heat,
     Phase,
     Physics,
 )
@@ -259,6 +260,9 @@ class FakeGPU:
     idle_temperature_c: int = 35
     physics: Physics | None = None
     thermal_works: frozenset[int] = frozenset()  # work calls (1-based) thermally throttled
+    # With heat, the temperature follows the power trace (warms with work, cools after);
+    # without, it is the idle temperature plus a step while working.
+    heat: Heat | None = None
     # What the board is doing now, for the getters (set by FakeNvml.work).
     busy: tuple[int, int, float] | None = field(default=None, repr=False)  # mhz, reasons, W
     works: int = field(default=0, repr=False)
@@ -694,6 +698,8 @@ class FakeNvml:
         gpu = self._gpu(handle)
         if sensor != NVML_TEMPERATURE_GPU:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.heat is not None:  # whole degrees, as NVML reports them
+            return round(gpu.heat.temperature_c(gpu.trace.steps, gpu.trace.origin, self.clock()))
         busy = gpu.busy
         if busy is None:
             return gpu.idle_temperature_c

@@ -9,11 +9,16 @@ frontier before measuring it:
   time scales with the clock, and it draws less dynamic power;
 - a power limit makes the GPU run at the highest clock whose power fits under it
   (``SW_POWER_CAP``), so a cap slows compute-bound work more than memory-bound work;
-- locked clocks hold the clock (``APPLICATIONS_CLOCKS_SETTING`` when below the maximum).
+- locked clocks hold the clock (``APPLICATIONS_CLOCKS_SETTING`` when below the maximum);
+- with ``Heat``, the temperature follows the power drawn with a lag: it rises toward
+  ``ambient + c_per_w x power`` while the GPU works and decays back toward its idle
+  level (the same law at idle power) afterwards, with time constant ``tau_s``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 REASON_NONE = 0x0
@@ -87,3 +92,38 @@ class Physics:
             seconds += t
             joules += t * self.power_w(phase.kind, ratio)
         return seconds, joules
+
+
+@dataclass(frozen=True)
+class Heat:
+    """A first-order thermal model: a GPU drawing P watts for long settles at
+    ``ambient_c + c_per_w * P``, and gets there exponentially with ``tau_s``; so its
+    temperature at any time follows from its power trace alone, exactly."""
+
+    ambient_c: float = 25.0
+    c_per_w: float = 0.1  # °C above ambient per watt, once settled: 400 W -> +40 °C
+    tau_s: float = 30.0
+
+    def settled_c(self, watts: float) -> float:
+        return self.ambient_c + self.c_per_w * watts
+
+    def temperature_c(self, steps: Sequence[tuple[float, float]], origin: float, t: float) -> float:
+        """At ``t``, after the power ``steps`` ((seconds, watts), from ``origin``): the
+        GPU had settled at the first step's power before it."""
+        temp = self.settled_c(steps[0][1])
+        start = origin
+        for seconds, watts in steps:
+            end = min(start + seconds, t)
+            if end <= start:
+                break
+            target = self.settled_c(watts)
+            temp = target + (temp - target) * math.exp(-(end - start) / self.tau_s)
+            start += seconds
+        return temp
+
+    def cooling_s(self, from_c: float, to_c: float, idle_w: float) -> float:
+        """Seconds at idle power from ``from_c`` down to ``to_c`` (inf: never)."""
+        floor = self.settled_c(idle_w)
+        if to_c <= floor:
+            return math.inf
+        return max(0.0, self.tau_s * math.log((from_c - floor) / (to_c - floor)))

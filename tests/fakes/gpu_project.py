@@ -4,8 +4,10 @@ whose true time and energy at every setting the physics says.
 A session (in-process under pytester, or a real subprocess) gets the fake through
 ``install()`` in its conftest.py; the GPU's settings live in the state file named by
 ``$FAKE_GPU_STATE`` (as a driver keeps them between processes), ``$FAKE_GPU_ROOT=0``
-makes the process a normal user, and ``$FAKE_GPU_THERMAL=3,7`` makes those work calls
-(1-based) thermally throttled.
+makes the process a normal user, ``$FAKE_GPU_THERMAL=3,7`` makes those work calls
+(1-based) thermally throttled, and ``$FAKE_GPU_HEAT=TAU`` gives the GPU a temperature that
+rises with the power it draws and decays toward its idle level with time constant TAU
+seconds (gpu_physics.Heat); a wait for it to cool passes in virtual time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, build_fake_pynvml, fake_uuid
-from .gpu_physics import Phase, Physics
+from .gpu_physics import Heat, Phase, Physics
 from .trace import SwitchTrace
 
 PHYSICS = Physics()
@@ -79,8 +81,16 @@ GRID = (
 QUERIES = GRID if os.environ.get("FAKE_GPU_GRID") == "1" else SMALL
 
 
+def heat_from_env() -> Heat | None:
+    tau = os.environ.get("FAKE_GPU_HEAT", "")
+    return Heat(tau_s=float(tau)) if tau else None
+
+
 def make_gpu(
-    index: int = 0, thermal_works: frozenset[int] = frozenset(), board: str = "a100"
+    index: int = 0,
+    thermal_works: frozenset[int] = frozenset(),
+    board: str = "a100",
+    heat: Heat | None = None,
 ) -> FakeGPU:
     name, physics, max_mw = BOARDS[board]
     return FakeGPU(
@@ -91,6 +101,7 @@ def make_gpu(
         counter_period_s=1e-4,
         physics=physics,
         thermal_works=thermal_works,
+        heat=heat,
         power_limit_mw=max_mw,
         default_power_limit_mw=max_mw,
         max_power_limit_mw=max_mw,
@@ -105,7 +116,7 @@ def build() -> Any:
     works = frozenset(int(x) for x in thermal.split(",") if x.strip())
     board = os.environ.get("FAKE_GPU_BOARD", "a100")
     return build_fake_pynvml(
-        [make_gpu(0, works, board)],
+        [make_gpu(0, works, board, heat_from_env())],
         root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
         state_path=os.environ.get("FAKE_GPU_STATE") or None,
         virtual_time=True,
@@ -115,12 +126,24 @@ def build() -> Any:
 def install() -> Any:
     """For a whole process: ``import pynvml`` gives the fake, and the NVML meter times
     windows on the fake GPU's clock."""
+    import pytest_llmenergy.gpu.thermal as thermal
     import pytest_llmenergy.meters.nvml as nvml_meter
 
     module = build()
     sys.modules["pynvml"] = module
     nvml_meter.perf_counter = module.fake.clock  # type: ignore[attr-defined]
+    thermal.monotonic = module.fake.clock  # type: ignore[attr-defined]
+    thermal.sleep = virtual_sleep(module.fake)
     return module
+
+
+def virtual_sleep(fake: Any) -> Any:
+    """``time.sleep`` on the fake's virtual clock: the GPU idles that long, at once."""
+
+    def sleep(seconds: float) -> None:
+        fake.virtual_s += max(0.0, seconds)
+
+    return sleep
 
 
 def install_for_test(monkeypatch: Any) -> Any:
@@ -128,6 +151,8 @@ def install_for_test(monkeypatch: Any) -> Any:
     module = build()
     monkeypatch.setitem(sys.modules, "pynvml", module)
     monkeypatch.setattr("pytest_llmenergy.meters.nvml.perf_counter", module.fake.clock)
+    monkeypatch.setattr("pytest_llmenergy.gpu.thermal.monotonic", module.fake.clock)
+    monkeypatch.setattr("pytest_llmenergy.gpu.thermal.sleep", virtual_sleep(module.fake))
     return module
 
 
