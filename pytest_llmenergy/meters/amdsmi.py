@@ -136,7 +136,7 @@ def count_delta(before: int, after: int) -> int:
     return after - before + 2**width
 
 
-def _import_amdsmi() -> ModuleType:
+def import_amdsmi() -> ModuleType:
     """``amdsmi`` prints to stdout when libamd_smi.so is missing and fails with whatever
     exception its ctypes loading meets (OSError, AttributeError, KeyError): one line here."""
     try:
@@ -303,7 +303,7 @@ class AmdSmiMeter(Meter):
     def __init__(self, options: MeterSettings | None = None) -> None:
         super().__init__()
         options = options or MeterSettings()
-        smi = _import_amdsmi()
+        smi = import_amdsmi()
         self._error: type[BaseException] = smi.AmdSmiException
         try:
             smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)

@@ -205,6 +205,7 @@ def _features(
         options.route.lam,
         options.route.plots_dir,
         system=lambda: keeper.hardware,
+        backend=options.measure.backend,
     )
     stash[GPU_TUNING] = gpu
     features: dict[str, object] = {

@@ -84,6 +84,7 @@ class GpuTuning:
         plots_dir: str | None,
         state: StateFile | None = None,
         system: Callable[[], str] = lambda: "",
+        backend: str = "auto",
     ) -> None:
         self.config = config
         self.options = options
@@ -93,6 +94,7 @@ class GpuTuning:
         self.plots_dir = plots_dir
         self.state = state or StateFile()
         self.system = system  # the hardware key when the run is kept, for the policy
+        self.backend = backend  # the energy backend: whose vendor's GPUs are changed
         self.control: GpuControl | None = None
         self.settings: list[GpuSetting] = []
         self.notes: list[str] = []
@@ -112,7 +114,7 @@ class GpuTuning:
                 "cannot run under pytest-xdist; drop -n"
             )
         try:
-            self.control = GpuControl(self.state, self.gpus)
+            self.control = GpuControl(self.state, self.gpus, backend=self.backend)
             if self.options.sweeping:
                 self._resolve()
         except (GpuControlError, ConfigError) as exc:
@@ -152,6 +154,9 @@ class GpuTuning:
             flag = "--energy-gpu-power-limits"
             power = resolve_power(self.options.power_limits, limits, flag)
         if self.options.clocks:
+            why_not = self.control.library.no_clock_lock
+            if why_not is not None:
+                raise ConfigError(f"--energy-gpu-clocks: {why_not}")
             clocks, snapped = resolve_clocks(self.options.clocks, limits, "--energy-gpu-clocks")
             self.notes += snapped
         self.control.check_permission()
@@ -186,7 +191,7 @@ class GpuTuning:
     def probe(self) -> TrialTelemetry | None:
         if self.control is None:
             return None
-        return TrialTelemetry(self.control.nvml, self.control.handles)
+        return TrialTelemetry(self.control.devices)
 
     # -- giving back ----------------------------------------------------------------------------
     def restore(self, why: str) -> list[str]:
