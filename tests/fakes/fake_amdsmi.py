@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 
+from .fake_pynvml import MIN_VISIBLE_S, VISIBLE_S
 from .gpu_physics import Phase, Physics
 from .trace import PowerTrace, SwitchTrace
 
@@ -503,9 +504,11 @@ class FakeAmdSmi:
             watts = physics.power_w(phase.kind, ratio)
             start = trace.set(watts, self.clock())
             gpu.busy = (round(ratio * gpu.max_gfx_clock_mhz), watts)
-            if self.virtual_time:
-                self.virtual_s += seconds
-                end = trace.set(physics.idle_w, start + seconds)
+            if self.virtual_time:  # visible to telemetry for a moment, as fake_pynvml's
+                time.sleep(min(seconds / 2, VISIBLE_S) if seconds >= 2 * MIN_VISIBLE_S else 0)
+                elapsed = self.clock() - start
+                self.virtual_s += max(0.0, seconds - elapsed)
+                end = trace.set(physics.idle_w, start + max(seconds, elapsed))
             else:
                 time.sleep(seconds)
                 end = trace.set(physics.idle_w, self.clock())
