@@ -29,7 +29,7 @@ from tests.fakes.gpu_project import (
     make_amd_gpu,
 )
 from tests.fakes.trace import PowerTrace
-from tests.test_gpu_restore import STOPPING_TEST
+from tests.test_gpu_restore import STOPPING_TEST, session
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "fakes" / "driver"
@@ -212,18 +212,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(DRIVER), str(REPO)]))
     (tmp_path / "test_stop.py").write_text(STOPPING_TEST)
     return tmp_path
-
-
-def session(project: Path, how: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STOP_HOW": how, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def cap_w(project: Path) -> float:
