@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import LLMEnergyError
+from ..meters.gpu_meter import one_line
+
+__all__ = ["one_line"]  # the vendors' and the control's, shared with the GPU meters
 
 # Why a GPU's clock is held below its maximum, as bits: NVML's clock-event reasons are
 # the common encoding; a vendor without them reports GPU_IDLE alone (or nothing).
@@ -29,10 +32,6 @@ class GpuDeviceError(LLMEnergyError):
         super().__init__(message)
         self.permission = permission  # only root (or CAP_SYS_ADMIN) may do this
         self.unsupported = unsupported  # this GPU or driver has no such thing
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 @dataclass(frozen=True)
