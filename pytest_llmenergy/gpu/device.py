@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import LLMEnergyError
-from ..meters.gpu_meter import one_line
-
-__all__ = ["one_line"]  # the vendors' and the control's, shared with the GPU meters
+from ..meters.gpu_meter import one_line as one_line  # re-exported for the vendors
 
 # Why a GPU's clock is held below its maximum, as bits: NVML's clock-event reasons are
 # the common encoding; a vendor without them reports GPU_IDLE alone (or nothing).
