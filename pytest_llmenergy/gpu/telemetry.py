@@ -14,8 +14,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ..results import GpuTelemetry
+from ..results import GpuNeighbour, GpuTelemetry
 from .device import GPU_IDLE, GpuDevice
+from .isolation import neighbours
 
 # Clock-event reason bits (nvmlClocksEventReason*), by the name a trial records.
 REASON_BITS = {
@@ -32,6 +33,7 @@ REASON_BITS = {
 # Reasons that mean the trial ran at something other than its setting.
 DISQUALIFYING = ("hw_thermal", "sw_thermal", "hw_power_brake", "hw_slowdown")
 DEFAULT_INTERVAL_S = 0.01
+NEIGHBOUR_EVERY = 10  # samples between looks for other processes during a trial
 
 
 def reason_names(mask: int) -> tuple[str, ...]:
@@ -39,11 +41,26 @@ def reason_names(mask: int) -> tuple[str, ...]:
 
 
 class TrialTelemetry:
-    """``start()`` before a trial's window, ``stop()`` after it: one ``GpuTelemetry``."""
+    """``start()`` before a trial's window, ``stop()`` after it: one ``GpuTelemetry``.
 
-    def __init__(self, devices: Sequence[GpuDevice], interval_s: float = DEFAULT_INTERVAL_S):
+    ``roots``: the session's own process trees, to look for other processes on the GPUs
+    at both edges (and every ``NEIGHBOUR_EVERY`` samples between); None: not looked for.
+    ``clocks`` False: only that, no thread, and ``stop()`` is None when nobody was there.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[GpuDevice],
+        interval_s: float = DEFAULT_INTERVAL_S,
+        *,
+        roots: tuple[int, ...] | None = None,
+        clocks: bool = True,
+    ):
         self.devices = tuple(devices)
         self.interval_s = interval_s
+        self.roots = roots
+        self.clocks = clocks
+        self._neighbours: dict[tuple[str, int], GpuNeighbour] = {}
         self._samples: list[tuple[int | None, float | None, int]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,9 +74,18 @@ class TrialTelemetry:
         for d in self.devices:
             self._samples.append((d.sm_clock_mhz(), d.temperature_c(), d.event_reasons()))
 
+    def _look(self) -> None:
+        if self.roots is not None:
+            for n in neighbours(self.devices, self.roots):
+                self._neighbours.setdefault((n.gpu, n.pid), n)
+
     def _loop(self) -> None:
+        count = 0
         while True:
             self._sample()
+            count += 1
+            if count % NEIGHBOUR_EVERY == 0:
+                self._look()
             if self._stop.wait(self.interval_s):
                 return
 
@@ -69,6 +95,10 @@ class TrialTelemetry:
         return min(limits) if limits else None
 
     def start(self) -> None:
+        self._neighbours = {}
+        self._look()
+        if not self.clocks:
+            return
         self._samples = []
         self._stop.clear()
         self._power_limit_w = self._limit_w()
@@ -77,7 +107,11 @@ class TrialTelemetry:
         self._thread.daemon = True
         self._thread.start()
 
-    def stop(self) -> GpuTelemetry:
+    def stop(self) -> GpuTelemetry | None:
+        self._look()
+        found = tuple(self._neighbours.values())
+        if not self.clocks:
+            return GpuTelemetry(neighbours=found) if found else None
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
@@ -110,4 +144,5 @@ class TrialTelemetry:
             thermal_s=thermal_s if known else None,
             throttled=", ".join(bad),
             power_limit_w=self._power_limit_w,
+            neighbours=found,
         )

@@ -206,6 +206,7 @@ def _features(
         options.route.plots_dir,
         system=lambda: keeper.hardware,
         backend=options.measure.backend,
+        attributed_pids=options.meter.attributed_pids,
     )
     stash[GPU_TUNING] = gpu
     features: dict[str, object] = {

@@ -38,6 +38,7 @@ from ..meters.resources import ResourceUsage
 from ..results import (
     CaseResult,
     CountedWork,
+    GpuNeighbour,
     GpuTelemetry,
     OpWork,
     PhaseRecord,
@@ -65,7 +66,8 @@ FORMAT = "pytest-llmenergy-run"
 #    pair in a paired run, llmenergy ab) and the run's "pairing" ({"id": shared by the
 #    two runs of one paired run, "side": "base" or "head"}); a case's "work" (counted work,
 #    results.CountedWork: "prefill" and "decode" lists of operators with "name", "class",
-#    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted).
+#    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted);
+#    a trial's gpu "neighbours" (other processes on the measured GPUs: "gpu", "pid", "name").
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -208,6 +210,11 @@ def _gpu_dict(g: GpuTelemetry) -> dict[str, Any]:
         "thermal_s": g.thermal_s,
         "throttled": g.throttled,
         "power_limit_w": g.power_limit_w,
+        **(
+            {"neighbours": [{"gpu": n.gpu, "pid": n.pid, "name": n.name} for n in g.neighbours]}
+            if g.neighbours
+            else {}
+        ),
     }
 
 
@@ -624,6 +631,10 @@ def _gpu(r: _Reader | None) -> GpuTelemetry | None:
         thermal_s=r.amount("thermal_s", optional=True),
         throttled=r.get("throttled", str, optional=True) or "",
         power_limit_w=r.amount("power_limit_w", optional=True),
+        neighbours=tuple(
+            GpuNeighbour(n.get("gpu", str), n.count("pid"), n.get("name", str, optional=True) or "")
+            for n in r.objs("neighbours", optional=True)
+        ),
     )
 
 

@@ -186,6 +186,19 @@ class FakeAmdGpu:
     busy: tuple[int, float] | None = field(default=None, repr=False)  # MHz, W while working
 
 
+def process_entry(pid: int, name: str, mem: int | str = NA) -> dict[str, Any]:
+    """One entry of ``amdsmi_get_gpu_process_list`` as current amdsmi returns it (bytes;
+    "N/A" for a name or size the driver does not give)."""
+    vram = mem if isinstance(mem, int) else 0
+    return {
+        "name": name or NA,
+        "pid": pid,
+        "mem": mem,
+        "engine_usage": {"gfx": 0, "enc": 0},
+        "memory_usage": {"gtt_mem": 0, "cpu_mem": 0, "vram_mem": vram},
+    }
+
+
 def _uuid(n: int) -> str:
     return f"{n:02x}ff74a1-0000-1000-80a1-{n:012x}"
 
@@ -493,6 +506,8 @@ class FakeAmdSmi:
         trace = gpu.trace
         if physics is None or not isinstance(trace, SwitchTrace):
             raise TypeError("work() needs a GPU with physics and a SwitchTrace")
+        if not any(p.get("pid") == os.getpid() for p in gpu.processes):  # a context now
+            gpu.processes.append(process_entry(os.getpid(), "python", 512 * 2**20))
         min_ratio = gpu.min_gfx_clock_mhz / gpu.max_gfx_clock_mhz
         limit_w = gpu.power_cap_uw / 1e6
         slept = 0.0

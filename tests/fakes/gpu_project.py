@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .fake_amdsmi import FakeAmdGpu, build_fake_amdsmi, mi300x
+from .fake_amdsmi import FakeAmdGpu, build_fake_amdsmi, mi300x, process_entry
 from .fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, build_fake_pynvml, fake_uuid
 from .gpu_physics import Phase, Physics
 from .trace import SwitchTrace
@@ -184,6 +184,21 @@ def install_for_test(monkeypatch: Any) -> Any:
     monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(f"{meter}.perf_counter", module.fake.clock)
     return module
+
+
+def neighbour(pid: int, name: str, present: bool = True) -> None:
+    """Another program opens (``present``) or closes a context on GPU 0, whichever
+    vendor's fake is installed: what the isolation check must see."""
+    if amd():
+        listed = sys.modules["amdsmi"].fake.gpus[0].processes
+        listed[:] = [p for p in listed if p["pid"] != pid]
+        if present:
+            listed.append(process_entry(pid, name, 2 * 2**30))
+    else:
+        contexts = sys.modules["pynvml"].fake.gpus[0].processes
+        contexts.pop(pid, None)
+        if present:
+            contexts[pid] = (name, 2 * 2**30)
 
 
 def run(query: FakeQuery) -> float:
