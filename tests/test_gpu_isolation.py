@@ -5,12 +5,24 @@ line naming the pids; this session's own children are not others."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 
+from pytest_llmenergy import Method, open_meter
+from pytest_llmenergy.meters.base import Domain
+from pytest_llmenergy.meters.nvml import sm_share
 from pytest_llmenergy.storage.runfile import loads
+from tests.fakes.fake_pynvml import (
+    NVML_DEVICE_ARCH_AMPERE,
+    FakeGPU,
+    fake_uuid,
+    install_fake_pynvml,
+)
 from tests.fakes.gpu_project import install_for_test, neighbour
+from tests.fakes.trace import PowerTrace
 
 FOREIGN_PID = 4_000_001  # no process of this session's tree (pid_max is at most 2**22)
 
@@ -153,3 +165,43 @@ def test_the_sessions_own_children_are_not_others(pytester: pytest.Pytester, ven
     assert result.ret == 0, result.stdout.str()
     run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
     assert not run.cases[0].disturbed and len(run.cases[0].trials) >= 3
+
+
+# -- this process's share of a shared GPU's joules, where NVML keeps per-process use ------
+def test_gpu_process_is_the_share_of_sm_use_labelled_an_attribution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before the window only the other program used the SMs; during it this process
+    used 60 % and the other 20 %: gpu:process is 3/4 of the GPU's joules, not counted
+    in the total, and marked attributed."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    trace = PowerTrace([(60.0, 200.0)])
+    gpu = FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, trace,
+                  counter_period_s=0.005, process_utilization=True)  # fmt: skip
+    install_fake_pynvml(monkeypatch, [gpu])
+    with open_meter("nvml") as meter:
+        assert meter.domains["gpu:process"] == Domain("gpu:process", Method.ATTRIBUTED, False)
+        now_us = int(time.time() * 1e6)
+        gpu.util_samples += [(now_us - 400_000 + 20_000 * i, FOREIGN_PID, 90) for i in range(20)]
+        with meter.measure() as m:
+            start_us = int(time.time() * 1e6)
+            for i in range(10):
+                t_us = start_us + 1 + 20_000 * i
+                gpu.util_samples += [(t_us, os.getpid(), 60), (t_us, FOREIGN_PID, 20)]
+            time.sleep(0.25)
+    assert m.methods["gpu:process"] == Method.ATTRIBUTED
+    assert m.by_domain["gpu:process"] == pytest.approx(0.75 * m.by_domain["gpu:0"], rel=1e-9)
+    assert m.by_domain["gpu:0"] > 40
+
+
+def test_sm_share_over_known_samples() -> None:
+    class S:
+        def __init__(self, pid: int, t: int, sm: int) -> None:
+            self.pid, self.timeStamp, self.smUtil = pid, t, sm
+
+    mine, other = 10, 20
+    samples = [S(mine, 5, 30), S(other, 5, 10), S(other, 50, 100)]
+    assert sm_share(samples, {mine}, until_us=10) == pytest.approx(0.75)  # the late one: out
+    assert sm_share(samples, {mine}, until_us=60) == pytest.approx(30 / 140)
+    assert sm_share([], {mine}, until_us=60) == 1.0  # nobody seen: all of it
+    assert sm_share([S(other, 5, 50)], {mine}, until_us=60) == 0.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
@@ -35,8 +36,10 @@ from .gpu_meter import (
     sync_torch_gpus,
 )
 from .meter_settings import MeterSettings
+from .process_tree import tree_pids
 
 BACKEND = "nvml"
+GPU_PROCESS = "gpu:process"  # this process tree's share of the GPUs' joules
 DEFAULT_INTERVAL_S = 0.1
 INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'pytest-llmenergy[nvml]'"
 FALLBACK_HINT = "use --energy-backend=auto or estimate"
@@ -111,6 +114,17 @@ def counter_periods_s(
     """
     changes = probe_counters(read_mj, handles, max_s, intervals, clock)
     return [period_s([t for t, _ in seen]) for seen in changes]
+
+
+def sm_share(samples: Sequence[Any], ours: set[int], until_us: int) -> float:
+    """This session's share of a GPU's SM use from NVML's per-process samples up to
+    ``until_us``: its processes' SM % over every process's.  No sample (a window shorter
+    than the driver's sampling, or an idle GPU): all of it, as nobody else was seen."""
+    used = [(int(s.pid), float(s.smUtil)) for s in samples if int(s.timeStamp) <= until_us]
+    total = sum(sm for _, sm in used)
+    if total <= 0:
+        return 1.0
+    return sum(sm for pid, sm in used if pid in ours) / total
 
 
 def create(options: MeterSettings) -> NvmlMeter:
@@ -334,6 +348,31 @@ class NvmlMeter(GpuMeter):
         self._counter_names = tuple(counter_names)
         self._energy_mj = nvml.nvmlDeviceGetTotalEnergyConsumption
         self._sample(readers, interval_s, SAMPLER_THREAD_NAME)
+        # gpu:process where the driver keeps per-process SM utilization (counted=False:
+        # a share of the GPUs' joules, beside them, as RAPL's cpu:process)
+        self._roots = (os.getpid(), *options.attributed_pids)
+        self._attributed = tuple(
+            (d.domain, nvml.nvmlDeviceGetHandleByIndex(d.index))
+            for d in devices
+            if self._keeps_process_utilization(nvml.nvmlDeviceGetHandleByIndex(d.index))
+        )
+        if self._attributed:
+            self._domains[GPU_PROCESS] = Domain(GPU_PROCESS, Method.ATTRIBUTED, counted=False)
+            self.notes.append(
+                f"{GPU_PROCESS}: the GPUs' joules x this process tree's share of their SM "
+                "utilization per process (NVML), an attribution"
+            )
+
+    def _keeps_process_utilization(self, handle: Any) -> bool:
+        nvml = self._nvml
+        get = getattr(nvml, "nvmlDeviceGetProcessUtilization", None)
+        if get is None:
+            return False
+        try:
+            get(handle, int(time.time() * 1e6))
+        except nvml.NVMLError as exc:
+            return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", 6)
+        return True
 
     def _counter_problem(self, handle: Any) -> str | None:
         """Why this GPU cannot use the energy counter, or None when it can."""
@@ -407,6 +446,8 @@ class NvmlMeter(GpuMeter):
         try:
             t = self._now(perf_counter)
             state = tuple(map(self._energy_mj, self._counter_handles))
+            if self._attributed:  # the wall clock (µs) the driver stamps its samples with
+                state += (int(time.time() * 1e6),)
         except self._nvml_error as exc:
             raise MeterError(f"NVML reading failed: {one_line(exc)}") from exc
         return _frozen(Reading, {"t": t, "state": state})  # Reading(t, state), a bit cheaper
@@ -416,6 +457,26 @@ class NvmlMeter(GpuMeter):
             name: (mj_b - mj_a) / 1000.0
             for name, mj_a, mj_b in zip(self._counter_names, a.state, b.state)
         }
+
+    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        out = super()._energy_j(a, b)
+        if self._attributed:
+            t0_us, t1_us = a.state[-1], b.state[-1]
+            ours = tree_pids(self._roots)
+            out[GPU_PROCESS] = sum(
+                out[domain] * sm_share(self._utilization(h, t0_us), ours, t1_us)
+                for domain, h in self._attributed
+            )
+        return out
+
+    def _utilization(self, handle: Any, since_us: int) -> list[Any]:
+        nvml = self._nvml
+        try:
+            return list(nvml.nvmlDeviceGetProcessUtilization(handle, since_us))
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", 6):
+                return []  # no sample since then
+            raise MeterError(f"NVML per-process utilization failed: {one_line(exc)}") from exc
 
     def _library_shutdown(self) -> None:
         """nvmlShutdown exactly once per nvmlInit (NVML counts them)."""

@@ -269,9 +269,11 @@ class FakeGPU:
     processes: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     graphics_processes: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     # Per-process utilization samples (µs since the epoch, pid, SM %), as the driver
-    # keeps them; False: the board has none (NOT_SUPPORTED).
+    # keeps them, where ``process_utilization`` (most boards since Maxwell; off by default
+    # here, so a fake GPU's meter reports its GPUs alone unless a test asks for gpu:process):
+    # otherwise NOT_SUPPORTED, as under vGPUs.
     util_samples: list[tuple[int, int, int]] = field(default_factory=list)
-    process_utilization: bool = True
+    process_utilization: bool = False
 
 
 @dataclass
