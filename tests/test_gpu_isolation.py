@@ -138,7 +138,7 @@ def test_error_refuses_at_start_naming_the_pids(pytester: pytest.Pytester, vendo
 def test_the_ini_twin_refuses_too_and_warn_says_who_is_there(
     pytester: pytest.Pytester, vendor: str
 ) -> None:
-    neighbour(FOREIGN_PID, "other-llm-server")
+    neighbour(FOREIGN_PID + 1, "resident-server")  # there all along
     pytester.makepyfile(test_shared=SHARED_TEST)
     pytester.makeini("[pytest]\nllmenergy_gpu_isolation = error\n")
     refused = pytester.runpytest(backend(vendor), *TRIALS)
@@ -146,9 +146,11 @@ def test_the_ini_twin_refuses_too_and_warn_says_who_is_there(
     warned = pytester.runpytest(backend(vendor), "--energy-gpu-isolation=warn", *TRIALS)
     warned.stdout.fnmatch_lines(
         [
-            f"*WARNING: other processes use the measured GPUs: gpu:0 pid {FOREIGN_PID}*",
-            "*not measured: all * trials were disturbed by*",
-            "*other processes on the measured GPUs (gpu:0 pid*",
+            f"*WARNING: other processes use the measured GPUs: gpu:0 pid {FOREIGN_PID + 1}*",
+            "*not measured: all 5 trials were disturbed by other processes on the measured GPUs "
+            f"(gpu:0 pid {FOREIGN_PID + 1} resident-server, gpu:0 pid {FOREIGN_PID} *",
+            "*machine busy: other processes shared the measured GPUs "
+            f"(gpu:0 pid {FOREIGN_PID + 1}*",
         ]
     )
 
