@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
@@ -42,6 +43,7 @@ from .base import Domain, Method, Reading, _frozen
 from .gpu_meter import GpuMeter, one_line, period_s, period_text, probe_counters, sync_torch_gpus
 from .meter_settings import MeterSettings
 
+_modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "amdsmi"
 DEFAULT_INTERVAL_S = 0.1
 INSTALL_HINT = (
@@ -466,9 +468,11 @@ class AmdSmiMeter(GpuMeter):
         return self._domains
 
     def _read(self) -> Reading:
-        sync_torch_gpus(self._hip_ordinals)
+        if "torch" in _modules:  # only a program using torch may have queued GPU work
+            sync_torch_gpus(self._hip_ordinals)
         try:
-            t = self._now(perf_counter)
+            sampler = self._sampler
+            t = sampler.sample_now() if sampler is not None else perf_counter()
             state = tuple(map(self._count, self._counter_handles))
         except self._error as exc:
             raise MeterError(f"amdsmi reading failed: {one_line(exc)}") from exc

@@ -116,11 +116,6 @@ class GpuMeter(Meter):
 
         self._sampler = PowerSampler(read_power_w, interval_s, thread)
 
-    def _now(self, clock: Callable[[], float]) -> float:
-        """A reading's time: a forced sample's where there is a sampler, else ``clock``."""
-        sampler = self._sampler
-        return sampler.sample_now() if sampler is not None else clock()
-
     @abstractmethod
     def _counter_energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
         """Joules of the counted GPUs between two readings."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +39,7 @@ from .gpu_meter import (
 from .meter_settings import MeterSettings
 from .process_tree import tree_pids
 
+_modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "nvml"
 GPU_PROCESS = "gpu:process"  # this process tree's share of the GPUs' joules
 DEFAULT_INTERVAL_S = 0.1
@@ -356,7 +358,8 @@ class NvmlMeter(GpuMeter):
             for d in devices
             if self._keeps_process_utilization(nvml.nvmlDeviceGetHandleByIndex(d.index))
         )
-        if self._attributed:
+        if self._attributed:  # windows without it pay nothing for it
+            self._energy_j = self._attributed_energy_j  # type: ignore[method-assign]
             self._domains[GPU_PROCESS] = Domain(GPU_PROCESS, Method.ATTRIBUTED, counted=False)
             self.notes.append(
                 f"{GPU_PROCESS}: the GPUs' joules x this process tree's share of their SM "
@@ -442,9 +445,11 @@ class NvmlMeter(GpuMeter):
         return self._domains
 
     def _read(self) -> Reading:
-        sync_torch_gpus(self._cuda_ordinals)
+        if "torch" in _modules:  # only a program using torch may have queued GPU work
+            sync_torch_gpus(self._cuda_ordinals)
         try:
-            t = self._now(perf_counter)
+            sampler = self._sampler
+            t = sampler.sample_now() if sampler is not None else perf_counter()
             state = tuple(map(self._energy_mj, self._counter_handles))
             if self._attributed:  # the wall clock (µs) the driver stamps its samples with
                 state += (int(time.time() * 1e6),)
@@ -458,15 +463,15 @@ class NvmlMeter(GpuMeter):
             for name, mj_a, mj_b in zip(self._counter_names, a.state, b.state)
         }
 
-    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
-        out = super()._energy_j(a, b)
-        if self._attributed:
-            t0_us, t1_us = a.state[-1], b.state[-1]
-            ours = tree_pids(self._roots)
-            out[GPU_PROCESS] = sum(
-                out[domain] * sm_share(self._utilization(h, t0_us), ours, t1_us)
-                for domain, h in self._attributed
-            )
+    def _attributed_energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        """The GPUs' joules and gpu:process (the meter's ``_energy_j`` when attributing)."""
+        out = GpuMeter._energy_j(self, a, b)
+        t0_us, t1_us = a.state[-1], b.state[-1]
+        ours = tree_pids(self._roots)
+        out[GPU_PROCESS] = sum(
+            out[domain] * sm_share(self._utilization(h, t0_us), ours, t1_us)
+            for domain, h in self._attributed
+        )
         return out
 
     def _utilization(self, handle: Any, since_us: int) -> list[Any]:
