@@ -233,6 +233,13 @@ def short_reason(r: CaseResult) -> str:
 
 def busy_reason(r: CaseResult) -> str:
     """Why a case has no undisturbed trial, and what to do."""
+    on_gpu = {n.describe(): None for t in r.disturbed if t.gpu for n in t.gpu.neighbours}
+    if on_gpu:
+        return (
+            f"all {len(r.disturbed)} trials were disturbed by other processes on the measured "
+            f"GPUs ({', '.join(on_gpu)}); stop them and rerun, or --energy-gpu-isolation=off "
+            "to measure with them (their work counted as this case's)"
+        )
     share = r.max_background_cpu or 0.0
     return (
         f"all {len(r.disturbed)} trials were disturbed by other processes (up to "

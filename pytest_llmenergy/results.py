@@ -48,6 +48,18 @@ class PhaseRecord:
 
 
 @dataclass(frozen=True)
+class GpuNeighbour:
+    """Another process the driver listed on a measured GPU (``gpu.isolation``)."""
+
+    gpu: str  # gpu:0
+    pid: int
+    name: str = ""
+
+    def describe(self) -> str:
+        return f"{self.gpu} pid {self.pid}" + (f" {self.name}" if self.name else "")
+
+
+@dataclass(frozen=True)
 class GpuTelemetry:
     """What the GPUs did during one trial (``gpu.telemetry``); None: not read."""
 
@@ -58,6 +70,8 @@ class GpuTelemetry:
     thermal_s: float | None = None  # held back by heat
     throttled: str = ""  # why the trial does not show its setting (heat, power brake)
     power_limit_w: float | None = None  # the limit in force (enforced) as the trial began
+    # Other processes on the measured GPUs before or during the trial: it is disturbed.
+    neighbours: tuple[GpuNeighbour, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import pytest
 
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.gpu.control import GpuControl, GpuControlError, StateFile, recover
+from pytest_llmenergy.gpu.nvidia import NvidiaLibrary
 from pytest_llmenergy.gpu.settings import (
     AUTO_CLOCK,
     GpuLimits,
@@ -188,7 +189,8 @@ def test_telemetry_marks_a_thermally_throttled_trial(
     nvml.nvmlInit()
     h = nvml.nvmlDeviceGetHandleByIndex(0)
     nvml.nvmlDeviceSetPowerManagementLimit(h, 200_000)
-    probe = TrialTelemetry(nvml, [h], interval_s=0.002)
+    device = NvidiaLibrary(nvml).by_uuid(nvml.nvmlDeviceGetUUID(h), "gpu:0", "A100")
+    probe = TrialTelemetry([device], interval_s=0.002)
     seen = []
     for _ in range(2):
         probe.start()

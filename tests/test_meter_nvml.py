@@ -224,7 +224,7 @@ def test_counter_periods_on_a_scripted_clock() -> None:
 def test_a_counter_period_survives_late_looks_and_a_tick_that_added_nothing() -> None:
     """A 20 ms counter seen at 8, 4, 0 and 0 ms late (a busy machine): the intervals are
     16, 16 and 20 ms, but the span says 20; a tick that added nothing counts as two."""
-    from pytest_llmenergy.meters.nvml import _period_s
+    from pytest_llmenergy.meters.gpu_meter import period_s as _period_s
 
     assert _period_s([0.008, 0.024, 0.040, 0.060]) == pytest.approx(0.0173, abs=0.0001)
     assert _period_s([0.008, 0.024, 0.040, 0.060, 0.080, 0.100]) == pytest.approx(0.0184, 1e-2)

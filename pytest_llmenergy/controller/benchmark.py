@@ -73,7 +73,7 @@ class TrialProbe(Protocol):
 
     def start(self) -> None: ...
 
-    def stop(self) -> GpuTelemetry: ...
+    def stop(self) -> GpuTelemetry | None: ...
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -409,7 +409,8 @@ class EnergyBenchmark:
                     if rejected:
                         trial = dataclasses.replace(trial, rejected=rejected)
                     throttled = gpu.throttled if gpu is not None else ""
-                    busy = self.options.disturbed(share) or bool(throttled) or bool(rejected)
+                    shared = ", ".join(n.describe() for n in gpu.neighbours) if gpu else ""
+                    busy = self.options.disturbed(share) or bool(throttled or shared or rejected)
                     (disturbed if busy else trials).append(trial)
                     if rounds is not None:
                         if index >= rounds:
@@ -426,6 +427,10 @@ class EnergyBenchmark:
                             line += f" [trial {index} rejected: {rejected}; repeated]"
                         elif throttled:
                             line += f" [trial {index} throttled ({throttled}); repeated]"
+                        elif shared:
+                            line += (
+                                f" [trial {index} disturbed: on the GPU too: {shared}; repeated]"
+                            )
                         elif busy and share is not None:
                             line += (
                                 f" [trial {index} disturbed: other processes used "

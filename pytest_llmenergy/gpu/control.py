@@ -6,9 +6,11 @@ again, reads them back and removes the file.  A session killed outright (SIGKILL
 power cut of the host process) leaves the file behind: the next session, or
 ``llmenergy gpu restore``, finds it and restores from it.
 
-NVML cannot read which clocks were locked, so a GPU is assumed to have its clocks
-unlocked when a session starts (the default after boot); restoring unlocks them.
-``pynvml`` is imported only when a control is opened.
+Every GPU is reached through the device layer (gpu/device.py), so this works alike on
+NVIDIA and AMD; the state file records each GPU's vendor, so a killed AMD session is
+restored through amdsmi.  NVML cannot read which clocks were locked, so a GPU is
+assumed to have its clocks unlocked when a session starts (the default after boot);
+restoring unlocks them.  A vendor's library is imported only when a control is opened.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, LLMEnergyError
-from ..meters.nvml import visible_gpu_indices
+from ..errors import LLMEnergyError
+from .device import GpuDevice, GpuDeviceError, GpuLibrary, one_line, open_gpus, open_library
 from .settings import AUTO_CLOCK, GpuLimits, GpuSetting
 
 STATE_ENV = "LLMENERGY_GPU_STATE"
@@ -58,6 +60,7 @@ class Original:
     name: str
     power_limit_mw: int | None
     clocks_locked: bool = False  # locked by a session since (to unlock on restore)
+    vendor: str = "nvidia"  # whose library restores it (files written before AMD: NVIDIA)
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,6 @@ class ReadBack:
         clocks = "locked" if self.clocks_locked else "unlocked"
         now = "" if self.sm_clock_mhz is None else f" (SM clock now {self.sm_clock_mhz} MHz)"
         return f"{self.domain} {self.name}: power limit {limit}, clocks {clocks}{now}"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -108,8 +103,9 @@ class StateFile:
             return None
         except (OSError, ValueError, RecursionError) as exc:  # RecursionError: '[' x 10^5
             raise GpuControlError(
-                f"cannot read the GPU state file {self.path}: {_one_line(exc)}; check it "
-                "and restore the GPUs with nvidia-smi -rpl / -rgc, then delete it"
+                f"cannot read the GPU state file {self.path}: {one_line(exc)}; check it "
+                "and restore the GPUs by hand (nvidia-smi -pl / -rgc, amd-smi reset "
+                "--power-cap), then delete it"
             ) from None
         if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
             raise GpuControlError(f"{self.path} is not a GPU state file of pytest-llmenergy")
@@ -136,151 +132,109 @@ class StateFile:
         return [Original(**g) for g in data.get("gpus", [])]
 
 
-def import_pynvml() -> Any:
-    try:
-        import pynvml
-    except ImportError:
-        raise ConfigError(
-            "GPU settings need nvidia-ml-py: pip install 'pytest-llmenergy[nvml]'"
-        ) from None
-    return pynvml
-
-
 class GpuControl:
-    """Applies settings to the GPUs (NVML indices) and restores them."""
+    """Applies settings to the GPUs (through the device layer, any vendor) and restores them."""
 
     def __init__(
-        self, state: StateFile, gpus: Sequence[int] | None = None, nvml: Any = None
+        self,
+        state: StateFile,
+        gpus: Sequence[int] | None = None,
+        library: GpuLibrary | None = None,
+        backend: str = "auto",
     ) -> None:
-        """``gpus``: CUDA ordinals (``--energy-gpus``); None: every GPU CUDA sees."""
-        self.nvml = nvml if nvml is not None else import_pynvml()
-        self.state = state
-        self._open = False
-        self._originals: list[Original] | None = None  # set once the state file is written
-        self.current: GpuSetting | None = None
-        nvml = self.nvml
+        """``gpus``: ordinals the framework uses (``--energy-gpus``); None: every GPU it
+        sees; ``backend``: the energy backend, whose vendor's GPUs these are."""
         try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
+            self.library = library if library is not None else open_gpus(backend)
+        except GpuDeviceError as exc:
             raise GpuControlError(
-                f"GPU settings and telemetry need NVML, which could not start "
-                f"({_one_line(exc)}): run on a machine with an NVIDIA driver, or leave out "
+                f"GPU settings and telemetry need the GPU vendor's library, which could not "
+                f"start ({exc}): run on a machine with an NVIDIA or AMD driver, or leave out "
                 "--energy-gpu-power-limits, --energy-gpu-clocks and --energy-gpu-telemetry"
             ) from None
-        self._open = True
+        self.state = state
+        self._originals: list[Original] | None = None  # set once the state file is written
+        self.current: GpuSetting | None = None
         try:
-            self.indices = tuple(visible_gpu_indices(nvml, gpus))
-            if not self.indices:
-                raise GpuControlError("no NVIDIA GPU to change settings of (CUDA sees none)")
-            self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
-            self.uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self.handles]
-            self.names = [_text(nvml.nvmlDeviceGetName(h)) for h in self.handles]
-        except nvml.NVMLError as exc:
+            self.devices = self.library.devices(gpus)
+        except GpuDeviceError as exc:
             self.close()
-            raise GpuControlError(f"NVML failed while listing GPUs: {_one_line(exc)}") from None
+            raise GpuControlError(f"listing the GPUs failed: {exc}") from None
         except BaseException:
             self.close()
             raise
+        if not self.devices:
+            self.close()
+            raise GpuControlError(f"no {self.vendor} GPU to change settings of (none visible)")
 
-    def domain(self, i: int) -> str:
-        return f"gpu:{self.indices[i]}"
+    @property
+    def vendor(self) -> str:
+        return self.library.vendor
 
     # -- what the GPUs allow ---------------------------------------------------------
     def limits(self) -> list[GpuLimits]:
-        nvml = self.nvml
         out = []
-        for i, h in enumerate(self.handles):
+        for d in self.devices:
             try:
-                low, high = nvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
-                default = nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)
-                memory = max(nvml.nvmlDeviceGetSupportedMemoryClocks(h))
-                clocks = nvml.nvmlDeviceGetSupportedGraphicsClocks(h, memory)
-            except nvml.NVMLError as exc:
+                power = d.power_limits()
+                clocks = d.supported_clocks_mhz()
+            except GpuDeviceError as exc:
                 raise GpuControlError(
-                    f"{self.domain(i)} {self.names[i]}: its power limits and clocks cannot be "
-                    f"read ({_one_line(exc)}); this GPU cannot be swept"
+                    f"{d.domain} {d.name}: its power limits and clocks cannot be read ({exc}); "
+                    "this GPU cannot be swept"
                 ) from None
             out.append(
-                GpuLimits(
-                    self.domain(i),
-                    self.names[i],
-                    low / 1000,
-                    high / 1000,
-                    default / 1000,
-                    tuple(sorted((int(c) for c in clocks), reverse=True)),
-                )
+                GpuLimits(d.domain, d.name, power.min_w, power.max_w, power.default_w, clocks)
             )
         return out
 
     def check_permission(self) -> None:
         """Write each GPU's limit as it is (changing nothing): only root may, so a user
         without the right learns it now, in one line, not at the first case."""
-        nvml = self.nvml
-        for h in self.handles:
+        for d in self.devices:
             try:
-                nvml.nvmlDeviceSetPowerManagementLimit(h, nvml.nvmlDeviceGetPowerManagementLimit(h))
-            except nvml.NVMLError as exc:
-                if exc.value == getattr(nvml, "NVML_ERROR_NO_PERMISSION", 4):
+                d.set_power_limit_w(d.power_limit_w())
+            except GpuDeviceError as exc:
+                if exc.permission:
                     raise GpuControlError(PERMISSION_FIX) from None
-                raise GpuControlError(
-                    f"cannot set the power limit of {self.names[0]}: {_one_line(exc)}"
-                ) from None
+                raise GpuControlError(f"cannot set the power limit of {d.name}: {exc}") from None
 
     # -- changing ------------------------------------------------------------------------
     def _remember(self, lock_clocks: bool) -> None:
         """Write the originals before the first change (and again when clocks are first
         locked), so a killed session leaves what is needed to restore."""
-        nvml = self.nvml
         if self._originals is None:
             self._originals = [
-                Original(uuid, self.domain(i), self.names[i], self._limit_mw(h))
-                for i, (uuid, h) in enumerate(zip(self.uuids, self.handles))
+                Original(d.uuid, d.domain, d.name, _limit_mw(d), vendor=self.vendor)
+                for d in self.devices
             ]
             self.state.write(self._originals)
         if lock_clocks and not all(o.clocks_locked for o in self._originals):
-            self._originals = [
-                Original(o.uuid, o.domain, o.name, o.power_limit_mw, True) for o in self._originals
-            ]
+            self._originals = [replace(o, clocks_locked=True) for o in self._originals]
             self.state.write(self._originals)
-        del nvml
-
-    def _limit_mw(self, handle: Any) -> int | None:
-        nvml = self.nvml
-        try:
-            return int(nvml.nvmlDeviceGetPowerManagementLimit(handle))
-        except nvml.NVMLError:
-            return None
 
     def apply(self, setting: GpuSetting) -> list[ReadBack]:
         """Set, then read back; a GPU that did not take the setting is an error."""
         if setting == self.current:
             return []
-        nvml = self.nvml
         lock = setting.sm_clock_mhz is not None and setting.sm_clock_mhz != AUTO_CLOCK
         self._remember(lock)
         out = []
-        for i, h in enumerate(self.handles):
-            where = f"{self.domain(i)} {self.names[i]}"
+        for d in self.devices:
+            where = f"{d.domain} {d.name}"
             try:
                 if setting.power_limit_w is not None:
-                    nvml.nvmlDeviceSetPowerManagementLimit(h, round(setting.power_limit_w * 1000))
+                    d.set_power_limit_w(setting.power_limit_w)
                 if lock:
-                    mhz = setting.sm_clock_mhz
-                    nvml.nvmlDeviceSetGpuLockedClocks(h, mhz, mhz)
+                    assert setting.sm_clock_mhz is not None
+                    d.lock_clocks_mhz(setting.sm_clock_mhz)
                 elif setting.sm_clock_mhz == AUTO_CLOCK:
-                    nvml.nvmlDeviceResetGpuLockedClocks(h)
-                back = self._read_back(i, lock)
-            except nvml.NVMLError as exc:
+                    d.reset_clocks()
+                back = _read_back(d, lock)
+            except GpuDeviceError as exc:
                 self.current = None
-                fix = (
-                    PERMISSION_FIX
-                    if exc.value == getattr(nvml, "NVML_ERROR_NO_PERMISSION", 4)
-                    else ""
-                )
-                raise GpuControlError(
-                    f"{where}: setting {setting.id} failed: {_one_line(exc)}"
-                    + (f"; {fix}" if fix else "")
-                ) from None
+                fix = f"; {PERMISSION_FIX}" if exc.permission else ""
+                raise GpuControlError(f"{where}: setting {setting.id} failed: {exc}{fix}") from None
             if setting.power_limit_w is not None and back.power_limit_w != setting.power_limit_w:
                 raise GpuControlError(
                     f"{where}: power limit set to {setting.power_limit_w:g} W but reads back "
@@ -295,25 +249,13 @@ class GpuControl:
         self.current = setting
         return out
 
-    def _read_back(self, i: int, locked: bool) -> ReadBack:
-        nvml = self.nvml
-        h = self.handles[i]
-        limit = self._limit_mw(h)
-        try:
-            sm = int(nvml.nvmlDeviceGetClockInfo(h, getattr(nvml, "NVML_CLOCK_SM", 1)))
-        except nvml.NVMLError:
-            sm = None
-        return ReadBack(
-            self.domain(i), self.names[i], None if limit is None else limit / 1000, locked, sm
-        )
-
     # -- giving back -----------------------------------------------------------------------
     def restore(self) -> list[ReadBack]:
         """The originals again, read back; the state file goes once all are back.
         Nothing changed: nothing to do."""
         if self._originals is None:
             return []
-        out = restore_originals(self.nvml, self._originals)
+        out = restore_originals(self.library, self._originals)
         self.state.remove()
         self._originals = None
         self.current = None
@@ -324,45 +266,60 @@ class GpuControl:
         return self._originals is not None
 
     def close(self) -> None:
-        if self._open:
-            self._open = False
-            with contextlib.suppress(Exception):
-                self.nvml.nvmlShutdown()
+        self.library.close()
 
 
-def restore_originals(nvml: Any, originals: Sequence[Original]) -> list[ReadBack]:
+def _limit_mw(device: GpuDevice) -> int | None:
+    try:
+        return round(device.power_limit_w() * 1000)
+    except GpuDeviceError:
+        return None
+
+
+def _read_back(device: GpuDevice, locked: bool) -> ReadBack:
+    limit = _limit_mw(device)
+    return ReadBack(
+        device.domain,
+        device.name,
+        None if limit is None else limit / 1000,
+        locked,
+        device.sm_clock_mhz(),
+    )
+
+
+def restore_originals(library: GpuLibrary, originals: Sequence[Original]) -> list[ReadBack]:
     """Set each GPU (found by UUID) back; raises naming the GPUs that could not be."""
     out: list[ReadBack] = []
     failed: list[str] = []
     for o in originals:
         try:
-            h = nvml.nvmlDeviceGetHandleByUUID(o.uuid.encode())
+            d = library.by_uuid(o.uuid, o.domain, o.name)
             if o.power_limit_mw is not None:
-                nvml.nvmlDeviceSetPowerManagementLimit(h, int(o.power_limit_mw))
+                d.set_power_limit_w(o.power_limit_mw / 1000)
             if o.clocks_locked:
-                nvml.nvmlDeviceResetGpuLockedClocks(h)
-            limit = nvml.nvmlDeviceGetPowerManagementLimit(h)
-            sm = int(nvml.nvmlDeviceGetClockInfo(h, getattr(nvml, "NVML_CLOCK_SM", 1)))
-        except nvml.NVMLError as exc:
-            failed.append(f"{o.domain} {o.name}: {_one_line(exc)}")
+                d.reset_clocks()
+            back = _read_back(d, False)
+        except GpuDeviceError as exc:
+            failed.append(f"{o.domain} {o.name}: {exc}")
             continue
-        out.append(ReadBack(o.domain, o.name, int(limit) / 1000, False, sm))
-        if o.power_limit_mw is not None and int(limit) != int(o.power_limit_mw):
-            failed.append(f"{o.domain} {o.name}: power limit reads back {int(limit) / 1000:g} W")
+        out.append(back)
+        if o.power_limit_mw is not None and back.power_limit_w != o.power_limit_mw / 1000:
+            failed.append(f"{o.domain} {o.name}: power limit reads back {back.power_limit_w} W")
     if failed:
         raise GpuControlError(
             "could not restore " + "; ".join(failed) + "; run `llmenergy gpu restore` as root "
-            "(or nvidia-smi -pl / -rgc)"
+            f"(or {library.manual_restore})"
         )
     return out
 
 
 def recover(
-    state: StateFile, nvml: Any = None, *, force: bool = False
+    state: StateFile, module: Any = None, *, force: bool = False
 ) -> tuple[dict[str, Any], list[ReadBack]] | None:
     """Restore what a session that died left in the state file; None if there is none.
-    A session still alive owns its GPUs: that is an error, not a restore (unless
-    ``force``: the pid was reused by another program)."""
+    Each GPU is restored through the library of the vendor the file records (``module``:
+    that library's package, for tests).  A session still alive owns its GPUs: that is an
+    error, not a restore (unless ``force``: the pid was reused by another program)."""
     data = state.read()
     if data is None:
         return None
@@ -373,18 +330,19 @@ def recover(
             f"settings ({state.path}); wait for it to end, or if it is not pytest-llmenergy, "
             "run `llmenergy gpu restore --force`"
         )
-    nvml = nvml if nvml is not None else import_pynvml()
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        raise GpuControlError(
-            f"a session left GPU settings to restore ({state.path}) but NVML could not start: "
-            f"{_one_line(exc)}"
-        ) from None
-    try:
-        back = restore_originals(nvml, StateFile.originals(data))
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
+    originals = StateFile.originals(data)
+    back: list[ReadBack] = []
+    for vendor in dict.fromkeys(o.vendor for o in originals):
+        try:
+            library = open_library(vendor, module)
+        except GpuDeviceError as exc:
+            raise GpuControlError(
+                f"a session left {vendor} GPU settings to restore ({state.path}) but its "
+                f"library could not start: {exc}"
+            ) from None
+        try:
+            back += restore_originals(library, [o for o in originals if o.vendor == vendor])
+        finally:
+            library.close()
     state.remove()
     return data, back

@@ -1,24 +1,26 @@
 """What the GPUs did during each trial: temperature, SM clock, clock-event reasons.
 
 A thread samples every GPU while a trial runs (clock, temperature, the current
-clock-event reasons, called "throttle reasons" before nvidia-ml-py 12.535), and NVML's
+clock-event reasons, called "throttle reasons" before nvidia-ml-py 12.535), and the
 violation counters are read at the trial's edges (time held back by the power cap and by
-heat, exact however short the trial).  A trial slowed by heat or a power brake does not
-show the setting under test: it is marked, kept, left out of the figures and repeated.
+heat, exact however short the trial).  Every GPU is read through the device layer: AMD
+GPUs give clock and temperature, and no reasons beyond idle (amdsmi has none).  A trial
+slowed by heat or a power brake does not show the setting under test: it is marked,
+kept, left out of the figures and repeated.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Sequence
-from typing import Any
 
-from ..results import GpuTelemetry
+from ..results import GpuNeighbour, GpuTelemetry
+from .device import GPU_IDLE, GpuDevice
+from .isolation import neighbours
 
 # Clock-event reason bits (nvmlClocksEventReason*), by the name a trial records.
 REASON_BITS = {
-    "gpu_idle": 0x1,
+    "gpu_idle": GPU_IDLE,
     "applications_clocks": 0x2,  # locked or application clocks below the maximum
     "sw_power_cap": 0x4,  # the power limit: what a power-limit setting does
     "hw_slowdown": 0x8,
@@ -31,7 +33,7 @@ REASON_BITS = {
 # Reasons that mean the trial ran at something other than its setting.
 DISQUALIFYING = ("hw_thermal", "sw_thermal", "hw_power_brake", "hw_slowdown")
 DEFAULT_INTERVAL_S = 0.01
-_POLICY_POWER, _POLICY_THERMAL = 0, 1
+NEIGHBOUR_EVERY = 10  # samples between looks for other processes during a trial
 
 
 def reason_names(mask: int) -> tuple[str, ...]:
@@ -39,68 +41,64 @@ def reason_names(mask: int) -> tuple[str, ...]:
 
 
 class TrialTelemetry:
-    """``start()`` before a trial's window, ``stop()`` after it: one ``GpuTelemetry``."""
+    """``start()`` before a trial's window, ``stop()`` after it: one ``GpuTelemetry``.
 
-    def __init__(self, nvml: Any, handles: Sequence[Any], interval_s: float = DEFAULT_INTERVAL_S):
-        self.nvml = nvml
-        self.handles = tuple(handles)
+    ``roots``: the session's own process trees, to look for other processes on the GPUs
+    at both edges (and every ``NEIGHBOUR_EVERY`` samples between); None: not looked for.
+    ``clocks`` False: only that, no thread, and ``stop()`` is None when nobody was there.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[GpuDevice],
+        interval_s: float = DEFAULT_INTERVAL_S,
+        *,
+        roots: tuple[int, ...] | None = None,
+        clocks: bool = True,
+    ):
+        self.devices = tuple(devices)
         self.interval_s = interval_s
-        self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
-        )
-        self._sm = getattr(nvml, "NVML_CLOCK_SM", 1)
-        self._gpu_sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
-        self._samples: list[tuple[int | None, int | None, int]] = []
+        self.roots = roots
+        self.clocks = clocks
+        self._neighbours: dict[tuple[str, int], GpuNeighbour] = {}
+        self._samples: list[tuple[int | None, float | None, int]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._violations: list[tuple[int, int] | None] = []
         self._power_limit_w: float | None = None
 
     def _violation_ns(self) -> list[tuple[int, int] | None]:
-        nvml = self.nvml
-        out: list[tuple[int, int] | None] = []
-        for h in self.handles:
-            try:
-                power = nvml.nvmlDeviceGetViolationStatus(h, _POLICY_POWER).violationTime
-                heat = nvml.nvmlDeviceGetViolationStatus(h, _POLICY_THERMAL).violationTime
-                out.append((int(power), int(heat)))
-            except (nvml.NVMLError, AttributeError):
-                out.append(None)
-        return out
+        return [d.violation_ns() for d in self.devices]
 
     def _sample(self) -> None:
-        nvml = self.nvml
-        for h in self.handles:
-            try:
-                sm: int | None = int(nvml.nvmlDeviceGetClockInfo(h, self._sm))
-            except nvml.NVMLError:
-                sm = None
-            try:
-                temp: int | None = int(nvml.nvmlDeviceGetTemperature(h, self._gpu_sensor))
-            except nvml.NVMLError:
-                temp = None
-            try:
-                mask = int(self._reasons(h)) if self._reasons is not None else 0
-            except nvml.NVMLError:
-                mask = 0
-            self._samples.append((sm, temp, mask))
+        for d in self.devices:
+            self._samples.append((d.sm_clock_mhz(), d.temperature_c(), d.event_reasons()))
+
+    def _look(self) -> None:
+        if self.roots is not None:
+            for n in neighbours(self.devices, self.roots):
+                self._neighbours.setdefault((n.gpu, n.pid), n)
 
     def _loop(self) -> None:
+        count = 0
         while True:
             self._sample()
+            count += 1
+            if count % NEIGHBOUR_EVERY == 0:
+                self._look()
             if self._stop.wait(self.interval_s):
                 return
 
     def _limit_w(self) -> float | None:
         """The power limit in force (the lowest among the GPUs)."""
-        nvml = self.nvml
-        limits = []
-        for h in self.handles:
-            with contextlib.suppress(nvml.NVMLError, AttributeError):
-                limits.append(int(nvml.nvmlDeviceGetEnforcedPowerLimit(h)) / 1000)
+        limits = [w for w in (d.enforced_power_limit_w() for d in self.devices) if w is not None]
         return min(limits) if limits else None
 
     def start(self) -> None:
+        self._neighbours = {}
+        self._look()
+        if not self.clocks:
+            return
         self._samples = []
         self._stop.clear()
         self._power_limit_w = self._limit_w()
@@ -109,7 +107,11 @@ class TrialTelemetry:
         self._thread.daemon = True
         self._thread.start()
 
-    def stop(self) -> GpuTelemetry:
+    def stop(self) -> GpuTelemetry | None:
+        self._look()
+        found = tuple(self._neighbours.values())
+        if not self.clocks:
+            return GpuTelemetry(neighbours=found) if found else None
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
@@ -142,4 +144,5 @@ class TrialTelemetry:
             thermal_s=thermal_s if known else None,
             throttled=", ".join(bad),
             power_limit_w=self._power_limit_w,
+            neighbours=found,
         )

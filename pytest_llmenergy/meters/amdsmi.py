@@ -39,11 +39,11 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
-from .base import Domain, Meter, Method, PowerSample, Reading, _frozen
+from .base import Domain, Method, Reading, _frozen
+from .gpu_meter import GpuMeter, one_line, period_s, period_text, probe_counters, sync_torch_gpus
 from .meter_settings import MeterSettings
-from .nvml import PERIOD_PROBE_INTERVALS, PERIOD_PROBE_MAX_S, _one_line, _period_s, _period_text
-from .sampling import PowerSampler, integrate_instant
 
+_modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "amdsmi"
 DEFAULT_INTERVAL_S = 0.1
 INSTALL_HINT = (
@@ -136,7 +136,7 @@ def count_delta(before: int, after: int) -> int:
     return after - before + 2**width
 
 
-def _import_amdsmi() -> ModuleType:
+def import_amdsmi() -> ModuleType:
     """``amdsmi`` prints to stdout when libamd_smi.so is missing and fails with whatever
     exception its ctypes loading meets (OSError, AttributeError, KeyError): one line here."""
     try:
@@ -147,7 +147,7 @@ def _import_amdsmi() -> ModuleType:
     except Exception as exc:
         raise MeterUnavailable(
             BACKEND,
-            f"the amdsmi package cannot load libamd_smi ({_one_line(exc)}): install the amdsmi "
+            f"the amdsmi package cannot load libamd_smi ({one_line(exc)}): install the amdsmi "
             "package of this machine's ROCm (pip install /opt/rocm/share/amd_smi) and set "
             f"ROCM_PATH; {FALLBACK_HINT}",
         ) from exc
@@ -165,7 +165,7 @@ def _error_code(exc: BaseException) -> int | None:
 def _init_failure(exc: BaseException) -> MeterUnavailable:
     """amdsmi_init failed: amdsmi's own words, then what it means here and what to do."""
     hint = _INIT_HINTS.get(_error_code(exc) or -1, "amdsmi could not start")
-    return MeterUnavailable(BACKEND, f"{_one_line(exc)}: {hint}; {FALLBACK_HINT}")
+    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}; {FALLBACK_HINT}")
 
 
 def _visible_entries(text: str, count: int) -> list[int]:
@@ -203,29 +203,6 @@ def _visibility_text(environ: Mapping[str, str] | None = None) -> str:
 
 
 # -- timing and checking the counters --------------------------------------------------------
-def probe_counters(
-    read_count: Callable[[Any], int],
-    handles: Sequence[Any],
-    max_s: float = PERIOD_PROBE_MAX_S,
-    intervals: int = PERIOD_PROBE_INTERVALS,
-    clock: Callable[[], float] = perf_counter,
-) -> list[list[tuple[float, int]]]:
-    """Each counter's changes ``(time, count)`` while polled in turn, within ``max_s``:
-    what its update period and its rate are measured from."""
-    last = [read_count(handle) for handle in handles]
-    changes: list[list[tuple[float, int]]] = [[] for _ in handles]
-    pending = list(range(len(handles)))
-    deadline = clock() + max_s
-    while pending and clock() < deadline:
-        for i in pending:
-            value = read_count(handles[i])
-            if value != last[i]:
-                last[i] = value
-                changes[i].append((clock(), value))
-        pending = [i for i in pending if len(changes[i]) <= intervals]
-    return changes
-
-
 def counter_problem(
     changes: Sequence[tuple[float, int]],
     uj_per_count: float,
@@ -295,7 +272,7 @@ def _sampled_note(
     return f"{domain} {name}: sampled ({why}; {source})"
 
 
-class AmdSmiMeter(Meter):
+class AmdSmiMeter(GpuMeter):
     """Energy of AMD GPUs: the energy accumulator where it works, sampled power elsewhere."""
 
     backend = BACKEND
@@ -303,20 +280,18 @@ class AmdSmiMeter(Meter):
     def __init__(self, options: MeterSettings | None = None) -> None:
         super().__init__()
         options = options or MeterSettings()
-        smi = _import_amdsmi()
+        smi = import_amdsmi()
         self._error: type[BaseException] = smi.AmdSmiException
         try:
             smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
         except smi.AmdSmiException as exc:
             raise _init_failure(exc) from exc
         self._smi = smi
-        self._closed = False
-        self._sampler: PowerSampler | None = None
         try:
             self._open(options)
         except smi.AmdSmiException as exc:
             self._shutdown()
-            reason = f"amdsmi failed while listing GPUs: {_one_line(exc)}"
+            reason = f"amdsmi failed while listing GPUs: {one_line(exc)}"
             raise MeterUnavailable(BACKEND, reason) from exc
         except ValueError as exc:  # a reply energy_count cannot read
             self._shutdown()
@@ -361,7 +336,6 @@ class AmdSmiMeter(Meter):
             boards.setdefault(index - 1 if index in silent else index, []).append(ordinal)
 
         interval_s = options.interval_s(DEFAULT_INTERVAL_S)
-        self.notes: list[str] = []
         devices: list[AmdGpu] = []
         counters: list[tuple[int, float]] = []  # position in devices, µJ per count
         readers: dict[str, Callable[[], float]] = {}
@@ -408,11 +382,11 @@ class AmdSmiMeter(Meter):
             power_w = sum(known) / len(known) if known else None
             problem = counter_problem(seen, uj, power_w, probed_s)
             if problem is None:
-                period_s = _period_s([t for t, _ in seen])
+                period = period_s([t for t, _ in seen])
                 note = device.note.replace(
-                    COUNTER_TEXT, f"{COUNTER_TEXT}, {_period_text(period_s)}", 1
+                    COUNTER_TEXT, f"{COUNTER_TEXT}, {period_text(period)}", 1
                 )
-                devices[i] = replace(device, note=note, resolution_s=period_s)
+                devices[i] = replace(device, note=note, resolution_s=period)
                 kept.append((device.domain, handles[device.index], uj))
                 continue
             assert reader is not None  # counter_problem needs a power reading to find one
@@ -435,16 +409,8 @@ class AmdSmiMeter(Meter):
         self._counter_names = tuple(d for d, _, _ in kept)
         self._counter_handles = tuple(h for _, h, _ in kept)
         self._uj_per_count = tuple(uj for _, _, uj in kept)
-        sampled = tuple((d.domain, readers[d.domain]) for d in devices if d.domain in readers)
-        self._sampled_names = tuple(name for name, _ in sampled)
-        if sampled:
-
-            def read_power_w() -> dict[str, float]:
-                return {name: read() for name, read in sampled}
-
-            self._sampler = PowerSampler(read_power_w, interval_s, SAMPLER_THREAD_NAME)
-        else:
-            self._uses_start_stop = False  # counters only: no sampler to start or stop
+        sampled = [(d.domain, readers[d.domain]) for d in devices if d.domain in readers]
+        self._sample(sampled, interval_s, SAMPLER_THREAD_NAME)
 
     def _name(self, handle: Any) -> str:
         try:
@@ -477,7 +443,7 @@ class AmdSmiMeter(Meter):
         try:
             _, uj = energy_count(self._smi.amdsmi_get_energy_count(handle))
         except self._error as exc:
-            return None, f"energy counter unavailable: {_one_line(exc)}"
+            return None, f"energy counter unavailable: {one_line(exc)}"
         except ValueError as exc:
             return None, f"energy counter unreadable: {exc}"
         return uj, None
@@ -502,69 +468,27 @@ class AmdSmiMeter(Meter):
         return self._domains
 
     def _read(self) -> Reading:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            _sync_gpus(torch, self._hip_ordinals)
+        if "torch" in _modules:  # only a program using torch may have queued GPU work
+            sync_torch_gpus(self._hip_ordinals)
         try:
             sampler = self._sampler
             t = sampler.sample_now() if sampler is not None else perf_counter()
             state = tuple(map(self._count, self._counter_handles))
         except self._error as exc:
-            raise MeterError(f"amdsmi reading failed: {_one_line(exc)}") from exc
+            raise MeterError(f"amdsmi reading failed: {one_line(exc)}") from exc
         except ValueError as exc:
             raise MeterError(f"amdsmi reading failed: {exc}") from exc
         return _frozen(Reading, {"t": t, "state": state})
 
-    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, uj, count_a, count_b in zip(
-            self._counter_names, self._uj_per_count, a.state, b.state
-        ):
-            out[name] = count_delta(count_a, count_b) * uj / 1e6
-        if self._sampler is not None:
-            samples = self._sampler.bracket(a.t, b.t)
-            out.update(integrate_instant(samples, a.t, b.t, self._sampled_names))
-            if self._counter_names:
-                out = {name: out[name] for name in self._names}
-        return out
+    def _counter_energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        return {
+            name: count_delta(count_a, count_b) * uj / 1e6
+            for name, uj, count_a, count_b in zip(
+                self._counter_names, self._uj_per_count, a.state, b.state
+            )
+        }
 
-    def _start(self) -> None:
-        if self._sampler is not None:
-            self._sampler.start()
-
-    def _stop(self) -> None:
-        if self._sampler is not None:
-            self._sampler.stop()
-
-    def _samples(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
-        return self._sampler.between(t0, t1) if self._sampler is not None else ()
-
-    def describe(self) -> str:
-        return f"{self.backend}: " + "; ".join(self.notes)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        if self._sampler is not None:
-            self._sampler.stop()
-        self._shutdown()
-
-    def _shutdown(self) -> None:
+    def _library_shutdown(self) -> None:
         """amdsmi_shut_down once per amdsmi_init."""
-        self._closed = True
         with contextlib.suppress(self._error):
             self._smi.amdsmi_shut_down()
-
-
-def _sync_gpus(torch: Any, ordinals: Sequence[int]) -> None:
-    """Let queued kernels finish, so their energy lands inside the window they ran in;
-    torch on ROCm keeps the ``torch.cuda`` names.  Only when the program already uses the
-    GPUs through torch: we never import torch."""
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
-        return
-    try:
-        for ordinal in ordinals:
-            cuda.synchronize(ordinal)
-    except (RuntimeError, ValueError, AssertionError):
-        cuda.synchronize()

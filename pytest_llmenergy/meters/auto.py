@@ -105,26 +105,33 @@ class CompositeMeter(Meter):
 
 
 def create(options: MeterSettings) -> CompositeMeter:
-    from . import resolve_factory
-
     meters: list[Meter] = []
     statuses: list[BackendStatus] = []
-    gpu: Meter | None = None
-    for name in GPU_ORDER:
-        if gpu is not None:  # both would name their GPUs gpu:0...: one vendor per session
-            statuses.append(BackendStatus(name, False, f"GPUs already measured by {gpu.backend}"))
-            continue
-        try:
-            gpu = resolve_factory(name)(options)
-        except MeterUnavailable as exc:
-            statuses.append(BackendStatus(name, False, exc.reason))
-            continue
-        meters.append(gpu)
-        statuses.append(BackendStatus(name, True, "GPUs: " + ", ".join(gpu.domains)))
-    cpu: Meter | None = None
-    for name in CPU_ORDER:
-        if cpu is not None:
-            statuses.append(BackendStatus(name, False, f"CPU already measured by {cpu.backend}"))
+    # both GPU backends would name their GPUs gpu:0...: one vendor per session
+    _first_that_works(GPU_ORDER, "GPUs", options, meters, statuses)
+    _first_that_works(CPU_ORDER, "CPU", options, meters, statuses)
+    if not meters:  # the estimate works everywhere psutil does
+        raise MeterUnavailable("auto", "; ".join(s.line() for s in statuses))
+    return CompositeMeter(meters, statuses)
+
+
+def _first_that_works(
+    order: tuple[str, ...],
+    what: str,
+    options: MeterSettings,
+    meters: list[Meter],
+    statuses: list[BackendStatus],
+) -> None:
+    """Open the first backend of ``order`` that works and measures nothing already
+    measured (pyJoules also reads the GPUs NVML does); every other one gets its reason."""
+    from . import resolve_factory
+
+    chosen: Meter | None = None
+    for name in order:
+        if chosen is not None:
+            statuses.append(
+                BackendStatus(name, False, f"{what} already measured by {chosen.backend}")
+            )
             continue
         try:
             candidate = resolve_factory(name)(options)
@@ -132,13 +139,10 @@ def create(options: MeterSettings) -> CompositeMeter:
             statuses.append(BackendStatus(name, False, exc.reason))
             continue
         overlap = set(candidate.domains) & {d for m in meters for d in m.domains}
-        if overlap:  # e.g. pyJoules also reads the GPUs NVML already measures
+        if overlap:
             candidate.close()
             statuses.append(BackendStatus(name, False, f"overlaps {sorted(overlap)}"))
             continue
-        cpu = candidate
-        meters.append(cpu)
-        statuses.append(BackendStatus(name, True, "CPU: " + ", ".join(cpu.domains)))
-    if not meters:  # the estimate works everywhere psutil does
-        raise MeterUnavailable("auto", "; ".join(s.line() for s in statuses))
-    return CompositeMeter(meters, statuses)
+        chosen = candidate
+        meters.append(chosen)
+        statuses.append(BackendStatus(name, True, f"{what}: " + ", ".join(chosen.domains)))

@@ -14,11 +14,10 @@ open.  The GPUs measured are the ones CUDA sees, numbered as CUDA numbers them, 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
-import statistics
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
@@ -26,20 +25,27 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
-from .base import Domain, Meter, Method, PowerSample, Reading, _frozen, duration_text
+from .base import Domain, Method, Reading, _frozen
+from .gpu_meter import (
+    PERIOD_PROBE_INTERVALS,
+    PERIOD_PROBE_MAX_S,
+    GpuMeter,
+    one_line,
+    period_s,
+    period_text,
+    probe_counters,
+    sync_torch_gpus,
+)
 from .meter_settings import MeterSettings
-from .sampling import PowerSampler, integrate_instant
+from .process_tree import tree_pids
 
+_modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "nvml"
+GPU_PROCESS = "gpu:process"  # this process tree's share of the GPUs' joules
 DEFAULT_INTERVAL_S = 0.1
 INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'pytest-llmenergy[nvml]'"
 FALLBACK_HINT = "use --energy-backend=auto or estimate"
 SAMPLER_THREAD_NAME = "llmenergy-nvml-sampler"
-# Timing the counters' update period at open: every counter GPU is polled in turn in one
-# tight loop, which stops once each has shown this many updates, or after the cap (so
-# opening stays well under a second even with a 100 ms counter on every GPU).
-PERIOD_PROBE_MAX_S = 0.3
-PERIOD_PROBE_INTERVALS = 3
 
 # Fallbacks for the pynvml constants we use, in case an old nvidia-ml-py lacks one.
 _ARCH_VOLTA = 5
@@ -79,7 +85,6 @@ _INIT_HINTS = {
 }
 
 _INT_ENTRY = re.compile(r"([+-]?)(\d+)")
-_modules = sys.modules  # read at every reading: is torch (and so maybe CUDA) in use?
 
 
 @dataclass(frozen=True)
@@ -109,37 +114,19 @@ def counter_periods_s(
     so the period is what the meter can resolve.  The counters are polled in turn, all
     within ``max_s``; one that changed fewer than twice in that time gets None.
     """
-    last = [read_mj(handle) for handle in handles]
-    changes: list[list[float]] = [[] for _ in handles]
-    pending = list(range(len(handles)))
-    deadline = clock() + max_s
-    while pending and clock() < deadline:
-        for i in pending:
-            value = read_mj(handles[i])
-            if value != last[i]:
-                last[i] = value
-                changes[i].append(clock())
-        pending = [i for i in pending if len(changes[i]) <= intervals]
-    return [_period_s(times) for times in changes]
+    changes = probe_counters(read_mj, handles, max_s, intervals, clock)
+    return [period_s([t for t, _ in seen]) for seen in changes]
 
 
-def _period_s(times: Sequence[float]) -> float | None:
-    """The mean period over the whole span, its number of periods counted with the median
-    interval: a change seen late (a busy machine) shortens one interval and lengthens the
-    next, which the span evens out; a tick that added nothing (two periods between seen
-    changes) is counted as two."""
-    if len(times) < 2:
-        return None
-    median_s = statistics.median(b - a for a, b in itertools.pairwise(times))
-    span_s = times[-1] - times[0]
-    periods = max(round(span_s / median_s), 1) if median_s > 0 else len(times) - 1
-    return span_s / periods
-
-
-def _period_text(period_s: float | None) -> str:
-    if period_s is None:
-        return f"update period unknown (fewer than 2 updates in {PERIOD_PROBE_MAX_S:g} s)"
-    return f"updates every {duration_text(period_s)}"
+def sm_share(samples: Sequence[Any], ours: set[int], until_us: int) -> float:
+    """This session's share of a GPU's SM use from NVML's per-process samples up to
+    ``until_us``: its processes' SM % over every process's.  No sample (a window shorter
+    than the driver's sampling, or an idle GPU): all of it, as nobody else was seen."""
+    used = [(int(s.pid), float(s.smUtil)) for s in samples if int(s.timeStamp) <= until_us]
+    total = sum(sm for _, sm in used)
+    if total <= 0:
+        return 1.0
+    return sum(sm for pid, sm in used if pid in ours) / total
 
 
 def create(options: MeterSettings) -> NvmlMeter:
@@ -150,10 +137,6 @@ def create(options: MeterSettings) -> NvmlMeter:
 def _text(value: str | bytes) -> str:
     """Old nvidia-ml-py releases return ``bytes``, newer ones ``str``; we want ``str``."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _import_pynvml() -> ModuleType:
@@ -172,7 +155,7 @@ def _init_failure(nvml: ModuleType, exc: BaseException) -> MeterUnavailable:
         if code is not None and getattr(nvml, name, None) == code:
             hint = text
             break
-    return MeterUnavailable(BACKEND, f"{_one_line(exc)}: {hint}; {FALLBACK_HINT}")
+    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}; {FALLBACK_HINT}")
 
 
 class _Visible:
@@ -250,7 +233,7 @@ class _Visible:
         return ordinals
 
 
-class NvmlMeter(Meter):
+class NvmlMeter(GpuMeter):
     """Energy of NVIDIA GPUs: the mJ counter where there is one, sampled power elsewhere."""
 
     backend = BACKEND
@@ -265,13 +248,11 @@ class NvmlMeter(Meter):
             raise _init_failure(nvml, exc) from exc
         self._nvml = nvml
         self._nvml_error: type[BaseException] = nvml.NVMLError
-        self._closed = False
-        self._sampler: PowerSampler | None = None
         try:
             self._open(options)
         except nvml.NVMLError as exc:
             self._shutdown()
-            reason = f"NVML failed while listing GPUs: {_one_line(exc)}"
+            reason = f"NVML failed while listing GPUs: {one_line(exc)}"
             raise MeterUnavailable(BACKEND, reason) from exc
         except BaseException:
             self._shutdown()
@@ -309,7 +290,6 @@ class NvmlMeter(Meter):
         self._cuda_ordinals: tuple[int, ...] = tuple(selected)
 
         interval_s = options.interval_s(DEFAULT_INTERVAL_S)
-        self.notes: list[str] = []
         devices: list[NvmlGpu] = []
         counter_handles: list[Any] = []
         counter_names: list[str] = []
@@ -347,7 +327,7 @@ class NvmlMeter(Meter):
                 period_s = period_of[device.domain]
                 note = device.note.replace(
                     "counter (NVML total energy, mJ)",
-                    f"counter (NVML total energy, mJ), {_period_text(period_s)}",
+                    f"counter (NVML total energy, mJ), {period_text(period_s)}",
                     1,
                 )
                 devices[i] = replace(device, note=note, resolution_s=period_s)
@@ -368,17 +348,34 @@ class NvmlMeter(Meter):
         self._names = tuple(self._domains)
         self._counter_handles = tuple(counter_handles)
         self._counter_names = tuple(counter_names)
-        self._sampled_names = tuple(name for name, _ in readers)
         self._energy_mj = nvml.nvmlDeviceGetTotalEnergyConsumption
-        if readers:
-            read_all = tuple(readers)
+        self._sample(readers, interval_s, SAMPLER_THREAD_NAME)
+        # gpu:process where the driver keeps per-process SM utilization (counted=False:
+        # a share of the GPUs' joules, beside them, as RAPL's cpu:process)
+        self._roots = (os.getpid(), *options.attributed_pids)
+        self._attributed = tuple(
+            (d.domain, nvml.nvmlDeviceGetHandleByIndex(d.index))
+            for d in devices
+            if self._keeps_process_utilization(nvml.nvmlDeviceGetHandleByIndex(d.index))
+        )
+        if self._attributed:  # windows without it pay nothing for it
+            self._energy_j = self._attributed_energy_j  # type: ignore[method-assign]
+            self._domains[GPU_PROCESS] = Domain(GPU_PROCESS, Method.ATTRIBUTED, counted=False)
+            self.notes.append(
+                f"{GPU_PROCESS}: the GPUs' joules x this process tree's share of their SM "
+                "utilization per process (NVML), an attribution"
+            )
 
-            def read_power_w() -> dict[str, float]:
-                return {name: read() for name, read in read_all}
-
-            self._sampler = PowerSampler(read_power_w, interval_s, SAMPLER_THREAD_NAME)
-        else:
-            self._uses_start_stop = False  # counters only: no sampler to start or stop
+    def _keeps_process_utilization(self, handle: Any) -> bool:
+        nvml = self._nvml
+        get = getattr(nvml, "nvmlDeviceGetProcessUtilization", None)
+        if get is None:
+            return False
+        try:
+            get(handle, int(time.time() * 1e6))
+        except nvml.NVMLError as exc:
+            return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", 6)
+        return True
 
     def _counter_problem(self, handle: Any) -> str | None:
         """Why this GPU cannot use the energy counter, or None when it can."""
@@ -393,7 +390,7 @@ class NvmlMeter(Meter):
         try:
             nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
         except nvml.NVMLError as exc:
-            return f"energy counter unavailable: {_one_line(exc)}"
+            return f"energy counter unavailable: {one_line(exc)}"
         return None
 
     def _power_reader(self, handle: Any, domain: str, name: str) -> tuple[Callable[[], float], str]:
@@ -427,7 +424,7 @@ class NvmlMeter(Meter):
             raise MeterUnavailable(
                 BACKEND,
                 f"{domain} {name} reports neither an energy counter nor power "
-                f"({_one_line(exc)}); {FALLBACK_HINT}",
+                f"({one_line(exc)}); {FALLBACK_HINT}",
             ) from exc
         source = "nvmlDeviceGetPowerUsage"
         try:
@@ -448,66 +445,46 @@ class NvmlMeter(Meter):
         return self._domains
 
     def _read(self) -> Reading:
-        torch = _modules.get("torch")
-        if torch is not None:
-            self._sync_cuda(torch)
+        if "torch" in _modules:  # only a program using torch may have queued GPU work
+            sync_torch_gpus(self._cuda_ordinals)
         try:
             sampler = self._sampler
             t = sampler.sample_now() if sampler is not None else perf_counter()
             state = tuple(map(self._energy_mj, self._counter_handles))
+            if self._attributed:  # the wall clock (µs) the driver stamps its samples with
+                state += (int(time.time() * 1e6),)
         except self._nvml_error as exc:
-            raise MeterError(f"NVML reading failed: {_one_line(exc)}") from exc
+            raise MeterError(f"NVML reading failed: {one_line(exc)}") from exc
         return _frozen(Reading, {"t": t, "state": state})  # Reading(t, state), a bit cheaper
 
-    def _energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, mj_a, mj_b in zip(self._counter_names, a.state, b.state):
-            out[name] = (mj_b - mj_a) / 1000.0
-        if self._sampler is not None:
-            samples = self._sampler.bracket(a.t, b.t)
-            out.update(integrate_instant(samples, a.t, b.t, self._sampled_names))
-            if self._counter_names:
-                out = {name: out[name] for name in self._names}
+    def _counter_energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        return {
+            name: (mj_b - mj_a) / 1000.0
+            for name, mj_a, mj_b in zip(self._counter_names, a.state, b.state)
+        }
+
+    def _attributed_energy_j(self, a: Reading, b: Reading) -> dict[str, float]:
+        """The GPUs' joules and gpu:process (the meter's ``_energy_j`` when attributing)."""
+        out = GpuMeter._energy_j(self, a, b)
+        t0_us, t1_us = a.state[-1], b.state[-1]
+        ours = tree_pids(self._roots)
+        out[GPU_PROCESS] = sum(
+            out[domain] * sm_share(self._utilization(h, t0_us), ours, t1_us)
+            for domain, h in self._attributed
+        )
         return out
 
-    def _start(self) -> None:
-        if self._sampler is not None:
-            self._sampler.start()
-
-    def _stop(self) -> None:
-        if self._sampler is not None:
-            self._sampler.stop()
-
-    def _samples(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
-        return self._sampler.between(t0, t1) if self._sampler is not None else ()
-
-    def _sync_cuda(self, torch: Any) -> None:
-        """Let queued kernels finish, so their energy lands inside the window they ran in.
-
-        Only when the program already uses CUDA through torch: we never import torch.
-        """
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_initialized():
-            return
+    def _utilization(self, handle: Any, since_us: int) -> list[Any]:
+        nvml = self._nvml
         try:
-            for ordinal in self._cuda_ordinals:
-                cuda.synchronize(ordinal)
-        except (RuntimeError, ValueError, AssertionError):
-            cuda.synchronize()  # torch numbers devices differently: at least the current one
+            return list(nvml.nvmlDeviceGetProcessUtilization(handle, since_us))
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", 6):
+                return []  # no sample since then
+            raise MeterError(f"NVML per-process utilization failed: {one_line(exc)}") from exc
 
-    def describe(self) -> str:
-        return f"{self.backend}: " + "; ".join(self.notes)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        if self._sampler is not None:
-            self._sampler.stop()
-        self._shutdown()
-
-    def _shutdown(self) -> None:
+    def _library_shutdown(self) -> None:
         """nvmlShutdown exactly once per nvmlInit (NVML counts them)."""
-        self._closed = True
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
 

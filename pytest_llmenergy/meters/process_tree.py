@@ -240,3 +240,17 @@ def machine_busy_cpu_seconds(cpu_times: Callable[[], Any] = psutil.cpu_times) ->
     idle = float(t.idle) + float(getattr(t, "iowait", 0.0))
     total = sum(float(getattr(t, f)) for f in t._fields if f not in ("guest", "guest_nice"))
     return total - idle
+
+
+def tree_pids(roots: tuple[int, ...]) -> set[int]:
+    """Every live process in the trees of ``roots`` (the roots included): whose GPU use
+    is this session's own (gpu/isolation.py)."""
+    out: set[int] = set()
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+        except psutil.Error:
+            continue
+        out.add(pid)
+        out.update(_descendants(root))
+    return out

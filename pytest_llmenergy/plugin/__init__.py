@@ -209,6 +209,8 @@ def _features(
         options.route.lam,
         options.route.plots_dir,
         system=lambda: keeper.hardware,
+        backend=options.measure.backend,
+        attributed_pids=options.meter.attributed_pids,
     )
     stash[GPU_TUNING] = gpu
     features: dict[str, object] = {

@@ -29,6 +29,8 @@ import pytest
 from .. import values
 from ..errors import ConfigError, LLMEnergyError
 from ..gpu.control import GpuControl, GpuControlError, ReadBack, StateFile, recover
+from ..gpu.device import VENDORS
+from ..gpu.isolation import MODES, describe, neighbours, own_roots
 from ..gpu.settings import (
     CLOCK_EXAMPLES,
     GPU_SETTING_AXIS,
@@ -74,6 +76,7 @@ class GpuSettings:
     # each case waits until every GPU is at most this much above its reference (None: off)
     thermal_tolerance_c: float | None = None
     thermal_max_wait_s: float = DEFAULT_THERMAL_MAX_WAIT_S
+    isolation: str = "warn"  # other processes on the measured GPUs: warn, error or off
 
     @property
     def sweeping(self) -> bool:
@@ -94,6 +97,8 @@ class GpuTuning:
         plots_dir: str | None,
         state: StateFile | None = None,
         system: Callable[[], str] = lambda: "",
+        backend: str = "auto",
+        attributed_pids: tuple[int, ...] = (),
     ) -> None:
         self.config = config
         self.options = options
@@ -103,6 +108,8 @@ class GpuTuning:
         self.plots_dir = plots_dir
         self.state = state or StateFile()
         self.system = system  # the hardware key when the run is kept, for the policy
+        self.backend = backend  # the energy backend: whose vendor's GPUs are changed
+        self.attributed_pids = attributed_pids  # servers measured: their GPU use is ours
         self.control: GpuControl | None = None
         self.settings: list[GpuSetting] = []
         self.notes: list[str] = []
@@ -117,20 +124,24 @@ class GpuTuning:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self._recover()
         self._open_thermal()
-        if not (self.options.sweeping or self.options.telemetry):
+        changes = self.options.sweeping or self.options.telemetry
+        if not (changes or self._looks()):
             return
-        if getattr(self.config.option, "numprocesses", None):
+        if changes and getattr(self.config.option, "numprocesses", None):
             raise pytest.UsageError(
                 "--energy-gpu-power-limits/--energy-gpu-clocks change the whole GPU: they "
                 "cannot run under pytest-xdist; drop -n"
             )
         try:
-            self.control = GpuControl(self.state, self.gpus)
+            self.control = GpuControl(self.state, self.gpus, backend=self.backend)
             if self.options.sweeping:
                 self._resolve()
         except (GpuControlError, ConfigError) as exc:
             self._close()
+            if not changes:  # only looking for neighbours: no GPU library, no GPU to share
+                return
             raise pytest.UsageError(str(exc)) from None
+        self._check_isolation()
         if self.options.sweeping and threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         atexit.register(self._restore_quietly)
@@ -167,6 +178,36 @@ class GpuTuning:
             return None
         return self.thermal.settle(progress)
 
+    def _looks(self) -> bool:
+        """Whether to look for other processes on the GPUs: on, and the energy measured
+        is (or may be) a GPU's."""
+        gpu_backends = {"auto", *(v.backend for v in VENDORS)}
+        return self.options.isolation != "off" and self.backend in gpu_backends
+
+    def _check_isolation(self) -> None:
+        """Other processes on the measured GPUs at start: a warning in the header, or
+        (``error``) the session stops here, naming them."""
+        if self.control is None or not self._looks():
+            return
+        found = neighbours(self.control.devices, own_roots(self.attributed_pids))
+        if not found:
+            return
+        text = describe(found)
+        # the controller already decided (the session's own role: a pytester session
+        # run inside an xdist worker inherits its environment, not its role)
+        worker = hasattr(self.config, "workerinput")
+        if self.options.isolation == "error" and not worker:
+            self._close()
+            raise pytest.UsageError(
+                f"--energy-gpu-isolation=error: other processes use the measured GPUs: {text}; "
+                "stop them, or pass --energy-gpu-isolation=warn to measure anyway (the trials "
+                "they overlap are marked disturbed and repeated)"
+            )
+        self.notes.append(
+            f"WARNING: other processes use the measured GPUs: {text}; the trials they overlap "
+            "are marked disturbed and repeated (--energy-gpu-isolation=error refuses to start)"
+        )
+
     def _recover(self) -> None:
         """A session killed outright left its GPUs changed: give them back now."""
         if not self.state.path.exists():
@@ -197,6 +238,9 @@ class GpuTuning:
             flag = "--energy-gpu-power-limits"
             power = resolve_power(self.options.power_limits, limits, flag)
         if self.options.clocks:
+            why_not = self.control.library.no_clock_lock
+            if why_not is not None:
+                raise ConfigError(f"--energy-gpu-clocks: {why_not}")
             clocks, snapped = resolve_clocks(self.options.clocks, limits, "--energy-gpu-clocks")
             self.notes += snapped
         self.control.check_permission()
@@ -229,9 +273,15 @@ class GpuTuning:
             return self.control.apply(setting)
 
     def probe(self) -> TrialTelemetry | None:
+        """What a case reads around each trial: clocks and temperature with the GPU axes or
+        telemetry, and other processes on the GPUs unless isolation is off."""
         if self.control is None:
             return None
-        return TrialTelemetry(self.control.nvml, self.control.handles)
+        clocks = self.options.sweeping or self.options.telemetry
+        roots = own_roots(self.attributed_pids) if self._looks() else None
+        if roots is None and not clocks:
+            return None
+        return TrialTelemetry(self.control.devices, roots=roots, clocks=clocks)
 
     # -- giving back ----------------------------------------------------------------------------
     def restore(self, why: str) -> list[str]:
@@ -430,6 +480,16 @@ GPU_OPTIONS = Section(
             "also write the time-energy frontier and the per-token-range setting policy to "
             "PATH (must not exist yet)",
             writes=NEW_FILE,
+        ),
+        Option(
+            "--energy-gpu-isolation",
+            "isolation",
+            values.choice(MODES),
+            "warn|error|off",
+            "other processes on the measured GPUs (not this session's): warn names them at "
+            "start, error stops the session there, off does not look; unless off, the trials "
+            "they overlap are marked disturbed and repeated, and the run keeps who was there",
+            default_text="warn",
         ),
     ),
 )

@@ -116,11 +116,20 @@ def busy_line(results: Sequence[CaseResult]) -> str:
     if not busy:
         return ""
     trials = sum(len(r.busy_trials) for r in busy)
+    shared = [t.gpu for r in busy for t in r.busy_trials if t.gpu and t.gpu.neighbours]
     share = max(r.max_background_cpu or 0.0 for r in busy)
+    parts = []
+    if trials > len(shared):
+        parts.append(
+            f"other processes used up to {share:.0%} of the CPUs during "
+            f"{trials - len(shared)} trial(s)"
+        )
+    if shared:
+        who = ", ".join(dict.fromkeys(n.describe() for g in shared for n in g.neighbours))
+        parts.append(f"other processes shared the measured GPUs ({who}) in {len(shared)} trial(s)")
     return (
-        f"machine busy: other processes used up to {share:.0%} of the CPUs during {trials} "
-        f"trial(s) of {len(busy)} case(s); those trials were repeated and left out of the "
-        "figures, and no gate fails on these cases"
+        f"machine busy: {' and '.join(parts)} of {len(busy)} case(s); those trials were "
+        "repeated and left out of the figures, and no gate fails on these cases"
     )
 
 

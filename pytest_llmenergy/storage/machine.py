@@ -147,10 +147,45 @@ def cpu_caches(root: str = _CACHE_ROOT) -> dict[str, int]:
 
 
 def gpu_info() -> tuple[list[dict[str, Any]], str | None]:
-    """NVIDIA GPUs as NVML reports them, and a note when there are none to report.
+    """NVIDIA GPUs as NVML reports them (else AMD GPUs as amdsmi does), and a note when
+    there are none to report.
 
-    Only queries: no GPU setting is changed.  A field NVML cannot give is None.
+    Only queries: no GPU setting is changed.  A field the driver cannot give is None.
     """
+    gpus, note = _nvidia_gpus()
+    if gpus:
+        return gpus, note
+    amd = _amd_gpus()
+    return (amd, None) if amd else (gpus, note)
+
+
+def _amd_gpus() -> list[dict[str, Any]]:
+    """AMD GPUs through the device layer (amdsmi), as the meter numbers them; none
+    where amdsmi is missing or fails."""
+    from ..gpu.device import GpuDeviceError, open_library
+
+    try:
+        library = open_library("amd")
+    except (GpuDeviceError, ImportError):
+        return []
+    try:
+        out = []
+        for i, d in enumerate(library.devices()):
+            limit = contextlib.suppress(GpuDeviceError)
+            row = dict.fromkeys(_GPU_FIELDS, None) | {"index": i, "name": d.name, "uuid": d.uuid}
+            with limit:
+                row["power_limit_w"] = d.power_limit_w()
+            with limit:
+                row["default_power_limit_w"] = d.power_limits().default_w
+            out.append(row)
+        return out
+    except GpuDeviceError:
+        return []
+    finally:
+        library.close()
+
+
+def _nvidia_gpus() -> tuple[list[dict[str, Any]], str | None]:
     try:
         import pynvml
     except ImportError as exc:

@@ -38,6 +38,7 @@ from ..meters.resources import ResourceUsage
 from ..results import (
     CaseResult,
     CountedWork,
+    GpuNeighbour,
     GpuTelemetry,
     OpWork,
     PhaseRecord,
@@ -72,6 +73,7 @@ FORMAT = "pytest-llmenergy-run"
 #    "gave_up"; absent: it did not wait); a trial's "steady_tokens" (a server burst's
 #    output tokens streamed in its steady window, the phase "steady") and "unstable" (why
 #    the burst had no steady window worth measuring; absent: it had, or was no burst).
+#    a trial's gpu "neighbours" (other processes on the measured GPUs: "gpu", "pid", "name").
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -216,6 +218,11 @@ def _gpu_dict(g: GpuTelemetry) -> dict[str, Any]:
         "thermal_s": g.thermal_s,
         "throttled": g.throttled,
         "power_limit_w": g.power_limit_w,
+        **(
+            {"neighbours": [{"gpu": n.gpu, "pid": n.pid, "name": n.name} for n in g.neighbours]}
+            if g.neighbours
+            else {}
+        ),
     }
 
 
@@ -645,6 +652,10 @@ def _gpu(r: _Reader | None) -> GpuTelemetry | None:
         thermal_s=r.amount("thermal_s", optional=True),
         throttled=r.get("throttled", str, optional=True) or "",
         power_limit_w=r.amount("power_limit_w", optional=True),
+        neighbours=tuple(
+            GpuNeighbour(n.get("gpu", str), n.count("pid"), n.get("name", str, optional=True) or "")
+            for n in r.objs("neighbours", optional=True)
+        ),
     )
 
 

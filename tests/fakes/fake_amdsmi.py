@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 
+from .fake_pynvml import MIN_VISIBLE_S, VISIBLE_S
 from .gpu_physics import Heat, Phase, Physics
 from .trace import PowerTrace, SwitchTrace
 
@@ -184,6 +185,19 @@ class FakeAmdGpu:
     physics: Physics | None = None
     heat: Heat | None = None  # the temperature follows the power trace (gpu_physics.Heat)
     busy: tuple[int, float] | None = field(default=None, repr=False)  # MHz, W while working
+
+
+def process_entry(pid: int, name: str, mem: int | str = NA) -> dict[str, Any]:
+    """One entry of ``amdsmi_get_gpu_process_list`` as current amdsmi returns it (bytes;
+    "N/A" for a name or size the driver does not give)."""
+    vram = mem if isinstance(mem, int) else 0
+    return {
+        "name": name or NA,
+        "pid": pid,
+        "mem": mem,
+        "engine_usage": {"gfx": 0, "enc": 0},
+        "memory_usage": {"gtt_mem": 0, "cpu_mem": 0, "vram_mem": vram},
+    }
 
 
 def _uuid(n: int) -> str:
@@ -495,6 +509,8 @@ class FakeAmdSmi:
         trace = gpu.trace
         if physics is None or not isinstance(trace, SwitchTrace):
             raise TypeError("work() needs a GPU with physics and a SwitchTrace")
+        if not any(p.get("pid") == os.getpid() for p in gpu.processes):  # a context now
+            gpu.processes.append(process_entry(os.getpid(), "python", 512 * 2**20))
         min_ratio = gpu.min_gfx_clock_mhz / gpu.max_gfx_clock_mhz
         limit_w = gpu.power_cap_uw / 1e6
         slept = 0.0
@@ -506,9 +522,11 @@ class FakeAmdSmi:
             watts = physics.power_w(phase.kind, ratio)
             start = trace.set(watts, self.clock())
             gpu.busy = (round(ratio * gpu.max_gfx_clock_mhz), watts)
-            if self.virtual_time:
-                self.virtual_s += seconds
-                end = trace.set(physics.idle_w, start + seconds)
+            if self.virtual_time:  # visible to telemetry for a moment, as fake_pynvml's
+                time.sleep(min(seconds / 2, VISIBLE_S) if seconds >= 2 * MIN_VISIBLE_S else 0)
+                elapsed = self.clock() - start
+                self.virtual_s += max(0.0, seconds - elapsed)
+                end = trace.set(physics.idle_w, start + max(seconds, elapsed))
             else:
                 time.sleep(seconds)
                 end = trace.set(physics.idle_w, self.clock())

@@ -267,6 +267,39 @@ class FakeGPU:
     busy: tuple[int, int, float] | None = field(default=None, repr=False)  # mhz, reasons, W
     works: int = field(default=0, repr=False)
     violation_ns: dict[int, int] = field(default_factory=dict, repr=False)
+    # Processes with a context on the board, pid -> (name, bytes used or None where the
+    # driver cannot tell, as under some vGPUs and in containers): compute and graphics.
+    # A process that ran work() has a compute context (as a CUDA program would).
+    processes: dict[int, tuple[str, int | None]] = field(default_factory=dict)
+    graphics_processes: dict[int, tuple[str, int | None]] = field(default_factory=dict)
+    # Per-process utilization samples (µs since the epoch, pid, SM %), as the driver
+    # keeps them, where ``process_utilization`` (most boards since Maxwell; off by default
+    # here, so a fake GPU's meter reports its GPUs alone unless a test asks for gpu:process):
+    # otherwise NOT_SUPPORTED, as under vGPUs.
+    util_samples: list[tuple[int, int, int]] = field(default_factory=list)
+    process_utilization: bool = False
+
+
+@dataclass
+class FakeProcessInfo:
+    """``c_nvmlProcessInfo_t``: pynvml turns an unknown memory use into None."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class FakeUtilSample:
+    """``c_nvmlProcessUtilizationSample_t``: percentages over the driver's sample period."""
+
+    pid: int
+    timeStamp: int  # µs since the epoch
+    smUtil: int
+    memUtil: int = 0
+    encUtil: int = 0
+    decUtil: int = 0
 
 
 @dataclass(frozen=True)
@@ -362,6 +395,10 @@ class FakeNvml:
         "nvmlDeviceGetCurrentClocksEventReasons",
         "nvmlDeviceGetCurrentClocksThrottleReasons",
         "nvmlDeviceGetViolationStatus",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlSystemGetProcessName",
+        "nvmlDeviceGetProcessUtilization",
     )
 
     def __init__(
@@ -495,6 +532,41 @@ class FakeNvml:
         ticks = math.floor((self.clock() - origin) / gpu.counter_period_s)
         last_tick = origin + max(ticks, 0) * gpu.counter_period_s
         return gpu.energy_offset_mj + math.floor(1000 * gpu.trace.energy_until(last_tick))
+
+    def _process_list(self, listed: dict[int, tuple[str, int | None]]) -> list[FakeProcessInfo]:
+        return [FakeProcessInfo(pid, used) for pid, (_, used) in listed.items()]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[FakeProcessInfo]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses")
+        return self._process_list(self._gpu(handle).processes)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: FakeHandle) -> list[FakeProcessInfo]:
+        self._enter("nvmlDeviceGetGraphicsRunningProcesses")
+        return self._process_list(self._gpu(handle).graphics_processes)
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        """The name of a process with a context on any board; NOT_FOUND otherwise."""
+        self._enter("nvmlSystemGetProcessName")
+        for gpu in self.gpus:
+            for listed in (gpu.processes, gpu.graphics_processes):
+                if pid in listed:
+                    return listed[pid][0]
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: FakeHandle, lastSeenTimeStamp: int
+    ) -> list[FakeUtilSample]:
+        """Samples newer than ``lastSeenTimeStamp`` (µs); none: NOT_FOUND, as NVML says."""
+        self._enter("nvmlDeviceGetProcessUtilization")
+        gpu = self._gpu(handle)
+        if not gpu.process_utilization:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        found = [
+            FakeUtilSample(pid, t, sm) for t, pid, sm in gpu.util_samples if t > lastSeenTimeStamp
+        ]
+        if not found:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return found
 
     def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
         """mW: the mean of the last second on Ampere and newer, the instant power before."""
@@ -748,6 +820,7 @@ class FakeNvml:
         if physics is None or not isinstance(trace, SwitchTrace):
             raise TypeError("work() needs a GPU with physics and a SwitchTrace")
         gpu.works += 1
+        gpu.processes.setdefault(os.getpid(), ("python", 512 * 1024 * 1024))  # a context now
         thermal = gpu.works in gpu.thermal_works
         max_mhz = self._max_clock(gpu)
         min_ratio = min(gpu.supported_sm_clocks_mhz) / max_mhz

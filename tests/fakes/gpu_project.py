@@ -8,15 +8,19 @@ makes the process a normal user, ``$FAKE_GPU_THERMAL=3,7`` makes those work call
 (1-based) thermally throttled, and ``$FAKE_GPU_HEAT=TAU`` gives the GPU a temperature that
 rises with the power it draws and decays toward its idle level with time constant TAU
 seconds (gpu_physics.Heat); a wait for it to cool passes in virtual time.
+``$FAKE_GPU_VENDOR=amd`` makes it an AMD MI300X-like GPU behind a fake ``amdsmi``
+instead (power caps only: no clock locking, no thermal script).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .fake_amdsmi import FakeAmdGpu, build_fake_amdsmi, mi300x, process_entry
 from .fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, build_fake_pynvml, fake_uuid
 from .gpu_physics import Heat, Phase, Physics
 from .trace import SwitchTrace
@@ -35,6 +39,15 @@ BOARDS = {
 }  # fmt: skip
 MAX_MHZ = 1410
 MIN_MHZ = 210
+# The AMD stand-in: an MI300X-like board, hungrier than the A100 (as fast: the virtual
+# time leaks a few real ms per phase, which longer phases keep under 1 %), capped at 750 W.
+AMD_NAME = "AMD Instinct MI300X"
+AMD_PHYSICS = Physics(idle_w=90.0, static_w=210.0, compute_dynamic_w=540.0,
+                      memory_base_w=120.0, memory_dynamic_w=300.0, speed=1.0)  # fmt: skip
+AMD_MAX_UW = 750_000_000
+AMD_MIN_UW = 200_000_000
+AMD_MAX_MHZ = 2100
+AMD_MIN_MHZ = 500
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,10 @@ class FakeQuery:
         """True (seconds, joules) at this setting."""
         lock = None if sm_clock_mhz is None else sm_clock_mhz / MAX_MHZ
         return PHYSICS.run(self.phases, power_limit_w, lock, MIN_MHZ / MAX_MHZ)
+
+    def amd_truth(self, power_cap_w: float) -> tuple[float, float]:
+        """True (seconds, joules) on the AMD stand-in at this power cap."""
+        return AMD_PHYSICS.run(self.phases, power_cap_w, None, AMD_MIN_MHZ / AMD_MAX_MHZ)
 
 
 SMALL = (
@@ -108,6 +125,36 @@ def make_gpu(
     )
 
 
+def make_amd_gpu(index: int = 0) -> FakeAmdGpu:
+    """The MI300X-like stand-in: counter refreshed every 0.1 ms, caps in µW."""
+    return mi300x(
+        index,
+        SwitchTrace(AMD_PHYSICS.idle_w),  # type: ignore[arg-type]
+        counter_period_s=1e-4,
+        physics=AMD_PHYSICS,
+        power_cap_uw=AMD_MAX_UW,
+        default_power_cap_uw=AMD_MAX_UW,
+        max_power_cap_uw=AMD_MAX_UW,
+        min_power_cap_uw=AMD_MIN_UW,
+        max_gfx_clock_mhz=AMD_MAX_MHZ,
+        min_gfx_clock_mhz=AMD_MIN_MHZ,
+    )
+
+
+def amd() -> bool:
+    return os.environ.get("FAKE_GPU_VENDOR") == "amd"
+
+
+def build_amd() -> Any:
+    """The fake amdsmi as the environment describes it (virtual time, as build())."""
+    return build_fake_amdsmi(
+        [make_amd_gpu(0)],
+        root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
+        state_path=os.environ.get("FAKE_GPU_STATE") or None,
+        virtual_time=True,
+    )
+
+
 def build() -> Any:
     """The fake module as the environment describes it.  Its time is virtual: work takes
     exactly its simulated duration, so the true frontier is known to the joule; the
@@ -123,15 +170,25 @@ def build() -> Any:
     )
 
 
-def install() -> Any:
-    """For a whole process: ``import pynvml`` gives the fake, and the NVML meter times
-    windows on the fake GPU's clock."""
-    import pytest_llmenergy.gpu.thermal as thermal
-    import pytest_llmenergy.meters.nvml as nvml_meter
+def _vendor(vendor: str | None = None) -> tuple[str, str, Callable[[], Any]]:
+    """The fake's module name, the meter module that times windows, and its builder."""
+    if vendor == "amd" or (vendor is None and amd()):
+        return "amdsmi", "pytest_llmenergy.meters.amdsmi", build_amd
+    return "pynvml", "pytest_llmenergy.meters.nvml", build
 
-    module = build()
-    sys.modules["pynvml"] = module
-    nvml_meter.perf_counter = module.fake.clock  # type: ignore[attr-defined]
+
+def install(vendor: str | None = None) -> Any:
+    """For a whole process: ``import pynvml`` (``import amdsmi`` with
+    ``$FAKE_GPU_VENDOR=amd``) gives the fake, and its meter and the thermal wait time
+    windows on the fake GPU's clock."""
+    import importlib
+
+    import pytest_llmenergy.gpu.thermal as thermal
+
+    name, meter, make = _vendor(vendor)
+    module = make()
+    sys.modules[name] = module
+    importlib.import_module(meter).perf_counter = module.fake.clock  # type: ignore[attr-defined]
     thermal.monotonic = module.fake.clock  # type: ignore[attr-defined]
     thermal.sleep = virtual_sleep(module.fake)
     return module
@@ -148,19 +205,35 @@ def virtual_sleep(fake: Any) -> Any:
 
 def install_for_test(monkeypatch: Any) -> Any:
     """The same for one test (undone when it ends): for in-process pytester sessions."""
-    module = build()
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    monkeypatch.setattr("pytest_llmenergy.meters.nvml.perf_counter", module.fake.clock)
+    name, meter, make = _vendor()
+    module = make()
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(f"{meter}.perf_counter", module.fake.clock)
     monkeypatch.setattr("pytest_llmenergy.gpu.thermal.monotonic", module.fake.clock)
     monkeypatch.setattr("pytest_llmenergy.gpu.thermal.sleep", virtual_sleep(module.fake))
     return module
+
+
+def neighbour(pid: int, name: str, present: bool = True) -> None:
+    """Another program opens (``present``) or closes a context on GPU 0, whichever
+    vendor's fake is installed: what the isolation check must see."""
+    if amd():
+        listed = sys.modules["amdsmi"].fake.gpus[0].processes
+        listed[:] = [p for p in listed if p["pid"] != pid]
+        if present:
+            listed.append(process_entry(pid, name, 2 * 2**30))
+    else:
+        contexts = sys.modules["pynvml"].fake.gpus[0].processes
+        contexts.pop(pid, None)
+        if present:
+            contexts[pid] = (name, 2 * 2**30)
 
 
 def run(query: FakeQuery) -> float:
     """The benchmark target: the query's work on GPU 0, split at the first output token."""
     from pytest_llmenergy.meters import mark_phase
 
-    fake = sys.modules["pynvml"].fake
+    fake = sys.modules["amdsmi" if amd() else "pynvml"].fake
     return fake.work(0, query.phases, between=lambda: mark_phase("decode", ending="prefill"))
 
 

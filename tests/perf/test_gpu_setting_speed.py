@@ -68,7 +68,7 @@ def test_applying_a_setting_costs_less_than_the_warmup(
 
 
 def test_trial_telemetry_start_stop(benchmark: Any, perf_budget: Any, control: Any) -> None:
-    probe = TrialTelemetry(control.nvml, control.handles)
+    probe = TrialTelemetry(control.devices)
 
     def trial() -> None:
         probe.start()
