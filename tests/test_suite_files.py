@@ -68,7 +68,7 @@ def test_init_suite_refuses_a_file_for_a_folder(
 ) -> None:
     (tmp_path / "benchmarks").write_text("")
     code, out, err = cli(capsys, "init-suite", tmp_path / "benchmarks")
-    assert code == 2
+    assert code == 2 and out == ""
     assert err.splitlines() == [
         f"llmenergy: error: {tmp_path / 'benchmarks'}: is a file; give a folder"
     ]
