@@ -1,8 +1,10 @@
-"""Energy and time against the number of input tokens, at a fixed output length."""
+"""Energy and time against the number of input tokens, at a fixed output length.
 
-from pytest_llmenergy.llm.grid import LLMCase
+The code is in the package (pytest_llmenergy.suite.input_tokens), so that a clone
+and an installed wheel run one suite; `llmenergy init-suite DIR` writes this
+file into a project.
+"""
 
+from pytest_llmenergy.suite.input_tokens import test_input_tokens
 
-def test_input_tokens(llm_input_case: LLMCase, run_case) -> None:
-    result = run_case(llm_input_case)
-    assert all(t.input_tokens == llm_input_case.input_tokens for t in result.trials)
+__all__ = ["test_input_tokens"]

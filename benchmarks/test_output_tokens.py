@@ -1,8 +1,10 @@
-"""Energy and time against the number of output tokens, at a fixed input length."""
+"""Energy and time against the number of output tokens, at a fixed input length.
 
-from pytest_llmenergy.llm.grid import LLMCase
+The code is in the package (pytest_llmenergy.suite.output_tokens), so that a clone
+and an installed wheel run one suite; `llmenergy init-suite DIR` writes this
+file into a project.
+"""
 
+from pytest_llmenergy.suite.output_tokens import test_output_tokens
 
-def test_output_tokens(llm_output_case: LLMCase, run_case) -> None:
-    result = run_case(llm_output_case)
-    assert all(t.output_tokens == llm_output_case.output_tokens for t in result.trials)
+__all__ = ["test_output_tokens"]

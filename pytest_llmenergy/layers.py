@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("html",),  # the report draws the frontier, routing and scale analyses
     ("__init__",),  # the public API
     ("plugin",),  # the pytest front end
+    ("suite",),  # the built-in benchmark suite, which benchmarks/ imports
     ("cli",),  # the llmenergy command: its flags that mean a pytest option use that row
     ("__main__",),
 )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import configparser
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from pytest_llmenergy.cli import _parser
@@ -222,3 +225,100 @@ def test_the_perf_benchmarks_run_reported_in_ci_and_enforced_in_tox() -> None:
     tox.read(ROOT / "tox.ini")
     assert perf in tox["testenv:perf"]["commands"]
     assert "LLMENERGY_PERF_ENFORCE" in tox["testenv:perf"]["passenv"]
+
+
+# -- what the workflows install -------------------------------------------------------------
+# every workflow file, the examples' too
+EXAMPLE_FLOWS = sorted([*WORKFLOWS.glob("*.y*ml"), *(ROOT / "examples").rglob("*.y*ml")])
+PINNED_SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _resolved(word: str, env: dict[str, str]) -> str:
+    """A word of a step's script with its ``$VAR`` read from the step's env, a variable
+    left unset: its expression's default (``${{ vars.X || 'torch==2.13.0' }}``) or ""."""
+    if not word.startswith("$"):
+        return word
+    value = str(env.get(word.strip("${}"), ""))
+    unset = re.fullmatch(r"\$\{\{ vars\.\w+(?: \|\| '([^']*)')? \}\}", value)
+    return (unset.group(1) or "") if unset else value
+
+
+def test_every_workflow_installs_torch_pinned_and_never_the_package_by_name() -> None:
+    """pytest-llmenergy is not on PyPI: a bare ``pytest-llmenergy[...]`` installs nothing
+    that exists; an unpinned ``torch`` pulls whatever build is newest."""
+    installs = []
+    for path in EXAMPLE_FLOWS:
+        for job in yaml.safe_load(path.read_text())["jobs"].values():
+            for step in job["steps"]:
+                one_step = {"jobs": {"j": {"steps": [step]}}}
+                for words in commands(one_step):
+                    if words[:2] == ["pip", "install"]:
+                        env = step.get("env", {})
+                        installs += [(path.name, _resolved(w, env)) for w in words[2:]]
+    torch = [req for _, req in installs if req.startswith("torch")]
+    assert torch and all(re.fullmatch(r"torch==\d+\.\d+\.\d+", req) for req in torch), torch
+    for name, req in installs:
+        if req.lower().startswith(("pytest-llmenergy", "pytest_llmenergy")):
+            assert " @ " in req, f"{name}: {req} is looked up on PyPI"
+    assert ("energy-gate.yml", "") in installs  # LLMENERGY_PACKAGE: no default; see below
+
+
+def _install_steps() -> list[dict[str, Any]]:
+    return [
+        step
+        for job in workflow("energy-gate.yml")["jobs"].values()
+        for step in job["steps"]
+        if step.get("name") == "Install"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("package", "installed"),
+    [
+        ("", False),
+        ("pytest-llmenergy[llm,nvml,report]", False),  # PyPI has no such package
+        ("pytest-llmenergy[llm,nvml] @ git+https://example.org/p/pytest-llmenergy@main", False),
+        (
+            f"pytest-llmenergy[llm,nvml] @ git+https://example.org/p/pytest-llmenergy@{PINNED_SHA}",
+            True,
+        ),
+        ("/opt/wheels/pytest_llmenergy-0.2.0-py3-none-any.whl[llm,nvml,report]", True),
+        ("/opt/wheels/pytest_llmenergy-0.2.0-py3-none-any.whl", True),
+    ],
+)
+def test_the_install_steps_take_the_package_at_a_commit_or_a_wheel(
+    tmp_path: Path, package: str, installed: bool
+) -> None:
+    """Each Install step's script, run by bash as the runner runs it, with python3 and pip
+    stood in for (they log what they were asked): a package pip would look up by name, or
+    a branch that moves, stops the job before anything is installed."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    venv = 'mkdir -p .venv/bin && echo "PATH=$TOOLS:\\$PATH" > .venv/bin/activate\n'
+    (tools / "python3").write_text(f"#!/bin/sh\n{venv}")
+    (tools / "pip").write_text('#!/bin/sh\necho "$*" >> "$PIP_LOG"\n')
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    log = tmp_path / "pip.log"
+    steps = _install_steps()
+    assert len(steps) == 4 and all(s["run"] == steps[0]["run"] for s in steps)
+    env = {**os.environ, "PATH": os.environ["PATH"], "TOOLS": str(tools), "PIP_LOG": str(log)}
+    env |= {"TORCH": _resolved("$TORCH", steps[0]["env"]), "PACKAGE": package}
+    done = subprocess.run(
+        ["bash", "-e", "-c", steps[0]["run"]],
+        cwd=tmp_path,
+        env={**env, "PATH": f"{tools}{os.pathsep}{env['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    if installed:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert log.read_text().splitlines() == ["install torch==2.13.0", f"install {package}"]
+    else:
+        assert done.returncode == 1 and not log.exists() and not (tmp_path / ".venv").exists()
+        assert done.stdout.splitlines() == [
+            f"LLMENERGY_PACKAGE='{package}': give the package at a commit or a wheel's path "
+            "(see this file's header)"
+        ]

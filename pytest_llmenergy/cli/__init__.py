@@ -35,6 +35,7 @@ from .cli_args import DATA_FORMATS, checked
 from .compare_cli import COMMANDS as COMPARE_COMMANDS
 from .route_cli import COMMANDS as ROUTE_COMMANDS
 from .runs_cli import COMMANDS as RUNS_COMMANDS
+from .suite_cli import COMMANDS as SUITE_COMMANDS
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C stopped
@@ -124,6 +125,7 @@ COMMANDS: dict[str, Command] = check_commands(
         *PREDICT_COMMANDS,
         *IMPORT_COMMANDS,
         *CHECK_COMMANDS,
+        *SUITE_COMMANDS,
     )
 )
 
