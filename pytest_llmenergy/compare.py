@@ -486,14 +486,21 @@ def compare_cases(
     before they are tested.  ``paired``: the two runs are the sides of one paired run
     (``llmenergy ab``): each case is tested on its pairs of trials, which shared the
     machine's speed, so nothing is normalized."""
-    before = {c.nodeid: c for c in baseline if c.measured}
-    after = sorted((c for c in current if c.measured), key=_case_order)
     checks: list[tuple[str, Gate | None]] = (
         # Other meters: energies are not gated, counted work still is (no meter counts it).
         [(g.metric, None if not_comparable and not _exact(g) else g) for g in gates]
         if gates
         else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
     )
+    # A case whose every trial a busy machine disturbed has no measured figure, but its
+    # counted work is as good as any: no load changes what is counted.
+    counts = any(figure(k, per_trial=True, warn=False).exact for k, _ in checks)
+
+    def usable(c: CaseResult) -> bool:
+        return c.measured or (counts and c.work is not None)
+
+    before = {c.nodeid: c for c in baseline if usable(c)}
+    after = sorted((c for c in current if usable(c)), key=_case_order)
     # Cases are named in tables and messages by the shortest part of their node id that
     # tells them apart (test_a.py::test_small, TestK::test_small).
     names = distinct_names([c.nodeid for c in current])
@@ -513,6 +520,8 @@ def compare_cases(
             if f.exact:  # counted: compared as they are, no sessions, no test
                 if _number(f.value(base)) is not None and _number(f.value(case)) is not None:
                     found.append((noise_key(case.nodeid, f.key), base, case, f, gate, 1.0))
+                continue
+            if not (base.measured and case.measured):
                 continue
             if f.trial_values(base) is None or f.trial_values(case) is None:
                 continue

@@ -139,6 +139,26 @@ def test_runs_measured_by_other_meters_still_gate_their_counted_work() -> None:
     assert verdict_line(energy_only) == f"not gated: {other}" and not energy_only.failed
 
 
+def test_a_case_a_busy_machine_left_unmeasured_still_gates_its_counted_work() -> None:
+    """Every trial disturbed: no measured figure to compare, but the counted work is
+    exact whatever the load, so its gate judges it (found in the issue's A/A, where
+    sessions of one trial a case on a busy machine lost 40 of 57 cases to the gate)."""
+    gates = [parse_gate("j_per_token:5%"), parse_gate("flops_per_token:0%")]
+
+    def busy(w: CountedWork) -> CaseResult:
+        case = counted(BASE, w)
+        return replace(case, trials=(), disturbed=case.trials)
+
+    c = compare_cases([busy(work())], [busy(work(decode_mm_flops=800.0))], gates=gates)
+    assert [(d.metric, d.verdict) for d in c.deltas] == [("flops_per_token", FAIL)]
+    assert c.failed and not c.only_in_baseline and not c.only_in_current
+    same = compare_cases([counted(BASE)], [busy(work())], gates=gates)
+    assert [d.metric for d in same.deltas] == ["flops_per_token"] and not same.failed
+    assert same.busy_unmeasured  # its energy was not compared, and the verdict says so
+    measured_only = compare_cases([busy(work())], [busy(work())], gates=gates[:1])
+    assert not measured_only.deltas and measured_only.only_in_current == ()
+
+
 def test_counted_work_is_kept_in_the_run_file_and_old_files_still_load() -> None:
     run = sample_run((counted(BASE), make_case(BASE, input_tokens=64)))
     again = loads(dumps(run), "run.json")
