@@ -374,3 +374,48 @@ def test_hostile_names_change_nothing_in_how_the_page_parses(
     assert f"{HOSTILE[1]} (2 logical cores); GPUs <!--" in header
     assert "<!--<script>" in page.evaluate("document.querySelector('h1').textContent")
     assert any(h.endswith(f" on {HOSTILE[0]}") for h in header)
+
+
+# -- a branch's history ------------------------------------------------------------------
+# Each named mark's items (the history's points and its change marks), with their data.
+NAMED_MARKS = """(key) => {
+  const found = {};
+  const walk = (node) => {
+    if (!node) return;
+    if (node.role === 'mark' && node.name) {
+      (found[node.name] = found[node.name] || []).push(...node.items.map((i) => i.datum));
+    }
+    (node.items || []).forEach((item) => (item.items || []).forEach(walk));
+  };
+  walk(window.llmenergy.views[key].scenegraph().root);
+  return found;
+}"""
+
+
+def test_a_branch_history_draws_its_step_where_it_is(
+    browser: Any, tmp_path: Path, shots: Path
+) -> None:
+    """Five commits of main, two sessions each; one model 30 % costlier from the fourth
+    commit on: its cases carry a change mark there, and nothing else does."""
+    from tests.test_report_history import _saved, sha, stepped_runs
+
+    paths = _saved(tmp_path, stepped_runs({"tiny-falcon": (3, 1.3)}))
+    out = tmp_path / "history.html"
+    assert main(["report", *paths, "--out", str(out)]) == 0
+    opened = Opened(browser, out)
+    assert opened.errors == [] and opened.outside_requests() == []
+    marks = opened.page.evaluate(NAMED_MARKS, "history-0")
+    assert len(marks["commits_marks"]) == 5 * 12  # a point per commit and case
+    changed = marks["changes_marks"]
+    assert len(changed) == 4 and {d["commit"] for d in changed} == {sha(3)[:8]}
+    assert all("tiny-falcon" in d["panel"] and d["change"] == "worse" for d in changed)
+    drawn = opened.page.locator("#chart-history-0")
+    assert int(drawn.get_attribute("data-points") or 0) == 5 * 12 + 4
+    drawn.scroll_into_view_if_needed()
+    drawn.screenshot(path=str(shots / "report-history.png"))
+    # the changes' table: a row per marked case, from the commit before to its commit
+    rows = opened.page.evaluate(
+        "Array.from(document.querySelectorAll('#history-0 tbody tr'))"
+        ".map((tr) => [tr.cells[1].textContent, tr.cells[2].textContent])"
+    )
+    assert rows == [[sha(2)[:8], sha(3)[:8]]] * 4
