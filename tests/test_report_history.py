@@ -179,7 +179,8 @@ def test_the_report_draws_the_history_and_says_so(
     falcon = {r["panel"] for r in data if "tiny-falcon" in r["panel"]}
     assert marked == {(p, sha(3)[:8]) for p in falcon} and len(falcon) == 4
     assert all(r["size"].startswith("+") for r in data if r["change"])
-    assert spec["facet"]["sort"][:4] == sorted(falcon)  # the changed cases first
+    # the changed cases' panels first
+    assert sorted({(r["rank"], r["panel"]) for r in data})[:4] == list(enumerate(sorted(falcon)))
     changes = json.loads(scripts["history-0-data"])["rows"]
     assert sorted(row[0] for row in changes) == sorted(falcon)
     assert {(row[1], row[2]) for row in changes} == {(sha(2)[:8], sha(3)[:8])}
@@ -228,11 +229,30 @@ def test_hostile_names_in_a_history_change_nothing_in_how_the_page_parses() -> N
     spec = json.loads(scripts["llmenergy-specs"])["history-0"]
     names = distinct_names([c.nodeid for c in runs[0].cases])
     assert {r["panel"] for r in spec["data"]["values"]} == set(names.values())
-    x = spec["spec"]["layer"][-1]["encoding"]["x"]
-    assert x["sort"] == [p.label for p in h.points]
+    # in commit order, by number: a list of names would be compiled into an expression
+    assert {(r["commit"], r["order"]) for r in spec["data"]["values"]} == {
+        (p.label, i) for i, p in enumerate(h.points)
+    }
     labels = [f"{HOSTILE[k]}{k}"[:8] for k in range(3)]
     assert {r["commit"] for r in spec["data"]["values"]} == set(labels)
     commits = json.loads(scripts["history-1-data"])["rows"]
     assert [row[1] for row in commits] == [f"{HOSTILE[k]}{k}" for k in range(3)]
     assert f"commits on {HOSTILE[0]}" not in page  # the title is escaped in the markup
     assert "commits on &lt;!--&lt;script&gt;" in page
+
+
+def test_runs_of_a_commit_that_cannot_be_pooled_leave_the_latest_and_say_why() -> None:
+    other = synthetic_run(6, seed=3)
+    looser = tuple(
+        dataclasses.replace(c, options=dataclasses.replace(c.options, confidence=0.9))
+        for c in other.cases
+    )
+    runs = [
+        at_commit(synthetic_run(6, seed=1), 0),
+        at_commit(synthetic_run(6, seed=2), 1),
+        at_commit(dataclasses.replace(other, cases=looser), 1, rep=1),
+    ]
+    points, notes = commit_points(runs, "main")
+    assert [p.runs for p in points] == [("c0r0",), ("c1r0", "c1r1")]
+    assert points[1].run.name == "c1r1"  # the latest session of the commit, alone
+    assert "different confidence levels" in points[1].note and points[1].note in notes

@@ -37,9 +37,9 @@ def _size(change: Change) -> str:
     return text
 
 
-def history_data(h: BranchHistory) -> tuple[list[Record], list[str]]:
-    """One record per commit and case with the figure, and the panels' order: the cases
-    that changed first, then the others, each by name."""
+def history_data(h: BranchHistory) -> list[Record]:
+    """One record per commit and case with the figure; ``rank`` orders the panels: the
+    cases that changed first, then the others, each by name."""
     f = FIGURES[h.gate.metric]
     nodeids = [c.nodeid for p in h.points for c in p.run.cases]
     names = distinct_names(nodeids)
@@ -70,17 +70,20 @@ def history_data(h: BranchHistory) -> tuple[list[Record], list[str]]:
             )
     moved = {names[c.nodeid] for c in h.changes}
     panels = sorted({r["panel"] for r in data}, key=lambda name: (name not in moved, name))
-    return data, panels
+    rank = {name: i for i, name in enumerate(panels)}
+    for record in data:
+        record["rank"] = rank[record["panel"]]
+    return data
 
 
-def history_spec(h: BranchHistory, data: list[Record], panels: list[str]) -> dict[str, Any]:
+def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
     f = FIGURES[h.gate.metric]
-    commits = [p.label for p in h.points]
+    # Orders by numbers, never by a list of names: Vega-Lite compiles a sort list into an
+    # expression, and a name with U+2028 in it stops Vega's expression parser.
     x = {
         "field": "commit",
         "type": "ordinal",
-        "sort": commits,
-        "scale": {"domain": commits},
+        "sort": {"field": "order", "op": "min"},
         "title": None,
         "axis": {"labelAngle": -40, "labelFontSize": 9, "labelLimit": 90},
     }
@@ -170,7 +173,7 @@ def history_spec(h: BranchHistory, data: list[Record], panels: list[str]) -> dic
             "field": "panel",
             "type": "nominal",
             "title": None,
-            "sort": panels,
+            "sort": {"field": "rank", "op": "min"},
             "header": {"labelLimit": HISTORY_WIDTH_PX + 60, "labelFontSize": 9},
         },
         "columns": HISTORY_COLUMNS,
@@ -263,10 +266,10 @@ def commits_table(h: BranchHistory) -> Table:
 def history_section(histories: Sequence[BranchHistory]) -> Section:
     charts, tables = [], []
     for i, h in enumerate(histories):
-        data, panels = history_data(h)
+        data = history_data(h)
         if data:
             marks = len(data) + sum(1 for r in data if r["change"])
             title = f"{h.gate.metric} per commit on {h.branch}"
-            charts.append(DrawnChart(f"history-{i}", title, history_spec(h, data, panels), marks))
+            charts.append(DrawnChart(f"history-{i}", title, history_spec(h, data), marks))
         tables += [changes_table(h), commits_table(h)]
     return Section(tuple(charts), tuple(tables))
