@@ -345,6 +345,10 @@ def _other_model(a: CaseResult, b: CaseResult) -> bool:
     return bool(ha and hb and ha != hb)
 
 
+def _exact(gate: Gate) -> bool:
+    return figure(gate.metric, per_trial=True, warn=False).exact
+
+
 def unlike_meters(
     baseline: Mapping[str, str],
     current: Mapping[str, str],
@@ -421,8 +425,19 @@ class Comparison:
         one side only among it: a gate must not pass by leaving cases out)."""
         one_sided = self.only_in_baseline or self.only_in_current
         return bool(self.gates) and bool(
-            self.inconclusive or self.busy_unmeasured or self.not_comparable or one_sided
+            self.inconclusive or self.busy_unmeasured or self.meters_differ or one_sided
         )
+
+    def shown_verdict(self, d: Delta) -> str:
+        """A figure's verdict as tables show it: ``not gated`` where other meters left it
+        unjudged."""
+        return "not gated" if self.not_comparable and d.gate is None else d.verdict
+
+    @property
+    def meters_differ(self) -> bool:
+        """Gates left unjudged because the runs' meters measure differently (a gate on
+        counted work is judged all the same)."""
+        return bool(self.not_comparable) and not all(_exact(g) for g in self.gates)
 
     @property
     def failed(self) -> bool:
@@ -463,7 +478,8 @@ def compare_cases(
     before = {c.nodeid: c for c in baseline if c.measured}
     after = sorted((c for c in current if c.measured), key=_case_order)
     checks: list[tuple[str, Gate | None]] = (
-        [(g.metric, None if not_comparable else g) for g in gates]
+        # Other meters: energies are not gated, counted work still is (no meter counts it).
+        [(g.metric, None if not_comparable and not _exact(g) else g) for g in gates]
         if gates
         else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
     )
@@ -717,7 +733,7 @@ def comparison_table(c: Comparison) -> Table:
             "yes" if d.significant else "no",
         ]
         if gated:
-            verdict = "not gated" if c.not_comparable else d.verdict
+            verdict = c.shown_verdict(d)
             gate = "—" if d.gate is None else str(d.gate)
             raw += [None if d.gate is None else str(d.gate), verdict]
             shown += [gate, verdict]
@@ -833,7 +849,7 @@ def evidence_line(c: Comparison) -> str:
 def verdict_lines(c: Comparison, strict: bool = False) -> list[str]:
     """The gate's verdict, then (gated) what it rests on and the smallest regression it
     could have seen."""
-    evidence = evidence_line(c) if c.gates and c.deltas and not c.not_comparable else ""
+    evidence = evidence_line(c) if c.gates and c.deltas else ""
     return [verdict_line(c, strict), *([evidence] if evidence else []), *why_lines(c)]
 
 
@@ -897,7 +913,7 @@ def _verdict(c: Comparison) -> str:
         )
     if c.compared_nothing:
         return _nothing_compared(c, gates)
-    if c.not_comparable:
+    if c.not_comparable and not any(d.gate is not None for d in c.deltas):
         return f"not gated: {c.not_comparable}"
     if not c.deltas:
         return (
@@ -906,11 +922,14 @@ def _verdict(c: Comparison) -> str:
         )
     if not c.gates:
         return f"compared {len(c.deltas)} figures against {c.baseline_label}"
+    unjudged = (
+        f"; only counted work gated, the rest not: {c.not_comparable}" if c.meters_differ else ""
+    )
     if failures:
         cases = sorted({d.name for d in failures})
         return (
             f"energy gate FAILED ({gates}): {len(failures)} significant regression(s) in "
-            f"{len(cases)} case(s): {', '.join(cases)}"
+            f"{len(cases)} case(s): {', '.join(cases)}{unjudged}"
         )
     below = sum(1 for d in c.deltas if d.verdict == UNRESOLVED)
     noise = sum(1 for d in c.deltas if d.verdict == NOT_SIGNIFICANT)
@@ -920,6 +939,7 @@ def _verdict(c: Comparison) -> str:
         extra += f"; {untested} over the threshold with too few trials to test"
     if below:
         extra += f"; {below} not gated: shorter than the meter resolves"
+    extra += unjudged
     other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
     if other:
         extra += f"; {other} not gated: the model of that name has another config"

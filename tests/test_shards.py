@@ -190,3 +190,37 @@ def test_shards_under_xdist_hold_the_cases_they_hold_without_it(
         _ids(pytester.path / "whole.json")
     )
     assert joined["run"]["status"] == "complete"
+
+
+def test_a_part_killed_before_its_end_is_named_and_one_part_joins_alone(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task cancelled mid-run (scancel) leaves its run file as its last write left it:
+    the cases it finished, status running; the join names it.  And a split of which one
+    part is left joins it alone with --partial, naming the others."""
+    pytester.makepyfile(test_grid=PROJECT)
+    for i in (1, 2):
+        assert _session(pytester, f"--llm-shard={i}/2", f"--energy-json=s{i}.json").ret == 0
+    killed = pytester.path / "s2.json"
+    data = json.loads(killed.read_text())
+    data["run"]["status"] = "running"  # as the recorder writes it after each case
+    data["cases"] = data["cases"][:1]
+    killed.write_text(json.dumps(data))
+    first = str(pytester.path / "s1.json")
+    assert main(["merge", first, str(killed), "--out", str(pytester.path / "j.json")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "shard 2/2 ended early (s2 still says running: killed or cancelled; 1 case(s) saved)" in err
+    )
+    assert err.count("\n") == 1 and not (pytester.path / "j.json").exists()
+    out = pytester.path / "p.json"
+    assert main(["merge", first, str(killed), "--partial", "--out", str(out)]) == 0
+    assert "its finished cases are joined" in capsys.readouterr().err
+    joined = json.loads(out.read_text())
+    assert len(joined["cases"]) == len(_ids(pytester.path / "s1.json")) + 1
+    assert joined["run"]["status"] == "interrupted"
+    # one part alone: refused without --partial, the other part named either way
+    assert main(["merge", first, "--out", str(pytester.path / "one.json")]) == 2
+    assert "shard 2/2 missing (have 1/2)" in capsys.readouterr().err
+    assert main(["merge", first, "--partial", "--out", str(pytester.path / "one.json")]) == 0
+    assert "shard 2/2 missing" in capsys.readouterr().err

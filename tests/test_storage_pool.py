@@ -95,9 +95,10 @@ def test_llmenergy_merge_writes_a_new_run_file(
         tmp_path / "x.json",
     )
     assert code == 2 and "different hardware" in stderr and not (tmp_path / "x.json").exists()
-    with pytest.raises(SystemExit):
-        cli(capsys, "merge", "1", "--out", tmp_path / "y.json")
-    assert "merge needs at least two runs to pool" in capsys.readouterr().err
+    code, _, stderr = cli(
+        capsys, "--storage", tmp_path, "merge", f"{HW_A}/1", "--out", tmp_path / "y.json"
+    )
+    assert code == 2 and "merge needs at least two runs to pool" in stderr
 
 
 def test_a_run_is_never_pooled_with_itself(

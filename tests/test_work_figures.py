@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import FAIL, OK, compare_cases, evidence_line, parse_gate
+from pytest_llmenergy.compare import (
+    FAIL,
+    OK,
+    compare_cases,
+    comparison_table,
+    evidence_line,
+    parse_gate,
+    verdict_line,
+)
 from pytest_llmenergy.controller.targets import parse_ci_target
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES, value
@@ -107,6 +115,28 @@ def test_a_counted_gate_beside_a_measured_one_says_what_each_rests_on() -> None:
     assert len(c.deltas) == 2 and not c.failed
     line = evidence_line(c)
     assert "counted, exact: no noise" in line and "Benjamini-Hochberg" in line
+
+
+def test_runs_measured_by_other_meters_still_gate_their_counted_work() -> None:
+    """Counted work does not depend on the meter: two machines' runs (here a RAPL run and
+    an estimated one) gate it exactly while their energies stay ungated."""
+    gates = [parse_gate("j_per_token:5%"), parse_gate("flops_per_token:0%")]
+    other = "baseline: meter rapl, this run: meter estimate; energies not comparable"
+    more = counted([0.3, 0.31, 0.29, 0.3], work(decode_mm_flops=800.0))
+    c = compare_cases([counted(BASE)], [more], gates=gates, not_comparable=other)
+    by_figure = {d.metric: d for d in c.deltas}
+    assert by_figure["flops_per_token"].verdict == FAIL and by_figure["j_per_token"].gate is None
+    assert c.failed and c.meters_differ and c.unsure
+    line = verdict_line(c)
+    assert "FAILED" in line and "only counted work gated, the rest not: " + other in line
+    assert "counted, exact" in evidence_line(c)
+    rows = [r[-1] for r in comparison_table(c).cells]
+    assert sorted(rows) == [FAIL, "not gated"]
+    same = compare_cases([counted(BASE)], [counted(BASE)], gates=gates[1:], not_comparable=other)
+    assert not same.failed and not same.unsure and not same.meters_differ  # nothing unjudged
+    assert verdict_line(same).startswith("energy gate passed (flops_per_token:0%)")
+    energy_only = compare_cases([counted(BASE)], [more], gates=gates[:1], not_comparable=other)
+    assert verdict_line(energy_only) == f"not gated: {other}" and not energy_only.failed
 
 
 def test_counted_work_is_kept_in_the_run_file_and_old_files_still_load() -> None:

@@ -29,7 +29,7 @@ class TwoOrMore(argparse.Action):
     ) -> None:
         if len(values) < 2:
             command = parser.prog.split()[-1]
-            why = {"compare": ": the baseline first, then the others", "merge": " to pool"}
+            why = {"compare": ": the baseline first, then the others"}
             raise argparse.ArgumentError(
                 self, f"{command} needs at least two runs{why.get(command, '')}"
             )

@@ -27,7 +27,7 @@ from ..storage.store import (
     check_run_name,
 )
 from ..tables import FORMATS, Raw, Table, printable, render, wrap
-from .cli_args import DATA_FORMATS, TwoOrMore, checked, counted, runs_of, table_width
+from .cli_args import DATA_FORMATS, checked, counted, runs_of, table_width
 
 
 def _list_arguments(ls: argparse.ArgumentParser) -> None:
@@ -40,7 +40,11 @@ def _show_arguments(show: argparse.ArgumentParser) -> None:
 
 def _merge_arguments(merge: argparse.ArgumentParser) -> None:
     merge.add_argument(
-        "runs", nargs="+", action=TwoOrMore, metavar="RUN", help="two or more runs to pool"
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="two or more runs to pool, or the parts of a split (one alone, with --partial, "
+        "when the others are missing)",
     )
     merge.add_argument(
         "--out", required=True, metavar="FILE", help="the pooled run file (must not exist)"
@@ -225,6 +229,8 @@ def _measuring_options() -> set[str]:
 def _merge(runs: list[Run], args: argparse.Namespace) -> Outcome:
     """Write the pooled (or, for shards, joined) run and say what it holds."""
     notes: list[str] = []
+    if len(runs) == 1 and shard_of(runs[0]) is None:
+        raise ConfigError("merge needs at least two runs to pool")
     if any(shard_of(run) is not None for run in runs):
         merged, notes = join_shards(
             runs, measuring=_measuring_options(), name=args.name, partial=args.partial

@@ -277,7 +277,7 @@ def comparison_rows(c: Comparison) -> list[Record]:
                 if d.gate is None or not math.isfinite(d.detectable)
                 else f">= {d.detectable:.0%}",
                 "detects_value": clean(d.detectable) if d.gate is not None else None,
-                "verdict": ("not gated" if c.not_comparable else d.verdict) if c.gates else "",
+                "verdict": c.shown_verdict(d) if c.gates else "",
                 "direction": _direction(d),
             }
         )

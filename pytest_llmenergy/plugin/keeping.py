@@ -205,7 +205,7 @@ class Keeper:
             green=not (failed or unsure),
             bold=True,
         )
-        if comparison.gates and comparison.deltas and not comparison.not_comparable:
+        if comparison.gates and comparison.deltas:
             write(evidence_line(comparison))
         for line in why_lines(comparison):
             write(line, red=True)

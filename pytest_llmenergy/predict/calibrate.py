@@ -5,7 +5,8 @@ energy likewise, with non-negative coefficients (a negative joule per FLOP means
 nothing), fitted by non-negative least squares on *relative* residuals (a 10 ms case
 counts as much as a 2 s one) over every measured case's prefill and decode phases.
 The error estimate a prediction carries is the leave-one-case-out error: each case
-predicted by a fit that never saw it.
+predicted by a fit that never saw it.  How the columns share coefficients (the form) is
+chosen the same way, by the error on held-out models or cases (``calibrate_auto``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import datetime as _dt
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,12 +57,24 @@ class Row:
     x: tuple[float, ...]
     # every pass's FLOPs, bytes and count, for the roofline column (its k is fitted)
     passes: np.ndarray | None = None
+    # the roofline column at each balance point the fit tries, worked out once: every
+    # held-out fit (one per case or model, when choosing a form too) tries them all
+    rooflines: Mapping[float, float] = field(default_factory=dict)
 
     def vector(self, k: float) -> tuple[float, ...]:
         if not k or self.passes is None:
             return self.x
         i = ROOFLINE_INDEX
-        return (*self.x[:i], roofline(self.passes, k), *self.x[i + 1 :])
+        column = self.rooflines.get(k)
+        if column is None:
+            column = roofline(self.passes, k)
+        return (*self.x[:i], column, *self.x[i + 1 :])
+
+    @classmethod
+    def of(cls, case: int, phase: str, time_s: float, energy_j: float, work: Work) -> Row:
+        passes = work.pass_array()
+        columns = {k: roofline(passes, k) for k in ROOFLINE_KS}
+        return cls(case, phase, time_s, energy_j, tuple(work.vector()), passes, columns)
 
 
 @dataclass(frozen=True)
@@ -193,8 +206,8 @@ def kernel_seconds_per_flop(points: Sequence[Point]) -> dict[str, float]:
         ]
         if len(ops) < 2:
             raise ConfigError(
-                f"form 'kernels' needs operator profiles with {cls} kernels: measure the "
-                f"calibration runs with --energy-profile-ops"
+                f"form 'kernels' needs operator profiles with {cls} kernels (measure the "
+                f"calibration runs with --energy-profile-ops)"
             )
         x = np.array([[op["flops"], op["calls"]] for op in ops], dtype=float)
         y = np.array([op["self_cpu_s"] for op in ops], dtype=float)
@@ -288,14 +301,12 @@ def rows_for(points: Sequence[Point]) -> list[Row]:
         if p.phases and p.output_tokens > 1:
             for phase, (t, e) in p.phases.items():
                 if t > 0 and e > 0:
-                    w = p.work[phase]
-                    rows.append(Row(i, phase, t, e, tuple(w.vector()), w.pass_array()))
+                    rows.append(Row.of(i, phase, t, e, p.work[phase]))
         else:
             total = Work()
             total.add(p.work[PREFILL])
             total.add(p.work[DECODE])
-            x = tuple(total.vector())
-            rows.append(Row(i, "total", p.time_s, p.energy_j, x, total.pass_array()))
+            rows.append(Row.of(i, "total", p.time_s, p.energy_j, total))
     return rows
 
 
@@ -317,7 +328,7 @@ def fit_roofline(rows: Sequence[Row], target: str) -> tuple[np.ndarray, float]:
     best: tuple[float, np.ndarray, float] | None = None
     for k in ROOFLINE_KS:
         coef = fit(rows, target, "roofline", None, k)
-        pred = np.array([np.dot(coef, r.vector(k)) for r in rows])
+        pred = np.array([r.vector(k) for r in rows]) @ coef
         err = float(np.mean(np.abs(pred / y - 1.0)))
         if best is None or err < best[0]:
             best = (err, coef, k)
@@ -365,14 +376,20 @@ def _errors(pred: Sequence[float], true: Sequence[float]) -> dict[str, float]:
     }
 
 
-def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str, Any]:
-    """The coefficients, their in-sample and leave-one-case-out errors, per case and class."""
+def _enough_rows(points: Sequence[Point]) -> list[Row]:
+    """The fit's rows, when there are enough of them for any form."""
     rows = rows_for(points)
     if len(points) < 3 or len(rows) < len(COLUMNS) // 2:
         raise ConfigError(
             f"calibration needs at least 3 measured cases with phases, got {len(points)}; "
             f"measure more token sizes (e.g. --llm-input-tokens=8..2048)"
         )
+    return rows
+
+
+def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str, Any]:
+    """The coefficients, their in-sample and leave-one-case-out errors, per case and class."""
+    rows = _enough_rows(points)
     result: dict[str, Any] = {"columns": list(COLUMNS), "form": form}
     fixed: dict[str, float] = {}
     if form == "kernels":
@@ -416,6 +433,139 @@ def calibrate_points(points: Sequence[Point], form: str = "shared") -> dict[str,
     return result
 
 
+AUTO = "auto"  # choose the form by held-out error on the runs given
+# What ``auto`` falls back to when too few cases can be held out to compare forms.
+DEFAULT_FORM = "shared"
+LEAVE_ONE_MODEL_OUT, LEAVE_ONE_CASE_OUT = "leave one model out", "leave one case out"
+# Held-out errors closer than this (a fraction: half a percentage point) are a tie:
+# differences that small are noise on a few dozen cases, and the simpler form then wins.
+FORM_TIE = 0.005
+MIN_TRAIN_CASES = 3  # a held-out fit needs as many cases as the calibration itself
+
+
+def form_parameters(form: str) -> int:
+    """How many numbers a form fits per target (its balance point or kernel rates
+    included): the tie-break between forms that predict as well."""
+    extra = {"roofline": 1, "kernels": len(KERNEL_CLASSES)}.get(form, 0)
+    return len(FORMS[form]) + extra
+
+
+def held_out_groups(points: Sequence[Point]) -> tuple[str, list[list[int]]] | None:
+    """What a user needs a form to do: predict a model it never saw when the runs hold
+    several (each left out in turn), else a case it never saw; None when no held-out
+    fit would keep enough cases."""
+    models = sorted({p.model for p in points})
+    by_model = [[i for i, p in enumerate(points) if p.model == m] for m in models]
+    if len(models) > 1 and all(len(points) - len(g) >= MIN_TRAIN_CASES for g in by_model):
+        return LEAVE_ONE_MODEL_OUT, by_model
+    if len(points) > MIN_TRAIN_CASES:
+        return LEAVE_ONE_CASE_OUT, [[i] for i in range(len(points))]
+    return None
+
+
+def _held_out_errors(
+    points: Sequence[Point], groups: Sequence[Sequence[int]], form: str
+) -> dict[str, float]:
+    """Mean |relative error| of time and energy over every held-out case, each predicted
+    by a fit (kernel rates included) that never saw its group."""
+    time_err: list[float] = []
+    energy_err: list[float] = []
+    for group in groups:
+        train = [p for i, p in enumerate(points) if i not in group]
+        fixed = kernel_seconds_per_flop(train) if form == "kernels" else {}
+        f = fit_both(rows_for(train), form, fixed)
+        for i in group:
+            p = points[i]
+            time_err.append(abs(predict_work(f.time, p.work, f.time_k) / p.time_s - 1))
+            energy_err.append(abs(predict_work(f.energy, p.work, f.energy_k) / p.energy_j - 1))
+    return {
+        "time_mean_abs_rel": _mean(time_err),
+        "energy_mean_abs_rel": _mean(energy_err),
+        "cases": len(energy_err),
+    }
+
+
+def pick_form(scores: Mapping[str, Mapping[str, float]]) -> str:
+    """The lowest held-out energy error; within FORM_TIE of it, the lowest time error;
+    within FORM_TIE of that, the fewest coefficients."""
+    energy = {f: s["energy_mean_abs_rel"] for f, s in scores.items()}
+    near = [f for f in scores if energy[f] <= min(energy.values()) + FORM_TIE]
+    time = {f: scores[f]["time_mean_abs_rel"] for f in near}
+    nearer = [f for f in near if time[f] <= min(time.values()) + FORM_TIE]
+    return min(nearer, key=lambda f: (form_parameters(f), list(FORMS).index(f)))
+
+
+def _pct1(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def form_reason(choice: Mapping[str, Any], chosen: str) -> str:
+    """One line: which form, its held-out errors, the others', and why this one."""
+    scores = choice["held_out"]
+    fitted = {f: s for f, s in scores.items() if "skipped" not in s}
+    mine = fitted[chosen]
+    best = min(fitted, key=lambda f: fitted[f]["energy_mean_abs_rel"])
+    if best == chosen:
+        why = "the lowest energy error"
+    else:
+        faster = mine["time_mean_abs_rel"] < fitted[best]["time_mean_abs_rel"] - FORM_TIE
+        why = f"energy error within {100 * FORM_TIE:.1f} points of {best}'s, and " + (
+            "a lower time error" if faster else "fewer coefficients"
+        )
+    others = ", ".join(
+        f"{f} {_pct1(s['energy_mean_abs_rel'])}" for f, s in fitted.items() if f != chosen
+    )
+    unfitted = "".join(
+        f"; {f} not fitted: {s['skipped'].removeprefix(f'form {f!r} ')}"
+        for f, s in scores.items()
+        if "skipped" in s
+    )
+    return (
+        f"form {chosen}: held-out energy error {_pct1(mine['energy_mean_abs_rel'])}"
+        + (f" ({others})" if others else "")
+        + f", time {_pct1(mine['time_mean_abs_rel'])}, {choice['scheme']} over "
+        f"{mine['cases']} cases: {why}{unfitted}"
+    )
+
+
+def calibrate_auto(points: Sequence[Point]) -> dict[str, Any]:
+    """The calibration in the form that predicted held-out cases best, with every form's
+    held-out errors and the reason in ``form_choice``."""
+    _enough_rows(points)
+    held = held_out_groups(points)
+    if held is None:
+        result = calibrate_points(points, DEFAULT_FORM)
+        result["form_choice"] = {
+            "requested": AUTO,
+            "scheme": None,
+            "held_out": {},
+            "reason": f"form {DEFAULT_FORM} (the default): {len(points)} cases are too few "
+            f"to hold any out and compare forms (each held-out fit needs {MIN_TRAIN_CASES} "
+            "others); "
+            "measure more sizes or models to let calibrate choose",
+        }
+        return result
+    scheme, groups = held
+    scores: dict[str, dict[str, Any]] = {}
+    for form in FORMS:
+        try:
+            scores[form] = _held_out_errors(points, groups, form)
+        except ConfigError as exc:  # a form these runs cannot fit (kernels, unprofiled)
+            scores[form] = {"skipped": str(exc)}
+        else:
+            if not all(math.isfinite(v) for v in scores[form].values()):
+                scores[form] = {"skipped": "its held-out predictions are not finite"}
+    fitted = {f: s for f, s in scores.items() if "skipped" not in s}
+    if not fitted:
+        reasons = "; ".join(f"{f}: {s['skipped']}" for f, s in scores.items())
+        raise ConfigError(f"no form could be fitted to these cases ({reasons})")
+    chosen = pick_form(fitted)
+    result = calibrate_points(points, chosen)
+    choice = {"requested": AUTO, "scheme": scheme, "held_out": scores}
+    result["form_choice"] = {**choice, "reason": form_reason(choice, chosen)}
+    return result
+
+
 def class_time(coef: Mapping[str, float], work: Work, cls: str) -> float:
     if cls == OTHER:
         return 0.0
@@ -456,16 +606,51 @@ def class_errors(points: Sequence[Point], coef: Mapping[str, float]) -> list[dic
     ]
 
 
+def calibrate_form(points: Sequence[Point], form: str = AUTO) -> dict[str, Any]:
+    """``form``'s calibration, or with AUTO the one chosen by held-out error."""
+    if form == AUTO:
+        return calibrate_auto(points)
+    result = calibrate_points(points, form)
+    reason = f"form {form}, as asked (not compared with the others)"
+    result["form_choice"] = {"requested": form, "scheme": None, "held_out": {}, "reason": reason}
+    return result
+
+
+def short_model(model: str) -> str:
+    """A model's name without its publisher (``tiiuae/falcon-7b``: ``falcon-7b``)."""
+    return model.rstrip("/").rsplit("/", 1)[-1]
+
+
+def named_model(model: str, names: Sequence[str]) -> bool:
+    return model in names or short_model(model) in names
+
+
+def _check_fit_on(runs: Sequence[Any], names: Sequence[str]) -> None:
+    """Every name in ``names`` is a model measured in ``runs``, else one line saying which
+    are."""
+    found = {c.labels.get("model", "") for run in runs for c in run.cases}
+    missing = [n for n in names if not any(named_model(m, [n]) for m in found)]
+    if missing:
+        measured = ", ".join(sorted(short_model(m) for m in found if m)) or "none labelled"
+        raise ConfigError(
+            f"--fit-on {','.join(missing)}: not measured in these runs; their models: {measured}"
+        )
+
+
 def calibrate_runs(
-    runs: Sequence[Any], sources: Sequence[str], form: str = "shared"
+    runs: Sequence[Any], sources: Sequence[str], form: str = AUTO, fit_on: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """One calibration per (hardware, setting) found in ``runs`` (storage ``Run`` objects)."""
+    """One calibration per (hardware, setting) found in ``runs`` (storage ``Run`` objects);
+    ``fit_on``: only the cases of these models (full or short names)."""
+    _check_fit_on(runs, fit_on)
     groups: dict[tuple[str, str | None], list[CaseResult]] = {}
     meters: dict[tuple[str, str | None], str] = {}
     speeds: dict[tuple[str, str | None], list[float]] = {}
     skipped: list[str] = []
     for run in runs:
         for case in run.cases:
+            if fit_on and not named_model(case.labels.get("model", ""), fit_on):
+                continue
             setting = next((case.labels[k] for k in SETTING_LABELS if k in case.labels), None)
             key = (run.hardware, setting)
             groups.setdefault(key, []).append(case)
@@ -476,7 +661,7 @@ def calibrate_runs(
     calibrations = []
     for (system, setting), cases in sorted(groups.items(), key=lambda kv: str(kv[0])):
         points = points_from_cases(cases, skipped=skipped)
-        fitted = calibrate_points(points, form)
+        fitted = calibrate_form(points, form)
         calibrations.append(
             {
                 "system": system,

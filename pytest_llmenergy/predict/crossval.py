@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .calibrate import BothFit, Point, fit_both, points_from_cases, predict_work, rows_for
+from .calibrate import (
+    BothFit,
+    Point,
+    fit_both,
+    named_model,
+    points_from_cases,
+    predict_work,
+    rows_for,
+    short_model,
+)
 
 SPLITS = ("sweep", "model", "system")
 # AstraWattch (its paper's evaluation): energy prediction error of 2-12 % across its
@@ -85,10 +94,6 @@ def _held(
     )
 
 
-def _short(model: str) -> str:
-    return model.rstrip("/").rsplit("/", 1)[-1]
-
-
 def _systems(runs: Sequence[Any], skipped: list[str]) -> list[_System]:
     out = []
     for run in runs:
@@ -111,30 +116,26 @@ def _systems(runs: Sequence[Any], skipped: list[str]) -> list[_System]:
 CHOSEN = "chosen"  # the split of ``fit_on``: fitted on the models named
 
 
-def _named(model: str, names: Sequence[str]) -> bool:
-    return model in names or _short(model) in names
-
-
 def _chosen(s: _System, fit_on: Sequence[str], form: str) -> list[Held]:
     """Fitted on the ``fit_on`` models, each other model predicted, then all of them."""
     models = sorted({p.model for p in s.points})
-    missing = [n for n in fit_on if not any(n in (m, _short(m)) for m in models)]
+    missing = [n for n in fit_on if not any(n in (m, short_model(m)) for m in models)]
     if missing:
         raise ConfigError(
             f"--fit-on {','.join(missing)}: not measured on {s.name}; its models: "
-            f"{', '.join(_short(m) for m in models)}"
+            f"{', '.join(short_model(m) for m in models)}"
         )
-    train = [p for p in s.points if _named(p.model, fit_on)]
-    others = [m for m in models if not _named(m, fit_on)]
+    train = [p for p in s.points if named_model(p.model, fit_on)]
+    others = [m for m in models if not named_model(m, fit_on)]
     if not others:
         raise ConfigError(f"--fit-on names every model of {s.name}: nothing is left to predict")
-    fitted = ", ".join(_short(m) for m in models if _named(m, fit_on))
+    fitted = ", ".join(short_model(m) for m in models if named_model(m, fit_on))
     f = _fit(CHOSEN, s.name, train, form)  # one fit, every other model predicted from it
     rows = [
-        _held(CHOSEN, s.name, fitted, _short(m), f, [p for p in s.points if p.model == m])
+        _held(CHOSEN, s.name, fitted, short_model(m), f, [p for p in s.points if p.model == m])
         for m in others
     ]
-    test = [p for p in s.points if not _named(p.model, fit_on)]
+    test = [p for p in s.points if not named_model(p.model, fit_on)]
     rows.append(_held(CHOSEN, s.name, fitted, "all the others", f, test))
     return rows
 
@@ -167,9 +168,9 @@ def held_out(
             for held in models if len(models) > 1 else ():
                 train = [p for p in s.points if p.model != held]
                 test = [p for p in s.points if p.model == held]
-                others = ", ".join(_short(m) for m in models if m != held)
+                others = ", ".join(short_model(m) for m in models if m != held)
                 f = _fit("model", s.name, train, form)
-                rows.append(_held("model", s.name, others, _short(held), f, test))
+                rows.append(_held("model", s.name, others, short_model(held), f, test))
     if "system" in splits:
         for s in systems:
             peers = [o for o in systems if o is not s and s.gpu and o.gpu == s.gpu]
@@ -179,7 +180,7 @@ def held_out(
             for other in peers:
                 for model in sorted({p.model for p in other.points}):
                     test = [p for p in other.points if p.model == model]
-                    rows.append(_held("system", other.name, s.name, _short(model), f, test))
+                    rows.append(_held("system", other.name, s.name, short_model(model), f, test))
     if not rows:
         raise ConfigError(
             f"no held-out split ({', '.join(splits)}) could be made: the sweep split needs "

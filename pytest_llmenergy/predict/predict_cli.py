@@ -10,7 +10,7 @@ from typing import Any
 from ..commandline import Command, Outcome
 from ..errors import ConfigError
 from ..storage.store import NEW_FILE, STORAGE_HELP
-from .calibrate import FORMS
+from .calibrate import AUTO, FORMS
 
 _OUT_FORMATS = ("table", "json")
 
@@ -20,12 +20,22 @@ def _calibrate_arguments(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("--out", required=True, metavar="FILE", help="calibration JSON to write (new)")
     cal.add_argument(
         "--form",
-        choices=tuple(FORMS),
-        default="shared",
-        help="shared: one cost per FLOP, per byte and per launch (for one model); "
-        "per_class: each operator class its own (several models); kernels: the matmul and "
-        "attention kernels' cost per FLOP from the operator profiles (--energy-profile-ops), "
-        "the rest shared (default: shared)",
+        choices=(AUTO, *FORMS),
+        default=AUTO,
+        help="auto: every form that these runs can fit, scored by its error on held-out "
+        "cases (each model left out in turn when there are several, else each case), the "
+        "lowest energy error kept and the reason printed; shared: one cost per FLOP, per byte "
+        "and per launch (for one model); per_class: each operator class its own (several "
+        "models); kernels: the matmul and attention kernels' cost per FLOP from the operator "
+        "profiles (--energy-profile-ops), the rest shared; roofline: each forward pass the "
+        "larger of its compute and its memory traffic (GPUs) (default: auto)",
+    )
+    cal.add_argument(
+        "--fit-on",
+        type=_model_names,
+        default=(),
+        metavar="MODEL[,MODEL...]",
+        help="only these models' cases (full or short names), e.g. Llama-2-7b-hf,Mistral-7B-v0.1",
     )
     cal.add_argument("--format", choices=_OUT_FORMATS, default="table")
     cal.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
@@ -169,16 +179,27 @@ def calibrate_command(args: argparse.Namespace, storage: Any) -> tuple[str, list
 
     target = Path(args.out)  # checked by the front end (the command's ``writes``)
     runs = [storage.load(spec) for spec in args.runs]
-    data = calibrate_runs(runs, [str(spec) for spec in args.runs], form=args.form)
+    data = calibrate_runs(runs, [str(spec) for spec in args.runs], args.form, args.fit_on)
     try:
         AtomicFile(target).write(json.dumps(data, indent=1, allow_nan=False))
     except FileExistsError:
         raise ConfigError(f"{target} already exists; calibrations are never overwritten") from None
-    notes = [f"wrote {target}: {len(data['calibrations'])} calibration(s)"]
+    notes = [f"{_cal_name(cal)}: {cal['form_choice']['reason']}" for cal in data["calibrations"]]
+    notes.append(f"wrote {target}: {len(data['calibrations'])} calibration(s)")
     notes += [f"skipped {line}" for line in data["skipped"]]
     if args.format == "json":
         return json.dumps(data, indent=1, allow_nan=False), notes
     return render_calibration(data), notes
+
+
+def _cal_name(cal: dict[str, Any]) -> str:
+    return cal["system"] + (f", setting {cal['setting']}" if cal.get("setting") else "")
+
+
+def _form_line(cal: dict[str, Any]) -> str:
+    """Which form a calibration has and why (files before auto: the form alone)."""
+    choice = cal.get("form_choice")
+    return choice["reason"] if isinstance(choice, dict) else f"form {cal['form']}"
 
 
 def _pct(value: float | None) -> str:
@@ -190,11 +211,10 @@ def render_calibration(data: dict[str, Any]) -> str:
 
     parts: list[str] = []
     for cal in data["calibrations"]:
-        setting = f", setting {cal['setting']}" if cal.get("setting") else ""
         est = " (estimated energy)" if cal.get("estimated") else ""
         parts.append(
-            f"calibration for {cal['system']}{setting}, meter {cal['meter']}{est}, "
-            f"models {', '.join(cal['models'])}, form {cal['form']}"
+            f"calibration for {_cal_name(cal)}, meter {cal['meter']}{est}, "
+            f"models {', '.join(cal['models'])}\n{_form_line(cal)}"
         )
         coef_rows = [
             (
@@ -317,10 +337,8 @@ def predict_command(args: argparse.Namespace, storage: Any = None) -> str:
         for r in rows
     ]
     head = (
-        f"predicted (not measured) on {cal['system']}"
-        + (f", setting {cal['setting']}" if cal.get("setting") else "")
-        + f", from a calibration on {', '.join(cal['models'])}; ± is the calibration's "
-        "held-out RMS error"
+        f"predicted (not measured) on {_cal_name(cal)}, from a calibration on "
+        f"{', '.join(cal['models'])}; ± is the calibration's held-out RMS error\n" + _form_line(cal)
     )
     return (
         head
@@ -354,7 +372,8 @@ def against_command(args: argparse.Namespace, storage: Any) -> str:
         )
     from tabulate import tabulate
 
-    cal_models = ", ".join(choose(data, args.system or runs[0].hardware, args.setting)["models"])
+    first = choose(data, args.system or runs[0].hardware, args.setting)
+    cal_models = ", ".join(first["models"])
     body = [
         (
             t["model"] + (f" [{t['setting']}]" if t["setting"] else ""),
@@ -379,14 +398,16 @@ def against_command(args: argparse.Namespace, storage: Any) -> str:
     )
     head = f"predicted from a calibration on {cal_models}, against measured means:"
     text = (
-        head
+        _form_line(first)
+        + "\n"
+        + head
         + "\n"
         + tabulate(
             body,
             headers=("model", "cases", "time |err|", "time bias", "energy |err|", "energy bias"),
         )
     )
-    cal_speed = choose(data, args.system or runs[0].hardware, args.setting).get(SPEED_KEY)
+    cal_speed = first.get(SPEED_KEY)
     speeds = []
     for spec, run in zip(args.against, runs, strict=True):
         speed = run.machine.get(SPEED_KEY)

@@ -16,7 +16,7 @@ from dataclasses import replace
 from ..errors import ConfigError
 from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
 from .recorder import utc_now
-from .runfile import COMPLETE, INTERRUPTED, Run
+from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run
 
 # How a pooled case ended: the least settled of its parts.
 _STATUS_ORDER = (OOM, LIMIT, ROUNDS, CONVERGED)
@@ -241,19 +241,21 @@ def join_shards(
                     f"{run.label}); a split puts every case in one"
                 )
             owner[case.nodeid] = run
-    missing = [i for i in range(1, total + 1) if i not in seen]
-    notes = []
-    if missing:
-        text = ", ".join(f"{i}/{total}" for i in missing)
-        if not partial:
-            raise ConfigError(
-                f"shard {text} missing (have {', '.join(f'{i}/{total}' for i in sorted(seen))}); "
-                "run it, or join what there is with --partial"
-            )
-        notes.append(f"shard {text} missing: the joined run lacks its cases")
-    unfinished = [run.label for run in runs if run.status != COMPLETE]
-    if unfinished:
-        notes.append(f"not complete: {', '.join(unfinished)} (their finished cases are joined)")
+    missing = ", ".join(f"{i}/{total}" for i in range(1, total + 1) if i not in seen)
+    unfinished = [
+        f"shard {i}/{total} ended early ({_unfinished(run)}; {len(run.cases)} case(s) saved)"
+        for i, run in sorted(seen.items())
+        if run.status != COMPLETE
+    ]
+    lacking = [f"shard {missing} missing"] * bool(missing) + unfinished
+    if lacking and not partial:
+        have = ", ".join(f"{i}/{total}" for i in sorted(seen))
+        raise ConfigError(
+            f"{'; '.join(lacking)} (have {have}); run {'them' if len(lacking) > 1 else 'it'} "
+            "again, or join what there is with --partial"
+        )
+    notes = [f"shard {missing} missing: the joined run lacks its cases"] * bool(missing)
+    notes += [f"{text}: its finished cases are joined" for text in unfinished]
     ordered = [seen[i] for i in sorted(seen)]
     options = {**first.options, "shard": None, "shards": {"of": total, "joined": sorted(seen)}}
     joined = replace(
@@ -262,7 +264,7 @@ def join_shards(
         name=name,
         created=min(run.created for run in runs),
         finished=utc_now(),
-        status=COMPLETE if not (missing or unfinished) else INTERRUPTED,
+        status=COMPLETE if not lacking else INTERRUPTED,
         exit_status=max((run.exit_status or 0) for run in runs),
         options=options,
         cases=tuple(case for run in ordered for case in run.cases),
@@ -270,3 +272,11 @@ def join_shards(
         path=None,
     )
     return joined, notes
+
+
+def _unfinished(run: Run) -> str:
+    """How a part ended before its end, as its run file says: a session killed outright
+    (``scancel``, a time limit, an out-of-memory kill) leaves its last write, ``running``."""
+    if run.status == RUNNING:
+        return f"{run.label} still says running: killed or cancelled"
+    return f"{run.label} is {run.status}"
