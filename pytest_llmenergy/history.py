@@ -22,6 +22,7 @@ from .compare import (
     Gate,
     case_sessions,
     compare_cases,
+    detectable,
     noise_key,
     session_speeds,
     speed_exponent,
@@ -234,6 +235,10 @@ class BranchHistory:
     points: tuple[CommitPoint, ...]
     changes: tuple[Change, ...]
     notes: tuple[str, ...] = ()
+    # Per point, the smallest worsening the gate could have seen from the point before
+    # (the median case, ``compare.detectable``; NaN for the first point): where no mark
+    # is, the reader learns what size of change could have hidden.
+    detectable: tuple[float, ...] = ()
 
 
 def _when(text: object) -> datetime | None:
@@ -319,13 +324,14 @@ def step_changes(
     confidence: float,
     session_noise: float = DEFAULT_SESSION_NOISE,
     history: Mapping[str, NoiseEstimate] | None = None,
-) -> tuple[list[Change], list[str]]:
+) -> tuple[list[Change], list[str], list[float]]:
     """Each point against the one before, by the gate's own test: a worsening is the
     gate failing forward, an improvement the gate failing backward (the newer point
     the baseline of the older), each beyond the gate's threshold and significant with
-    the many cases counted."""
+    the many cases counted.  Also what each step could have seen (``detectable``)."""
     changes: list[Change] = []
     notes: list[str] = []
+    seen = [math.nan]
     for i in range(1, len(points)):
         before, after = points[i - 1], points[i]
         judge = {
@@ -339,6 +345,7 @@ def step_changes(
         backward = gate_runs(
             after.run, before.run, [gate], base_label=after.label, label=before.label, **judge
         )
+        seen.append(detectable(forward))
         if forward.not_comparable:
             notes.append(f"{before.label} to {after.label}: {forward.not_comparable}")
         worse = {d.nodeid: d for d in forward.deltas if d.failed}
@@ -348,7 +355,7 @@ def step_changes(
                 changes.append(Change(d.nodeid, d.name, i, WORSE, d, d.shown_p))
             elif d.nodeid in better:
                 changes.append(Change(d.nodeid, d.name, i, BETTER, d, better[d.nodeid].shown_p))
-    return changes, notes
+    return changes, notes, seen
 
 
 def branch_history(
@@ -370,7 +377,7 @@ def branch_history(
         if len(points) < 2:
             continue
         mine = [r for r in theirs if r.commit.get("branch") == branch]
-        changes, more = step_changes(
+        changes, more, seen = step_changes(
             points,
             gate,
             confidence=confidence,
@@ -379,7 +386,14 @@ def branch_history(
         )
         out.append(
             BranchHistory(
-                branch, hardware, gate, confidence, tuple(points), tuple(changes), (*notes, *more)
+                branch,
+                hardware,
+                gate,
+                confidence,
+                tuple(points),
+                tuple(changes),
+                (*notes, *more),
+                tuple(seen),
             )
         )
     return out

@@ -17,6 +17,7 @@ from pytest_llmenergy.html import render_report
 from pytest_llmenergy.results import CaseResult, distinct_names
 from pytest_llmenergy.storage.pool import sessions_of
 from pytest_llmenergy.storage.runfile import Run, dumps
+from pytest_llmenergy.tables import DASH
 from tests.casefactory import make_case, synthetic_run
 from tests.hostile import HOSTILE, hostile_run, script_texts
 from tests.test_work_figures import work
@@ -186,6 +187,9 @@ def test_the_report_draws_the_history_and_says_so(
     assert {(row[1], row[2]) for row in changes} == {(sha(2)[:8], sha(3)[:8])}
     commits = json.loads(scripts["history-1-data"])["rows"]
     assert [row[3] for row in commits] == [f"c{k}r0, c{k}r1" for k in range(5)]
+    # what each step could have seen: a share, the gate's threshold at least
+    assert commits[0][5] == DASH  # the first commit has none before it
+    assert all(row[5].startswith(">= ") and int(row[5][3:-1]) >= 5 for row in commits[1:])
 
 
 def test_history_options_choose_the_figure_and_the_branch(

@@ -242,16 +242,20 @@ def changes_table(h: BranchHistory) -> Table:
 
 
 def commits_table(h: BranchHistory) -> Table:
-    """The history's points: which runs each commit's point pools."""
-    keys = ("commit", "id", "time", "runs", "uncommitted")
-    rows = [(p.label, p.commit, p.time, ", ".join(p.runs), p.dirty) for p in h.points]
-    cells = [
-        (p.label, p.commit, p.time, ", ".join(p.runs), "yes" if p.dirty else "no") for p in h.points
-    ]
+    """The history's points: which runs each commit's point pools, and what size of
+    change the gate could have seen from the commit before."""
+    keys = ("commit", "id", "time", "runs", "uncommitted", "detects")
+    headers = ("commit", "commit id", "commit time", "runs pooled", "uncommitted changes")
+    rows, cells = [], []
+    for p, seen in zip(h.points, h.detectable or [math.nan] * len(h.points)):
+        runs = ", ".join(p.runs)
+        rows.append((p.label, p.commit, p.time, runs, p.dirty, clean(seen)))
+        shown = DASH if not math.isfinite(seen) else f">= {seen:.0%}"
+        cells.append((p.label, p.commit, p.time, runs, "yes" if p.dirty else "no", shown))
     return Table(
         title=f"commits on {h.branch} ({h.hardware})",
         keys=keys,
-        headers=("commit", "commit id", "commit time", "runs pooled", "uncommitted changes"),
+        headers=(*headers, "gate detects"),
         rows=tuple(rows),
         cells=tuple(cells),
         notes=h.notes,
@@ -259,6 +263,9 @@ def commits_table(h: BranchHistory) -> Table:
             "a commit's clean runs are pooled into one point (each run a session, as "
             "a pull request's base is pooled); a run with uncommitted changes is a point "
             "of its own (+), compared with its neighbours like the others",
+            "gate detects: the smallest worsening from the commit before that the gate "
+            "could have seen in the median case (80 % power); a smaller one may be there, "
+            "unmarked",
         ),
     )
 
