@@ -20,7 +20,9 @@ import pytest
 
 from pytest_llmenergy.cli import main
 from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.history import branch_history
 from pytest_llmenergy.html import write_report
+from pytest_llmenergy.results import distinct_names
 from pytest_llmenergy.storage.runfile import dumps
 from tests.casefactory import synthetic_run
 from tests.hostile import HOSTILE, hostile_run, script_end
@@ -114,6 +116,20 @@ COUNT_POINTS = """() => {
     counts[key] = n;
   }
   return counts;
+}"""
+
+# Each named mark's items (the history's points and its change marks), with their data.
+NAMED_MARKS = """(key) => {
+  const found = {};
+  const walk = (node) => {
+    if (!node) return;
+    if (node.role === 'mark' && node.name) {
+      (found[node.name] = found[node.name] || []).push(...node.items.map((i) => i.datum));
+    }
+    (node.items || []).forEach((item) => (item.items || []).forEach(walk));
+  };
+  walk(window.llmenergy.views[key].scenegraph().root);
+  return found;
 }"""
 
 # Where the first point of a chart is on the page, and what it stands for.
@@ -317,12 +333,18 @@ def test_hostile_names_change_nothing_in_how_the_page_parses(
     point is there and shows the very text, nothing injected runs, no console error
     (issue 33: ``<!--<script>`` in a parametrize id left the page blank)."""
     base, head = hostile_run(seed=1), hostile_run(seed=2, slower=1.3)
+    # a later commit on the same (hostile) branch: the page draws the branch's history
+    head = dataclasses.replace(head, commit={**head.commit, "id": HOSTILE[1]})
     labels = ["<!--<script>base", "</script><script>window.llmenergyInjected=3</script>"]
     gates = parse_gates("j_per_token:5%")
     comparison = compare_cases(
         base.cases, head.cases, gates=gates, baseline_label=labels[0], current_label=labels[1]
     )
-    out = write_report(tmp_path / "hostile.html", [base, head], labels, [comparison])
+    histories = branch_history([base, head], gates[0], branch=HOSTILE[0], session_noise=0.02)
+    assert len(histories) == 1 and histories[0].changes
+    out = write_report(
+        tmp_path / "hostile.html", [base, head], labels, [comparison], histories=histories
+    )
     dialogs: list[str] = []
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -367,6 +389,14 @@ def test_hostile_names_change_nothing_in_how_the_page_parses(
         )["jpt_in"]["data"]["values"]
     }
     assert shown_cases <= set(names) and shown_cases
+    # the history: a panel per case, named as it is, both commits as they are
+    assert "history-0" in counts
+    history = page.evaluate(NAMED_MARKS, "history-0")
+    panels = distinct_names([c.nodeid for c in base.cases]).values()
+    assert {d["panel"] for d in history["commits_marks"]} == set(panels)
+    assert {d["commit"] for d in history["commits_marks"]} == {
+        str(run.commit["id"])[:8] for run in (base, head)
+    }
     # the header's text as given: the machine, commit and meter fields
     header = page.evaluate(
         "Array.from(document.querySelectorAll('dl.run dd')).map((dd) => dd.textContent)"
@@ -374,3 +404,35 @@ def test_hostile_names_change_nothing_in_how_the_page_parses(
     assert f"{HOSTILE[1]} (2 logical cores); GPUs <!--" in header
     assert "<!--<script>" in page.evaluate("document.querySelector('h1').textContent")
     assert any(h.endswith(f" on {HOSTILE[0]}") for h in header)
+
+
+# -- a branch's history ------------------------------------------------------------------
+
+
+def test_a_branch_history_draws_its_step_where_it_is(
+    browser: Any, tmp_path: Path, shots: Path
+) -> None:
+    """Five commits of main, two sessions each; one model 30 % costlier from the fourth
+    commit on: its cases carry a change mark there, and nothing else does."""
+    from tests.test_report_history import _saved, sha, stepped_runs
+
+    paths = _saved(tmp_path, stepped_runs({"tiny-falcon": (3, 1.3)}))
+    out = tmp_path / "history.html"
+    assert main(["report", *paths, "--out", str(out)]) == 0
+    opened = Opened(browser, out)
+    assert opened.errors == [] and opened.outside_requests() == []
+    marks = opened.page.evaluate(NAMED_MARKS, "history-0")
+    assert len(marks["commits_marks"]) == 5 * 12  # a point per commit and case
+    changed = marks["changes_marks"]
+    assert len(changed) == 4 and {d["commit"] for d in changed} == {sha(3)[:8]}
+    assert all("tiny-falcon" in d["panel"] and d["change"] == "worse" for d in changed)
+    drawn = opened.page.locator("#chart-history-0")
+    assert int(drawn.get_attribute("data-points") or 0) == 5 * 12 + 4
+    drawn.scroll_into_view_if_needed()
+    drawn.screenshot(path=str(shots / "report-history.png"))
+    # the changes' table: a row per marked case, from the commit before to its commit
+    rows = opened.page.evaluate(
+        "Array.from(document.querySelectorAll('#history-0 tbody tr'))"
+        ".map((tr) => [tr.cells[1].textContent, tr.cells[2].textContent])"
+    )
+    assert rows == [[sha(2)[:8], sha(3)[:8]]] * 4

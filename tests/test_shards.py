@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -147,6 +148,48 @@ def test_a_part_that_is_no_part_is_one_line(pytester: pytest.Pytester) -> None:
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*--llm-shard*expected a part such as 2/3*"])
     assert "Traceback" not in result.stderr.str()
+
+
+def test_shards_under_xdist_hold_the_cases_they_hold_without_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-n 2`` runs a shard's cases on two workers: each worker splits the same
+    collection the same way, so the shard holds what it holds in one process, and the
+    controller's run file of each shard joins with the others into the whole grid."""
+    pytest.importorskip("xdist")
+    from tests.test_plugin_keep import REPO
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO), prepend=os.pathsep)
+    pytester.makepyfile(test_grid=PROJECT)
+    quiet = "--energy-max-background=off"  # a shared machine: no case left unmeasured
+    whole = _session(pytester, quiet, "--energy-json=whole.json")
+    assert whole.ret == 0, whole.stdout.str()
+    for i in (1, 2):
+        alone = _session(pytester, quiet, f"--llm-shard={i}/2", f"--energy-json=a{i}.json")
+        assert alone.ret == 0, alone.stdout.str()
+        both = _session(
+            pytester, quiet, "-n", "2", f"--llm-shard={i}/2", f"--energy-json=x{i}.json"
+        )
+        assert both.ret == 0, both.stdout.str()
+        # the workers split the cases; the controller says which part, once
+        both.stdout.fnmatch_lines([f"llmenergy: shard {i}/2: * of 7 energy cases*"])
+        assert both.stdout.str().count(f"shard {i}/2:") == 1
+        assert sorted(_ids(pytester.path / f"x{i}.json")) == sorted(
+            _ids(pytester.path / f"a{i}.json")
+        )
+        # the plain test in part 1 only, as without xdist
+        assert both.parseoutcomes()["passed"] == alone.parseoutcomes()["passed"]
+        saved = json.loads((pytester.path / f"x{i}.json").read_text())
+        assert saved["options"]["shard"] == [i, 2]
+        assert all(c["trials"] for c in saved["cases"])
+    out = pytester.path / "joined.json"
+    parts = [str(pytester.path / f"x{i}.json") for i in (1, 2)]
+    assert main(["merge", *parts, "--out", str(out)]) == 0
+    joined = json.loads(out.read_text())
+    assert sorted(c["nodeid"] for c in joined["cases"]) == sorted(
+        _ids(pytester.path / "whole.json")
+    )
+    assert joined["run"]["status"] == "complete"
 
 
 def test_a_part_killed_before_its_end_is_named_and_one_part_joins_alone(

@@ -16,11 +16,9 @@ from ..compare import (
     Comparison,
     Gate,
     Lineup,
-    compare_cases,
     comparison_table,
     parse_gates,
     side_by_side,
-    unlike_meters,
     verdict_lines,
 )
 from ..errors import ConfigError
@@ -29,7 +27,7 @@ from ..figures import (
     figure,
     per_trial_keys,
 )
-from ..meters.reference import speed_drift
+from ..history import DEFAULT_BRANCH, WORSE
 from ..sessions import DEFAULT_SESSION_NOISE
 from ..storage.runfile import Run
 from ..storage.store import DERIVED_FILE, FOLDER, STORAGE_HELP, Storage
@@ -37,6 +35,7 @@ from ..tables import FORMATS, Table, render
 from .cli_args import TwoOrMore, checked, counted, gate_argument, runs_of, table_width
 
 DEFAULT_CONFIDENCE = 0.95
+DEFAULT_HISTORY_GATE = "j_per_token:5%"
 
 
 # Keys of the side-by-side table (and csv's first column) that a run label must not shadow.
@@ -108,6 +107,19 @@ def _report_arguments(rep: argparse.ArgumentParser) -> None:
         default=None,
         help="confidence of intervals and tests, 0.95 or 95%% "
         f"(default: the baseline run's, else {DEFAULT_CONFIDENCE})",
+    )
+    gate_argument(
+        rep,
+        "--history",
+        "the figure a branch's history draws per commit, and the gate whose test marks a "
+        f"change between consecutive commits (default: the --gate given, else "
+        f"{DEFAULT_HISTORY_GATE}); drawn where the runs on the branch span two commits or more",
+    )
+    rep.add_argument(
+        "--history-branch",
+        default=DEFAULT_BRANCH,
+        metavar="BRANCH",
+        help=f"whose history: the runs saved on this branch (default: {DEFAULT_BRANCH})",
     )
     rep.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
@@ -294,23 +306,18 @@ def _comparisons(
 ) -> list[Comparison]:
     """Each later run against the first, gated (or, without gates, the default figures),
     with the noise the storage's runs of the same code teach (as the in-session gate)."""
+    from ..history import gate_runs
+
     return [
-        compare_cases(
-            runs[0].cases,
-            run.cases,
-            gates=gates,
+        gate_runs(
+            runs[0],
+            run,
+            gates,
             confidence=confidence,
-            baseline_label=labels[0],
-            current_label=label,
-            not_comparable=unlike_meters(
-                runs[0].meter_identity, run.meter_identity, current_label=label
-            ),
-            drift=speed_drift(_speed(runs[0]), _speed(run), None),
             session_noise=session_noise,
             history=_history(storage, runs, gates, exclude=run) if storage and gates else None,
-            # another machine's speed is part of what is compared, not noise to take out
-            normalize=run.hardware == runs[0].hardware,
-            paired=runs[0].paired_with(run),
+            base_label=labels[0],
+            label=label,
         )
         for label, run in zip(labels[1:], runs[1:])
     ]
@@ -331,19 +338,45 @@ def _report(runs: list[Run], args: argparse.Namespace, storage: Storage) -> Outc
         if len(runs) > 1
         else []
     )
-    target = write_report(args.out, runs, labels, comparisons)
+    histories, notes = _histories(runs, args, gates, confidence)
+    target = write_report(args.out, runs, labels, comparisons, histories=histories)
     size_mb = target.stat().st_size / 1e6
     wrote = f"wrote {target} ({counted(runs)}, {size_mb:.2f} MB)"
     verdicts = [
         f"{c.current_label}: {line}" for c in comparisons if gates for line in verdict_lines(c)
     ]
-    return Outcome(wrote, verdicts=verdicts, failed=any(c.failed for c in comparisons))
+    failed = any(c.failed for c in comparisons)
+    return Outcome(wrote, notes=notes, verdicts=verdicts, failed=failed)
 
 
-def _speed(run: Run) -> float | None:
-    """The reference workload's time at the run's start (runs since 0.2.0), if any."""
-    value = run.machine.get("speed_reference_s")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+def _histories(
+    runs: Sequence[Run], args: argparse.Namespace, gates: Sequence[Gate], confidence: float
+) -> tuple[list[Any], list[str]]:
+    """The branch's history per hardware and history gate, and a line on each (or on
+    why there is none, when it was asked for)."""
+    from ..history import branch_history
+
+    asked: list[Gate] = [g for given in args.history for g in given]
+    chosen = asked or list(gates) or list(parse_gates(DEFAULT_HISTORY_GATE))
+    branch = args.history_branch
+    found, notes = [], []
+    for gate in dict.fromkeys(chosen):
+        for h in branch_history(
+            runs, gate, branch=branch, confidence=confidence, session_noise=args.session_noise
+        ):
+            found.append(h)
+            worse = sum(1 for c in h.changes if c.direction == WORSE)
+            notes.append(
+                f"history of {branch} ({h.hardware}): {gate.metric} over {len(h.points)} "
+                f"commits, {worse} change(s) worse and {len(h.changes) - worse} better "
+                f"by the gate {gate}"
+            )
+    if asked and not found:
+        notes.append(
+            f"no history: the runs given span fewer than two commits on branch {branch} "
+            "(--history-branch names another)"
+        )
+    return found, notes
 
 
 def _labels(runs: Sequence[Run]) -> tuple[str, ...]:

@@ -138,7 +138,7 @@ def run_header(run: Run, label: str) -> list[tuple[str, str]]:
 
 
 # -- chart points ------------------------------------------------------------------------
-def _interval(f: Figure, case: CaseResult) -> tuple[float | None, float | None]:
+def figure_interval(f: Figure, case: CaseResult) -> tuple[float | None, float | None]:
     summary = f.summary(case)
     if summary is None or not math.isfinite(summary.half_width):
         return None, None
@@ -168,7 +168,7 @@ def points(run_label: str, cases: Sequence[CaseResult], keys: Sequence[str]) -> 
         for key in keys:
             f = FIGURES[key]
             record[key] = clean(f.value(case))
-            record[f"{key}_lo"], record[f"{key}_hi"] = _interval(f, case)
+            record[f"{key}_lo"], record[f"{key}_hi"] = figure_interval(f, case)
         out.append(record)
     return out
 

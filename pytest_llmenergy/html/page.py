@@ -38,8 +38,10 @@ from .sections import (
     routing_section,
     scale_section,
 )
+from .timeline import history_section
 
 if TYPE_CHECKING:
+    from ..history import BranchHistory
     from ..routing.decide import Routed
 
 _CSP = (
@@ -299,10 +301,12 @@ def render_report(
     labels: Sequence[str] | None = None,
     comparisons: Sequence[Comparison] = (),
     routed: Sequence[Routed] | None = None,
+    histories: Sequence[BranchHistory] = (),
 ) -> str:
     """The whole page for ``runs`` (the first is the baseline of ``comparisons``).
     ``routed``: the session's routing decision; None: routed here between the runs'
-    systems, if they are two or more, on the Alpaca workload."""
+    systems, if they are two or more, on the Alpaca workload.  ``histories``: a
+    branch's figure per commit (``history.branch_history``)."""
     if not runs:
         raise ConfigError("a report needs at least one run")
     vega.check_available()
@@ -316,6 +320,7 @@ def render_report(
     frontier = frontier_section(runs, names)
     routing = routing_section(routed_between(runs) if routed is None else routed)
     scale = scale_section(runs, names)
+    history = history_section(histories)
     headers = "".join(
         f"<section><h3>{escape(name)}</h3>{_header_html(run_header(run, name))}</section>"
         for run, name in zip(runs, names)
@@ -338,6 +343,15 @@ def render_report(
             _comparison_html(i, c, [r for r in ratios if r.key.startswith(f"ratio-{i}-")])
             for i, c in enumerate(comparisons)
         ]
+    parts.append(
+        _section_html(
+            "History",
+            "history",
+            history,
+            "the figure per commit on the branch, and where it changed (llmenergy report "
+            "--history)",
+        )
+    )
     parts += [
         "<h2>Charts</h2>",
         _charts_html(charts),
@@ -365,7 +379,10 @@ def render_report(
         f"{escape(vega.versions())}</footer>",
         '<script type="application/json" id="llmenergy-specs">',
         _script_json(
-            {c.key: c.spec for c in (*charts, *ratios, *frontier.charts, *routing.charts)}
+            {
+                c.key: c.spec
+                for c in (*history.charts, *charts, *ratios, *frontier.charts, *routing.charts)
+            }
         ),
         "</script>",
         f"<script>{_SCRIPT}</script>",
@@ -380,6 +397,7 @@ def write_report(
     labels: Sequence[str] | None = None,
     comparisons: Sequence[Comparison] = (),
     routed: Sequence[Routed] | None = None,
+    histories: Sequence[BranchHistory] = (),
 ) -> Path:
     """Write the page, replacing what is at ``path`` in one step (a report is derived,
     like an export: a reader never sees half a file)."""
@@ -390,7 +408,9 @@ def write_report(
         raise ConfigError(f"{path}: folder {target.parent} does not exist")
     if target.is_dir():
         raise ConfigError(f"{path} is a folder; give the report's file name, e.g. report.html")
-    AtomicFile(target, derived=True).write(render_report(runs, labels, comparisons, routed))
+    AtomicFile(target, derived=True).write(
+        render_report(runs, labels, comparisons, routed, histories)
+    )
     return target
 
 

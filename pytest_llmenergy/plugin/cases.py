@@ -34,6 +34,7 @@ from ..llm.grid import CASE_AXES, INPUT_SWEEP, OUTPUT_SWEEP, PARALLEL_AXIS, LLMC
 from .generating import LLMSettings
 from .measuring import header_lines
 from .option_rows import Option, Section
+from .workers import SHARD_KEY, is_worker
 
 if TYPE_CHECKING:
     from ..llm.loader import ModelInfo
@@ -249,6 +250,8 @@ class CasePlan:
             f"shard {i}/{n}: {len(mine)} of {len(energy)} energy cases "
             "(split by tokens, the same on every machine; llmenergy merge joins the parts)"
         )
+        if is_worker(config):  # the controller collects nothing: it says so at the end
+            config.workeroutput[SHARD_KEY] = self.shard_note  # type: ignore[attr-defined]
 
     def _check_models(self, items: list[pytest.Item]) -> None:
         """A model that cannot load, or a case longer than its model's context, stops the

@@ -34,6 +34,7 @@ from ..storage.runfile import RunFileError, case_dict, decode_case
 SEED_KEY = "llmenergy_seed"
 LOCK_KEY = "llmenergy_lock"
 CASE_PROPERTY = "llmenergy_case"
+SHARD_KEY = "llmenergy_shard"  # a worker's word on its --llm-shard part (workeroutput)
 
 
 def sees_cpu(meter: Meter) -> bool:
@@ -86,6 +87,8 @@ class Workers:
         self.received = 0
         # by test, for the summary (each phase's report carries the test's properties)
         self.unreadable: dict[str, str] = {}
+        # --llm-shard's note: the workers split the cases, the controller never sees them
+        self.shard_notes: dict[str, None] = {}
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[SEED_KEY] = self.seed
@@ -102,7 +105,14 @@ class Workers:
                     continue
                 self._on_case(case)
 
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        note = getattr(node, "workeroutput", {}).get(SHARD_KEY)
+        if isinstance(note, str) and note:
+            self.shard_notes[note] = None
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for note in self.shard_notes:  # every worker split alike: one line
+            terminalreporter.write_line(f"llmenergy: {note}")
         for line in self.unreadable.values():
             terminalreporter.write_line(
                 f"llmenergy: {line}; that case is left out of this run", red=True
