@@ -131,6 +131,22 @@ def test_a_case_waits_until_near_the_previous_start(monkeypatch: pytest.MonkeyPa
     assert second.start_c == (42.0, None) and not second.gave_up
 
 
+def test_a_case_that_finds_the_gpus_cool_did_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the sensors takes time (a slow driver call here: 0.2 s), but that is not
+    a wait: the summary counts only cases that slept."""
+    read = Scripted(monkeypatch, lambda t: [40.0])
+    slow = read.__call__
+
+    def reading() -> list[float | None]:
+        read.t += 0.2
+        return slow()
+
+    settling = ThermalSettling(reading, tolerance_c=2.0, max_wait_s=60.0, poll_s=1.0)
+    settling.settle()
+    second = settling.settle()
+    assert second.reference_c == (40.0,) and second.waited_s == 0.0 and not second.gave_up
+
+
 def test_the_reference_never_climbs_above_the_first_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

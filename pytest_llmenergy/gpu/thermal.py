@@ -181,7 +181,7 @@ class ThermalSettling:
         reference = self.reference()
         began = monotonic()
         now = self.read()
-        gave_up = False
+        gave_up = slept = False
         if reference is not None:
             limit = self.tolerance_c
             while _hottest_excess(now, reference) > limit:
@@ -195,8 +195,10 @@ class ThermalSettling:
                         f"{_temps([r + limit if r is not None else None for r in reference])} °C"
                     )
                 sleep(min(self.poll_s, left))
+                slept = True
                 now = self.read()
-        waited_s = monotonic() - began
+        # a case that found the GPUs cool did not wait (reading them is not waiting)
+        waited_s = monotonic() - began if slept else 0.0
         if self._first is None:
             self._first = list(now)
         self._previous = list(now)
@@ -204,7 +206,7 @@ class ThermalSettling:
             start_c=tuple(now),
             reference_c=tuple(reference) if reference is not None else (),
             tolerance_c=self.tolerance_c,
-            waited_s=waited_s if reference is not None else 0.0,
+            waited_s=waited_s,
             gave_up=gave_up,
         )
 

@@ -125,8 +125,9 @@ def make_gpu(
     )
 
 
-def make_amd_gpu(index: int = 0) -> FakeAmdGpu:
-    """The MI300X-like stand-in: counter refreshed every 0.1 ms, caps in µW."""
+def make_amd_gpu(index: int = 0, heat: Heat | None = None) -> FakeAmdGpu:
+    """The MI300X-like stand-in: counter refreshed every 0.1 ms, caps in µW; ``heat``:
+    its temperature follows its power (``$FAKE_GPU_HEAT``)."""
     return mi300x(
         index,
         SwitchTrace(AMD_PHYSICS.idle_w),  # type: ignore[arg-type]
@@ -138,6 +139,7 @@ def make_amd_gpu(index: int = 0) -> FakeAmdGpu:
         min_power_cap_uw=AMD_MIN_UW,
         max_gfx_clock_mhz=AMD_MAX_MHZ,
         min_gfx_clock_mhz=AMD_MIN_MHZ,
+        heat=heat,
     )
 
 
@@ -148,7 +150,7 @@ def amd() -> bool:
 def build_amd() -> Any:
     """The fake amdsmi as the environment describes it (virtual time, as build())."""
     return build_fake_amdsmi(
-        [make_amd_gpu(0)],
+        [make_amd_gpu(0, heat_from_env())],
         root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
         state_path=os.environ.get("FAKE_GPU_STATE") or None,
         virtual_time=True,
