@@ -27,6 +27,7 @@ from pytest_llmenergy.stats import welch_t_test
 from pytest_llmenergy.storage.runfile import COMPLETE, INTERRUPTED, RUNNING, dumps
 from pytest_llmenergy.storage.store import Storage
 from tests.casefactory import make_case
+from tests.fakes.signals import ctrl_c_reaches_it
 from tests.test_storage_runfile import sample_run
 
 HW_A = "cpu-x__no-gpu__trace"
@@ -849,6 +850,7 @@ def test_ctrl_c_in_any_command_is_one_line_exit_130_and_no_file(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_reaches_it,
     )
     try:
         assert child.stderr is not None

@@ -13,6 +13,7 @@ import pytest
 
 from pytest_llmenergy.cli import _parser, main
 from tests.casefactory import make_case
+from tests.fakes.signals import ctrl_c_reaches_it
 from tests.test_cli import save
 from tests.test_plugin import assert_one_line_usage_error
 from tests.test_plugin_keep import run
@@ -213,6 +214,7 @@ def _commands_interrupted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_reaches_it,
     )
     try:
         assert child.stderr is not None and child.stderr.readline() == "blocked\n"
