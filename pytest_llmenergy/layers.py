@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__",),  # the public API
     ("plugin",),  # the pytest front end
     ("suite",),  # the built-in benchmark suite, which benchmarks/ imports
+    ("proof",),  # llmenergy proof: the suite, the meter and the gate on a real GPU
     ("cli",),  # the llmenergy command: its flags that mean a pytest option use that row
     ("__main__",),
 )

@@ -26,6 +26,7 @@ from ..figures import DeprecatedName
 from ..frontier import frontier_cli
 from ..plugin.options import plugin_option
 from ..predict.predict_cli import COMMANDS as PREDICT_COMMANDS
+from ..proof.proof_cli import COMMANDS as PROOF_COMMANDS
 from ..storage.research import COMMANDS as IMPORT_COMMANDS
 from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage, check_output
 from ..tables import FORMATS
@@ -125,6 +126,7 @@ COMMANDS: dict[str, Command] = check_commands(
         *PREDICT_COMMANDS,
         *IMPORT_COMMANDS,
         *CHECK_COMMANDS,
+        *PROOF_COMMANDS,
         *SUITE_COMMANDS,
     )
 )

@@ -22,6 +22,9 @@ from .device import GpuDevice, GpuDeviceError
 MODES = ("warn", "error", "off")
 # Set by the launchers whose other processes belong to the same measurement.
 _SHARED_PARENT_ENV = ("LLMENERGY_AB", "TORCHELASTIC_RUN_ID")
+# Pids (comma-separated) of a harness above the session whose whole process tree is the
+# measurement's own: ``llmenergy proof`` holds a CUDA context while its sessions run.
+OWN_ROOTS_ENV = "LLMENERGY_OWN_ROOTS"
 
 
 def own_roots(attributed_pids: Sequence[int] = ()) -> tuple[int, ...]:
@@ -29,6 +32,8 @@ def own_roots(attributed_pids: Sequence[int] = ()) -> tuple[int, ...]:
     roots = [os.getpid(), *attributed_pids]
     if any(name in os.environ for name in _SHARED_PARENT_ENV):
         roots.append(os.getppid())
+    given = os.environ.get(OWN_ROOTS_ENV, "").split(",")
+    roots += [int(pid) for pid in given if pid.strip().isdigit()]
     return tuple(dict.fromkeys(roots))
 
 

@@ -29,8 +29,12 @@ def _spin_cpu_s(seconds: float) -> None:
 
 
 def inject_regression(model: Any, share: float) -> None:
-    """Add ``share`` (0.25: +25 %) of each forward pass's CPU time as extra work."""
+    """Add ``share`` (0.25: +25 %) of each forward pass's CPU time as extra work; on a
+    GPU, where the CPU only launches the work, ``share`` more of the GPU's own work."""
     if share <= 0:
+        return
+    if _on_gpu(model):
+        _repeat_products(model, share)
         return
     started: list[float] = []
 
@@ -43,6 +47,30 @@ def inject_regression(model: Any, share: float) -> None:
 
     model.register_forward_pre_hook(before)
     model.register_forward_hook(after)
+
+
+def _on_gpu(model: Any) -> bool:
+    first = next(model.parameters(), None)
+    return first is not None and first.device.type == "cuda"
+
+
+def _repeat_products(model: Any, share: float) -> None:
+    """Every linear layer computes its product once more in ``share`` of its calls (every
+    call at 100 %, every tenth at 10 %): the GPU reads the weights and multiplies again,
+    so its time and energy grow by about ``share`` of what the linear layers cost."""
+    import torch
+    import torch.nn.functional as F
+
+    for linear in (m for m in model.modules() if isinstance(m, torch.nn.Linear)):
+        owed = [0.0]
+
+        def again(module: Any, args: Any, output: Any, owed: list[float] = owed) -> None:
+            owed[0] += share
+            while owed[0] >= 1.0:
+                owed[0] -= 1.0
+                F.linear(args[0], module.weight, module.bias)
+
+        linear.register_forward_hook(again)
 
 
 def _linear_twice(linear: Any) -> None:

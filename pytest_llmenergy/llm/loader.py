@@ -23,7 +23,14 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..meters.base import mark_phase
-from .tiny import SAMPLE_TEXT, TINY_MODELS, ensure_tiny_model, is_tiny
+from .tiny import (
+    SAMPLE_TEXT,
+    TINY_MODELS,
+    build_at_load,
+    ensure_tiny_model,
+    is_tiny,
+    weights_at_load,
+)
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # How a model is spread over the ranks of a torchrun job: ``none`` (every rank runs the
@@ -453,7 +460,10 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(
             source, trust_remote_code=trust_remote_code, **hub
         )
-        model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
+        if weights_at_load(name_or_path) and parallel != "tp":
+            model = build_at_load(config, torch_dtype, _one_device(target))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs)
     except _out_of_memory_error(torch):
         raise  # a real model too big for the device: not a configuration problem
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
@@ -556,6 +566,11 @@ class ModelPool:
 
 
 # -- resolution helpers ------------------------------------------------------------
+def _one_device(target: str) -> str:
+    """Where a model built in place goes: ``auto`` (CUDA there) is the first GPU."""
+    return "cuda:0" if target == "auto" else target
+
+
 def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"unknown {what} {value!r}; allowed values: {', '.join(allowed)}")

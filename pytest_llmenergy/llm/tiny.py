@@ -88,6 +88,11 @@ class TinySpec:
     name: str
     config_class: str  # attribute name in ``transformers``
     config_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    # A real checkpoint's size (billions of weights): no weights are written to disk; the
+    # model is built on its device when loaded and filled there from the seed (seconds
+    # on a GPU, where writing and reading 16 GB of random weights would take minutes).
+    weights_at_load: bool = False
+    dtype: str = "float32"  # the dtype the config records (what ``auto`` loads)
 
 
 _COMMON: dict[str, Any] = {
@@ -145,9 +150,70 @@ TINY_MODELS: Mapping[str, TinySpec] = {
 }
 
 
+# Random-weight models of real architectures at their real sizes, from the configs those
+# checkpoints publish (their tokenizers replaced by the built-in one: token ids stay below
+# its 1024, the embedding and output layers keep the real vocabulary's size and cost).
+# For a GPU (``llmenergy proof``): Llama-3.1-8B in bf16 is 16 GB of weights.
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+REAL_SIZE_MODELS: Mapping[str, TinySpec] = {
+    "random-llama-3.1-8b": TinySpec(
+        "random-llama-3.1-8b",
+        "LlamaConfig",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": _LLAMA3_ROPE,
+            "tie_word_embeddings": False,
+        },
+        weights_at_load=True,
+        dtype="bfloat16",
+    ),
+    "random-llama-3.2-1b": TinySpec(
+        "random-llama-3.2-1b",
+        "LlamaConfig",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": {**_LLAMA3_ROPE, "factor": 32.0},
+            "tie_word_embeddings": True,
+        },
+        weights_at_load=True,
+        dtype="bfloat16",
+    ),
+}
+BUILTIN_MODELS: Mapping[str, TinySpec] = {**TINY_MODELS, **REAL_SIZE_MODELS}
+
+
 def is_tiny(name: str) -> bool:
     """True for the names of the built-in models (not for paths or hub ids)."""
-    return name in TINY_MODELS
+    return name in BUILTIN_MODELS
+
+
+def weights_at_load(name: str) -> bool:
+    """True for a built-in model whose weights are made on its device when loaded."""
+    spec = BUILTIN_MODELS.get(name)
+    return spec is not None and spec.weights_at_load
 
 
 def default_cache_dir() -> Path:
@@ -171,6 +237,7 @@ def recipe_hash(name: str) -> str:
         "name": spec.name,
         "config_class": spec.config_class,
         "config": dict(spec.config_kwargs),
+        **({"weights": "at-load", "dtype": spec.dtype} if spec.weights_at_load else {}),
         "text": hashlib.sha256(SAMPLE_TEXT.encode()).hexdigest(),
         "vocab_target": _VOCAB_TARGET,
         "special": SPECIAL_TOKENS,
@@ -265,15 +332,20 @@ def write_model(spec: TinySpec, out_dir: Path) -> None:
     tokenizer = build_tokenizer()
     vocab = tokenizer.get_vocab()
     config_class = getattr(transformers, spec.config_class)
-    config = config_class(
+    settings: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
         **spec.config_kwargs,
-        vocab_size=len(tokenizer),
-        bos_token_id=vocab[_BOS],
-        eos_token_id=vocab[_EOS],
-        pad_token_id=vocab[_PAD],
-        initializer_range=_INIT_STD,
-        dtype="float32",
-    )
+        "bos_token_id": vocab[_BOS],
+        "eos_token_id": vocab[_EOS],
+        "pad_token_id": vocab[_PAD],
+        "initializer_range": _INIT_STD,
+        "dtype": spec.dtype,
+    }
+    config = config_class(**settings)
+    if spec.weights_at_load:  # config and tokenizer only: load_model builds the weights
+        config.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        return
     model = transformers.AutoModelForCausalLM.from_config(config)
     _fill_weights(model, _SEED)
     model.generation_config.pad_token_id = vocab[_PAD]
@@ -341,9 +413,31 @@ def _fill_weights(model: Any, seed: int) -> None:
                 param.fill_(1.0)
 
 
+def build_at_load(config: Any, dtype: Any, device: str) -> Any:
+    """A ``weights_at_load`` model, made on ``device`` in ``dtype`` and filled from the
+    seed there as ``_fill_weights`` fills the small ones (the same spread, norms at one,
+    biases at zero); buffers such as rotary frequencies are the architecture's own."""
+    import torch
+    import transformers
+
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(_SEED)
+    with torch.no_grad():
+        for pname, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if param.dim() >= 2:
+                param.normal_(0.0, _INIT_STD, generator=gen)
+            elif pname.endswith("bias"):
+                param.zero_()
+            else:
+                param.fill_(1.0)
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model
+
+
 def _spec(name: str) -> TinySpec:
     try:
-        return TINY_MODELS[name]
+        return BUILTIN_MODELS[name]
     except KeyError:
-        known = ", ".join(TINY_MODELS)
+        known = ", ".join(BUILTIN_MODELS)
         raise ValueError(f"{name!r} is not a built-in tiny model (known: {known})") from None

@@ -43,6 +43,10 @@ _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs
 BACKEND = "nvml"
 GPU_PROCESS = "gpu:process"  # this process tree's share of the GPUs' joules
 DEFAULT_INTERVAL_S = 0.1
+# nvmlDeviceGetPowerUsage on Ampere (but GA100) and newer: "power averaged over 1 sec
+# interval" (NVML's documentation); a window shorter than that reads a blur of the power
+# before it, so a GPU sampled through it resolves no finer (its windows are marked).
+AVERAGED_POWER_S = 1.0
 INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'pytest-llmenergy[nvml]'"
 FALLBACK_HINT = "use --energy-backend=auto or estimate"
 SAMPLER_THREAD_NAME = "llmenergy-nvml-sampler"
@@ -64,7 +68,7 @@ _ARCH_NAMES = {
     10: "Blackwell",
 }
 # nvmlValueType_t -> the member of the nvmlValue_t union that holds the value.
-_VALUE_MEMBERS = {
+VALUE_MEMBERS = {
     0: "dVal",
     1: "uiVal",
     2: "ulVal",
@@ -145,6 +149,16 @@ def _import_pynvml() -> ModuleType:
     except ImportError as exc:
         raise MeterUnavailable(BACKEND, INSTALL_HINT) from exc
     return pynvml
+
+
+def init_library() -> ModuleType:
+    """pynvml, imported and initialised; MeterUnavailable saying why where it cannot be."""
+    nvml = _import_pynvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise _init_failure(nvml, exc) from exc
+    return nvml
 
 
 def _init_failure(nvml: ModuleType, exc: BaseException) -> MeterUnavailable:
@@ -309,10 +323,10 @@ class NvmlMeter(GpuMeter):
                 resolution_s = None  # timed below, with the other counters
             else:
                 method = Method.SAMPLED
-                read, source = self._power_reader(handle, domain, name)
+                read, source, averaged_s = self._power_reader(handle, domain, name)
                 note = f"{domain} {name}: sampled ({why_sampled}; {source} every {interval_s:g} s)"
                 readers.append((domain, read))
-                resolution_s = interval_s
+                resolution_s = max(interval_s, averaged_s)
             if index in visible.mig_entries:
                 note += (
                     f"; CUDA sees MIG device(s) {', '.join(visible.mig_entries[index])} of it, "
@@ -393,8 +407,11 @@ class NvmlMeter(GpuMeter):
             return f"energy counter unavailable: {one_line(exc)}"
         return None
 
-    def _power_reader(self, handle: Any, domain: str, name: str) -> tuple[Callable[[], float], str]:
-        """The best power source of a GPU, chosen once: the instant field, else power usage."""
+    def _power_reader(
+        self, handle: Any, domain: str, name: str
+    ) -> tuple[Callable[[], float], str, float]:
+        """The best power source of a GPU, chosen once: the instant field, else power usage;
+        with the span the reading averages over (0: instantaneous)."""
         nvml = self._nvml
         field_id = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", _FI_DEV_POWER_INSTANT)
         success = getattr(nvml, "NVML_SUCCESS", 0)
@@ -404,7 +421,7 @@ class NvmlMeter(GpuMeter):
         except nvml.NVMLError:
             instant = False
         if instant:
-            member = _VALUE_MEMBERS.get(int(probe.valueType), "uiVal")
+            member = VALUE_MEMBERS.get(int(probe.valueType), "uiVal")
             get_fields = nvml.nvmlDeviceGetFieldValues
             error = nvml.NVMLError
             ids = [field_id]
@@ -415,7 +432,7 @@ class NvmlMeter(GpuMeter):
                     raise error(value.nvmlReturn)
                 return float(getattr(value.value, member)) / 1000.0
 
-            return read_instant_w, "instant power field"
+            return read_instant_w, "instant power field", 0.0
 
         get_usage = nvml.nvmlDeviceGetPowerUsage
         try:
@@ -431,13 +448,15 @@ class NvmlMeter(GpuMeter):
             arch = int(nvml.nvmlDeviceGetArchitecture(handle))
         except nvml.NVMLError:
             arch = _ARCH_UNKNOWN
+        averaged_s = 0.0
         if getattr(nvml, "NVML_DEVICE_ARCH_AMPERE", _ARCH_AMPERE) <= arch != _ARCH_UNKNOWN:
-            source += ", a 1 s average on Ampere and newer, so edges blur"
+            source += f", a {AVERAGED_POWER_S:g} s average on Ampere and newer, so edges blur"
+            averaged_s = AVERAGED_POWER_S
 
         def read_usage_w() -> float:
             return get_usage(handle) / 1000.0
 
-        return read_usage_w, source
+        return read_usage_w, source, averaged_s
 
     # -- the Meter interface ---------------------------------------------------------
     @property

@@ -71,7 +71,9 @@ class LLMSettings:
 
 # -- options -----------------------------------------------------------------------------
 def _model_choices() -> list[str]:
-    return [*TINY_MODEL_NAMES, "a Hugging Face id", "a local path"]
+    from ..llm.tiny import REAL_SIZE_MODELS
+
+    return [*TINY_MODEL_NAMES, *REAL_SIZE_MODELS, "a Hugging Face id", "a local path"]
 
 
 def _injected(text: str) -> float | dict[str, float]:
@@ -208,7 +210,8 @@ LLM_OPTIONS = Section(
             "SHARE",
             "slow every model down on purpose: after each forward pass, extra CPU work of "
             "SHARE times the pass's own CPU time (25%: about +25 % time, and energy on CPU "
-            "meters), to learn which regressions a gate finds on this runner "
+            "meters; on a GPU, SHARE of every linear layer's products computed again), to "
+            "learn which regressions a gate finds on this runner "
             "(llmenergy gatecheck); MODEL=SHARE,... slows those models only; never in a baseline",
             default_text="off",
         ),

@@ -1,0 +1,89 @@
+"""How big each stage of the proof is: on a real GPU (``h100``), and against the
+stand-ins on a CPU (``smoke``: the same stages, a tiny model, seconds each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every size a stage takes; a stage's cap bounds its subprocess (seconds)."""
+
+    name: str
+    device: str  # where the models run
+    dtype: str
+    model: str  # the suite's and the frontier's
+    batch_sizes: tuple[int, ...]
+    input_tokens: int  # the input sweep's one size (output: the grid's fixed 32)
+    output_tokens: int  # the output sweep's one size (input: the grid's fixed 32)
+    case_max_time_s: float  # --energy-max-time of each suite case
+    idle_s: float  # the probe's idle stretch (and the idle after the load)
+    load_s: float  # the probe's loaded stretch
+    windows_s: tuple[float, ...]
+    power_limits: str  # --energy-gpu-power-limits, beside the default limit
+    frontier_batch: int
+    frontier_output_tokens: int
+    gate_models: tuple[str, str]  # (unchanged: A/A, changed: the injected regression)
+    gate_share: float
+    gate_tokens: tuple[int, int]
+    work_model: str
+    caps_s: dict[str, float]
+    # every pytest session's further options (a stand-in run on a shared CPU: keep the
+    # trials another process disturbed, bound the trials) and llmenergy ab's own
+    extra_args: tuple[str, ...] = ()
+    ab_args: tuple[str, ...] = ()
+    gate_args: tuple[str, ...] = ()  # the ab sides' pytest options
+    suite_files: tuple[str, ...] = ("benchmarks/",)
+
+
+H100 = Plan(
+    name="h100",
+    device="cuda",
+    dtype="bfloat16",
+    model="random-llama-3.1-8b",
+    batch_sizes=(1, 8, 64),
+    input_tokens=512,
+    output_tokens=128,
+    case_max_time_s=10.0,
+    idle_s=10.5,
+    load_s=10.5,
+    windows_s=(0.05, 0.2, 1.0, 3.0, 10.0),
+    power_limits="70%,50%",
+    frontier_batch=8,
+    frontier_output_tokens=64,
+    gate_models=("random-llama-3.2-1b", "random-llama-3.1-8b"),
+    gate_share=0.10,
+    gate_tokens=(64, 64),
+    work_model="tiny-llama",
+    caps_s={"suite": 110.0, "settings": 70.0, "gate": 150.0, "work": 60.0},
+    suite_files=("benchmarks/test_output_tokens.py",),
+)
+
+SMOKE = Plan(
+    name="smoke",
+    device="cpu",
+    dtype="float32",
+    model="tiny-llama",
+    batch_sizes=(1, 2),
+    input_tokens=16,
+    output_tokens=8,
+    case_max_time_s=0.5,
+    idle_s=2.0,
+    load_s=3.0,
+    windows_s=(0.05, 0.2, 1.0),
+    power_limits="70%",
+    frontier_batch=1,
+    frontier_output_tokens=8,
+    gate_models=("tiny-llama", "tiny-mistral"),
+    gate_share=0.5,
+    gate_tokens=(8, 32),
+    work_model="tiny-llama",
+    caps_s={"suite": 60.0, "settings": 60.0, "gate": 90.0, "work": 60.0},
+    extra_args=("--energy-max-background=off", "--energy-max-trials=3", "--energy-warmup=0"),
+    ab_args=("--confirm", "off"),
+    gate_args=("--energy-max-background=off", "--energy-max-trials=6", "--energy-warmup=0"),
+    suite_files=("benchmarks/test_input_tokens.py",),
+)
+
+PLANS = {p.name: p for p in (H100, SMOKE)}

@@ -1,0 +1,707 @@
+"""The proof's stages, each adding its checks and its table to the ``Proof``.
+
+The meter stage reads NVML in this process; the others run the tool the way a user
+does, as fresh processes (``python -m pytest`` on the built-in suite, ``llmenergy ab``),
+and read what those saved.  Each subprocess gets a time limit from the stage's cap and
+the proof's remaining budget; a stage that does not fit is ``not run``, never half-read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..controller.rule import RULES
+from ..errors import MeterUnavailable
+from ..figures import value
+from ..gpu.isolation import OWN_ROOTS_ENV
+from ..storage.runfile import RunFileError, load
+from ..suite import FILES
+from . import meter_probe
+from .checks import FAIL, NOT_RUN, PASS, Check, Proof
+from .plans import Plan
+
+Log = Callable[[str], None]
+# ML.ENERGY leaderboard (v3, H100, vLLM): Llama-3.1-8B-Instruct, energy per output token
+# of the steady state, at two batch sizes (issue 45 quotes them; ml.energy/leaderboard).
+MLENERGY_H100_8B = {8: 0.455, 512: 0.070}
+MLENERGY_METHOD = (
+    "ML.ENERGY: vLLM (continuous batching, CUDA graphs, paged attention), the steady "
+    "state's GPU energy per generated token, long outputs of real prompts, trained weights; "
+    "here: transformers' generate (eager, static batch), whole-query energy per token "
+    "(prefill included) and decode J per output token, fixed lengths, random weights"
+)
+MIN_STAGE_S = 20.0  # a stage with less budget left than this is not started
+LAST_LINES = 6
+
+
+@dataclass
+class Budget:
+    """The proof's wall-time budget, shared by the stages."""
+
+    total_s: float
+    started: float
+
+    def left_s(self) -> float:
+        return self.total_s - (time.monotonic() - self.started)
+
+    def for_stage(self, cap_s: float) -> float:
+        return min(cap_s, self.left_s() - 5.0)
+
+
+def python_env() -> dict[str, str]:
+    """The environment of the proof's subprocesses: this package importable from where
+    it was imported (a checkout run with PYTHONPATH=. becomes an absolute path)."""
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[2])
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    absolute = [str(Path(p).resolve()) for p in parts]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*absolute, here]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # this process holds a CUDA context while its sessions measure: not a neighbour
+    roots = [p for p in env.get(OWN_ROOTS_ENV, "").split(",") if p]
+    env[OWN_ROOTS_ENV] = ",".join([*roots, str(os.getpid())])
+    return env
+
+
+def plugin_args() -> list[str]:
+    """``-p pytest_llmenergy.plugin`` where the package is not installed (a checkout on
+    PYTHONPATH has no entry point), nothing where it is (pytest loads it already)."""
+    installed = any(ep.name == "llmenergy" for ep in metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "pytest_llmenergy.plugin"]
+
+
+def write_suite(folder: Path) -> Path:
+    """The built-in suite's files, as ``llmenergy init-suite`` writes them."""
+    bench = folder / "benchmarks"
+    bench.mkdir(parents=True, exist_ok=True)
+    for f in FILES:
+        (bench / f.name).write_text(f.text(), encoding="utf-8")
+    return folder
+
+
+@dataclass(frozen=True)
+class Ran:
+    code: int | None  # None: stopped at its time limit
+    seconds: float
+    out: str
+
+    def tail(self, n: int = LAST_LINES) -> str:
+        lines = [ln for ln in self.out.strip().splitlines() if ln.strip()]
+        return " | ".join(lines[-n:])
+
+
+def run(cmd: Sequence[str], cwd: Path, limit_s: float, log: Log) -> Ran:
+    """One subprocess, its output kept, stopped (with its children) at ``limit_s``."""
+    log("$ " + " ".join(cmd))
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=max(1.0, limit_s))
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            out, _ = proc.communicate()
+        code = None
+    return Ran(code, time.monotonic() - start, out or "")
+
+
+def pytest_cmd(plan: Plan, files: Sequence[str], *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        *files,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        *plugin_args(),
+        "--energy-backend=nvml",
+        f"--llm-device={plan.device}",
+        f"--llm-dtype={plan.dtype}",
+        *plan.extra_args,
+        *extra,
+    ]
+
+
+# -- the machine --------------------------------------------------------------------------
+def open_nvml() -> tuple[Any, Any]:
+    """pynvml, initialised, and the first visible GPU's handle; MeterUnavailable: none."""
+    from ..meters.nvml import init_library, visible_gpu_indices
+
+    nvml = init_library()
+    indices = visible_gpu_indices(nvml)
+    if not indices:
+        raise MeterUnavailable("nvml", "NVML found no NVIDIA GPU")
+    return nvml, nvml.nvmlDeviceGetHandleByIndex(indices[0])
+
+
+def machine(nvml: Any, handle: Any, plan: Plan) -> dict[str, str]:
+    facts = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "plan": plan.name}
+    for key, read in (
+        ("gpu", lambda: nvml.nvmlDeviceGetName(handle)),
+        ("driver", nvml.nvmlSystemGetDriverVersion),
+        ("power limit (W)", lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000),
+    ):
+        try:
+            got = read()
+            facts[key] = got.decode() if isinstance(got, bytes) else str(got)
+        except Exception as exc:  # a fact NVML cannot give is only missing
+            facts[key] = f"unknown ({type(exc).__name__})"
+    try:
+        import torch
+
+        facts["torch"] = torch.__version__
+        facts["cuda"] = str(torch.version.cuda) if torch.cuda.is_available() else "not available"
+    except ImportError:
+        facts["torch"] = "not installed"
+    facts["models ran on"] = plan.device
+    facts["python"] = sys.version.split()[0]
+    return facts
+
+
+# -- stage 1: the meter ---------------------------------------------------------------------
+def meter_stage(proof: Proof, plan: Plan, nvml: Any, handle: Any, log: Log) -> None:
+    from ..meters import open_meter
+
+    log(f"meter: recording {plan.idle_s:g} s idle, {plan.load_s:g} s loaded, idle again")
+    recorder = meter_probe.Recorder(nvml, handle)
+    windows: list[tuple[float, float, float]] = []
+    with open_meter("nvml", gpus=(0,)) as meter:
+        resolution_s = meter.resolution_s
+        with recorder:
+            time.sleep(plan.idle_s)
+            load_from = recorder.clock()
+            with meter_probe.Load(plan.device):
+                time.sleep(min(1.5, plan.load_s / 3))  # past the average's window
+                lengths = [w for w in plan.windows_s if w <= plan.load_s / 4]
+                windows = meter_probe.meter_windows(meter, "gpu:0", recorder, lengths)
+                left = plan.load_s - (recorder.clock() - load_from)
+                time.sleep(max(0.0, left))
+                load_to = recorder.clock()
+            time.sleep(min(3.0, plan.idle_s / 2))
+    samples = recorder.samples
+    idle = (samples[0].t_s, load_from)
+    result = meter_probe.analyse(samples, idle, (load_from, load_to), plan.windows_s)
+    _meter_checks(proof, result, resolution_s, len(samples), idle[1] - idle[0])
+    _meter_window_checks(proof, samples, windows)
+    proof.tables["meter"] = [
+        {
+            "phase": s.phase,
+            "window s": s.length_s,
+            "windows": s.windows,
+            "counter/instant-1 median": s.vs_instant_median,
+            "p95 |.|": s.vs_instant_p95,
+            "counter/average-1 median": s.vs_average_median,
+            "p95 |.| (average)": s.vs_average_p95,
+        }
+        for s in result.spreads
+    ]
+
+
+def _meter_checks(
+    proof: Proof, a: meter_probe.Analysis, resolution_s: float | None, n: int, idle_s: float
+) -> None:
+    period = a.counter_period_s
+    proof.add(
+        Check(
+            "meter",
+            "energy counter's update period",
+            PASS if period is not None else FAIL,
+            "unmeasured" if period is None else f"{period * 1e3:.1f} ms",
+            f"{a.counter_updates} updates in {n} samples; idle {a.idle_w:.0f} W, "
+            f"loaded {a.load_w:.0f} W",
+        )
+    )
+    agrees = period is not None and resolution_s is not None and 0.5 <= resolution_s / period <= 2.0
+    proof.add(
+        Check(
+            "meter",
+            "the meter's resolution is the counter's period",
+            PASS if agrees else FAIL,
+            "unknown" if resolution_s is None else f"{resolution_s * 1e3:.1f} ms",
+            "timed when the meter opens; windows shorter than twice it are marked",
+        )
+    )
+    window = a.average_window_s
+    proof.add(
+        Check(
+            "meter",
+            "power reading's averaging window",
+            PASS if window is not None else NOT_RUN,
+            "unmeasured" if window is None else f"{window:.2f} s",
+            f"NVML documents {meter_probe.DOCUMENTED_AVERAGE_S:g} s on Ampere and newer; "
+            "from the 10-90 % rise of a load step / 0.8",
+        )
+    )
+    proof.add(
+        Check(
+            "meter",
+            "instantaneous power field",
+            PASS if a.instant else NOT_RUN,
+            "read" if a.instant else "not supported",
+        )
+    )
+    longest = max((s.length_s for s in a.spreads), default=0.0)
+    for phase in ("idle", "load"):
+        rows = [s for s in a.spreads if s.phase == phase and s.length_s == longest]
+        row = rows[0] if rows else None
+        ok = row is not None and row.vs_instant_median is not None
+        good = ok and abs(row.vs_instant_median) <= meter_probe.TRUST  # type: ignore[union-attr, arg-type]
+        proof.add(
+            Check(
+                "meter",
+                f"counter vs instantaneous integral, {longest:g} s windows, {phase}",
+                (PASS if good else FAIL) if ok else NOT_RUN,
+                "—"
+                if not ok
+                else f"{row.vs_instant_median:+.1%} median, "  # type: ignore[union-attr]
+                f"{row.vs_instant_p95:.1%} p95 over {row.windows} windows",  # type: ignore[union-attr]
+                f"within {meter_probe.TRUST:.0%} passes",
+            )
+        )
+    trusted = a.smallest_trusted_s()
+    min_time = RULES["default"].min_time_s
+    proof.add(
+        Check(
+            "meter",
+            "smallest window whose counter is within 5 % (p95)",
+            NOT_RUN if trusted is None and not a.instant else PASS if trusted else FAIL,
+            "none of those tried" if trusted is None else f"{trusted:g} s",
+            f"the default --energy-min-time is {min_time:g} s "
+            + ("and covers it" if trusted is not None and trusted <= min_time else
+               "(a case's trials together; one trial's window may be shorter)"),
+        )
+    )  # fmt: skip
+    proof.notes.setdefault("meter", []).append(
+        f"idle stretch {idle_s:.1f} s; windows cut from one recording every half length; "
+        "counter/instant-1: the counter's joules against the trapezoid integral of the "
+        "instantaneous field on the same window"
+    )
+
+
+def _meter_window_checks(
+    proof: Proof,
+    samples: Sequence[meter_probe.Sample],
+    windows: Sequence[tuple[float, float, float]],
+) -> None:
+    rows = []
+    for start, end, meter_j in windows:
+        instant = meter_probe.integral_between(samples, start, end, instant=True)
+        average = meter_probe.integral_between(samples, start, end, instant=False)
+        rows.append((end - start, meter_j, instant, average))
+    longest = max(rows, key=lambda r: r[0], default=None)
+    if longest is None or longest[2] is None:
+        proof.add(Check("meter", "the package's meter vs the integral", NOT_RUN, "no window"))
+        return
+    seconds, meter_j, instant, _ = longest
+    diff = meter_j / instant - 1.0 if instant else math.nan
+    proof.add(
+        Check(
+            "meter",
+            f"the package's meter (NvmlMeter) on a {seconds:.2f} s loaded window",
+            PASS if abs(diff) <= meter_probe.TRUST else FAIL,
+            f"{meter_j:.1f} J vs {instant:.1f} J integrated ({diff:+.1%})",
+        )
+    )
+    proof.tables["meter windows"] = [
+        {"window s": s, "meter J": m, "instant integral J": i, "average integral J": a}
+        for s, m, i, a in rows
+    ]
+
+
+# -- stage 2: the suite ---------------------------------------------------------------------
+def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log) -> None:
+    path = out / "suite.json"
+    cmd = pytest_cmd(
+        plan,
+        plan.suite_files,
+        f"--llm-model={plan.model}",
+        f"--llm-input-tokens={plan.input_tokens}",
+        f"--llm-output-tokens={plan.output_tokens}",
+        f"--llm-batch-sizes={','.join(map(str, plan.batch_sizes))}",
+        f"--energy-max-time={plan.case_max_time_s:g}",
+        f"--energy-json={path}",
+    )
+    ran = run(cmd, work, budget.for_stage(plan.caps_s["suite"]), log)
+    cases = _cases(path)
+    if not cases:
+        proof.add(Check("suite", "the suite ran", FAIL, _ended(ran), ran.tail()))
+        return
+    measured = [c for c in cases if c.measured]
+    converged = [c for c in measured if c.converged]
+    proof.add(
+        Check(
+            "suite",
+            f"{plan.model} ({plan.dtype}) at batch {','.join(map(str, plan.batch_sizes))}",
+            PASS if len(measured) == len(cases) else FAIL,
+            f"{len(measured)} of {len(cases)} cases measured in {ran.seconds:.0f} s",
+            "" if ran.code == 0 else _ended(ran),
+        )
+    )
+    proof.add(
+        Check(
+            "suite",
+            "CI targets held",
+            PASS if len(converged) == len(measured) else FAIL,
+            f"{len(converged)} of {len(measured)} cases converged",
+            "default rule: runtime CI within 0.5 s and 10 %, energy CI within 10 %",
+        )
+    )
+    split = [c for c in measured if value(c, "decode_j_per_out_token") is not None]
+    proof.add(
+        Check(
+            "suite",
+            "prefill/decode split at the first token",
+            PASS if len(split) == len(measured) else FAIL,
+            f"{len(split)} of {len(measured)} cases split",
+        )
+    )
+    rows = []
+    for c in cases:
+        energy = value(c, "gpu_j") or value(c, "energy_j")
+        rows.append(
+            {
+                "case": c.name,
+                "batch": c.queries,
+                "in": c.input_tokens,
+                "out": c.output_tokens,
+                "trials": len(c.trials),
+                "converged": "yes" if c.converged else "no",
+                "J/token": value(c, "j_per_token"),
+                "J/out token": energy / c.output_tokens if energy else None,
+                "prefill J/in": value(c, "prefill_j_per_in_token"),
+                "decode J/out": value(c, "decode_j_per_out_token"),
+                "tok/s": value(c, "tokens_per_s"),
+            }
+        )
+    proof.tables["suite"] = rows
+    _mlenergy(proof, plan, cases)
+
+
+def _mlenergy(proof: Proof, plan: Plan, cases: Sequence[Any]) -> None:
+    """Ours beside ML.ENERGY's published H100 figures for Llama-3.1-8B, where the batch
+    matches; the check is of scale (the same order of magnitude), the method differs."""
+    if plan.model != "random-llama-3.1-8b":
+        proof.notes.setdefault("suite", []).append(
+            f"not beside ML.ENERGY's figures: the model is {plan.model}, not Llama-3.1-8B"
+        )
+        return
+    notes = proof.notes.setdefault("suite", [])
+    notes.append(MLENERGY_METHOD)
+    for batch, theirs in MLENERGY_H100_8B.items():
+        ours = [value(c, "decode_j_per_out_token") for c in cases if c.queries == batch]
+        ours = [o for o in ours if o is not None]
+        if not ours:
+            notes.append(f"ML.ENERGY at batch {batch}: {theirs} J/token (no case of ours)")
+            continue
+        ratio = max(ours) / theirs
+        proof.add(
+            Check(
+                "suite",
+                f"decode J/output token at batch {batch} beside ML.ENERGY's {theirs}",
+                PASS if 1 / 10 <= ratio <= 10 else FAIL,
+                f"{max(ours):.3g} J ({ratio:.2f}x theirs)",
+                "the same order of magnitude passes; the methods differ (see notes)",
+            )
+        )
+
+
+def _cases(path: Path) -> list[Any]:
+    try:
+        return list(load(path).cases)
+    except (RunFileError, OSError):
+        return []
+
+
+def _ended(ran: Ran) -> str:
+    return "stopped at its time limit" if ran.code is None else f"exit code {ran.code}"
+
+
+# -- stage 3: GPU settings ------------------------------------------------------------------
+def settings_stage(
+    proof: Proof,
+    plan: Plan,
+    nvml: Any,
+    handle: Any,
+    work: Path,
+    out: Path,
+    budget: Budget,
+    log: Log,
+) -> None:
+    before = _limit_w(nvml, handle)
+    path = out / "frontier.json"
+    cmd = pytest_cmd(
+        plan,
+        ["benchmarks/test_output_tokens.py"],
+        f"--llm-model={plan.model}",
+        f"--llm-output-tokens={plan.frontier_output_tokens}",
+        f"--llm-batch-sizes={plan.frontier_batch}",
+        f"--energy-gpu-power-limits={plan.power_limits}",
+        f"--energy-max-time={plan.case_max_time_s:g}",
+        f"--energy-frontier-json={path}",
+    )
+    ran = run(cmd, work, budget.for_stage(plan.caps_s["settings"]), log)
+    after = _limit_w(nvml, handle)
+    restored = before is not None and after == before
+    proof.add(
+        Check(
+            "settings",
+            "power limit restored",
+            PASS if restored else FAIL,
+            f"{before} W before, {after} W after (read back through NVML)",
+        )
+    )
+    if not path.exists():
+        refused = re.search(r"(?im)^.*(permission|not supported|refused|root).*$", ran.out)
+        proof.add(
+            Check(
+                "settings",
+                f"power-limit frontier ({plan.power_limits} of the default)",
+                NOT_RUN if refused else FAIL,
+                refused.group(0).strip()[:200] if refused else _ended(ran),
+                "" if refused else ran.tail(),
+            )
+        )
+        return
+    points = _frontier_points(path)
+    proof.add(
+        Check(
+            "settings",
+            f"power-limit frontier ({plan.power_limits} of the default)",
+            PASS if len(points) >= 2 else FAIL,
+            f"{len(points)} settings measured in {ran.seconds:.0f} s",
+        )
+    )
+    proof.tables["settings"] = points
+
+
+def _limit_w(nvml: Any, handle: Any) -> float | None:
+    try:
+        return nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0
+    except nvml.NVMLError:
+        return None
+
+
+def _frontier_points(path: Path) -> list[dict[str, Any]]:
+    """Every measured setting of the frontier file, flattened for a table."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    rows: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "setting" in node and ("energy_j" in node or "time_s" in node):
+                rows.append({k: node.get(k) for k in ("setting", "time_s", "energy_j", "on_front")})
+                return
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(data)
+    return rows
+
+
+# -- stage 4: the gate ----------------------------------------------------------------------
+def gate_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log) -> None:
+    same, changed = plan.gate_models
+    n_in, n_out = plan.gate_tokens
+    share = f"{plan.gate_share:.0%}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest_llmenergy",
+        "ab",
+        ".",
+        ".",
+        f"--head-arg=--llm-inject-regression={changed}={share}",
+        "--format",
+        "json",
+        *plan.ab_args,
+        "--",
+        "benchmarks/test_input_tokens.py",
+        "-p",
+        "no:randomly",
+        *plugin_args(),
+        "--energy-backend=nvml",
+        f"--llm-device={plan.device}",
+        f"--llm-dtype={plan.dtype}",
+        f"--llm-model={same}",
+        f"--llm-model={changed}",
+        f"--llm-input-tokens={n_in}",
+        *plan.gate_args,
+    ]
+    if n_out != 32:
+        cmd += [f"--llm-output-tokens={n_out}"]
+    ran = run(cmd, work, budget.for_stage(plan.caps_s["gate"]), log)
+    rows = _ab_rows(ran.out)
+    (out / "ab.txt").write_text(ran.out[-20000:], encoding="utf-8")
+    if not rows:
+        proof.add(
+            Check(
+                "gate", "paired A/A and +regression (llmenergy ab)", FAIL, _ended(ran), ran.tail()
+            )
+        )
+        return
+    detects = re.search(r"detects >= ([\d.]+ ?%)", ran.out)
+    reach = detects.group(1) if detects else "unknown"
+    by_model = {_model_of(r["case"], (same, changed)): r for r in rows}
+    aa, hit = by_model.get(same), by_model.get(changed)
+    proof.add(
+        Check(
+            "gate",
+            f"A/A ({same}, unchanged) passes",
+            PASS if aa is not None and aa["verdict"] != "FAIL" else FAIL,
+            "—" if aa is None else f"{aa['verdict']}, change {aa['change']:+.1%}",
+            f"detects >= {reach}; {ran.seconds:.0f} s for both",
+        )
+    )
+    proof.add(
+        Check(
+            "gate",
+            f"+{share} injected into {changed} is found",
+            PASS if hit is not None and hit["verdict"] == "FAIL" else FAIL,
+            "—" if hit is None else f"{hit['verdict']}, change {hit['change']:+.1%}",
+            "on a GPU: that share of every linear layer's products computed again; on a "
+            "CPU: CPU work after each forward pass",
+        )
+    )
+    proof.tables["gate"] = [
+        {k: r.get(k) for k in ("case", "baseline", "current", "change", "p_value", "verdict")}
+        for r in rows
+    ]
+
+
+def _ab_rows(text: str) -> list[dict[str, Any]]:
+    """The comparison rows of ``llmenergy ab --format json`` (its stdout, mixed here with
+    its stderr lines, which never start with ``{``)."""
+    start = text.find('{\n  "tables"')
+    if start < 0:
+        return []
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            break
+    try:
+        data = json.loads(text[start : end + 1])
+    except ValueError:
+        return []
+    return [row for table in data.get("tables", []) for row in table.get("rows", [])]
+
+
+def _model_of(case: str, models: Sequence[str]) -> str:
+    for m in sorted(models, key=len, reverse=True):
+        if f"[{m}-" in case:
+            return m
+    return case
+
+
+# -- stage 5: counted work ------------------------------------------------------------------
+def work_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log) -> None:
+    import torch
+
+    devices = ("cuda", "cpu") if torch.cuda.is_available() else ("cpu",)
+    counts = []
+    for n, device in enumerate(devices):
+        path = out / f"work-{n + 1}-{device}.json"
+        cmd = pytest_cmd(
+            plan,
+            ["benchmarks/test_input_tokens.py"],
+            f"--llm-model={plan.work_model}",
+            "--llm-input-tokens=64",
+            "--energy-count-work",
+            "--energy-max-trials=2",
+            "--energy-min-trials=1",
+            f"--energy-json={path}",
+        )
+        cmd = [a if not a.startswith("--llm-device=") else f"--llm-device={device}" for a in cmd]
+        cmd = [a if not a.startswith("--llm-dtype=") else "--llm-dtype=float32" for a in cmd]
+        ran = run(cmd, work, budget.for_stage(plan.caps_s["work"] / 2), log)
+        cases = _cases(path)
+        if not cases or cases[0].work is None:
+            proof.add(Check("work", f"counted work on {device}", FAIL, _ended(ran), ran.tail()))
+            return
+        counts.append(_work_totals(cases[0].work))
+    flops = ", ".join(f"{k} {v:.4g}" for k, v in counts[0].items() if k.endswith("flops"))
+    proof.tables["work"] = [
+        {"figure": k, **{d: c[k] for d, c in zip(devices, counts)}} for k in counts[0]
+    ]
+    if len(counts) == 1:
+        proof.add(
+            Check("work", f"counted work of {plan.work_model} on the GPU", NOT_RUN, flops,
+                  "no CUDA here: the CPU's count alone, nothing to hold it against")
+        )  # fmt: skip
+        return
+    same = counts[0] == counts[1]
+    proof.add(
+        Check(
+            "work",
+            f"counted work of {plan.work_model} equal on {' and '.join(devices)}",
+            PASS if same else FAIL,
+            flops,
+            "" if same else f"differs: {_differences(counts[0], counts[1])}",
+        )
+    )
+
+
+def _work_totals(work: Any) -> dict[str, float]:
+    return {
+        f"{phase} {attr}": float(work.total(attr, phase))
+        for phase in ("prefill", "decode")
+        for attr in ("flops", "bytes", "calls")
+    }
+
+
+def _differences(a: dict[str, float], b: dict[str, float]) -> str:
+    return ", ".join(f"{k} {a[k]:.4g} vs {b[k]:.4g}" for k in a if a[k] != b.get(k))
+
+
+STAGES = ("meter", "suite", "settings", "work", "gate")  # the longest last
+
+
+def run_stage(proof: Proof, name: str, budget: Budget, body: Callable[[], None], log: Log) -> None:
+    """One stage, timed; one that does not fit the budget, or breaks, is a line saying so."""
+    if budget.left_s() < MIN_STAGE_S:
+        proof.add(Check(name, "stage", NOT_RUN, f"{budget.left_s():.0f} s of the budget left"))
+        return
+    log(f"stage {name} ({budget.left_s():.0f} s of the budget left)")
+    start = time.monotonic()
+    try:
+        body()
+    except Exception as exc:  # one stage's surprise must not lose the others
+        proof.add(
+            Check(name, "stage", FAIL, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        )
+    proof.stage_s[name] = time.monotonic() - start

@@ -1,0 +1,150 @@
+"""A Hopper (H100 SXM) stand-in in real time, as NVML's documentation and Zeus describe it.
+
+What a real H100 does that the A100 stand-in of gpu_project.py does not model, and what
+this one does:
+
+- power follows the work: here, the work is this process's CPU use (the models of a
+  stand-in proof run on the CPU), so ``idle_w`` plus ``dynamic_w`` times the share of
+  the cores busy, capped at the power limit; idle power is far from zero (70 W);
+- ``nvmlDeviceGetPowerUsage`` is the mean of the last second (NVML: "On Ampere (except
+  GA100) or newer GPUs, the API returns power averaged over 1 sec interval"), and the
+  instantaneous power is a field (``NVML_FI_DEV_POWER_INSTANT``);
+- the energy counter (mJ) is refreshed only every ``COUNTER_PERIOD_S`` (Zeus: NVML
+  counters "can update as slow as 10 Hz depending on the GPU model");
+- the power limit can be set between 200 W and 700 W (``nvidia-smi -q -d POWER`` of an
+  H100 SXM), only as root, and persists in ``$FAKE_GPU_STATE`` between processes.
+
+The trace is exact: each stretch between two readings has one power, known once the
+stretch has ended, so any past interval's true energy is known to the microjoule.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .fake_pynvml import NVML_DEVICE_ARCH_HOPPER, FakeGPU, build_fake_pynvml, fake_uuid
+
+NAME = "NVIDIA H100 80GB HBM3"
+IDLE_W = 70.0
+DYNAMIC_W = 500.0
+COUNTER_PERIOD_S = 0.1
+MIN_LIMIT_MW, MAX_LIMIT_MW = 200_000, 700_000
+MIN_STRETCH_S = 0.001  # readings closer than this extend the current stretch
+
+
+class CpuLoadTrace:
+    """GPU power that follows this process's CPU use, piecewise constant between
+    readings (the PowerTrace interface: ``origin``, ``steps``, ``power_at``,
+    ``energy_until``)."""
+
+    def __init__(
+        self,
+        idle_w: float = IDLE_W,
+        dynamic_w: float = DYNAMIC_W,
+        limit_w: Callable[[], float] = lambda: MAX_LIMIT_MW / 1000,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu_s: Callable[[], float] = time.process_time,
+        cores: int | None = None,
+    ) -> None:
+        self.idle_w, self.dynamic_w, self.limit_w = idle_w, dynamic_w, limit_w
+        self.clock, self.cpu_s = clock, cpu_s
+        self.cores = cores or os.cpu_count() or 1
+        self.origin = clock()
+        self._cpu = cpu_s()
+        self._ends = [self.origin]  # stretch k runs from _ends[k] to _ends[k + 1]
+        self._watts: list[float] = []
+        self._joules = [0.0]  # energy from the origin to _ends[k]
+        self._lock = threading.Lock()
+
+    @property
+    def steps(self) -> list[tuple[float, float]]:
+        """Only the first is read (the power before the trace began): idle."""
+        return [(float("inf"), self.idle_w)]
+
+    def advance(self) -> None:
+        """Close the stretch since the last reading at the power its CPU use gives."""
+        with self._lock:
+            now, cpu = self.clock(), self.cpu_s()
+            dt = now - self._ends[-1]
+            if dt < MIN_STRETCH_S:
+                return
+            busy = min(1.0, max(0.0, (cpu - self._cpu) / dt / self.cores))
+            watts = min(self.limit_w(), self.idle_w + self.dynamic_w * busy)
+            self._ends.append(now)
+            self._watts.append(watts)
+            self._joules.append(self._joules[-1] + watts * dt)
+            self._cpu = cpu
+
+    def power_at(self, t: float) -> float:
+        self.advance()
+        if t >= self._ends[-1]:
+            return self._watts[-1] if self._watts else self.idle_w
+        k = self._stretch(t)
+        return self.idle_w if k < 0 else self._watts[k]
+
+    def energy_until(self, t: float) -> float:
+        self.advance()
+        if t <= self.origin:
+            return 0.0
+        if t >= self._ends[-1]:
+            last = self._watts[-1] if self._watts else self.idle_w
+            return self._joules[-1] + last * (t - self._ends[-1])
+        k = self._stretch(t)
+        return self._joules[k] + self._watts[k] * (t - self._ends[k])
+
+    def _stretch(self, t: float) -> int:
+        """The stretch holding ``t`` (binary search over the ends)."""
+        lo, hi = 0, len(self._ends) - 1
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            if self._ends[mid] <= t:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def energy_between(self, t0: float, t1: float) -> float:
+        return self.energy_until(t1) - self.energy_until(t0)
+
+    def mean_power(self, t0: float, t1: float) -> float:
+        return self.energy_between(t0, t1) / (t1 - t0) if t1 > t0 else self.power_at(t1)
+
+    def max_power(self) -> float:
+        return max(self._watts, default=self.idle_w)
+
+
+def make_h100(index: int = 0, trace: Any = None) -> FakeGPU:
+    """One H100 SXM whose power follows ``trace`` (default: this process's CPU use)."""
+    gpu = FakeGPU(
+        NAME,
+        fake_uuid(index),
+        NVML_DEVICE_ARCH_HOPPER,
+        trace if trace is not None else CpuLoadTrace(),
+        counter_period_s=COUNTER_PERIOD_S,
+        instant_field=True,
+        memory_bytes=80 * 1024**3,
+        power_limit_mw=MAX_LIMIT_MW,
+        default_power_limit_mw=MAX_LIMIT_MW,
+        max_power_limit_mw=MAX_LIMIT_MW,
+        min_power_limit_mw=MIN_LIMIT_MW,
+        max_sm_clock_mhz=1980,
+        supported_sm_clocks_mhz=tuple(range(1980, 344, -15)),
+        idle_sm_clock_mhz=345,
+        memory_clock_mhz=2619,
+    )
+    if trace is None:  # the cap holds the power down, as the board's power brake does
+        gpu.trace.limit_w = lambda: (gpu.power_limit_mw or MAX_LIMIT_MW) / 1000
+    return gpu
+
+
+def build() -> Any:
+    """The fake ``pynvml`` of one H100, its settings in ``$FAKE_GPU_STATE`` if set."""
+    return build_fake_pynvml(
+        [make_h100()],
+        root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
+        state_path=os.environ.get("FAKE_GPU_STATE") or None,
+    )

@@ -1,0 +1,289 @@
+"""``llmenergy proof`` (issue 45): its math against traces of known energy, the Hopper
+stand-in's documented power semantics, and the whole command against that stand-in, run
+as a user runs it, so that the day a GPU is at hand it works the first time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.rule import ControllerSettings
+from pytest_llmenergy.figures import FIGURES, resolved
+from pytest_llmenergy.meters import open_meter
+from pytest_llmenergy.meters.nvml import AVERAGED_POWER_S
+from pytest_llmenergy.proof.checks import FAIL, NOT_RUN, PASS, Check, Proof, markdown
+from pytest_llmenergy.proof.meter_probe import Sample, analyse, integral_between
+from pytest_llmenergy.proof.stages import STAGES, _ab_rows
+from tests.fakes.fake_pynvml import install_fake_pynvml
+from tests.fakes.hopper import COUNTER_PERIOD_S, CpuLoadTrace, make_h100
+from tests.fakes.trace import PowerTrace
+
+ROOT = Path(__file__).resolve().parents[1]
+IDLE_W, LOAD_W = 70.0, 620.0
+
+
+def recorded(
+    trace: PowerTrace, period_s: float, seconds: float, step_s: float = 0.005
+) -> list[Sample]:
+    """What the recorder would read of ``trace``: its counter refreshed every
+    ``period_s``, the 1 s average, the instantaneous power; the trace's origin is 0."""
+    samples = []
+    t = 0.0
+    while t <= seconds:
+        tick = (t // period_s) * period_s
+        average = trace.energy_between(max(0.0, t - 1.0), t) / min(1.0, t) if t > 0 else IDLE_W
+        samples.append(Sample(t, int(1000 * trace.energy_until(tick)), average, trace.power_at(t)))
+        t += step_s
+    return samples
+
+
+def step_trace() -> PowerTrace:
+    """10.5 s idle, 10.5 s loaded, 4 s idle: the proof's recording, its true energy known."""
+    return PowerTrace([(10.5, IDLE_W), (10.5, LOAD_W), (4.0, IDLE_W)], origin=0.0)
+
+
+# -- the probe's math -----------------------------------------------------------------------
+def test_the_analysis_recovers_the_counter_period_and_the_averaging_window() -> None:
+    samples = recorded(step_trace(), period_s=0.1, seconds=25.0, step_s=0.0043)
+    a = analyse(samples, idle=(0.0, 10.5), load=(10.5, 21.0))
+    assert a.counter_period_s == pytest.approx(0.1, rel=0.05)
+    assert a.average_window_s == pytest.approx(1.0, rel=0.05)
+    assert a.idle_w == pytest.approx(IDLE_W) and a.load_w == pytest.approx(LOAD_W)
+    assert a.instant
+
+
+def test_long_windows_agree_short_ones_do_not_and_the_trusted_length_follows() -> None:
+    samples = recorded(step_trace(), period_s=0.1, seconds=25.0, step_s=0.0043)
+    a = analyse(samples, idle=(0.0, 10.5), load=(10.5, 21.0))
+    by = {(s.phase, s.length_s): s for s in a.spreads}
+    # a 10 s window: at most one refresh's energy off at each edge, 2 % of it
+    assert abs(by["load", 10.0].vs_instant_median) < 0.02
+    assert by["load", 10.0].vs_instant_p95 <= 0.021
+    # a 50 ms window of a 100 ms counter sees a whole refresh or nothing
+    assert by["idle", 0.05].vs_instant_p95 >= 0.9
+    trusted = a.smallest_trusted_s()
+    assert trusted is not None and 1.0 <= trusted <= 10.0
+    # inside the load, the average agrees over long windows too
+    assert abs(by["load", 3.0].vs_average_median) < 0.05
+
+
+def test_a_counter_that_never_moves_is_reported_unmeasured() -> None:
+    samples = [Sample(t / 100, 5, IDLE_W, IDLE_W) for t in range(500)]
+    a = analyse(samples, idle=(0.0, 2.0), load=(2.0, 5.0), lengths_s=(1.0,))
+    assert a.counter_period_s is None and a.counter_updates == 0
+    assert a.average_window_s is None  # no step to time
+
+
+def test_the_integral_of_a_known_trace_is_exact() -> None:
+    trace = PowerTrace([(1.0, 100.0), (1.0, 300.0)], origin=0.0)
+    samples = [Sample(k / 1000, 0, trace.power_at(k / 1000), trace.power_at(k / 1000))
+               for k in range(2001)]  # fmt: skip
+    got = integral_between(samples, 0.0, 2.0, instant=True)
+    assert got == pytest.approx(trace.energy_between(0.0, 2.0), rel=1e-3)
+    assert integral_between(samples, 5.0, 6.0, instant=True) is None  # no sample inside
+
+
+# -- the Hopper stand-in --------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.t, self.cpu = 0.0, 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_stand_in_power_follows_cpu_use_and_its_energy_is_exact() -> None:
+    clock = Clock()
+    trace = CpuLoadTrace(idle_w=70, dynamic_w=500, clock=clock, cpu_s=lambda: clock.cpu, cores=2)
+    clock.t = 1.0  # a second idle
+    assert trace.power_at(1.0) == pytest.approx(70)
+    clock.t, clock.cpu = 2.0, 2.0  # both cores busy for a second
+    assert trace.power_at(2.0) == pytest.approx(570)
+    clock.t, clock.cpu = 3.0, 2.5  # one core busy half the time: a quarter
+    assert trace.power_at(3.0) == pytest.approx(195)
+    assert trace.energy_until(3.0) == pytest.approx(70 + 570 + 195)
+    assert trace.energy_between(1.5, 2.5) == pytest.approx(0.5 * 570 + 0.5 * 195)
+    trace.limit_w = lambda: 300.0  # a power cap holds the power down
+    clock.t, clock.cpu = 4.0, 4.5
+    assert trace.power_at(4.0) == pytest.approx(300)
+
+
+def test_the_stand_in_has_hoppers_documented_semantics(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    trace = CpuLoadTrace(idle_w=70, dynamic_w=500, clock=clock, cpu_s=lambda: clock.cpu, cores=1)
+    module = install_fake_pynvml(monkeypatch, [make_h100(trace=trace)])
+    module.fake.clock = clock
+    nvml = module
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert nvml.nvmlDeviceGetArchitecture(handle) == nvml.NVML_DEVICE_ARCH_HOPPER
+    low, high = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+    assert (low, high) == (200_000, 700_000)
+    clock.t = 2.0
+    trace.advance()  # two idle seconds
+    clock.t, clock.cpu = 2.5, 0.5  # a step to full load for half a second
+    trace.advance()
+    # the average is the last second's mean; the instantaneous field is the power now
+    assert nvml.nvmlDeviceGetPowerUsage(handle) == pytest.approx(1000 * (70 + 570) / 2, rel=1e-6)
+    field = nvml.nvmlDeviceGetFieldValues(handle, [nvml.NVML_FI_DEV_POWER_INSTANT])[0]
+    assert field.value.uiVal == pytest.approx(570_000, rel=1e-6)
+    # the counter moves only at 100 ms ticks
+    clock.t = 2.55
+    assert nvml.nvmlDeviceGetTotalEnergyConsumption(handle) == int(1000 * (70 * 2 + 570 * 0.5))
+
+
+def test_a_window_shorter_than_the_averaging_period_is_flagged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An H100 whose counter is unavailable (some VMs) and which has no instantaneous
+    field is sampled through the 1 s average: windows under twice that are marked."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpu = make_h100(trace=PowerTrace([(1e6, 300.0)]))
+    gpu.energy_counter = False
+    gpu.instant_field = False
+    install_fake_pynvml(monkeypatch, [gpu])
+    results = []
+    with open_meter("nvml", sample_interval_s=0.01) as meter:
+        assert meter.resolution_s == AVERAGED_POWER_S
+        assert any("1 s average" in note for note in meter.notes)
+        bench = EnergyBenchmark(
+            meter,
+            ControllerSettings(rule="research", warmup=0, min_trials=2, max_trials=2),
+            nodeid="t.py::test_q[x]",
+            name="test_q[x]",
+            labels={},
+            on_result=results.append,
+        )
+        case = bench(time.sleep, 0.3, input_tokens=8, output_tokens=8)
+    assert not resolved(FIGURES["energy_j"], case)  # 0.3 s < 2 x 1 s: marked, never gated
+    assert not resolved(FIGURES["j_per_token"], case)
+    assert resolved(FIGURES["time_s"], case)  # time is not the power reading's
+
+
+def test_with_the_counter_the_resolution_is_the_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    install_fake_pynvml(monkeypatch, [make_h100(trace=PowerTrace([(1e6, 300.0)]))])
+    with open_meter("nvml") as meter:
+        assert meter.resolution_s == pytest.approx(COUNTER_PERIOD_S, rel=0.3)
+
+
+# -- the report -----------------------------------------------------------------------------
+def test_the_report_says_every_verdict_and_survives_hostile_names(tmp_path: Path) -> None:
+    proof = Proof({"gpu": "NVIDIA H100 | <script>"})
+    proof.add(Check("meter", "a", PASS, "1 ms"))
+    proof.add(Check("gate", "b", FAIL, "x", "why"))
+    proof.add(Check("settings", "c", NOT_RUN, "refused"))
+    proof.tables["suite"] = [{"case": "a|b", "J/token": float("nan"), "n": 3}]
+    proof.write(tmp_path)
+    data = json.loads((tmp_path / "proof.json").read_text())
+    assert data["summary"] == "1 passed, 1 failed, 1 not run of 3 checks"
+    assert data["tables"]["suite"][0]["J/token"] is None  # NaN is null, never NaN
+    text = markdown(proof)
+    assert "PASS  meter: a: 1 ms" in text and "FAIL  gate: b: x (why)" in text
+    assert "| a/b | — | 3 |" in text  # a pipe cannot break the table
+
+
+def test_ab_rows_are_read_from_mixed_output() -> None:
+    table = '{\n  "tables": [{"rows": [{"case": "t[m-in8]", "verdict": "ok"}]}]\n}'
+    out = f"llmenergy ab: seed\n{table}\nllmenergy: done\n"
+    assert _ab_rows(out) == [{"case": "t[m-in8]", "verdict": "ok"}]
+    assert _ab_rows("no json here") == []
+
+
+# -- the command, as a user runs it -----------------------------------------------------------
+def _env(tmp_path: Path, hopper: bool = True) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(ROOT / "tests" / "fakes" / "driver_hopper")] if hopper else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
+    env["FAKE_GPU_STATE"] = str(tmp_path / "gpu-state.json")
+    env["LLMENERGY_CACHE"] = env.get("LLMENERGY_CACHE", str(tmp_path / "cache"))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _proof(tmp_path: Path, *args: str, hopper: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_llmenergy", "proof", *args],
+        cwd=tmp_path,
+        env=_env(tmp_path, hopper),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path) -> None:
+    done = _proof(tmp_path, "--out", "out", "--plan", "smoke")
+    out = tmp_path / "out"
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and {"proof.md", "proof.json", "suite.json"} <= set(files)
+    data = json.loads((out / "proof.json").read_text())
+    checks: list[dict[str, Any]] = data["checks"]
+    assert {c["stage"] for c in checks} == set(STAGES)  # every stage reported
+    assert not [c for c in checks if c["name"] == "stage"], checks  # none broke or was cut
+    by = {c["name"]: c for c in checks}
+    # the stand-in's semantics, measured the way the GPU's will be
+    period = by["energy counter's update period"]
+    assert period["status"] == PASS and period["figure"].startswith(("99.", "100."))
+    window = by["power reading's averaging window"]
+    assert window["status"] == PASS and 0.8 <= float(window["figure"].split()[0]) <= 1.3
+    meter = next(c for c in checks if c["name"].startswith("the package's meter"))
+    assert meter["status"] == PASS, meter
+    assert by["power limit restored"]["status"] == PASS
+    assert data["machine"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    # what the command printed is what it wrote
+    assert data["summary"] in done.stdout
+    assert done.returncode == (1 if any(c["status"] == FAIL for c in checks) else 0)
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_4(tmp_path: Path) -> None:
+    env_has_real_pynvml = True  # nvidia-ml-py is a dev dependency: NVML finds no driver
+    done = _proof(tmp_path, "--out", "out", hopper=False)
+    assert env_has_real_pynvml and done.returncode == 4
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no NVIDIA GPU" in lines[0], done.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-made
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--out", "taken", "--budget", "60"], "not a new or empty folder"),
+        (["--out", "o", "--budget", "1e400"], "--budget"),
+        (["--out", "o", "--plan", "nope"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path: Path, args: list[str], said: str) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("kept")
+    done = _proof(tmp_path, *args)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "taken" / "x").read_text() == "kept"
+
+
+def test_the_proofs_own_process_is_no_neighbour_of_its_sessions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The proof holds a CUDA context while its sessions measure: their isolation check
+    must count it as the measurement's own, not as a process disturbing every trial."""
+    from pytest_llmenergy.gpu.isolation import OWN_ROOTS_ENV, own_roots
+    from pytest_llmenergy.proof.stages import python_env
+
+    env = python_env()
+    assert str(os.getpid()) in env[OWN_ROOTS_ENV].split(",")
+    monkeypatch.setenv(OWN_ROOTS_ENV, env[OWN_ROOTS_ENV])
+    assert os.getpid() in own_roots()
+    monkeypatch.setenv(OWN_ROOTS_ENV, "12,x,,34")  # junk is ignored, not fatal
+    assert {12, 34} <= set(own_roots())
