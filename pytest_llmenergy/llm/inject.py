@@ -30,7 +30,7 @@ def _spin_cpu_s(seconds: float) -> None:
 
 def inject_regression(model: Any, share: float) -> None:
     """Add ``share`` (0.25: +25 %) of each forward pass's CPU time as extra work; on a
-    GPU, where the CPU only launches the work, ``share`` more of the GPU's own work."""
+    GPU, where the CPU only launches the work, the GPU busy ``share`` longer per pass."""
     if share <= 0:
         return
     if _on_gpu(model):
@@ -55,22 +55,33 @@ def _on_gpu(model: Any) -> bool:
 
 
 def _repeat_products(model: Any, share: float) -> None:
-    """Every linear layer computes its product once more in ``share`` of its calls (every
-    call at 100 %, every tenth at 10 %): the GPU reads the weights and multiplies again,
-    so its time and energy grow by about ``share`` of what the linear layers cost."""
+    """After each forward pass, keep the GPU busy multiplying for ``share`` of the time
+    the pass took on it: a GPU kernel ``share`` slower.  (More of the pass's own products
+    would not do: transformers' eager decoding leaves the GPU waiting for the CPU's
+    launches most of each step, and extra kernels fill those gaps unseen; the proof on an
+    H100 found +10 % of every linear product at -1.5 %.)"""
     import torch
-    import torch.nn.functional as F
 
-    for linear in (m for m in model.modules() if isinstance(m, torch.nn.Linear)):
-        owed = [0.0]
+    device = next(model.parameters()).device
+    block = torch.ones(2048, 2048, device=device, dtype=torch.bfloat16)
+    started: list[float] = []
 
-        def again(module: Any, args: Any, output: Any, owed: list[float] = owed) -> None:
-            owed[0] += share
-            while owed[0] >= 1.0:
-                owed[0] -= 1.0
-                F.linear(args[0], module.weight, module.bias)
+    def before(module: Any, args: Any) -> None:
+        torch.cuda.synchronize(device)
+        started.append(time.perf_counter())
 
-        linear.register_forward_hook(again)
+    def after(module: Any, args: Any, output: Any) -> None:
+        if not started:
+            return
+        torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        end = now + share * (now - started.pop())
+        while time.perf_counter() < end:
+            block @ block
+            torch.cuda.synchronize(device)
+
+    model.register_forward_pre_hook(before)
+    model.register_forward_hook(after)
 
 
 def _linear_twice(linear: Any) -> None:

@@ -210,7 +210,7 @@ LLM_OPTIONS = Section(
             "SHARE",
             "slow every model down on purpose: after each forward pass, extra CPU work of "
             "SHARE times the pass's own CPU time (25%: about +25 % time, and energy on CPU "
-            "meters; on a GPU, SHARE of every linear layer's products computed again), to "
+            "meters; on a GPU, the GPU kept multiplying for SHARE of each pass's time), to "
             "learn which regressions a gate finds on this runner "
             "(llmenergy gatecheck); MODEL=SHARE,... slows those models only; never in a baseline",
             default_text="off",

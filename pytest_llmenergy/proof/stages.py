@@ -593,8 +593,8 @@ def gate_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, 
             f"+{share} injected into {changed} is found",
             PASS if hit is not None and hit["verdict"] == "FAIL" else FAIL,
             "—" if hit is None else f"{hit['verdict']}, change {hit['change']:+.1%}",
-            "on a GPU: that share of every linear layer's products computed again; on a "
-            "CPU: CPU work after each forward pass",
+            "on a GPU: the GPU kept multiplying for that share of each forward pass's "
+            "time; on a CPU: CPU work after each forward pass",
         )
     )
     proof.tables["gate"] = [
@@ -646,11 +646,17 @@ def work_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, 
             "--energy-min-trials=1",
             f"--energy-json={path}",
         )
-        cmd = [a if not a.startswith("--llm-device=") else f"--llm-device={device}" for a in cmd]
-        cmd = [a if not a.startswith("--llm-dtype=") else "--llm-dtype=float32" for a in cmd]
+        swaps = {
+            "--llm-device=": f"--llm-device={device}",
+            "--llm-dtype=": "--llm-dtype=float32",
+            # the CPU's session measures the CPU (what counts is the same either way)
+            "--energy-backend=": f"--energy-backend={'nvml' if device == 'cuda' else 'auto'}",
+        }
+        cmd = [next((v for k, v in swaps.items() if a.startswith(k)), a) for a in cmd]
         ran = run(cmd, work, budget.for_stage(plan.caps_s["work"] / 2), log)
         cases = _cases(path)
         if not cases or cases[0].work is None:
+            (out / f"work-{n + 1}-{device}.log").write_text(ran.out[-20000:], encoding="utf-8")
             proof.add(Check("work", f"counted work on {device}", FAIL, _ended(ran), ran.tail()))
             return
         counts.append(_work_totals(cases[0].work))
