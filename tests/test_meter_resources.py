@@ -100,6 +100,7 @@ def test_gpu_peak_is_summed_over_devices(monkeypatch: pytest.MonkeyPatch) -> Non
     peaks = {0: 100 * MB, 1: 300 * MB}
     fake_cuda = SimpleNamespace(
         is_available=lambda: True,
+        is_initialized=lambda: True,
         device_count=lambda: 2,
         reset_peak_memory_stats=resets.append,
         max_memory_allocated=peaks.__getitem__,
@@ -109,6 +110,26 @@ def test_gpu_peak_is_summed_over_devices(monkeypatch: pytest.MonkeyPatch) -> Non
         pass
     assert resets == [0, 1]
     assert probe.usage.peak_gpu_bytes == 400 * MB
+
+
+def test_a_cpu_model_on_a_gpu_machine_reads_no_gpu_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA available but never initialised (the model runs on the CPU): torch 2.11 on
+    an H100 raised "Invalid device argument" at the reset and failed the case."""
+
+    def refuse(device: int) -> None:
+        raise RuntimeError("Invalid device argument")
+
+    fake_cuda = SimpleNamespace(
+        is_available=lambda: True,
+        is_initialized=lambda: False,
+        device_count=lambda: 1,
+        reset_peak_memory_stats=refuse,
+        max_memory_allocated=refuse,
+    )
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=fake_cuda))
+    with ResourceProbe() as probe:
+        pass
+    assert probe.usage.peak_gpu_bytes is None
 
 
 def test_torch_is_not_imported_by_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -153,12 +153,14 @@ def _kernel_peak_bytes() -> int:
 
 
 def _cuda_devices() -> list[int]:
-    """GPU indices, only if the code under test already imported torch and has CUDA."""
+    """GPU indices, only if the code under test already imported torch and uses CUDA: a
+    process on a GPU machine that never touched CUDA (a model on the CPU) has no peak to
+    read, and torch refuses to reset one ("Invalid device argument", seen on an H100)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return []
     try:
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return []
         return list(range(torch.cuda.device_count()))
     except Exception:  # a broken driver must not break the measurement

@@ -56,7 +56,7 @@ H100 = Plan(
     gate_share=0.10,
     gate_tokens=(64, 64),
     work_model="tiny-llama",
-    caps_s={"suite": 110.0, "settings": 70.0, "gate": 150.0, "work": 60.0},
+    caps_s={"suite": 110.0, "settings": 70.0, "gate": 200.0, "work": 60.0},
     suite_files=("benchmarks/test_output_tokens.py",),
 )
 
