@@ -179,15 +179,18 @@ def _narrowed(table: Table, width: int) -> tuple[str, list[int]]:
 
 
 def wrap(text: str, width: int | None, indent: str = "  ") -> list[str]:
-    """One logical line as lines of at most ``width`` (a word longer than that stays
-    whole); continuation lines start with ``indent``.  Shown ``printable``: a name with a
-    line break or an escape sequence in it stays on its line and changes no colour."""
+    """One logical line as lines shorter than ``width`` (a word longer than that stays
+    whole); continuation lines start with ``indent``.  The terminal's last column stays
+    free, as pytest keeps it free for its progress line: a terminal that wraps on reaching
+    it (Windows' console) shows a line that fills it as two, the second empty.  Shown
+    ``printable``: a name with a line break or an escape sequence in it stays on its line
+    and changes no colour."""
     text = printable(text)
-    if width is None or len(text) <= width:
+    if width is None or len(text) < width:
         return [text]
     lines = textwrap.wrap(
         text,
-        width=width,
+        width=max(1, width - 1),
         subsequent_indent=indent,
         break_long_words=False,
         break_on_hyphens=False,

@@ -238,3 +238,36 @@ def test_a_short_case_says_it_stopped_before_its_minimum_time(pytester: pytest.P
             r"--energy-max-trials=\d+ would measure it$",
         ]
     )
+
+
+def test_the_legend_under_the_tables_fits_a_100_column_terminal(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: at COLUMNS=100 the legend's ``✓<`` line was 100 characters and filled the
+    terminal's last column (a terminal that wraps there shows a line and an empty one).
+    What the session writes under its tables stops short of it, wrapped, indented."""
+    monkeypatch.setenv("COLUMNS", "100")
+    pytester.makeconftest(TRACE_CONFTEST)
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_quick(energy_benchmark):
+            energy_benchmark(time.sleep, 0.01, input_tokens=8, output_tokens=4)
+        """
+    )
+    result = pytester.runpytest(
+        "--energy-backend=trace",
+        "--energy-max-background=off",
+        "--energy-ci-target=time_s:90%,energy_j:90%",
+        "--energy-max-trials=10",
+    )
+    result.assert_outcomes(passed=1)
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if line.startswith("s \u00b1 CI, J \u00b1 CI"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("="))
+    under = lines[start:end]  # the legend and the notes
+    assert any(line.startswith("\u2713<: the CI targets held") for line in under), under
+    assert all(len(line) < 100 for line in under), "\n".join(under)
+    starts = ("  ", "s ", "trials:", "\u2713<:", "test_quick:")  # each line or its indent
+    assert all(line.startswith(starts) for line in under), under

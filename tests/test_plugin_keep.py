@@ -170,7 +170,37 @@ def test_gate_passes_a_large_regression_that_is_not_significant(project: pytest.
             r"2 over the threshold but not significant$",
         ]
     )
-    result.stdout.fnmatch_lines(["*figure name 'joules' is deprecated, use 'energy_j'*"])
+    result.stderr.fnmatch_lines(
+        ["llmenergy: warning: figure name 'joules' is deprecated, use 'energy_j'*"]
+    )
+
+
+def test_an_old_figure_name_warns_in_one_line_under_the_projects_warning_filters(
+    project: pytest.Pytester,
+) -> None:
+    """Issue 46: under this repository's own pytest settings (its filterwarnings make the
+    package's deprecation and future warnings errors) an old figure name stopped the
+    session at configure time with an INTERNALERROR traceback, exit 3.  It works, and
+    says so in one line on stderr, once; a bad name is still one line."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.pytest.ini_options]", 1)[1].split("\n[", 1)[0]
+    assert "error::DeprecationWarning:pytest_llmenergy" in section
+    project.makepyprojecttoml(f"[tool.pytest.ini_options]{section}")
+    run(project, "--energy-save=base").assert_outcomes(passed=2)
+    for strict in ((), ("-W", "error")):  # and where every warning is an error
+        gate = "--energy-compare-fail=energy_per_token:5000%"
+        result = run(project, "test_cases.py", "--energy-compare=base", gate, *strict)
+        assert result.ret == 0, result.stderr.str()
+        result.assert_outcomes(passed=2)
+        assert [line for line in result.stderr.lines if line.strip()] == [
+            "llmenergy: warning: figure name 'energy_per_token' is deprecated, use "
+            "'j_per_token' (the old name works until pytest-llmenergy 0.3)"
+        ]
+        result.stdout.fnmatch_lines(["llmenergy: energy gate passed (j_per_token:5000%)*"])
+        assert "deprecated" not in result.stdout.str()  # no warnings summary besides
+        assert "Traceback" not in result.stdout.str()
+    bad = run(project, "--energy-compare=base", "--energy-compare-fail=energy_per_tokn:5%")
+    assert_one_line_usage_error(bad, "unknown figure 'energy_per_tokn'")
 
 
 def test_gate_passes_an_unchanged_run_and_reads_the_ini(project: pytest.Pytester) -> None:

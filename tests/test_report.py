@@ -17,15 +17,20 @@ from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import DEFAULT_COLUMNS, FIGURES, DeprecatedName
 from pytest_llmenergy.meters.resources import ResourceUsage
 from pytest_llmenergy.report import (
+    BUSY_LEGEND,
     ESTIMATED_NOTE,
+    REJECTED_LEGEND,
     SHORT_LEGEND,
+    THROTTLED_LEGEND,
     TRIALS_LEGEND,
+    UNSTABLE_LEGEND,
     case_tables,
     cell,
     default_columns,
     parse_columns,
     parse_group_by,
     parse_sort,
+    unresolved_legend,
 )
 from pytest_llmenergy.results import (
     CONVERGED,
@@ -613,6 +618,34 @@ def test_a_width_leaves_out_the_lowest_priority_columns_and_says_which() -> None
     # the data formats keep every column whatever the width
     assert render(tables, "csv", width=40) == render(tables, "csv")
     assert render(tables, "json", width=40) == render(tables, "json")
+
+
+def test_every_legend_line_leaves_a_100_column_terminal_its_last_column() -> None:
+    """Issue 46: at COLUMNS=100 the legend lines of ``✓<``, ``+Nx`` and ``(Nu)`` were 100
+    characters: they filled the terminal's last column, and a terminal that wraps on
+    reaching it shows each as a line and an empty one.  Every line stops short of it, its
+    continuation lines indented two spaces, no word lost."""
+    legend = (
+        CI_LEGEND,
+        TRIALS_LEGEND,
+        SHORT_LEGEND,
+        BUSY_LEGEND,
+        THROTTLED_LEGEND,
+        REJECTED_LEGEND,
+        UNSTABLE_LEGEND,
+        unresolved_legend(0.1),
+        ESTIMATED_NOTE,
+    )
+    table = Table("t", ("a",), ("A",), ((1,),), (("1",),), legend=legend)
+    lines = render([table], width=100).splitlines()[4:]  # under the title and the body
+    assert all(len(line) < 100 for line in lines), "\n".join(lines)
+    joined: list[str] = []
+    for line in lines:
+        if line.startswith("  "):
+            joined[-1] += " " + line[2:]
+        else:
+            joined.append(line)
+    assert joined == list(legend)
 
 
 def test_render_markdown() -> None:

@@ -127,16 +127,7 @@ def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed
     combinations that cannot work, a server's processes charged by the CPU meters, an
     xdist worker's seed (the controller's), and under torchrun each rank's share and rank
     0's seed.  What comes back is final: no feature rewrites it."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DeprecatedName)
-        options = read_options(config)
-    for warning in caught:
-        if issubclass(warning.category, DeprecatedName):
-            config.issue_config_time_warning(
-                pytest.PytestDeprecationWarning(f"llmenergy: {warning.message}"), stacklevel=2
-            )
+    options, renamed = _read_noting_old_names(config)
     options = dataclasses.replace(options, llm=with_added_axes(config, options.llm))
     check_settings(options.serve, options.llm, options.measure)
     if options.serve.active and config.getoption("numprocesses", None):
@@ -162,7 +153,26 @@ def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed
     if ranks is not None:  # every rank collects in rank 0's order, meters its own share
         options = _with_seed(ranks.options, ranks.seed(ranks.options.order.seed))
         config.stash[DISTRIBUTED] = ranks
+    if not is_worker(config) and (ranks is None or ranks.is_main):  # said once per session
+        for message in renamed:
+            sys.stderr.write(f"llmenergy: warning: {message}\n")
     return options, ranks
+
+
+def _read_noting_old_names(config: pytest.Config) -> tuple[PluginSettings, list[str]]:
+    """The options, and the message of each old figure name among them (``DeprecatedName``).
+    The session prints those itself, one line each as the ``llmenergy`` command does, so
+    that an old name warns and works wherever the session runs: a warning issued at
+    configure time is an INTERNALERROR traceback where the ini's ``filterwarnings`` makes
+    it an error (this repository's own ``error::DeprecationWarning:pytest_llmenergy.*``
+    did)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecatedName)
+        options = read_options(config)
+    renamed = [str(w.message) for w in caught if issubclass(w.category, DeprecatedName)]
+    return options, list(dict.fromkeys(renamed))
 
 
 def _with_seed(options: PluginSettings, seed: int | None) -> PluginSettings:
