@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -225,6 +226,30 @@ def _commands_interrupted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert child.returncode == 130 and "Traceback" not in err and len(err.splitlines()) == 1
 
 
+def _proof_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An H100 stand-in whose counter counts 1.5 x its instantaneous power: caught."""
+    from tests.fakes.fake_pynvml import build_fake_pynvml
+    from tests.fakes.hopper import MiscountedTrace, make_h100
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "pynvml", build_fake_pynvml([make_h100(trace=MiscountedTrace())]))
+        mp.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        code, out, err = _cli(
+            capsys, "proof", "--out", tmp_path / "p", "--plan", "smoke", "--stage", "meter"
+        )
+    assert code == 1, err
+    assert "FAIL  meter: counter vs instantaneous integral" in out
+    assert (tmp_path / "p" / "proof.md").exists()
+
+
+def _proof_no_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(sys.modules, "pynvml", raising=False)  # the real one: no driver here
+        code, out, err = _cli(capsys, "proof", "--out", tmp_path / "p")
+    assert (code, out.strip()) == (4, "") and err.startswith("llmenergy: proof: no NVIDIA GPU")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
+
+
 def _leaf_commands(parser: argparse.ArgumentParser) -> list[list[str]]:
     found: list[list[str]] = []
     for action in parser._actions:
@@ -249,6 +274,8 @@ CLI_SCENARIOS: dict[tuple[str, int], Callable[[Path, pytest.CaptureFixture[str]]
     ("llmenergy ab --gate", 1): _ab_fails,
     ("llmenergy ab --strict", 1): _ab_strict,
     ("llmenergy ab", 3): _ab_side_failed,
+    ("llmenergy proof", 1): _proof_fails,
+    ("llmenergy proof", 4): _proof_no_gpu,
     ("llmenergy COMMAND", 130): _commands_interrupted,
     ("llmenergy COMMAND", 0): _commands_ok,
     ("llmenergy COMMAND", 2): _commands_bad_input,

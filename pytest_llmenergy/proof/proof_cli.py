@@ -80,9 +80,9 @@ def _run(args: argparse.Namespace, storage: object) -> Outcome:
     try:
         nvml, handle = stages.open_nvml()
     except MeterUnavailable as exc:
-        return Outcome(
-            "", notes=[f"proof: no NVIDIA GPU to prove on: {exc}"], exit_code=EXIT_NO_GPU
-        )
+        why = exc.reason.split("; use --energy-backend")[0]
+        line = f"proof: no NVIDIA GPU to prove on ({why}); run it where nvidia-smi lists one"
+        return Outcome("", notes=[line], exit_code=EXIT_NO_GPU)
     out = _out_folder(args.out)
     plan = PLANS[_plan_name(args.plan)]
     proof = Proof(stages.machine(nvml, handle, plan))
