@@ -96,8 +96,33 @@ def test_the_amdsmi_reader_uses_the_edge_sensor_or_the_hotspot(
 def test_no_gpu_library_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setitem(sys.modules, "amdsmi", None)
-    with pytest.raises(ConfigError, match=r"no GPU temperature can be read here.*NVML.*amdsmi"):
+    with pytest.raises(
+        ConfigError, match=r"no GPU temperature can be read here \(nvidia: nvidia-ml-py.*; amd: "
+    ):
         gpu_temperatures_reader()
+
+
+@pytest.mark.parametrize("variable", ["HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"])
+def test_the_amd_reader_reads_the_gpu_hip_sees(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """HIP_VISIBLE_DEVICES=1: HIP's GPU 0, the one the meter measures as gpu:0, is amdsmi's
+    second; its temperature is read, not the first's (amdsmi lists both)."""
+    traces = [SwitchTrace(PHYSICS.idle_w, origin=0.0) for _ in range(2)]
+    gpus = [mi210(i, traces[i], heat=HEAT, physics=PHYSICS) for i in range(2)]
+    module = build_fake_amdsmi(gpus, virtual_time=True)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setitem(sys.modules, "amdsmi", module)
+    for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "1")
+    module.fake.work(1, (Phase("compute", 30.0),))  # only amdsmi's second GPU heats
+    for read in (gpu_temperatures_reader(), gpu_temperatures_reader([0], "amdsmi")):
+        try:
+            (only,) = read()
+            assert only is not None and only > IDLE_C + 10
+        finally:
+            read.close()
 
 
 # -- the wait itself, on a scripted temperature ------------------------------------------------
@@ -281,9 +306,10 @@ def test_the_ini_twin_sets_it_too(pytester: pytest.Pytester, hot_gpu: Any) -> No
         ),
         (
             ["--energy-thermal-tolerance=2"],
-            "*--energy-thermal-tolerance: no GPU temperature can be read here (NVML: nvidia-ml-py"
-            " is not installed; amdsmi: the amdsmi package is not installed): run on a machine "
-            "with an NVIDIA or AMD GPU, or leave out --energy-thermal-tolerance",
+            "*--energy-thermal-tolerance: no GPU temperature can be read here (nvidia: "
+            "nvidia-ml-py is not installed: *; amd: the amdsmi Python package is not "
+            "installed: *): run on a machine with a GPU of a known vendor (NVIDIA, AMD), or "
+            "leave out --energy-thermal-tolerance",
         ),
     ],
 )

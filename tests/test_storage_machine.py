@@ -241,11 +241,17 @@ def test_gpu_info_init_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     module = install_fake_pynvml_without_library(monkeypatch)
     gpus, note = gpu_info()
     assert gpus == []
-    assert note == "no NVIDIA GPU info: NVML Shared Library Not Found"
+    assert note == (
+        "no NVIDIA GPU info: NVML Shared Library Not Found: no NVIDIA driver on this machine"
+    )
     assert module.calls["nvmlShutdown"] == 0  # nothing was opened
 
     install_fake_pynvml(monkeypatch, [], init_error=NVML_ERROR_DRIVER_NOT_LOADED)
-    assert gpu_info() == ([], "no NVIDIA GPU info: Driver Not Loaded")
+    assert gpu_info() == (
+        [],
+        "no NVIDIA GPU info: Driver Not Loaded: the NVIDIA kernel driver is not loaded "
+        "(try nvidia-smi)",
+    )
 
 
 def test_gpu_info_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch) -> None:

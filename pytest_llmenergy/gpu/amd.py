@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import MeterUnavailable
-from ..meters.amdsmi import import_amdsmi, visible_indices
+from ..meters.amdsmi import init_library, visible_indices
 from .device import (
     GPU_IDLE,
     GpuDevice,
@@ -41,6 +41,7 @@ def _number(value: Any) -> float | None:
 
 class AmdLibrary(GpuLibrary):
     vendor = "amd"
+    reads_through = "amdsmi"
     manual_restore = "amd-smi set --power-cap WATTS, or amd-smi reset --power-cap"
     no_clock_lock = (
         "locking clocks is not supported on AMD GPUs here (amdsmi cannot read back the clock "
@@ -48,17 +49,11 @@ class AmdLibrary(GpuLibrary):
     )
 
     def __init__(self, module: Any = None) -> None:
-        if module is None:
-            try:
-                module = import_amdsmi()
-            except MeterUnavailable as exc:
-                raise GpuDeviceError(exc.reason) from None
-        self.smi = module
         self._open = False
         try:
-            module.amdsmi_init(module.AmdSmiInitFlags.INIT_AMD_GPUS)
-        except module.AmdSmiException as exc:
-            raise GpuDeviceError(f"amdsmi could not start ({one_line(exc)})") from None
+            self.smi = init_library(module)
+        except MeterUnavailable as exc:
+            raise GpuDeviceError(exc.reason) from None
         self._open = True
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:

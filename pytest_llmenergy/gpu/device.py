@@ -117,6 +117,8 @@ class GpuLibrary(ABC):
     """A vendor's library, opened: the GPUs the framework sees, and finding one again."""
 
     vendor: ClassVar[str]
+    # What its readings come through, as the header names it ("NVML").
+    reads_through: ClassVar[str]
     # How to restore by hand, for the line that says a restore failed.
     manual_restore: ClassVar[str]
     # Why its clocks cannot be locked here, or None where they can.
@@ -142,11 +144,12 @@ class Vendor:
     name: str
     backend: str
     library: str
+    label: str  # as a message names it
 
 
 VENDORS = (
-    Vendor("nvidia", "nvml", "pytest_llmenergy.gpu.nvidia:NvidiaLibrary"),
-    Vendor("amd", "amdsmi", "pytest_llmenergy.gpu.amd:AmdLibrary"),
+    Vendor("nvidia", "nvml", "pytest_llmenergy.gpu.nvidia:NvidiaLibrary", "NVIDIA"),
+    Vendor("amd", "amdsmi", "pytest_llmenergy.gpu.amd:AmdLibrary", "AMD"),
 )
 
 

@@ -12,7 +12,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..meters.nvml import visible_gpu_indices
+from ..errors import MeterUnavailable
+from ..meters.nvml import init_library, visible_gpu_indices
 from .device import GpuDevice, GpuDeviceError, GpuLibrary, GpuProcess, PowerLimits, one_line
 
 T = TypeVar("T")
@@ -27,22 +28,15 @@ def _text(value: Any) -> str:
 
 class NvidiaLibrary(GpuLibrary):
     vendor = "nvidia"
+    reads_through = "NVML"
     manual_restore = "nvidia-smi -pl / -rgc"
 
     def __init__(self, module: Any = None) -> None:
-        if module is None:
-            try:
-                import pynvml as module
-            except ImportError:
-                raise GpuDeviceError(
-                    "nvidia-ml-py is not installed: pip install 'pytest-llmenergy[nvml]'"
-                ) from None
-        self.nvml = module
         self._open = False
         try:
-            module.nvmlInit()
-        except module.NVMLError as exc:
-            raise GpuDeviceError(f"NVML could not start ({one_line(exc)})") from None
+            self.nvml = init_library(module)
+        except MeterUnavailable as exc:
+            raise GpuDeviceError(exc.reason) from None
         self._open = True
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:

@@ -12,22 +12,21 @@ warmer than the last.  Zeus makes the same point another way (``zeus.profile``: 
 idle cooldown before each trial, long enough that trials agree); here the GPUs' own
 temperature says when the cooldown is enough, and the longest wait is bounded.
 
-GPU temperatures are read through ``gpu_temperatures_reader`` alone (NVML, else
-amdsmi), so a device layer can take its place in one spot.  ``monotonic`` and ``sleep``
-are module attributes: a stand-in GPU with virtual time replaces them, so tests of long
-cooldowns take no real time.
+GPU temperatures are read through the device layer (``device.py``): the GPUs the meter
+measures, through the same vendor library, numbered and made visible as the meter does.
+``monotonic`` and ``sleep`` are module attributes: a stand-in GPU with virtual time
+replaces them, so tests of long cooldowns take no real time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ..errors import ConfigError
 from ..results import ThermalWait
+from .device import VENDORS, GpuDeviceError, open_gpus
 
 Temperatures = Callable[[], list[float | None]]
 
@@ -51,93 +50,38 @@ class GpuTemperatures:
         self._close()
 
 
-def gpu_temperatures_reader(gpus: Sequence[int] | None = None) -> GpuTemperatures:
-    """The GPUs' temperature (°C, None where a GPU does not say): NVML's GPU sensor on
-    NVIDIA, amdsmi's edge sensor (hotspot where a part has no edge sensor, as MI300X)
-    on AMD.  ``gpus``: ordinals as ``--energy-gpus`` gives them; None: all.  Raises
-    ``ConfigError`` when neither library can read a GPU here."""
-    why: list[str] = []
-    for opener in (_nvml_reader, _amdsmi_reader):
-        try:
-            return opener(gpus)
-        except ConfigError as exc:
-            why.append(str(exc))
-    raise ConfigError(
-        "no GPU temperature can be read here (" + "; ".join(why) + "): run on a machine "
-        "with an NVIDIA or AMD GPU, or leave out --energy-thermal-tolerance"
+def gpu_temperatures_reader(
+    gpus: Sequence[int] | None = None, backend: str = "auto"
+) -> GpuTemperatures:
+    """The measured GPUs' temperature (°C, None where a GPU does not say), through the
+    device layer: the GPUs the session's backend measures (``auto`` or a CPU backend: the
+    first vendor whose GPUs are here), numbered and made visible as that vendor's meter
+    numbers them (``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``...).  ``gpus``:
+    ordinals as ``--energy-gpus`` gives them; None: all.  Raises ``ConfigError`` when no
+    GPU's temperature can be read here."""
+    try:
+        library = open_gpus(backend)
+    except GpuDeviceError as exc:
+        raise ConfigError(_no_temperature(str(exc))) from None
+    try:
+        devices = library.devices(gpus)
+    except GpuDeviceError as exc:
+        library.close()
+        raise ConfigError(_no_temperature(f"{library.vendor}: {exc}")) from None
+    if not devices:
+        library.close()
+        raise ConfigError(_no_temperature(f"{library.vendor}: no GPU"))
+    return GpuTemperatures(
+        lambda: [d.temperature_c() for d in devices], library.close, library.reads_through
     )
 
 
-def _nvml_reader(gpus: Sequence[int] | None) -> GpuTemperatures:
-    try:
-        import pynvml
-    except ImportError:
-        raise ConfigError("NVML: nvidia-ml-py is not installed") from None
-    from ..meters.nvml import visible_gpu_indices
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise ConfigError(f"NVML: {exc}") from None
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in visible_gpu_indices(pynvml, gpus)]
-    except pynvml.NVMLError as exc:
-        pynvml.nvmlShutdown()
-        raise ConfigError(f"NVML: {exc}") from None
-    if not handles:
-        pynvml.nvmlShutdown()
-        raise ConfigError("NVML: no GPU")
-    sensor = getattr(pynvml, "NVML_TEMPERATURE_GPU", 0)
-
-    def read() -> list[float | None]:
-        out: list[float | None] = []
-        for h in handles:
-            try:
-                out.append(float(pynvml.nvmlDeviceGetTemperature(h, sensor)))
-            except pynvml.NVMLError:
-                out.append(None)
-        return out
-
-    def close() -> None:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
-
-    return GpuTemperatures(read, close, "NVML")
-
-
-def _amdsmi_reader(gpus: Sequence[int] | None) -> GpuTemperatures:
-    try:
-        import amdsmi
-    except ImportError:
-        raise ConfigError("amdsmi: the amdsmi package is not installed") from None
-    try:
-        amdsmi.amdsmi_init(amdsmi.AmdSmiInitFlags.INIT_AMD_GPUS)
-        every = list(amdsmi.amdsmi_get_processor_handles())
-    except amdsmi.AmdSmiException as exc:
-        raise ConfigError(f"amdsmi: {' '.join(str(exc).split())}") from None
-    handles = every if gpus is None else [every[i] for i in gpus if i < len(every)]
-    if not handles:
-        amdsmi.amdsmi_shut_down()
-        raise ConfigError("amdsmi: no GPU")
-    kinds = amdsmi.AmdSmiTemperatureType
-    sensors = (kinds.EDGE, kinds.HOTSPOT)  # MI300X has no edge sensor
-    current = amdsmi.AmdSmiTemperatureMetric.CURRENT
-
-    def one(h: Any) -> float | None:
-        for sensor in sensors:
-            try:
-                value = amdsmi.amdsmi_get_temp_metric(h, sensor, current)
-            except amdsmi.AmdSmiException:
-                continue
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)  # "N/A" where the part does not say
-        return None
-
-    def close() -> None:
-        with contextlib.suppress(amdsmi.AmdSmiException):
-            amdsmi.amdsmi_shut_down()
-
-    return GpuTemperatures(lambda: [one(h) for h in handles], close, "amdsmi")
+def _no_temperature(why: str) -> str:
+    return (
+        f"no GPU temperature can be read here ({why}): run on a machine with a GPU of a "
+        f"known vendor ({', '.join(v.label for v in VENDORS)}), or leave out "
+        "--energy-thermal-tolerance"
+    )
 
 
 def _hottest_excess(now: Sequence[float | None], reference: Sequence[float | None]) -> float:

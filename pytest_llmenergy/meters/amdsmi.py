@@ -165,7 +165,20 @@ def _error_code(exc: BaseException) -> int | None:
 def _init_failure(exc: BaseException) -> MeterUnavailable:
     """amdsmi_init failed: amdsmi's own words, then what it means here and what to do."""
     hint = _INIT_HINTS.get(_error_code(exc) or -1, "amdsmi could not start")
-    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}; {FALLBACK_HINT}")
+    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}")
+
+
+def init_library(module: ModuleType | None = None) -> ModuleType:
+    """amdsmi (or ``module``, a stand-in of it), imported and initialised for AMD GPUs:
+    the package's one ``amdsmi_init``, which the meter and the device layer both call.
+    MeterUnavailable saying why where it cannot be; each success needs its
+    ``amdsmi_shut_down``."""
+    smi = module if module is not None else import_amdsmi()
+    try:
+        smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+    except smi.AmdSmiException as exc:
+        raise _init_failure(exc) from exc
+    return smi
 
 
 def _visible_entries(text: str, count: int) -> list[int]:
@@ -281,11 +294,11 @@ class AmdSmiMeter(GpuMeter):
         super().__init__()
         options = options or MeterSettings()
         smi = import_amdsmi()
-        self._error: type[BaseException] = smi.AmdSmiException
         try:
-            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
-        except smi.AmdSmiException as exc:
-            raise _init_failure(exc) from exc
+            init_library(smi)
+        except MeterUnavailable as exc:
+            raise MeterUnavailable(BACKEND, f"{exc.reason}; {FALLBACK_HINT}") from exc
+        self._error: type[BaseException] = smi.AmdSmiException
         self._smi = smi
         try:
             self._open(options)

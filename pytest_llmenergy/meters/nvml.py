@@ -151,9 +151,11 @@ def _import_pynvml() -> ModuleType:
     return pynvml
 
 
-def init_library() -> ModuleType:
-    """pynvml, imported and initialised; MeterUnavailable saying why where it cannot be."""
-    nvml = _import_pynvml()
+def init_library(module: ModuleType | None = None) -> ModuleType:
+    """pynvml (or ``module``, a stand-in of it), imported and initialised: the package's
+    one ``nvmlInit``, which the meter and the device layer both call.  MeterUnavailable
+    saying why where it cannot be; each success needs its ``nvmlShutdown``."""
+    nvml = module if module is not None else _import_pynvml()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
@@ -169,7 +171,7 @@ def _init_failure(nvml: ModuleType, exc: BaseException) -> MeterUnavailable:
         if code is not None and getattr(nvml, name, None) == code:
             hint = text
             break
-    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}; {FALLBACK_HINT}")
+    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}")
 
 
 class _Visible:
@@ -257,9 +259,9 @@ class NvmlMeter(GpuMeter):
         options = options or MeterSettings()
         nvml = _import_pynvml()
         try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            raise _init_failure(nvml, exc) from exc
+            init_library(nvml)
+        except MeterUnavailable as exc:
+            raise MeterUnavailable(BACKEND, f"{exc.reason}; {FALLBACK_HINT}") from exc
         self._nvml = nvml
         self._nvml_error: type[BaseException] = nvml.NVMLError
         try:

@@ -158,7 +158,7 @@ class GpuTuning:
                 "pytest-xdist's workers run at once: drop -n"
             )
         try:
-            self.temperatures = gpu_temperatures_reader(self.gpus)
+            self.temperatures = gpu_temperatures_reader(self.gpus, self.backend)
         except ConfigError as exc:
             raise pytest.UsageError(f"--energy-thermal-tolerance: {exc}") from None
         self.thermal = ThermalSettling(

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import psutil
 
+from ..errors import MeterUnavailable
 from ..meters.cpu_tdp import cpu_brand
 
 __all__ = [
@@ -186,15 +187,13 @@ def _amd_gpus() -> list[dict[str, Any]]:
 
 
 def _nvidia_gpus() -> tuple[list[dict[str, Any]], str | None]:
+    from ..meters.nvml import init_library
+
     try:
-        import pynvml
-    except ImportError as exc:
-        return [], f"{_NO_GPU_INFO}: nvidia-ml-py is not installed ({_one_line(exc)})"
+        pynvml = init_library()
+    except MeterUnavailable as exc:
+        return [], f"{_NO_GPU_INFO}: {exc.reason}"
     except Exception as exc:  # a broken install is no reason to lose the run
-        return [], f"{_NO_GPU_INFO}: importing pynvml failed: {_one_line(exc)}"
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
         return [], f"{_NO_GPU_INFO}: {_one_line(exc)}"
     try:
         return _read_gpus(pynvml)
