@@ -7,7 +7,7 @@ files keep) and the grid's size are derived from the axes, so a new axis is one 
 a change in every place that names cases.
 
 Each package declares the axes it owns beside the code that gives them meaning
-(``llm.grid``: the case axes; ``gpu.settings``: the GPU setting; ``distributed``: the
+(``llm.grid``: the case axes; ``conditions.settings``: the GPU setting; ``distributed``: the
 parallel layout); the plugin gathers them, with the hook's, into one table.
 """
 

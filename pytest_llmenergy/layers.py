@@ -9,10 +9,11 @@ from __future__ import annotations
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "layers"),
+    ("gpu",),  # the vendor layer: pynvml, amdsmi and the others, below whatever reads a GPU
     ("values", "stats", "meters"),
     ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
     ("figures", "explain"),
-    ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
+    ("report", "compare", "controller", "llm", "conditions", "distributed", "hookspec"),
     ("storage", "serving", "export"),
     ("routing", "history"),
     ("frontier", "scale", "predict", "gatecheck", "pairing", "check"),

@@ -49,7 +49,7 @@ class PhaseRecord:
 
 @dataclass(frozen=True)
 class GpuNeighbour:
-    """Another process the driver listed on a measured GPU (``gpu.isolation``)."""
+    """Another process the driver listed on a measured GPU (``conditions.isolation``)."""
 
     gpu: str  # gpu:0
     pid: int
@@ -61,7 +61,7 @@ class GpuNeighbour:
 
 @dataclass(frozen=True)
 class GpuTelemetry:
-    """What the GPUs did during one trial (``gpu.telemetry``); None: not read."""
+    """What the GPUs did during one trial (``conditions.telemetry``); None: not read."""
 
     temperature_c_max: float | None = None
     sm_clock_mhz_mean: float | None = None
@@ -76,7 +76,7 @@ class GpuTelemetry:
 
 @dataclass(frozen=True)
 class ThermalWait:
-    """How a case waited for the GPUs to cool before it began (``gpu.thermal``)."""
+    """How a case waited for the GPUs to cool before it began (``conditions.thermal``)."""
 
     start_c: tuple[float | None, ...]  # each GPU's temperature as the case began
     reference_c: tuple[float | None, ...] = ()  # what it had to come back near (): first

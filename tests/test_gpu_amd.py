@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_llmenergy.conditions.control import GpuControl, GpuControlError, StateFile, recover
+from pytest_llmenergy.conditions.settings import GpuSetting
 from pytest_llmenergy.frontier import Point, frontier
 from pytest_llmenergy.gpu.amd import AmdLibrary
-from pytest_llmenergy.gpu.control import GpuControl, GpuControlError, StateFile, recover
 from pytest_llmenergy.gpu.device import GpuDeviceError, GpuProcess
-from pytest_llmenergy.gpu.settings import GpuSetting
 from pytest_llmenergy.storage.runfile import loads
 from tests.fakes.fake_amdsmi import build_fake_amdsmi, install_fake_amdsmi, mi250x
 from tests.fakes.gpu_project import (
@@ -76,7 +76,7 @@ def test_the_amd_device_reads_and_sets_in_the_projects_units(tmp_path: Path) -> 
         GpuProcess(4242, "python3", 3072.0),
         GpuProcess(77, "", None),  # "N/A": not said
     )
-    assert gpu.process_sm_shares(0.0) is None  # amdsmi keeps no per-process utilization
+    assert gpu.sm_samples(0) is None  # amdsmi keeps no per-process utilization
     with pytest.raises(GpuDeviceError) as info:
         gpu.set_power_limit_w(900.0)  # beyond max_power_cap: amdsmi's INVAL, one line
     assert "\n" not in str(info.value) and not info.value.permission

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy import Method, open_meter
+from pytest_llmenergy.gpu.device import SmSample
 from pytest_llmenergy.meters.base import Domain
 from pytest_llmenergy.meters.nvml import sm_share
 from pytest_llmenergy.storage.runfile import loads
@@ -201,9 +202,8 @@ def test_gpu_process_is_the_share_of_sm_use_labelled_an_attribution(
 
 
 def test_sm_share_over_known_samples() -> None:
-    class S:
-        def __init__(self, pid: int, t: int, sm: int) -> None:
-            self.pid, self.timeStamp, self.smUtil = pid, t, sm
+    def S(pid: int, t: int, sm: int) -> SmSample:
+        return SmSample(pid, sm, t)
 
     mine, other = 10, 20
     samples = [S(mine, 5, 30), S(other, 5, 10), S(other, 50, 100)]

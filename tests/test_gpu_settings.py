@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.gpu.control import GpuControl, GpuControlError, StateFile, recover
-from pytest_llmenergy.gpu.nvidia import NvidiaLibrary
-from pytest_llmenergy.gpu.settings import (
+from pytest_llmenergy.conditions.control import GpuControl, GpuControlError, StateFile, recover
+from pytest_llmenergy.conditions.settings import (
     AUTO_CLOCK,
     GpuLimits,
     GpuSetting,
@@ -21,7 +19,9 @@ from pytest_llmenergy.gpu.settings import (
     resolve_clocks,
     resolve_power,
 )
-from pytest_llmenergy.gpu.telemetry import TrialTelemetry
+from pytest_llmenergy.conditions.telemetry import TrialTelemetry
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.gpu.nvidia import NvidiaLibrary
 from tests.fakes import fake_pynvml as fake_module
 from tests.fakes.fake_pynvml import build_fake_pynvml, install_fake_pynvml
 from tests.fakes.gpu_physics import Phase

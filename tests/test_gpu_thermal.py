@@ -13,9 +13,13 @@ from typing import Any
 
 import pytest
 
+from pytest_llmenergy.conditions import thermal
+from pytest_llmenergy.conditions.thermal import (
+    ThermalSettling,
+    gpu_temperatures_reader,
+    wait_summary,
+)
 from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.gpu import thermal
-from pytest_llmenergy.gpu.thermal import ThermalSettling, gpu_temperatures_reader, wait_summary
 from pytest_llmenergy.results import ThermalWait
 from pytest_llmenergy.storage.runfile import loads
 from tests.fakes.fake_amdsmi import build_fake_amdsmi, mi210, mi300x

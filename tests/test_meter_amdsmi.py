@@ -17,17 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_llmenergy import ConfigError, MeterError, MeterUnavailable, Method, open_meter
+from pytest_llmenergy.gpu.amd import INSTALL_HINT, visible_indices, watts
 from pytest_llmenergy.meters import amdsmi as amd
 from pytest_llmenergy.meters.amdsmi import (
     COUNT_KEYS,
-    INSTALL_HINT,
     SAMPLER_THREAD_NAME,
     AmdSmiMeter,
     count_delta,
     counter_problem,
     energy_count,
-    visible_indices,
-    watts,
 )
 from tests.fakes.fake_amdsmi import (
     AMDSMI_STATUS_DRIVER_NOT_LOADED,

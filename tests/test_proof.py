@@ -278,7 +278,7 @@ def test_the_proofs_own_process_is_no_neighbour_of_its_sessions(
 ) -> None:
     """The proof holds a CUDA context while its sessions measure: their isolation check
     must count it as the measurement's own, not as a process disturbing every trial."""
-    from pytest_llmenergy.gpu.isolation import OWN_ROOTS_ENV, own_roots
+    from pytest_llmenergy.conditions.isolation import OWN_ROOTS_ENV, own_roots
     from pytest_llmenergy.proof.stages import python_env
 
     env = python_env()

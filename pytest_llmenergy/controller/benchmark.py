@@ -69,7 +69,7 @@ class Pacer(Protocol):
 
 
 class TrialProbe(Protocol):
-    """Reads something around every trial (``gpu.telemetry.TrialTelemetry``)."""
+    """Reads something around every trial (``conditions.telemetry.TrialTelemetry``)."""
 
     def start(self) -> None: ...
 

@@ -16,8 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..figures import value
-from ..gpu.settings import (
+from ..conditions.settings import (
     CLOCK_LABEL,
     DEFAULT_LABEL,
     GPU_LABELS,
@@ -25,6 +24,7 @@ from ..gpu.settings import (
     POWER_LABEL,
     SETTING_LABEL,
 )
+from ..figures import value
 from ..results import CaseResult
 from ..tables import DASH, Table, fmt_number
 

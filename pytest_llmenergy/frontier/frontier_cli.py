@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..commandline import ROUTING_LIKE_OPTIONS, Command, Outcome
+from ..conditions.control import StateFile, default_state_path, recover
 from ..errors import ConfigError
-from ..gpu.control import StateFile, default_state_path, recover
 from ..storage.runfile import Run
 from ..storage.store import FOLDER, NEW_FILE, AtomicFile
 from ..tables import render

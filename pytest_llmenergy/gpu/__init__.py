@@ -1,1 +1,2 @@
-"""GPU settings as benchmark axes: apply, read back, restore; telemetry per trial."""
+"""GPUs, whatever their vendor: the one layer that knows pynvml, amdsmi and the others
+(``device.py``: the interface and the ``VENDORS`` registry; one module per vendor)."""

@@ -1,26 +1,37 @@
 """Energy meters: one module per source, all behind :class:`~.base.Meter`.
 
 Vendor libraries (pynvml, amdsmi, pyJoules) are imported when a meter is opened, never when
-this package is imported.
+this package is imported.  The GPU backends are the device layer's vendors
+(``gpu.device.VENDORS``), in its order.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigError, renamed_names
+from ..gpu.device import VENDORS
 from .base import Domain, Measurement, Meter, Method, Phase, PowerSample, Window, mark_phase
 from .meter_settings import MeterSettings
 
 MeterFactory = Callable[[MeterSettings], Meter]
 
+# GPU backends with a meter module of their own; every other vendor of the device layer's
+# registry (``gpu.device.VENDORS``) is measured by the device meter, through that layer
+# alone, so a new vendor is a backend without a line here.
+OWN_GPU_METERS = {
+    "nvml": "pytest_llmenergy.meters.nvml:create",
+    "amdsmi": "pytest_llmenergy.meters.amdsmi:create",
+}
+DEVICE_METER = "pytest_llmenergy.meters.device_meter:create"
+
 # name -> "module:function"; imported only when that backend is opened.
 BUILTIN_BACKENDS: dict[str, str] = {
     "auto": "pytest_llmenergy.meters.auto:create",
-    "nvml": "pytest_llmenergy.meters.nvml:create",
-    "amdsmi": "pytest_llmenergy.meters.amdsmi:create",
+    **{v.backend: OWN_GPU_METERS.get(v.backend, DEVICE_METER) for v in VENDORS},
     "rapl": "pytest_llmenergy.meters.rapl:create",
     "pyjoules": "pytest_llmenergy.meters.pyjoules:create",
     "powermetrics": "pytest_llmenergy.meters.powermetrics:create",
@@ -31,11 +42,10 @@ BUILTIN_BACKENDS: dict[str, str] = {
 def sample_interval_defaults() -> dict[str, float]:
     """Each sampling meter's own sampling period, for help texts (imports no vendor
     library: the vendor modules import theirs when a meter opens)."""
-    from . import amdsmi, nvml, powermetrics
+    from . import powermetrics
 
     return {
-        "nvml": nvml.DEFAULT_INTERVAL_S,
-        "amdsmi": amdsmi.DEFAULT_INTERVAL_S,
+        **{v.backend: v.interval_s for v in VENDORS},
         "powermetrics": powermetrics.DEFAULT_INTERVAL_S,
     }
 
@@ -53,6 +63,8 @@ def resolve_factory(name: str, extra: Mapping[str, MeterFactory] | None = None) 
         raise ConfigError(f"unknown energy backend {name!r}; choose one of: {choices}")
     module, func = target.split(":")
     factory: MeterFactory = getattr(importlib.import_module(module), func)
+    if target == DEVICE_METER:  # one function for every such vendor: which one, bound here
+        return functools.partial(factory, backend=name)
     return factory
 
 

@@ -23,60 +23,40 @@ The GPUs measured are the ones HIP sees (``ROCR_VISIBLE_DEVICES``, then
 reads them), numbered as HIP numbers them, so ``gpu:i`` is what torch on ROCm calls
 ``cuda:i``; amdsmi is taken to list the GPUs in HIP's order (both sort by PCI bus).
 
-``amdsmi`` is imported when a meter is opened, never when this module is imported.
+amdsmi is opened, numbered and made visible by the device layer (``gpu/amd.py``), when a
+meter is opened, never when this module is imported.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
-from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
+from ..gpu.amd import POWER_FIELDS, AmdLibrary, visibility_text, visible_indices, watts
+from ..gpu.device import GpuDeviceError, one_line, vendor_named
 from .base import Domain, Method, Reading, _frozen
-from .gpu_meter import GpuMeter, one_line, period_s, period_text, probe_counters, sync_torch_gpus
+from .gpu_meter import GpuMeter, period_s, period_text, probe_counters, sync_torch_gpus, unavailable
 from .meter_settings import MeterSettings
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "amdsmi"
-DEFAULT_INTERVAL_S = 0.1
-INSTALL_HINT = (
-    "the amdsmi Python package is not installed: install the one that comes with your "
-    "ROCm, pip install /opt/rocm/share/amd_smi (its version must match ROCm's)"
-)
+VENDOR = vendor_named("amd")
+DEFAULT_INTERVAL_S = VENDOR.interval_s
 FALLBACK_HINT = "use --energy-backend=auto or estimate"
 SAMPLER_THREAD_NAME = "llmenergy-amdsmi-sampler"
 # The count's key, newest first: ROCm 6.3 added energy_accumulator, 6.4 dropped power.
 COUNT_KEYS = ("energy_accumulator", "power")
-# Power fields, best first: the instant one (MI300), the one newer amdsmi fills for every
-# part, then the firmware's average (MI200/MI210).  All in watts.
-POWER_FIELDS = ("current_socket_power", "socket_power", "average_socket_power")
 _AVERAGE_FIELDS = frozenset({"average_socket_power"})
-# amdsmi marks a value the part lacks by "N/A", or (raw fields of newer releases) by the
-# largest value of the field's width.
-_UNSET = frozenset({0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
 # A counter whose power over the probe is further than this factor from the power the
 # GPU reports does not measure it (Zeus rules out the same obvious failures).
 COUNTER_AGREEMENT = 4.0
 # Below this the GPU's power says nothing about whether its counter moves.
 MIN_CHECK_W = 1.0
 _MI250 = "MI250"
-
-# amdsmi status codes (amdsmi_status_t) of init failures: what they mean here, what to do.
-_INIT_HINTS = {
-    10: "no permission to open the GPU devices (/dev/kfd, /dev/dri): add the user to the "
-    "render and video groups",
-    18: "amdsmi could not start: check that ROCm and the amdgpu driver work (amd-smi list)",
-    34: "the amdgpu kernel driver is not loaded (modprobe amdgpu, or try amd-smi)",
-    51: "no AMD GPU driver on this machine",
-    52: "libamd_smi.so not found: install ROCm, or set ROCM_PATH",
-}
 
 
 @dataclass(frozen=True)
@@ -99,15 +79,6 @@ def create(options: MeterSettings) -> AmdSmiMeter:
 
 
 # -- reading amdsmi's replies ---------------------------------------------------------------
-def watts(value: Any) -> float | None:
-    """A power field in watts, or None where the part has none (``"N/A"``, a marker)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if not 0 <= value < min(_UNSET):  # also NaN; no GPU draws 65 kW
-        return None
-    return float(value)
-
-
 def energy_count(reply: Mapping[str, Any]) -> tuple[int, float]:
     """``(count, µJ per count)`` of an ``amdsmi_get_energy_count`` reply, whichever key
     its ROCm used for the count; ValueError when the reply holds no usable count."""
@@ -134,85 +105,6 @@ def count_delta(before: int, after: int) -> int:
         return after - before
     width = 32 if before < 2**32 else 64
     return after - before + 2**width
-
-
-def import_amdsmi() -> ModuleType:
-    """``amdsmi`` prints to stdout when libamd_smi.so is missing and fails with whatever
-    exception its ctypes loading meets (OSError, AttributeError, KeyError): one line here."""
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            import amdsmi
-    except ImportError as exc:
-        raise MeterUnavailable(BACKEND, INSTALL_HINT) from exc
-    except Exception as exc:
-        raise MeterUnavailable(
-            BACKEND,
-            f"the amdsmi package cannot load libamd_smi ({one_line(exc)}): install the amdsmi "
-            "package of this machine's ROCm (pip install /opt/rocm/share/amd_smi) and set "
-            f"ROCM_PATH; {FALLBACK_HINT}",
-        ) from exc
-    return amdsmi
-
-
-def _error_code(exc: BaseException) -> int | None:
-    get = getattr(exc, "get_error_code", None)
-    try:
-        return int(get()) if get is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _init_failure(exc: BaseException) -> MeterUnavailable:
-    """amdsmi_init failed: amdsmi's own words, then what it means here and what to do."""
-    hint = _INIT_HINTS.get(_error_code(exc) or -1, "amdsmi could not start")
-    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}")
-
-
-def init_library(module: ModuleType | None = None) -> ModuleType:
-    """amdsmi (or ``module``, a stand-in of it), imported and initialised for AMD GPUs:
-    the package's one ``amdsmi_init``, which the meter and the device layer both call.
-    MeterUnavailable saying why where it cannot be; each success needs its
-    ``amdsmi_shut_down``."""
-    smi = module if module is not None else import_amdsmi()
-    try:
-        smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
-    except smi.AmdSmiException as exc:
-        raise _init_failure(exc) from exc
-    return smi
-
-
-def _visible_entries(text: str, count: int) -> list[int]:
-    """Indices named by a ``*_VISIBLE_DEVICES`` list into ``count`` devices; like HIP,
-    parsing stops at the first entry that names no device."""
-    out: list[int] = []
-    for raw in text.split(","):
-        entry = raw.strip()
-        if not (entry.isascii() and entry.isdigit()) or int(entry) >= count or int(entry) in out:
-            break
-        out.append(int(entry))
-    return out
-
-
-def visible_indices(count: int, environ: Mapping[str, str] | None = None) -> list[int]:
-    """amdsmi index of each HIP ordinal: ``ROCR_VISIBLE_DEVICES`` picks among all GPUs,
-    then ``HIP_VISIBLE_DEVICES`` (else ``CUDA_VISIBLE_DEVICES``) among those."""
-    env = os.environ if environ is None else environ
-    ordinals = list(range(count))
-    rocr = env.get("ROCR_VISIBLE_DEVICES")
-    if rocr is not None:
-        ordinals = [ordinals[i] for i in _visible_entries(rocr, len(ordinals))]
-    hip = env.get("HIP_VISIBLE_DEVICES")
-    if hip is None:
-        hip = env.get("CUDA_VISIBLE_DEVICES")
-    if hip is not None:
-        ordinals = [ordinals[i] for i in _visible_entries(hip, len(ordinals))]
-    return ordinals
-
-
-def _visibility_text(environ: Mapping[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    names = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-    return ", ".join(f"{n}={env[n]!r}" for n in names if n in env)
 
 
 # -- timing and checking the counters --------------------------------------------------------
@@ -293,11 +185,11 @@ class AmdSmiMeter(GpuMeter):
     def __init__(self, options: MeterSettings | None = None) -> None:
         super().__init__()
         options = options or MeterSettings()
-        smi = import_amdsmi()
         try:
-            init_library(smi)
-        except MeterUnavailable as exc:
-            raise MeterUnavailable(BACKEND, f"{exc.reason}; {FALLBACK_HINT}") from exc
+            self._library = AmdLibrary()
+        except GpuDeviceError as exc:
+            raise MeterUnavailable(BACKEND, unavailable(exc, FALLBACK_HINT)) from exc
+        smi = self._library.smi
         self._error: type[BaseException] = smi.AmdSmiException
         self._smi = smi
         try:
@@ -319,7 +211,7 @@ class AmdSmiMeter(GpuMeter):
         handles = list(smi.amdsmi_get_processor_handles())
         ordinals = visible_indices(len(handles))
         if not ordinals:
-            shown = _visibility_text()
+            shown = visibility_text()
             if handles and shown:
                 raise MeterUnavailable(BACKEND, f"{shown} hides all GPUs; {FALLBACK_HINT}")
             raise MeterUnavailable(BACKEND, f"amdsmi found no AMD GPU; {FALLBACK_HINT}")
@@ -327,7 +219,7 @@ class AmdSmiMeter(GpuMeter):
         if options.gpus is not None:
             bad = [i for i in options.gpus if i >= len(ordinals)]
             if bad:
-                shown = _visibility_text()
+                shown = visibility_text()
                 where = f" with {shown}" if shown else ""
                 raise ConfigError(
                     f"--energy-gpus names GPU {bad[0]}, but {len(ordinals)} GPU(s) are "
@@ -482,7 +374,7 @@ class AmdSmiMeter(GpuMeter):
 
     def _read(self) -> Reading:
         if "torch" in _modules:  # only a program using torch may have queued GPU work
-            sync_torch_gpus(self._hip_ordinals)
+            sync_torch_gpus(self._hip_ordinals, VENDOR.torch)
         try:
             sampler = self._sampler
             t = sampler.sample_now() if sampler is not None else perf_counter()
@@ -502,6 +394,4 @@ class AmdSmiMeter(GpuMeter):
         }
 
     def _library_shutdown(self) -> None:
-        """amdsmi_shut_down once per amdsmi_init."""
-        with contextlib.suppress(self._error):
-            self._smi.amdsmi_shut_down()
+        self._library.close()

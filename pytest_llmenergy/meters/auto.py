@@ -1,6 +1,7 @@
 """``auto``: the best meters this machine has, combined.
 
-GPUs come from NVML, else from amdsmi (AMD); the CPU side from the first of RAPL,
+GPUs come from the first GPU backend that finds its GPUs (NVML, amdsmi, then the other
+vendors of the device layer's registry, in its order); the CPU side from the first of RAPL,
 pyJoules, powermetrics and the estimate that works.  Every backend not used is listed
 with the reason, so the report header says what measured what.
 """
@@ -12,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import MeterUnavailable
+from ..gpu.device import VENDORS
 from .base import Domain, Meter, PowerSample, Reading
 from .meter_settings import MeterSettings
 
-GPU_ORDER = ("nvml", "amdsmi")
+GPU_ORDER = tuple(v.backend for v in VENDORS)  # the device layer's registry, in order
 CPU_ORDER = ("rapl", "pyjoules", "powermetrics", "estimate")
 
 

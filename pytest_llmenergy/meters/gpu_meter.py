@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any
 
+from ..gpu.device import GpuDeviceError
+from ..gpu.device import one_line as one_line  # the GPU meters' messages
 from .base import Meter, PowerSample, Reading, duration_text
 from .sampling import PowerSampler, integrate_instant
 
@@ -28,8 +30,11 @@ PERIOD_PROBE_MAX_S = 0.3
 PERIOD_PROBE_INTERVALS = 3
 
 
-def one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+def unavailable(exc: GpuDeviceError, fallback: str) -> str:
+    """Why a GPU meter cannot open, from the device layer's error: its words, then
+    ``fallback`` (what to use instead) unless the library is missing, whose install line
+    is what to do."""
+    return str(exc) if exc.missing else f"{exc}; {fallback}"
 
 
 def probe_counters(
@@ -74,12 +79,13 @@ def period_text(period: float | None) -> str:
     return f"updates every {duration_text(period)}"
 
 
-def sync_torch_gpus(ordinals: Sequence[int]) -> None:
-    """Let queued kernels finish, so their energy lands inside the window they ran in
-    (torch on ROCm keeps the ``torch.cuda`` names).  Only when the program already uses
-    the GPUs through torch: we never import torch."""
+def sync_torch_gpus(ordinals: Sequence[int], api: str = "cuda") -> None:
+    """Let queued kernels finish, so their energy lands inside the window they ran in;
+    ``api``: the torch module of the vendor's GPUs (its ``Vendor.torch``: torch on ROCm
+    keeps the ``torch.cuda`` names).  Only when the program already uses the GPUs through
+    torch: we never import torch."""
     torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    cuda = getattr(torch, api, None) if torch is not None else None
     if cuda is None or not cuda.is_initialized():
         return
     try:

@@ -8,23 +8,23 @@ unsupported) are sampled for power in a background thread, only while a window i
 open.  The GPUs measured are the ones CUDA sees, numbered as CUDA numbers them, so
 ``gpu:i`` is what torch calls ``cuda:i``.
 
-``pynvml`` is imported when a meter is opened, never when this module is imported.
+NVML is opened, and ``CUDA_VISIBLE_DEVICES`` resolved, by the device layer
+(``gpu/nvidia.py``), when a meter is opened, never when this module is imported.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from time import perf_counter
-from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
+from ..gpu.device import GpuDeviceError, SmSample, vendor_named
+from ..gpu.nvidia import CudaVisible, NvidiaGpu, NvidiaLibrary, text
 from .base import Domain, Method, Reading, _frozen
 from .gpu_meter import (
     PERIOD_PROBE_INTERVALS,
@@ -35,6 +35,7 @@ from .gpu_meter import (
     period_text,
     probe_counters,
     sync_torch_gpus,
+    unavailable,
 )
 from .meter_settings import MeterSettings
 from .process_tree import tree_pids
@@ -42,12 +43,12 @@ from .process_tree import tree_pids
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "nvml"
 GPU_PROCESS = "gpu:process"  # this process tree's share of the GPUs' joules
-DEFAULT_INTERVAL_S = 0.1
+VENDOR = vendor_named("nvidia")
+DEFAULT_INTERVAL_S = VENDOR.interval_s
 # nvmlDeviceGetPowerUsage on Ampere (but GA100) and newer: "power averaged over 1 sec
 # interval" (NVML's documentation); a window shorter than that reads a blur of the power
 # before it, so a GPU sampled through it resolves no finer (its windows are marked).
 AVERAGED_POWER_S = 1.0
-INSTALL_HINT = "nvidia-ml-py is not installed: pip install 'pytest-llmenergy[nvml]'"
 FALLBACK_HINT = "use --energy-backend=auto or estimate"
 SAMPLER_THREAD_NAME = "llmenergy-nvml-sampler"
 
@@ -78,18 +79,6 @@ VALUE_MEMBERS = {
     6: "usVal",
 }
 
-# Hints for nvmlInit failures, by NVML error name: what the user can do about it.
-_INIT_HINTS = {
-    "NVML_ERROR_LIBRARY_NOT_FOUND": "no NVIDIA driver on this machine",
-    "NVML_ERROR_DRIVER_NOT_LOADED": "the NVIDIA kernel driver is not loaded (try nvidia-smi)",
-    "NVML_ERROR_NO_PERMISSION": "no permission to open the GPU devices (/dev/nvidia*)",
-    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
-        "the NVML library and the kernel driver differ in version (reboot after a driver update)"
-    ),
-}
-
-_INT_ENTRY = re.compile(r"([+-]?)(\d+)")
-
 
 @dataclass(frozen=True)
 class NvmlGpu:
@@ -103,6 +92,10 @@ class NvmlGpu:
     note: str
     # Counter: the measured update period; sampled: the sampling interval; None: unknown.
     resolution_s: float | None = None
+
+    def identity(self) -> tuple[str, str, str]:
+        """(domain, name, uuid): what the device layer's GPU is made of."""
+        return self.domain, self.name, self.uuid
 
 
 def counter_periods_s(
@@ -122,11 +115,11 @@ def counter_periods_s(
     return [period_s([t for t, _ in seen]) for seen in changes]
 
 
-def sm_share(samples: Sequence[Any], ours: set[int], until_us: int) -> float:
-    """This session's share of a GPU's SM use from NVML's per-process samples up to
+def sm_share(samples: Sequence[SmSample], ours: set[int], until_us: int) -> float:
+    """This session's share of a GPU's SM use from the driver's per-process samples up to
     ``until_us``: its processes' SM % over every process's.  No sample (a window shorter
     than the driver's sampling, or an idle GPU): all of it, as nobody else was seen."""
-    used = [(int(s.pid), float(s.smUtil)) for s in samples if int(s.timeStamp) <= until_us]
+    used = [(s.pid, s.sm_percent) for s in samples if s.at_us <= until_us]
     total = sum(sm for _, sm in used)
     if total <= 0:
         return 1.0
@@ -138,117 +131,6 @@ def create(options: MeterSettings) -> NvmlMeter:
     return NvmlMeter(options)
 
 
-def _text(value: str | bytes) -> str:
-    """Old nvidia-ml-py releases return ``bytes``, newer ones ``str``; we want ``str``."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _import_pynvml() -> ModuleType:
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise MeterUnavailable(BACKEND, INSTALL_HINT) from exc
-    return pynvml
-
-
-def init_library(module: ModuleType | None = None) -> ModuleType:
-    """pynvml (or ``module``, a stand-in of it), imported and initialised: the package's
-    one ``nvmlInit``, which the meter and the device layer both call.  MeterUnavailable
-    saying why where it cannot be; each success needs its ``nvmlShutdown``."""
-    nvml = module if module is not None else _import_pynvml()
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        raise _init_failure(nvml, exc) from exc
-    return nvml
-
-
-def _init_failure(nvml: ModuleType, exc: BaseException) -> MeterUnavailable:
-    """nvmlInit failed: say NVML's own words, then what it means here and what to do."""
-    code = getattr(exc, "value", None)
-    hint = "NVML could not start"
-    for name, text in _INIT_HINTS.items():
-        if code is not None and getattr(nvml, name, None) == code:
-            hint = text
-            break
-    return MeterUnavailable(BACKEND, f"{one_line(exc)}: {hint}")
-
-
-class _Visible:
-    """Resolves ``CUDA_VISIBLE_DEVICES`` to NVML indices the way the CUDA runtime does.
-
-    Entries are integer indices (read like ``strtoul``: ``1gpu`` is 1), ``GPU-<uuid>``
-    (a unique prefix is enough) or MIG devices; parsing stops at the first entry that
-    names no device (``-1``, an index out of range, an unknown UUID), and a device
-    listed twice makes CUDA see no device at all.
-    """
-
-    def __init__(self, nvml: ModuleType, count: int) -> None:
-        self._nvml = nvml
-        self._count = count
-        self._uuids: list[str] | None = None
-        self.mig_entries: dict[int, list[str]] = {}  # NVML index -> MIG entries naming it
-
-    def uuids(self) -> list[str]:
-        """All GPUs' UUIDs, fetched only when an entry names a UUID."""
-        if self._uuids is None:
-            nvml = self._nvml
-            self._uuids = [
-                _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)))
-                for i in range(self._count)
-            ]
-        return self._uuids
-
-    def by_uuid(self, text: str) -> int | None:
-        matches = [i for i, uuid in enumerate(self.uuids()) if uuid.startswith(text)]
-        exact = [i for i in matches if self.uuids()[i] == text]
-        if exact:
-            return exact[0]
-        return matches[0] if len(matches) == 1 else None
-
-    def by_mig(self, entry: str) -> int | None:
-        """The parent GPU of a MIG device: NVML measures energy per physical GPU."""
-        if entry.startswith("MIG-GPU-"):  # old form: MIG-GPU-<gpu uuid>/<gi>/<ci>
-            return self.by_uuid(entry[len("MIG-") :].split("/", 1)[0])
-        nvml = self._nvml
-        try:
-            mig = nvml.nvmlDeviceGetHandleByUUID(entry.encode())
-            parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
-            parent_uuid = _text(nvml.nvmlDeviceGetUUID(parent))
-        except nvml.NVMLError:
-            return None
-        return self.by_uuid(parent_uuid)
-
-    def resolve(self, spec: str | None) -> list[int]:
-        """NVML index of each CUDA ordinal (a GPU repeats when several of its MIGs are listed)."""
-        if spec is None:
-            return list(range(self._count))
-        ordinals: list[int] = []
-        entries: list[str] = []
-        for raw in spec.split(","):
-            entry = raw.strip()
-            index: int | None
-            if entry.startswith("MIG-"):
-                index = self.by_mig(entry)
-            elif entry.startswith("GPU-"):
-                index = self.by_uuid(entry)
-            else:
-                match = _INT_ENTRY.match(entry)
-                index = int(match.group(2)) if match and match.group(1) != "-" else None
-                if index is not None and index >= self._count:
-                    index = None
-            if index is None:
-                break
-            is_mig = entry.startswith("MIG-")
-            if entry in entries or (not is_mig and index in ordinals):
-                return []  # CUDA: a repeated device hides every device
-            if is_mig:
-                self.mig_entries.setdefault(index, []).append(entry)
-            entries.append(entry)
-            ordinals.append(index)
-        return ordinals
-
-
 class NvmlMeter(GpuMeter):
     """Energy of NVIDIA GPUs: the mJ counter where there is one, sampled power elsewhere."""
 
@@ -257,11 +139,11 @@ class NvmlMeter(GpuMeter):
     def __init__(self, options: MeterSettings | None = None) -> None:
         super().__init__()
         options = options or MeterSettings()
-        nvml = _import_pynvml()
         try:
-            init_library(nvml)
-        except MeterUnavailable as exc:
-            raise MeterUnavailable(BACKEND, f"{exc.reason}; {FALLBACK_HINT}") from exc
+            self._library = NvidiaLibrary()
+        except GpuDeviceError as exc:
+            raise MeterUnavailable(BACKEND, unavailable(exc, FALLBACK_HINT)) from exc
+        nvml = self._library.nvml
         self._nvml = nvml
         self._nvml_error: type[BaseException] = nvml.NVMLError
         try:
@@ -279,7 +161,7 @@ class NvmlMeter(GpuMeter):
         nvml = self._nvml
         spec = os.environ.get("CUDA_VISIBLE_DEVICES")
         count = int(nvml.nvmlDeviceGetCount())
-        visible = _Visible(nvml, count)
+        visible = CudaVisible(nvml, count)
         ordinals = visible.resolve(spec)
         if not ordinals:
             if spec is not None:
@@ -313,8 +195,8 @@ class NvmlMeter(GpuMeter):
         for index, ordinal in sorted(first_ordinal.items(), key=lambda kv: kv[1]):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             domain = f"gpu:{ordinal}"
-            name = _text(nvml.nvmlDeviceGetName(handle))
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            name = text(nvml.nvmlDeviceGetName(handle))
+            uuid = text(nvml.nvmlDeviceGetUUID(handle))
             why_sampled = self._counter_problem(handle)
             resolution_s: float | None
             if why_sampled is None:
@@ -369,11 +251,11 @@ class NvmlMeter(GpuMeter):
         # gpu:process where the driver keeps per-process SM utilization (counted=False:
         # a share of the GPUs' joules, beside them, as RAPL's cpu:process)
         self._roots = (os.getpid(), *options.attributed_pids)
-        self._attributed = tuple(
-            (d.domain, nvml.nvmlDeviceGetHandleByIndex(d.index))
+        gpus = [
+            NvidiaGpu(self._library, nvml.nvmlDeviceGetHandleByIndex(d.index), *d.identity())
             for d in devices
-            if self._keeps_process_utilization(nvml.nvmlDeviceGetHandleByIndex(d.index))
-        )
+        ]
+        self._attributed = tuple((g.domain, g) for g in gpus if _keeps_sm_samples(g))
         if self._attributed:  # windows without it pay nothing for it
             self._energy_j = self._attributed_energy_j  # type: ignore[method-assign]
             self._domains[GPU_PROCESS] = Domain(GPU_PROCESS, Method.ATTRIBUTED, counted=False)
@@ -381,17 +263,6 @@ class NvmlMeter(GpuMeter):
                 f"{GPU_PROCESS}: the GPUs' joules x this process tree's share of their SM "
                 "utilization per process (NVML), an attribution"
             )
-
-    def _keeps_process_utilization(self, handle: Any) -> bool:
-        nvml = self._nvml
-        get = getattr(nvml, "nvmlDeviceGetProcessUtilization", None)
-        if get is None:
-            return False
-        try:
-            get(handle, int(time.time() * 1e6))
-        except nvml.NVMLError as exc:
-            return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", 6)
-        return True
 
     def _counter_problem(self, handle: Any) -> str | None:
         """Why this GPU cannot use the energy counter, or None when it can."""
@@ -467,7 +338,7 @@ class NvmlMeter(GpuMeter):
 
     def _read(self) -> Reading:
         if "torch" in _modules:  # only a program using torch may have queued GPU work
-            sync_torch_gpus(self._cuda_ordinals)
+            sync_torch_gpus(self._cuda_ordinals, VENDOR.torch)
         try:
             sampler = self._sampler
             t = sampler.sample_now() if sampler is not None else perf_counter()
@@ -490,31 +361,25 @@ class NvmlMeter(GpuMeter):
         t0_us, t1_us = a.state[-1], b.state[-1]
         ours = tree_pids(self._roots)
         out[GPU_PROCESS] = sum(
-            out[domain] * sm_share(self._utilization(h, t0_us), ours, t1_us)
-            for domain, h in self._attributed
+            out[domain] * sm_share(_sm_samples(gpu, t0_us), ours, t1_us)
+            for domain, gpu in self._attributed
         )
         return out
 
-    def _utilization(self, handle: Any, since_us: int) -> list[Any]:
-        nvml = self._nvml
-        try:
-            return list(nvml.nvmlDeviceGetProcessUtilization(handle, since_us))
-        except nvml.NVMLError as exc:
-            if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", 6):
-                return []  # no sample since then
-            raise MeterError(f"NVML per-process utilization failed: {one_line(exc)}") from exc
-
     def _library_shutdown(self) -> None:
-        """nvmlShutdown exactly once per nvmlInit (NVML counts them)."""
-        with contextlib.suppress(self._nvml.NVMLError):
-            self._nvml.nvmlShutdown()
+        self._library.close()
 
 
-def visible_gpu_indices(nvml: ModuleType, gpus: Sequence[int] | None = None) -> list[int]:
-    """NVML indices of the physical GPUs CUDA sees (``CUDA_VISIBLE_DEVICES``), or of the
-    ones among them that ``gpus`` (CUDA ordinals, as ``--energy-gpus``) names: the GPUs
-    whose settings a sweep changes.  Needs NVML initialised."""
-    count = int(nvml.nvmlDeviceGetCount())
-    ordinals = _Visible(nvml, count).resolve(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    chosen = range(len(ordinals)) if gpus is None else [i for i in gpus if i < len(ordinals)]
-    return list(dict.fromkeys(ordinals[i] for i in chosen))
+def _keeps_sm_samples(gpu: NvidiaGpu) -> bool:
+    """Whether the driver keeps per-process SM utilization of this GPU."""
+    try:
+        return gpu.sm_samples(int(time.time() * 1e6)) is not None
+    except GpuDeviceError:
+        return False
+
+
+def _sm_samples(gpu: NvidiaGpu, since_us: int) -> tuple[SmSample, ...]:
+    try:
+        return gpu.sm_samples(since_us) or ()
+    except GpuDeviceError as exc:
+        raise MeterError(f"NVML per-process utilization failed: {exc}") from exc

@@ -58,7 +58,7 @@ from .torchrun import DISTRIBUTED, Distributed
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
 if TYPE_CHECKING:
-    from ..gpu.settings import GpuSetting
+    from ..conditions.settings import GpuSetting
     from ..llm.loader import ModelPool
     from ..serving.target import ServerTarget
 

@@ -18,6 +18,7 @@ import pytest
 
 from .. import values
 from ..axes import Axis, check_axes
+from ..conditions.settings import GPU_SETTING_AXIS
 from ..controller.order import shuffle_in_place, split_shards, token_cost
 from ..controller.rule import (
     DEFAULT_MAX_BACKGROUND,
@@ -29,7 +30,6 @@ from ..controller.rule import (
 from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
 from ..controller.targets import parse_ci_targets
 from ..errors import ConfigError
-from ..gpu.settings import GPU_SETTING_AXIS
 from ..llm.grid import CASE_AXES, INPUT_SWEEP, OUTPUT_SWEEP, PARALLEL_AXIS, LLMCase
 from .generating import LLMSettings
 from .measuring import header_lines

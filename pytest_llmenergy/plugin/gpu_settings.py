@@ -27,11 +27,9 @@ from typing import Any
 import pytest
 
 from .. import values
-from ..errors import ConfigError, LLMEnergyError
-from ..gpu.control import GpuControl, GpuControlError, ReadBack, StateFile, recover
-from ..gpu.device import VENDORS
-from ..gpu.isolation import MODES, describe, neighbours, own_roots
-from ..gpu.settings import (
+from ..conditions.control import GpuControl, GpuControlError, ReadBack, StateFile, recover
+from ..conditions.isolation import MODES, describe, neighbours, own_roots
+from ..conditions.settings import (
     CLOCK_EXAMPLES,
     GPU_SETTING_AXIS,
     POWER_EXAMPLES,
@@ -45,13 +43,15 @@ from ..gpu.settings import (
     resolve_clocks,
     resolve_power,
 )
-from ..gpu.telemetry import TrialTelemetry
-from ..gpu.thermal import (
+from ..conditions.telemetry import TrialTelemetry
+from ..conditions.thermal import (
     GpuTemperatures,
     ThermalSettling,
     gpu_temperatures_reader,
     wait_summary,
 )
+from ..errors import ConfigError, LLMEnergyError
+from ..gpu.device import VENDORS
 from ..results import CaseResult, ThermalWait
 from ..storage.store import NEW_FILE, AtomicFile
 from ..tables import render

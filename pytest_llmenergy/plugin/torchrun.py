@@ -37,6 +37,7 @@ from ..distributed import (
     per_process,
 )
 from ..errors import ConfigError
+from ..gpu.device import gpu_backend
 from ..meters import Meter, MeterFactory, open_meter
 from ..results import CaseResult
 from .measuring import Metering
@@ -57,7 +58,8 @@ def rank_options(options: PluginSettings, env: DistEnv, gpus: int) -> PluginSett
     if gpus and meter.gpus is None:
         meter = dataclasses.replace(meter, gpus=(env.local_rank % gpus,))
     if not env.reads_host:
-        measure = dataclasses.replace(measure, backend="nvml" if gpus else RANK_BACKEND)
+        backend = gpu_backend(measure.backend) if gpus else RANK_BACKEND  # its GPU alone
+        measure = dataclasses.replace(measure, backend=backend)
     controller = dataclasses.replace(options.controller, max_background=None)
     return dataclasses.replace(options, meter=meter, measure=measure, controller=controller)
 

@@ -22,10 +22,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..conditions.isolation import OWN_ROOTS_ENV
 from ..controller.rule import RULES
 from ..errors import MeterUnavailable
 from ..figures import value
-from ..gpu.isolation import OWN_ROOTS_ENV
 from ..storage.runfile import RunFileError, load
 from ..suite import FILES
 from . import meter_probe
@@ -154,9 +154,13 @@ def pytest_cmd(plan: Plan, files: Sequence[str], *extra: str) -> list[str]:
 # -- the machine --------------------------------------------------------------------------
 def open_nvml() -> tuple[Any, Any]:
     """pynvml, initialised, and the first visible GPU's handle; MeterUnavailable: none."""
-    from ..meters.nvml import init_library, visible_gpu_indices
+    from ..gpu.device import GpuDeviceError
+    from ..gpu.nvidia import init_library, visible_gpu_indices
 
-    nvml = init_library()
+    try:
+        nvml = init_library()
+    except GpuDeviceError as exc:
+        raise MeterUnavailable("nvml", str(exc)) from exc
     indices = visible_gpu_indices(nvml)
     if not indices:
         raise MeterUnavailable("nvml", "NVML found no NVIDIA GPU")

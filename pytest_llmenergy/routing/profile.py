@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..conditions.settings import GPU_LABELS, SETTING_LABEL
 from ..errors import ConfigError
-from ..gpu.settings import GPU_LABELS, SETTING_LABEL
 from ..results import CaseResult
 from ..storage.runfile import Run
 

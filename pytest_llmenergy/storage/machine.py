@@ -9,7 +9,6 @@ Every probe here is read-only and best effort: a missing tool or library leaves 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import platform
@@ -19,12 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path, PurePath
-from types import ModuleType
 from typing import Any, TypeVar
 
 import psutil
 
-from ..errors import MeterUnavailable
+from ..gpu.device import VENDORS, open_library
 from ..meters.cpu_tdp import cpu_brand
 
 __all__ = [
@@ -52,7 +50,6 @@ GIT_TIMEOUT_S = 5.0
 KEY_SEPARATOR = "__"
 MAX_PART = 60  # characters per hardware-key part
 _HASH_LEN = 8  # hex digits kept from a too-long part's hash, so capped parts stay distinct
-_NO_GPU_INFO = "no NVIDIA GPU info"
 
 _TRADEMARK = re.compile(r"\((?:r|tm)\)")
 _FREQUENCY = re.compile(r"@\s*\d+(?:\.\d+)?\s*[gmk]?hz")
@@ -64,11 +61,6 @@ T = TypeVar("T")
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _text(value: str | bytes) -> str:
-    """Old nvidia-ml-py releases return ``bytes``, newer ones ``str``."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _probe(notes: list[str], what: str, fn: Callable[[], T], default: T) -> T:
@@ -148,118 +140,33 @@ def cpu_caches(root: str = _CACHE_ROOT) -> dict[str, int]:
 
 
 def gpu_info() -> tuple[list[dict[str, Any]], str | None]:
-    """NVIDIA GPUs as NVML reports them (else AMD GPUs as amdsmi does), and a note when
-    there are none to report.
+    """The GPUs of the first vendor (``gpu.device.VENDORS``, in order) whose library
+    lists some, as that library reports them, and a note when there are none to report
+    (the first vendor's reason).
 
     Only queries: no GPU setting is changed.  A field the driver cannot give is None.
     """
-    gpus, note = _nvidia_gpus()
-    if gpus:
-        return gpus, note
-    amd = _amd_gpus()
-    return (amd, None) if amd else (gpus, note)
+    first_note: str | None = None
+    for vendor in VENDORS:
+        rows, note = _vendor_gpus(vendor.name)
+        if rows:
+            return rows, note
+        if first_note is None:
+            first_note = f"no {vendor.label} GPU info: {note}"
+    return [], first_note
 
 
-def _amd_gpus() -> list[dict[str, Any]]:
-    """AMD GPUs through the device layer (amdsmi), as the meter numbers them; none
-    where amdsmi is missing or fails."""
-    from ..gpu.device import GpuDeviceError, open_library
-
+def _vendor_gpus(vendor: str) -> tuple[list[dict[str, Any]], str | None]:
     try:
-        library = open_library("amd")
-    except (GpuDeviceError, ImportError):
-        return []
+        library = open_library(vendor)
+    except Exception as exc:  # a broken install is no reason to lose the run
+        return [], _one_line(exc)
     try:
-        out = []
-        for i, d in enumerate(library.devices()):
-            limit = contextlib.suppress(GpuDeviceError)
-            row = dict.fromkeys(_GPU_FIELDS, None) | {"index": i, "name": d.name, "uuid": d.uuid}
-            with limit:
-                row["power_limit_w"] = d.power_limit_w()
-            with limit:
-                row["default_power_limit_w"] = d.power_limits().default_w
-            out.append(row)
-        return out
-    except GpuDeviceError:
-        return []
+        return library.machine_rows()
+    except Exception as exc:
+        return [], _one_line(exc)
     finally:
         library.close()
-
-
-def _nvidia_gpus() -> tuple[list[dict[str, Any]], str | None]:
-    from ..meters.nvml import init_library
-
-    try:
-        pynvml = init_library()
-    except MeterUnavailable as exc:
-        return [], f"{_NO_GPU_INFO}: {exc.reason}"
-    except Exception as exc:  # a broken install is no reason to lose the run
-        return [], f"{_NO_GPU_INFO}: {_one_line(exc)}"
-    try:
-        return _read_gpus(pynvml)
-    except Exception as exc:
-        return [], f"{_NO_GPU_INFO}: {_one_line(exc)}"
-    finally:
-        with contextlib.suppress(Exception):  # nothing left to do if shutdown fails
-            pynvml.nvmlShutdown()
-
-
-_GPU_FIELDS = (
-    "index",
-    "name",
-    "uuid",
-    "memory_bytes",
-    "power_limit_w",
-    "default_power_limit_w",
-    "sm_clock_mhz",
-    "driver",
-)
-
-
-def _read_gpus(nvml: ModuleType) -> tuple[list[dict[str, Any]], str | None]:
-    nvml_error: type[BaseException] = getattr(nvml, "NVMLError", Exception)
-
-    def field(fn: Callable[[], T]) -> T | None:
-        try:
-            return fn()
-        except (nvml_error, AttributeError):  # AttributeError: an old nvidia-ml-py lacks it
-            return None
-
-    driver = field(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
-    count = int(nvml.nvmlDeviceGetCount())
-    if count == 0:
-        return [], f"{_NO_GPU_INFO}: NVML sees no GPU (driver {driver})"
-    sm_clock = getattr(nvml, "NVML_CLOCK_SM", 1)
-    gpus: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for i in range(count):
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        except nvml_error as exc:
-            problems.append(f"GPU {i}: {_one_line(exc)}")
-            handle = None
-        if handle is None:
-            gpus.append(dict.fromkeys(_GPU_FIELDS, None) | {"index": i, "driver": driver})
-            continue
-        gpus.append(
-            {
-                "index": i,
-                "name": field(lambda h=handle: _text(nvml.nvmlDeviceGetName(h))),
-                "uuid": field(lambda h=handle: _text(nvml.nvmlDeviceGetUUID(h))),
-                "memory_bytes": field(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).total)),
-                "power_limit_w": field(
-                    lambda h=handle: nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0
-                ),
-                "default_power_limit_w": field(
-                    lambda h=handle: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0
-                ),
-                "sm_clock_mhz": field(
-                    lambda h=handle: int(nvml.nvmlDeviceGetMaxClockInfo(h, sm_clock))
-                ),
-                "driver": driver,
-            }
-        )
-    return gpus, "; ".join(problems) or None
 
 
 # -- software --------------------------------------------------------------------------

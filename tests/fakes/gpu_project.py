@@ -185,7 +185,7 @@ def install(vendor: str | None = None) -> Any:
     windows on the fake GPU's clock."""
     import importlib
 
-    import pytest_llmenergy.gpu.thermal as thermal
+    import pytest_llmenergy.conditions.thermal as thermal
 
     name, meter, make = _vendor(vendor)
     module = make()
@@ -211,8 +211,8 @@ def install_for_test(monkeypatch: Any) -> Any:
     module = make()
     monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(f"{meter}.perf_counter", module.fake.clock)
-    monkeypatch.setattr("pytest_llmenergy.gpu.thermal.monotonic", module.fake.clock)
-    monkeypatch.setattr("pytest_llmenergy.gpu.thermal.sleep", virtual_sleep(module.fake))
+    monkeypatch.setattr("pytest_llmenergy.conditions.thermal.monotonic", module.fake.clock)
+    monkeypatch.setattr("pytest_llmenergy.conditions.thermal.sleep", virtual_sleep(module.fake))
     return module
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy.gpu.control import GpuControl, StateFile
-from pytest_llmenergy.gpu.settings import AUTO_CLOCK, GpuSetting
-from pytest_llmenergy.gpu.telemetry import TrialTelemetry
+from pytest_llmenergy.conditions.control import GpuControl, StateFile
+from pytest_llmenergy.conditions.settings import AUTO_CLOCK, GpuSetting
+from pytest_llmenergy.conditions.telemetry import TrialTelemetry
 from pytest_llmenergy.llm.loader import load_model
 from tests.fakes.fake_pynvml import install_fake_pynvml
 from tests.fakes.gpu_project import make_gpu

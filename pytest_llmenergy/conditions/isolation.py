@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from ..gpu.device import GpuDevice, GpuDeviceError
 from ..meters.process_tree import tree_pids
 from ..results import GpuNeighbour
-from .device import GpuDevice, GpuDeviceError
 
 MODES = ("warn", "error", "off")
 # Set by the launchers whose other processes belong to the same measurement.

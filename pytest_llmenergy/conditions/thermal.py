@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError
+from ..gpu.device import GpuDeviceError, open_gpus, vendor_labels
 from ..results import ThermalWait
-from .device import VENDORS, GpuDeviceError, open_gpus
 
 Temperatures = Callable[[], list[float | None]]
 
@@ -79,7 +79,7 @@ def gpu_temperatures_reader(
 def _no_temperature(why: str) -> str:
     return (
         f"no GPU temperature can be read here ({why}): run on a machine with a GPU of a "
-        f"known vendor ({', '.join(v.label for v in VENDORS)}), or leave out "
+        f"known vendor ({vendor_labels()}), or leave out "
         "--energy-thermal-tolerance"
     )
 

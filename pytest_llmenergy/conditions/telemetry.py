@@ -14,8 +14,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from ..gpu.device import GPU_IDLE, GpuDevice
 from ..results import GpuNeighbour, GpuTelemetry
-from .device import GPU_IDLE, GpuDevice
 from .isolation import neighbours
 
 # Clock-event reason bits (nvmlClocksEventReason*), by the name a trial records.

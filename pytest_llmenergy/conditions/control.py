@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LLMEnergyError
-from .device import GpuDevice, GpuDeviceError, GpuLibrary, one_line, open_gpus, open_library
+from ..gpu.device import (
+    GpuDevice,
+    GpuDeviceError,
+    GpuLibrary,
+    one_line,
+    open_gpus,
+    open_library,
+    vendor_labels,
+)
 from .settings import AUTO_CLOCK, GpuLimits, GpuSetting
 
 STATE_ENV = "LLMENERGY_GPU_STATE"
@@ -149,7 +157,8 @@ class GpuControl:
         except GpuDeviceError as exc:
             raise GpuControlError(
                 f"GPU settings and telemetry need the GPU vendor's library, which could not "
-                f"start ({exc}): run on a machine with an NVIDIA or AMD driver, or leave out "
+                f"start ({exc}): run on a machine with a GPU of a known vendor "
+                f"({vendor_labels()}), or leave out "
                 "--energy-gpu-power-limits, --energy-gpu-clocks and --energy-gpu-telemetry"
             ) from None
         self.state = state
