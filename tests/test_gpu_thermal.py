@@ -312,8 +312,9 @@ def test_the_ini_twin_sets_it_too(pytester: pytest.Pytester, hot_gpu: Any) -> No
             ["--energy-thermal-tolerance=2"],
             "*--energy-thermal-tolerance: no GPU temperature can be read here (nvidia: "
             "nvidia-ml-py is not installed: *; amd: the amdsmi Python package is not "
-            "installed: *): run on a machine with a GPU of a known vendor (NVIDIA, AMD), or "
-            "leave out --energy-thermal-tolerance",
+            "installed: *; jetson: no INA3221 power monitor under *): run on a machine with a "
+            "GPU of a known vendor (NVIDIA, AMD, NVIDIA Jetson), or leave out "
+            "--energy-thermal-tolerance",
         ),
     ],
 )

@@ -302,6 +302,7 @@ def _anchor(name: str) -> str:
 # -- meters -----------------------------------------------------------------------------
 def meters_page() -> str:
     from pytest_llmenergy import meters
+    from pytest_llmenergy.gpu.device import vendor_named
 
     parts = [
         "# Meters\n",
@@ -311,8 +312,10 @@ def meters_page() -> str:
         table(
             ("backend", "module", "in short"),
             (
-                (f"[`{name}`](#{name})", code(target.split(":")[0]), _first_line(target))
+                (f"[`{name}`](#{name})", code(target.split(":")[0]), _first_line(about))
                 for name, target in meters.BUILTIN_BACKENDS.items()
+                # a vendor the device meter reads: its module says what it is
+                for about in [target if target != meters.DEVICE_METER else _library(name)]
             ),
         ),
     ]
@@ -321,7 +324,18 @@ def meters_page() -> str:
         module = importlib.import_module(module_name)  # vendor libraries load only on open
         parts.append(f"## `{name}` {{#{name}}}\n")
         parts.append(rst_to_md(inspect.getdoc(module) or "") + "\n")
+        if target == meters.DEVICE_METER:  # a GPU vendor measured through the device layer
+            library = importlib.import_module(_library(name).partition(":")[0])
+            parts.append(f"### {vendor_named(name).label}\n")
+            parts.append(rst_to_md(inspect.getdoc(library) or "") + "\n")
     return "\n".join(parts)
+
+
+def _library(backend: str) -> str:
+    """``module:class`` of the device layer's library of a GPU backend."""
+    from pytest_llmenergy.gpu.device import vendor_named
+
+    return vendor_named(backend).library
 
 
 def _first_line(target: str) -> str:

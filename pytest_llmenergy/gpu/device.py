@@ -229,6 +229,7 @@ class Vendor:
 VENDORS = (
     Vendor("nvidia", "nvml", "pytest_llmenergy.gpu.nvidia:NvidiaLibrary", "NVIDIA"),
     Vendor("amd", "amdsmi", "pytest_llmenergy.gpu.amd:AmdLibrary", "AMD"),
+    Vendor("jetson", "jetson", "pytest_llmenergy.gpu.jetson:JetsonLibrary", "NVIDIA Jetson"),
 )
 
 
