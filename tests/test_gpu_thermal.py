@@ -20,6 +20,7 @@ from pytest_llmenergy.conditions.thermal import (
     wait_summary,
 )
 from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.gpu.device import vendor_labels
 from pytest_llmenergy.results import ThermalWait
 from pytest_llmenergy.storage.runfile import loads
 from tests.fakes.fake_amdsmi import build_fake_amdsmi, mi210, mi300x
@@ -312,9 +313,8 @@ def test_the_ini_twin_sets_it_too(pytester: pytest.Pytester, hot_gpu: Any) -> No
             ["--energy-thermal-tolerance=2"],
             "*--energy-thermal-tolerance: no GPU temperature can be read here (nvidia: "
             "nvidia-ml-py is not installed: *; amd: the amdsmi Python package is not "
-            "installed: *; jetson: no INA3221 power monitor under *): run on a machine with a "
-            "GPU of a known vendor (NVIDIA, AMD, NVIDIA Jetson), or leave out "
-            "--energy-thermal-tolerance",
+            f"installed: *): run on a machine with a GPU of a known vendor ({vendor_labels()}), "
+            "or leave out --energy-thermal-tolerance",
         ),
     ],
 )
