@@ -7,9 +7,11 @@ through amdsmi, ``jetson.py`` through the INA3221 power monitor's sysfs files);
 backend, the ``auto`` meter's GPU order, the thermal reader, the machine record and the
 ranks of a torchrun job all follow the row.  A vendor module imports its library only
 when its GPUs are opened, initialises it in one place (its ``init_library``, where it
-has one), and turns every error of it into ``GpuDeviceError``: nothing outside this
-folder knows pynvml, amdsmi or a sysfs path.  Units are the project's everywhere:
-watts, joules, MHz, °C, whatever the vendor counts in.
+has one), and turns every error of it into ``GpuDeviceError``.  Outside this folder only
+the NVIDIA and AMD meters (``meters/nvml.py``, ``meters/amdsmi.py``) call a vendor
+library, through the module and the handles this layer opened them, for what only they
+need (the counters' checks, power fields, MIG, MI250 dies).  Units are the project's
+everywhere: watts, joules, MHz, °C, whatever the vendor counts in.
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ def machine_busy_cpu_seconds(cpu_times: Callable[[], Any] = psutil.cpu_times) ->
 
 def tree_pids(roots: tuple[int, ...]) -> set[int]:
     """Every live process in the trees of ``roots`` (the roots included): whose GPU use
-    is this session's own (gpu/isolation.py)."""
+    is this session's own (conditions/isolation.py)."""
     out: set[int] = set()
     for pid in roots:
         try:
