@@ -735,3 +735,51 @@ def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -
     line = busy_line({BASE: {"t": busy}})
     assert "busy with other work in" in line and "left out of the pairs" in line
     assert busy_line({BASE: {"t": result}}) == ""
+
+
+# -- issue 44, item 2: no verdict on a case's own interval that spans the gate widely --------
+def test_a_case_borrows_the_pool_only_as_far_as_its_own_pairs_agree_with_it() -> None:
+    from pytest_llmenergy.pairing.turns import Pool, consistent
+
+    pool = Pool(0.03**2, 40.0)
+    assert consistent(0.03**2, 1.0, pool)  # as noisy as the pool
+    assert consistent(0.06**2, 3.0, pool)  # twice its spread over three df: could be
+    assert not consistent(0.25**2, 1.0, pool)  # eight times: these pairs are not the pool's
+    assert not consistent(0.1**2, 3.0, pool)
+
+
+def test_two_pairs_of_noise_never_pass_a_case_on_borrowed_noise() -> None:
+    """Seen on 2026-11-26 (issue 44): +9 % regressions "decided" after two pairs reading
+    head/base 0.67 and 0.86, their own interval [0.38, 1.75]; and on an H100 an A/A case
+    passed on 4 pairs with its interval from -33 % to -1 %."""
+    from pytest_llmenergy.pairing.turns import Pool
+
+    pool = {"j_per_token": Pool(0.03**2, 40.0)}
+    noise = [math.log(0.67), math.log(0.86)]
+    d = _decide(noise, pools=pool)  # type: ignore[arg-type]
+    assert not d.stop and d.too_wide == ("j_per_token",)  # type: ignore[attr-defined]
+    # at its limit still that wide: stopped, undecided, and it says which gate
+    limited = _decide(noise, pools=pool, attempted_pairs=25)  # type: ignore[arg-type]
+    assert limited.stop and not limited.decided  # type: ignore[attr-defined]
+    assert limited.too_wide == ("j_per_token",)  # type: ignore[attr-defined]
+    # a case whose pairs agree with each other and the pool still passes on one block
+    calm = [math.log(1.004), math.log(0.99)]
+    assert _decide(calm, pools=pool).decided  # type: ignore[arg-type, attr-defined]
+
+
+def test_an_undecided_case_is_reported_so_and_strict_fails_on_it() -> None:
+    import dataclasses
+
+    from pytest_llmenergy.compare import UNDECIDED, verdict_lines
+    from tests.casefactory import make_case
+
+    base, head = make_case([1.0, 1.3, 0.8]), make_case([0.7, 1.2, 0.9])
+    c = compare_cases([base], [head], gates=parse_gates("energy_j:5%"), normalize=False)
+    c = dataclasses.replace(
+        c, deltas=tuple(dataclasses.replace(d, undecided=True) for d in c.deltas)
+    )
+    assert [d.verdict for d in c.deltas] == [UNDECIDED]
+    assert not c.failed and c.unsure  # --strict fails on it
+    assert "1 undecided: their own pairs still spanned several gates" in " ".join(
+        verdict_lines(c)
+    )

@@ -377,6 +377,16 @@ class Coordinator:
         if case.decision.stop:
             self.log(self._progress(case))
 
+    def too_wide(self) -> set[tuple[str, str]]:
+        """(node id, figure) of the cases that stopped at a limit with their own pairs
+        too wide to pass on (``turns.OWN_SPAN_GATES``): undecided, not passed."""
+        return {
+            (case.nodeid, metric)
+            for case in self.cases.values()
+            if case.decision is not None and not case.decision.decided
+            for metric in case.decision.too_wide
+        }
+
     def _pools(self, case: PairedCase) -> dict[str, Pool]:
         """Each figure's variance of a pair's difference, over the cases already stopped."""
         done = [c for c in self.cases.values() if c is not case and c.stopped]
