@@ -780,6 +780,4 @@ def test_an_undecided_case_is_reported_so_and_strict_fails_on_it() -> None:
     )
     assert [d.verdict for d in c.deltas] == [UNDECIDED]
     assert not c.failed and c.unsure  # --strict fails on it
-    assert "1 undecided: their own pairs still spanned several gates" in " ".join(
-        verdict_lines(c)
-    )
+    assert "1 undecided: their own pairs still spanned several gates" in " ".join(verdict_lines(c))
