@@ -79,7 +79,7 @@ SMOKE = Plan(
     gate_share=0.5,
     gate_tokens=(8, 32),
     work_model="tiny-llama",
-    caps_s={"suite": 60.0, "settings": 60.0, "gate": 90.0, "work": 60.0},
+    caps_s={"suite": 60.0, "settings": 60.0, "gate": 120.0, "work": 60.0},
     extra_args=("--energy-max-background=off", "--energy-max-trials=3", "--energy-warmup=0"),
     ab_args=("--confirm", "off"),
     gate_args=(
