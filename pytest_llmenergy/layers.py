@@ -12,7 +12,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("values", "stats", "meters"),
     ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
     ("figures", "explain"),
-    ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec"),
+    ("report", "compare", "controller", "llm", "gpu", "distributed", "hookspec", "leaderboards"),
     ("storage", "serving", "export"),
     ("routing", "history"),
     ("frontier", "scale", "predict", "gatecheck", "pairing", "check"),
