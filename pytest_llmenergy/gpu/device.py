@@ -107,11 +107,6 @@ class GpuDevice(ABC):
         except GpuDeviceError:
             return None
 
-    def process_sm_shares(self, since_s: float) -> dict[int, float] | None:
-        """Each process's share of the SM time since ``since_s`` (the driver's clock, s
-        since the epoch), 0..1; None where the driver keeps no per-process utilization."""
-        return None
-
 
 class GpuLibrary(ABC):
     """A vendor's library, opened: the GPUs the framework sees, and finding one again."""

@@ -16,7 +16,7 @@ from ..meters.nvml import visible_gpu_indices
 from .device import GpuDevice, GpuDeviceError, GpuLibrary, GpuProcess, PowerLimits, one_line
 
 T = TypeVar("T")
-_NO_PERMISSION, _NOT_SUPPORTED, _NOT_FOUND = 4, 3, 6  # NVML_ERROR_*, if pynvml lacks one
+_NO_PERMISSION, _NOT_SUPPORTED = 4, 3  # NVML_ERROR_*, if pynvml lacks one
 _POLICY_POWER, _POLICY_THERMAL = 0, 1
 _MIB = 1024 * 1024
 
@@ -186,20 +186,3 @@ class NvidiaGpu(GpuDevice):
             return _text(self._call(get, pid)) if get is not None else ""
         except GpuDeviceError:
             return ""
-
-    def process_sm_shares(self, since_s: float) -> dict[int, float] | None:
-        """NVML's per-process SM utilization samples since ``since_s``, averaged per pid."""
-        get = getattr(self._nvml, "nvmlDeviceGetProcessUtilization", None)
-        if get is None:
-            return None
-        nvml = self._nvml
-        try:
-            samples = get(self.handle, int(since_s * 1e6))
-        except nvml.NVMLError as exc:
-            if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_FOUND", _NOT_FOUND):
-                return {}  # no sample since then: nobody used the SMs
-            return None
-        per_pid: dict[int, list[float]] = {}
-        for s in samples:
-            per_pid.setdefault(int(s.pid), []).append(float(s.smUtil) / 100)
-        return {pid: sum(v) / len(v) for pid, v in per_pid.items()}
