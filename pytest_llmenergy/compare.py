@@ -94,6 +94,9 @@ UNSTABLE = "unstable: no steady window"
 OTHER_MODEL = "another model config"
 # A paired run's FAIL that fresh processes of both sides did not repeat (llmenergy ab).
 UNCONFIRMED = "not confirmed"
+# A paired run's case whose own pairs still spanned several gates when its limit came: it
+# passed nothing (``pairing.turns.OWN_SPAN_GATES``).
+UNDECIDED = "undecided: its pairs disagree"
 # What a gate on a counted figure rests on (``Figure.exact``).
 EXACT_EVIDENCE = (
     "no noise (the same code, inputs and library versions count the same work in every "
@@ -152,6 +155,9 @@ class Delta:
     # A counted figure (``Figure.exact``): one value per side, no noise, so any change
     # is real and a worsening beyond the gate fails with no test.
     exact: bool = False
+    # A paired run's case that stopped at its limit with its own pairs spanning several
+    # gates: not passed on the noise it borrowed from other cases.
+    undecided: bool = False
 
     @property
     def change(self) -> float:
@@ -220,6 +226,8 @@ class Delta:
             return UNRESOLVED
         if self.unstable:
             return UNSTABLE
+        if self.undecided and not self.failed:
+            return UNDECIDED
         if not self.exceeded:
             return OK
         if self.exact:
@@ -435,8 +443,13 @@ class Comparison:
         """Something a gate could not judge: what ``--energy-strict`` fails on (cases on
         one side only among it: a gate must not pass by leaving cases out)."""
         one_sided = self.only_in_baseline or self.only_in_current
+        undecided = any(d.verdict == UNDECIDED for d in self.deltas)
         return bool(self.gates) and bool(
-            self.inconclusive or self.busy_unmeasured or self.meters_differ or one_sided
+            self.inconclusive
+            or self.busy_unmeasured
+            or self.meters_differ
+            or one_sided
+            or undecided
         )
 
     def shown_verdict(self, d: Delta) -> str:
@@ -970,6 +983,12 @@ def _verdict(c: Comparison) -> str:
     other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
     if other:
         extra += f"; {other} not gated: the model of that name has another config"
+    undecided = sorted({d.name for d in c.deltas if d.verdict == UNDECIDED})
+    if undecided:
+        extra += (
+            f"; {len(undecided)} undecided: their own pairs still spanned several gates at "
+            f"their limit (more --energy-max-trials, or a quieter machine): {_listed(undecided)}"
+        )
     unconfirmed = sorted({d.name for d in c.deltas if d.verdict == UNCONFIRMED})
     if unconfirmed:
         extra += (

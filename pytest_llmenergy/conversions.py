@@ -23,6 +23,8 @@ J_PER_KWH = 3.6e6
 # Keys of CaseResult.conversions
 G_PER_KWH = "g_co2e_per_kwh"
 PRICE_PER_KWH = "price_per_kwh"
+# The option that gives each of them, for a message that asks for it.
+CONVERSION_OPTIONS = {G_PER_KWH: "--energy-carbon-intensity", PRICE_PER_KWH: "--energy-price"}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A run's figures for other tools: CI dashboards (github-action-benchmark, Bencher) and CSV.
+"""A run's figures for other tools: CI dashboards (github-action-benchmark, Bencher), CSV,
+and the leaderboards' shapes (AI Energy Score, ML.ENERGY: ``leaderboards.py``).
 
 ``github-action-benchmark`` is the JSON that the GitHub Action of the same name reads with
 ``tool: customSmallerIsBetter``: one entry per case (named by its node id) and figure,
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 from .figures import FIGURES
+from .leaderboards import ai_energy_score, mlenergy_records
 from .report import case_tables
 from .results import CaseResult
 from .tables import fmt_number, render
@@ -24,7 +28,8 @@ from .tables import fmt_number, render
 GITHUB_ACTION_BENCHMARK = "github-action-benchmark"
 BENCHER = "bencher"
 CSV = "csv"
-EXPORT_FORMATS = (GITHUB_ACTION_BENCHMARK, BENCHER, CSV)
+AI_ENERGY_SCORE = "ai-energy-score"
+MLENERGY = "mlenergy"
 # Bencher's limits: a benchmark's name at most 1024 characters, a measure's 64.
 BENCHER_NAME_MAX = 1024
 # What a dashboard charts per case: the research's energy per token, then per query.
@@ -89,14 +94,58 @@ def _bencher_name(nodeid: str) -> str:
     return f"{nodeid[: BENCHER_NAME_MAX - 18]}~{digest}"
 
 
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export: its name (``FORMAT`` of ``FORMAT:PATH``), what it is for, and the text
+    it makes of a run's cases."""
+
+    name: str
+    help: str
+    text: Callable[[Sequence[CaseResult]], str]
+
+
+EXPORTS: dict[str, ExportFormat] = {
+    f.name: f
+    for f in (
+        ExportFormat(
+            GITHUB_ACTION_BENCHMARK,
+            "customSmallerIsBetter entries for the github-action-benchmark Action",
+            lambda r: _json(dashboard_entries(r)),
+        ),
+        ExportFormat(BENCHER, "Bencher Metric Format", lambda r: _json(bencher_metrics(r))),
+        ExportFormat(
+            CSV,
+            "every figure of every case",
+            lambda r: render(case_tables(r, columns=list(FIGURES), group_by=()), "csv"),
+        ),
+        ExportFormat(
+            AI_ENERGY_SCORE,
+            "AI Energy Score's figure per model: GPU Wh per 1,000 queries at batch 1, CPU "
+            "and DRAM beside it",
+            lambda r: _json(ai_energy_score(r)),
+        ),
+        ExportFormat(
+            MLENERGY,
+            "ML.ENERGY-style records per configuration: J per output token and per "
+            "response, throughput, power, throughput per watt, validity",
+            lambda r: _json(mlenergy_records(r)),
+        ),
+    )
+}
+EXPORT_FORMATS = tuple(EXPORTS)
+
+
 def export_text(results: Sequence[CaseResult], fmt: str) -> str:
-    if fmt == GITHUB_ACTION_BENCHMARK:
-        return json.dumps(dashboard_entries(results), indent=2, allow_nan=False) + "\n"
-    if fmt == BENCHER:
-        return json.dumps(bencher_metrics(results), indent=2, allow_nan=False) + "\n"
-    if fmt == CSV:
-        return render(case_tables(results, columns=list(FIGURES), group_by=()), "csv")
-    raise ConfigError(f"unknown export format {fmt!r}; choose from: {', '.join(EXPORT_FORMATS)}")
+    try:
+        return EXPORTS[fmt].text(results)
+    except KeyError:
+        raise ConfigError(
+            f"unknown export format {fmt!r}; choose from: {', '.join(EXPORT_FORMATS)}"
+        ) from None
 
 
 def parse_exports(text: str) -> tuple[tuple[str, Path], ...]:

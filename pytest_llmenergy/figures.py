@@ -23,13 +23,22 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .conversions import G_PER_KWH, J_PER_KWH, PRICE_PER_KWH
 from .errors import ConfigError
 from .meters.base import PROCESS_DOMAIN
-from .results import DECODE, PREFILL, PREFILL_PASSES, STEADY, CaseResult, Trial, work_tokens
+from .results import (
+    DECODE,
+    PREFILL,
+    PREFILL_PASSES,
+    STEADY,
+    TRIALS,
+    CaseResult,
+    Trial,
+    work_tokens,
+)
 from .stats import Summary, summarize
 
 Value = int | float | str | bool | None
@@ -67,10 +76,10 @@ class Figure:
     phase: str | None = None
     # "trials", or "prefill_passes": prefill-only passes repeated back to back in windows
     # long enough for the meter, one value per window
-    source: str = "trials"
-    # A case's factor on every trial value (a session's gCO2e or price per kWh); a case
-    # without it (None) does not have the figure.
-    factor: Callable[[CaseResult], float | None] | None = None
+    source: str = TRIALS
+    # The key of the case's ``conversions`` (its session's gCO2e or price per kWh) that
+    # multiplies every trial value; a case without that factor does not have the figure.
+    conversion: str | None = None
     # The joules of one family of domains ("gpu", "cpu", "dram") in a trial, and the figure
     # made of them: ``gpu_j``, ``gpu_j_per_token``.  Which domains count is the meter's
     # (a core inside a package does not), so the value needs the case's ``counted``.
@@ -97,21 +106,41 @@ class Figure:
             return formula(math.fsum(joules), t) if joules else None
         return self.trial(t) if self.trial is not None else None
 
-    def trial_values(self, r: CaseResult) -> list[float] | None:
-        """Every trial's value; None when a trial lacks it or there are no trials."""
-        trials = r.prefill_passes if self.source == PREFILL_PASSES else r.trials
-        if not self.per_trial or not trials:
+    def values_of(
+        self,
+        trials: Sequence[Trial],
+        *,
+        counted: Mapping[str, bool] | None = None,
+        conversions: Mapping[str, float] | None = None,
+        prefill_passes: Sequence[Trial] = (),
+    ) -> list[float] | None:
+        """Every trial's value, from the trials (or prefill passes: ``source``) of a case
+        still being measured or paired as well as of a finished one: the one place a
+        per-trial value is computed.  ``counted``: domain -> in the totals? (a family
+        figure); ``conversions``: the session's factors per kWh (co2_g, cost).  None when
+        a trial lacks the figure, there are no trials, or its factor is not given."""
+        chosen = prefill_passes if self.source == PREFILL_PASSES else trials
+        if not self.per_trial or not chosen:
             return None
         scale = 1.0
-        if self.factor is not None:
-            found = self.factor(r)
+        if self.conversion is not None:
+            found = (conversions or {}).get(self.conversion)
             if found is None:
                 return None
             scale = found
-        values = [self.of_trial(t, r.counted) for t in trials]
+        values = [self.of_trial(t, counted) for t in chosen]
         if any(v is None or not math.isfinite(v) for v in values):
             return None
         return [float(v) * scale for v in values if v is not None]
+
+    def trial_values(self, r: CaseResult) -> list[float] | None:
+        """Every trial's value in a finished case (``values_of`` its trials)."""
+        return self.values_of(
+            r.trials,
+            counted=r.counted,
+            conversions=r.conversions,
+            prefill_passes=r.prefill_passes,
+        )
 
     def summary(self, r: CaseResult) -> Summary | None:
         values = self.trial_values(r)
@@ -185,13 +214,6 @@ def _family(domain: str) -> str:
     if domain.startswith("cpu:"):
         return "cpu"
     return "other"
-
-
-def _conversion(key: str) -> Callable[[CaseResult], float | None]:
-    def factor(r: CaseResult) -> float | None:
-        return r.conversions.get(key)
-
-    return factor
 
 
 def _resource(attr: str, scale: float = 1.0) -> Callable[[CaseResult], float | None]:
@@ -558,7 +580,7 @@ FIGURES: dict[str, Figure] = {
             "grams of CO2-equivalent per query: joules / 3.6e6 x the session's gCO2e/kWh "
             "(--energy-carbon-intensity)",
             trial=lambda t: t.joules / t.queries / J_PER_KWH,
-            factor=_conversion(G_PER_KWH),
+            conversion=G_PER_KWH,
             energy=True,
             priority=6,
         ),
@@ -568,7 +590,7 @@ FIGURES: dict[str, Figure] = {
             "g",
             "grams of CO2-equivalent per 1,000 tokens (input + output)",
             trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.total_tokens),
-            factor=_conversion(G_PER_KWH),
+            conversion=G_PER_KWH,
             energy=True,
             priority=5,
         ),
@@ -578,7 +600,7 @@ FIGURES: dict[str, Figure] = {
             "money",
             "money per query: joules / 3.6e6 x the session's price per kWh (--energy-price)",
             trial=lambda t: t.joules / t.queries / J_PER_KWH,
-            factor=_conversion(PRICE_PER_KWH),
+            conversion=PRICE_PER_KWH,
             energy=True,
             priority=6,
         ),
@@ -588,7 +610,7 @@ FIGURES: dict[str, Figure] = {
             "money",
             "money per 1,000 tokens (input + output) at the session's price per kWh",
             trial=lambda t: _per(1000 * t.joules / J_PER_KWH, t.total_tokens),
-            factor=_conversion(PRICE_PER_KWH),
+            conversion=PRICE_PER_KWH,
             energy=True,
             priority=5,
         ),

@@ -34,7 +34,6 @@ from .figures import figure
 from .meters.reference import speed_drift
 from .sessions import (
     DEFAULT_SESSION_NOISE,
-    SEEN_ENOUGH_S,
     NoiseEstimate,
     SideSessions,
     noise_from_runs,
@@ -142,19 +141,6 @@ def stored_noise(
     noise = learned_noise(runs, metrics)
     used = sum(1 for r in runs if code_key(r) is not None)
     return noise, used if noise else 0
-
-
-def history_note(noise: Mapping[str, NoiseEstimate]) -> str:
-    if not noise:
-        return ""
-    df = max(n.df for n in noise.values())
-    text = f"between-session noise learned from saved runs of the same code ({df:g} df per case)"
-    if all(n.seen_s < SEEN_ENOUGH_S for n in noise.values()):
-        text += (
-            "; they were saved within an hour of each other, so it is not trusted below "
-            "the assumed noise (--energy-session-noise)"
-        )
-    return text
 
 
 # -- a branch's history: a figure per commit, and where it changed --------------------------

@@ -25,7 +25,9 @@ PREFILL, DECODE = "prefill", "decode"
 # every request generating (the steady window, what a server's figures should rest on),
 # and draining once the first request is done.
 RAMP_UP, STEADY, DRAIN = "ramp-up", "steady", "drain"
-PREFILL_PASSES = "prefill_passes"
+# What a per-trial figure rests on (``figures.Figure.source``): the measured trials, or
+# prefill-only passes repeated back to back, measured after them.
+TRIALS, PREFILL_PASSES = "trials", "prefill_passes"
 
 
 class RepeatSettings(Protocol):
@@ -382,14 +384,21 @@ class CaseResult:
     # -- time and energy -----------------------------------------------------
     @property
     def time(self) -> Summary:
+        """Seconds per trial: the ``time_s`` figure (a batch's queries end together)."""
         return summarize([t.seconds for t in self.trials], self.options.confidence)
 
     @property
     def energy(self) -> Summary:
+        """Joules per trial: the meter's whole window, every query of a batch or a burst.
+        Not the ``energy_j`` figure, joules per query, where a trial runs several queries;
+        kept as the guide documents it (users' tests read it; for one query the two
+        agree).  The figure: ``figures.FIGURES["energy_j"].summary(result)``."""
         return summarize([t.joules for t in self.trials], self.options.confidence)
 
     @property
     def net_energy(self) -> Summary:
+        """Joules per trial above idle power (``energy``'s net twin; ``net_energy_j`` is
+        per query)."""
         return summarize([t.net_joules for t in self.trials], self.options.confidence)
 
     def domain_joules(self) -> dict[str, float]:

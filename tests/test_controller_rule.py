@@ -9,7 +9,6 @@ import pytest
 
 from pytest_llmenergy.controller.order import shuffle_in_place, shuffled_in_groups
 from pytest_llmenergy.controller.rule import (
-    SHORT_CASE_TRIALS,
     TIME_BUDGET,
     TRIAL_LIMIT,
     ControllerSettings,
@@ -24,6 +23,7 @@ from pytest_llmenergy.controller.targets import (
     parse_ci_target,
     parse_ci_targets,
 )
+from pytest_llmenergy.conversions import G_PER_KWH, PRICE_PER_KWH
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import DeprecatedName
 from pytest_llmenergy.results import PhaseRecord, Trial
@@ -82,6 +82,8 @@ def test_targets_parse(text: str, expected: CITarget) -> None:
         ("time_s:150%", "percentage"),
         ("time_s", "expected FIGURE:AMOUNT"),
         ("tokens_in:5", "no value per trial"),
+        # measured after the trials: the rule computed it from the trials' whole joules
+        ("prefill_pass_j:5%", "measured after the trials, in windows of its own"),
     ],
 )
 def test_bad_targets_say_what_is_wrong(text: str, needle: str) -> None:
@@ -327,7 +329,7 @@ def test_a_short_precise_case_stops_at_the_limit_converged() -> None:
     joules = [30.0 * s for s in seconds]
     options = ControllerSettings()
     n = rule_stop_point(options, seconds, joules)
-    assert n == SHORT_CASE_TRIALS * options.max_trials == options.max_trials
+    assert n == options.max_trials
     final = decide(options, trials(seconds[:n], joules[:n]))
     assert final.stop and final.converged and final.why() == ""
 
@@ -354,3 +356,26 @@ def test_energy_of_one_domain_family_is_a_ci_target() -> None:
     # an uncounted domain is never a target's value: no interval, never converged
     d = decide(options, steady, counted={"gpu:0": False})
     assert not d.converged and d.summaries["gpu_j"].n == 0
+
+
+@pytest.mark.parametrize(
+    ("metric", "key", "per_kwh"), [("co2_g", G_PER_KWH, 360.0), ("cost", PRICE_PER_KWH, 0.36)]
+)
+def test_a_target_on_co2_or_cost_holds_as_the_same_target_in_joules(
+    metric: str, key: str, per_kwh: float
+) -> None:
+    """Issue 46: the rule computed a target's values beside the figure registry, without
+    the figure's factor, so co2_g and cost were in kWh: a target in grams (or money) held
+    at once, whatever the trials' spread.  Now their values are the figure's."""
+    scale = per_kwh / 3.6e6  # grams (or money) per joule
+    spread = trials([1.0] * 6, [10.0, 10.5, 9.5, 10.2, 9.8, 10.1])
+    for joules in (0.05, 5.0):  # tighter than the spread allows, and loose
+        j = decide(
+            ControllerSettings(targets=(CITarget("energy_j", joules),), min_time_s=0), spread
+        )
+        options = ControllerSettings(targets=(CITarget(metric, joules * scale),), min_time_s=0)
+        d = decide(options, spread, conversions={key: per_kwh})
+        assert (d.stop, d.converged) == (j.stop, j.converged), joules
+        held = d.summaries[metric].half_width
+        assert held == pytest.approx(j.summaries["energy_j"].half_width * scale)
+    assert j.converged and not decide(options, spread).converged  # no factor: no figure

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.storage.runfile import Run, dumps, loads
 from tests.casefactory import make_case
+from tests.test_plugin import TRACE_CONFTEST  # a 200 W meter registered as "trace"
 
 
 def test_intensity_from_a_number_or_a_code() -> None:
@@ -94,3 +96,71 @@ def test_the_session_shows_and_keeps_them(pytester: pytest.Pytester) -> None:
             "*gCO2e/1k tok*cost/1k tok*",
         ]
     )
+
+
+NAPS = """
+import itertools
+import time
+
+naps = itertools.cycle([0.01, 0.03])
+
+def test_q(energy_benchmark):
+    energy_benchmark(lambda: time.sleep(next(naps)), input_tokens=8, output_tokens=2)
+"""
+
+
+def test_a_ci_target_on_co2_in_grams_stops_as_the_same_target_in_joules(
+    pytester: pytest.Pytester,
+) -> None:
+    """Issue 46: the stopping rule computed co2_g beside the figure registry, without the
+    session's gCO2e/kWh: in kWh, a target in grams held at the third trial whatever the
+    spread.  Trials of 2 J and 6 J (200 W x 10 and 30 ms) never hold +-0.1 J, nor its
+    1e-5 g at 360 gCO2e/kWh; both run to the trial limit."""
+    pytester.makeconftest(TRACE_CONFTEST)
+    pytester.makepyfile(NAPS)
+
+    def run(target: str, path: str) -> dict:
+        result = pytester.runpytest(
+            "--energy-backend=trace",
+            "--energy-rule=research",
+            "--energy-max-background=off",
+            "--energy-carbon-intensity=360",
+            f"--energy-ci-target={target}",
+            "--energy-max-trials=6",
+            f"--energy-json={path}",
+        )
+        result.assert_outcomes(passed=1)
+        (case,) = json.loads((pytester.path / path).read_text())["cases"]
+        return case
+
+    joules, grams = run("energy_j:0.1J", "j.json"), run("co2_g:1e-5", "g.json")
+    assert (len(grams["trials"]), grams["status"]) == (len(joules["trials"]), joules["status"])
+    assert joules["status"] == "limit" and "co2_g \u00b1" in grams["reason"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--energy-ci-target=co2_g:1e-5"], "--energy-ci-target: the CI target co2_g:1e-05 needs "),
+        (["--energy-carbon-intensity=100"], "@pytest.mark.llmenergy: the CI target cost:5% needs "),
+    ],
+)
+def test_a_ci_target_on_co2_or_cost_without_its_factor_stops_at_start(
+    pytester: pytest.Pytester, args: list[str], says: str
+) -> None:
+    """Without --energy-carbon-intensity (or --energy-price) co2_g (cost) has no value:
+    every case would run to its trial limit.  The session says so before it starts."""
+    pytester.makeconftest(TRACE_CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest, time
+
+        @pytest.mark.llmenergy(ci_target="cost:5%")
+        def test_q(energy_benchmark):
+            energy_benchmark(time.sleep, 0.01, input_tokens=8, output_tokens=2)
+        """
+    )
+    result = pytester.runpytest("--energy-backend=trace", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    flag = "--energy-carbon-intensity" if "co2_g" in says else "--energy-price"
+    result.stderr.fnmatch_lines([f"ERROR: *{says}{flag}*"])

@@ -49,6 +49,29 @@ def test_pareto_bloat_and_lambda_on_known_points() -> None:
     assert lam_best(pts, 0.0, 10.0).setting == "a"
 
 
+def test_a_batched_cases_point_has_its_intervals_on_the_scale_of_its_means() -> None:
+    """Issue 46: a point's energy interval was ``CaseResult.energy``'s, over the trials'
+    joules, beside a mean per query: a batch of 4 showed +-4x its interval."""
+    import dataclasses
+
+    from pytest_llmenergy.figures import FIGURES
+    from pytest_llmenergy.frontier import SETTING_LABEL, point_of
+    from tests.casefactory import make_case
+
+    case = make_case([1.0, 1.1, 0.9, 1.05])
+    trials = tuple(dataclasses.replace(t, queries=4) for t in case.trials)
+    case = dataclasses.replace(
+        case, trials=trials, queries=4, labels={**case.labels, SETTING_LABEL: "pl280W"}
+    )
+    point = point_of(case)
+    assert point is not None
+    energy, time = FIGURES["energy_j"].summary(case), FIGURES["time_s"].summary(case)
+    assert energy is not None and time is not None
+    assert point.energy_j == pytest.approx(energy.mean)
+    assert point.energy_half_j == pytest.approx(energy.half_width)
+    assert point.time_half_s == pytest.approx(time.half_width)
+
+
 def test_prefill_and_decode_have_different_lambda_optima() -> None:
     """The physics: the cap stretches compute-bound prefill, hardly memory-bound decode."""
     prefill, decode = QUERIES

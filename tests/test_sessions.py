@@ -144,7 +144,6 @@ def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() 
     suite they agreed within 3 % and unchanged code then FAILed 2 of 8 sessions.  Their
     noise is floored at the assumed one, and the verdict says so."""
     from pytest_llmenergy.compare import evidence_text
-    from pytest_llmenergy.history import history_note
 
     rng = random.Random(5)
     back_to_back = [saved_at(run_of(session(rng, 0.01), f"b{i}"), 24, i) for i in range(3)]
@@ -154,7 +153,7 @@ def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() 
     c = compare_cases(back_to_back[0].cases, later, gates=GATE, history=noise)
     assert not c.failed
     assert all(d.test is not None and d.test.floored for d in c.deltas)
-    assert "back to back" in evidence_text(c) and "within an hour" in history_note(noise)
+    assert "back to back" in evidence_text(c)
     from pytest_llmenergy.compare import evidence_line
 
     assert "hours apart" in evidence_line(c)  # not "save it three times" again

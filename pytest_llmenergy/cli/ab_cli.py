@@ -242,7 +242,7 @@ def _pass(
 
 
 def _compare(coordinator: Coordinator, gates: Sequence[Any], confidence: float) -> Comparison:
-    return compare_cases(
+    comparison = compare_cases(
         list(coordinator.results[BASE].values()),
         list(coordinator.results[HEAD].values()),
         gates=gates,
@@ -251,6 +251,14 @@ def _compare(coordinator: Coordinator, gates: Sequence[Any], confidence: float) 
         current_label="head",
         normalize=False,
         paired=True,
+    )
+    wide = coordinator.too_wide()
+    return dataclasses.replace(
+        comparison,
+        deltas=tuple(
+            dataclasses.replace(d, undecided=True) if (d.nodeid, d.metric) in wide else d
+            for d in comparison.deltas
+        ),
     )
 
 

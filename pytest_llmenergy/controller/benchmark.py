@@ -164,8 +164,12 @@ class EnergyBenchmark:
         visits: CaseVisits | None = None,
         pacer: Pacer | None = None,
         settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None,
+        conversions: Mapping[str, float] | None = None,
     ) -> None:
         self.visits = visits
+        # the session's gCO2e and price per kWh: the co2_g and cost figures' factors, for
+        # a CI target on them, the case's result and a paired run's gates
+        self.conversions = dict(conversions or {})
         # waits for the GPUs to cool before the warm-up (--energy-thermal-tolerance)
         self.settle = settle
         self._thermal: ThermalWait | None = None
@@ -420,7 +424,9 @@ class EnergyBenchmark:
                     quiet = self._progress is None and pacer is None and visits is None
                     if quiet and not self._may_stop(len(trials), len(disturbed)):
                         continue  # the rule could not stop yet: no need to ask it
-                    decision = decide(self.options, trials, len(disturbed), counted)
+                    decision = decide(
+                        self.options, trials, len(disturbed), counted, self.conversions
+                    )
                     if self._progress is not None:
                         line = progress_line(self.options, len(trials), decision)
                         if rejected:
@@ -525,11 +531,11 @@ class EnergyBenchmark:
         return measured >= max(2, options.min_trials) or measured + disturbed >= options.max_trials
 
     def _pacer_meta(self, input_tokens: int, output_tokens: int, queries: int) -> dict[str, Any]:
-        """What the coordinator of a paired run needs of this case: its size, to compute
-        the gated figures, and its limits.  Not the rule's default minimum time: it keeps
-        a single session's interval from resting on too little, where a paired case's
-        rests on its pairs, each turn long against the meter's resolution; a minimum time
-        the user set applies."""
+        """What the coordinator of a paired run needs of this case: its size, the
+        session's conversions (the factors of gated co2_g and cost), and its limits.  Not
+        the rule's default minimum time: it keeps a single session's interval from resting
+        on too little, where a paired case's rests on its pairs, each turn long against
+        the meter's resolution; a minimum time the user set applies."""
         o = self.options
         rule_default = o.min_time == (RULES[o.rule].min_time_s or 0.0)
         return {
@@ -539,6 +545,7 @@ class EnergyBenchmark:
             "max_trials": o.max_trials,
             "min_time_s": 0.0 if rule_default else o.min_time,
             "max_time_s": o.max_time,
+            "conversions": self.conversions,
         }
 
     def _profile_ops(
@@ -671,6 +678,7 @@ class EnergyBenchmark:
             work=work,
             reference_s=speed_s,
             thermal=self._thermal,
+            conversions=self.conversions,
         )
         if keep:
             if self.visits is not None:

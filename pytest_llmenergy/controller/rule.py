@@ -67,9 +67,6 @@ DEFAULT_RULE = "default"
 # A trial during which other processes used more than this share of the machine's CPU
 # capacity is disturbed: kept, left out of the statistics, and repeated.
 DEFAULT_MAX_BACKGROUND = 0.25
-# How many times the trial limit a case whose intervals hold may take to reach the
-# minimum time: 1, never past the limit (users set it to bound a session's length).
-SHORT_CASE_TRIALS = 1
 # What stopped a case that did not reach its precision (StopDecision.stopped_by).
 TRIAL_LIMIT, TIME_BUDGET = "the trial limit", "the measured-time budget"
 
@@ -208,24 +205,23 @@ def decide(
     trials: Sequence[Trial],
     disturbed: int = 0,
     counted: Mapping[str, bool] | None = None,
+    conversions: Mapping[str, float] | None = None,
 ) -> StopDecision:
     """Stop when, and only when, there are ``min_trials``, every target holds and the
     minimum time is measured; or at ``max_trials`` measured in all (``disturbed`` ones
-    count against the limit but not in the statistics) unless the targets hold and only
-    the minimum time is missing (then up to ``SHORT_CASE_TRIALS`` times the limit); or at
-    the measured-time budget.  A target whose figure a trial lacks never holds; ``counted``
-    (the meter's domains: in the totals?) is for targets on one family's joules."""
+    count against the limit but not in the statistics), even where the targets hold and
+    only the minimum time is missing (users set the limit to bound a session's length);
+    or at the measured-time budget.  A target's values are its figure's (``Figure.values_of``), so
+    one in the figure's unit means what it says: ``counted`` (the meter's domains: in the
+    totals?) is for one family's joules, ``conversions`` (the session's factors per kWh)
+    for co2_g and cost.  A target whose figure a trial lacks never holds."""
     n = len(trials)
     summaries: dict[str, Summary] = {}
     for target in options.targets:
         if target.metric in summaries:
             continue
-        f = FIGURES[target.metric]
-        values = [f.of_trial(t, counted) for t in trials] if f.per_trial else []
-        clean = [float(v) for v in values if v is not None]
-        summaries[target.metric] = summarize(
-            clean if len(clean) == len(values) else [], options.confidence
-        )
+        values = FIGURES[target.metric].values_of(trials, counted=counted, conversions=conversions)
+        summaries[target.metric] = summarize(values or [], options.confidence)
     unmet = tuple(t for t in options.targets if not t.holds(summaries[t.metric]))
     measured_s = math.fsum(t.seconds for t in trials)
     held = not unmet and n >= max(2, options.min_trials)
@@ -235,8 +231,7 @@ def decide(
         and measured_s >= options.max_time
         and n >= max(2, options.min_trials)
     )
-    limit = options.max_trials * (SHORT_CASE_TRIALS if short else 1)
-    at_limit = n + disturbed >= limit
+    at_limit = n + disturbed >= options.max_trials
     stop = (held and not short) or over_budget or at_limit
     stopped_by = "" if held or not stop else TIME_BUDGET if over_budget else TRIAL_LIMIT
     return StopDecision(

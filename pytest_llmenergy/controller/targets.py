@@ -8,11 +8,13 @@ target (``llmenergy metrics`` lists them); several targets must all hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..conversions import CONVERSION_OPTIONS
 from ..errors import ConfigError
 from ..figures import FIGURES, canonical, format_amount, parse_figure_threshold
+from ..results import TRIALS
 from ..stats import Summary
 from ..values import words
 
@@ -55,7 +57,24 @@ def parse_ci_target(text: str) -> CITarget:
             f"bad {text!r}: {f.key} is counted once after the trials, exactly: it has no "
             "confidence interval to narrow (gate it instead)"
         )
+    if f.source != TRIALS:
+        raise ConfigError(
+            f"bad {text!r}: {f.key} is measured after the trials, in windows of its own, "
+            "so the stopping rule cannot wait for it (gate it instead)"
+        )
     return CITarget(f.key, value, relative)
+
+
+def check_conversions(targets: Iterable[CITarget], conversions: Mapping[str, float]) -> None:
+    """A target on gCO2e or money needs the session's factor per kWh: without it the
+    figure has no value, and every case would run to its trial limit."""
+    for t in targets:
+        key = FIGURES[t.metric].conversion
+        if key is not None and key not in conversions:
+            raise ConfigError(
+                f"the CI target {t} needs {CONVERSION_OPTIONS[key]}: without it {t.metric} has "
+                "no value and no case could reach the target"
+            )
 
 
 def parse_ci_targets(texts: str | Iterable[str]) -> tuple[CITarget, ...]:

@@ -24,7 +24,7 @@ from ..conditions.settings import (
     POWER_LABEL,
     SETTING_LABEL,
 )
-from ..figures import value
+from ..figures import FIGURES
 from ..results import CaseResult
 from ..tables import DASH, Table, fmt_number
 
@@ -201,18 +201,19 @@ def point_of(case: CaseResult) -> Point | None:
     setting = labels.get(SETTING_LABEL)
     if setting is None or not case.trials:
         return None
-    t, e = value(case, "time_s"), value(case, "energy_j")
-    if not isinstance(t, int | float) or not isinstance(e, int | float):
+    # means and intervals both the figures' (per query): a batch's trial has many queries
+    t, e = FIGURES["time_s"].summary(case), FIGURES["energy_j"].summary(case)
+    if t is None or e is None:
         return None
     return Point(
         setting=setting,
-        time_s=float(t),
-        energy_j=float(e),
+        time_s=t.mean,
+        energy_j=e.mean,
         default=labels.get(DEFAULT_LABEL) == "yes",
         power_limit_w=_number(labels.get(POWER_LABEL)),
         sm_clock=labels.get(CLOCK_LABEL),
-        time_half_s=case.time.half_width,
-        energy_half_j=case.energy.half_width,
+        time_half_s=t.half_width,
+        energy_half_j=e.half_width,
     )
 
 

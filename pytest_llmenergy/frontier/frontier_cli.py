@@ -28,16 +28,6 @@ from . import (
 )
 
 
-def _checked(parse: Any) -> Any:
-    def run(text: str) -> Any:
-        try:
-            return parse(text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return run
-
-
 def _gpu_arguments(gpu: argparse.ArgumentParser) -> None:
     gpu_sub = gpu.add_subparsers(dest="gpu_command", required=True, metavar="ACTION")
     restore = gpu_sub.add_parser(

@@ -173,10 +173,6 @@ class ProcessTreeCpu:
         self._last_s = max(self._last_s, value)
         return self._last_s
 
-    @property
-    def has_children(self) -> bool:
-        return bool(_descendants(self._root))
-
 
 class ProcessTrees:
     """Several process trees as one counter: this process's and a server's it talks to.

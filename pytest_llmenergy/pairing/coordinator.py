@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..controller.order import shuffled_in_groups
-from ..controller.rule import ControllerSettings
 from ..errors import LLMEnergyError
 from ..figures import FIGURES
-from ..results import CaseResult
+from ..results import CaseResult, Trial
 from ..storage.runfile import decode_case, decode_trial
 from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
 from .turns import (
@@ -242,27 +241,25 @@ class Coordinator:
             )
 
     def _values(
-        self, case: PairedCase, side: str, trial: Any, counted: Mapping[str, Any]
+        self, case: PairedCase, side: str, trial: Trial, counted: Mapping[str, Any]
     ) -> dict[str, float]:
-        """The gated figures of one trial, from the case's size and the trial."""
-        meta = case.meta.get(side, {})
-        probe = CaseResult(
-            nodeid=case.nodeid,
-            name=case.nodeid,
-            labels={},
-            input_tokens=int(meta.get("input_tokens", trial.input_tokens) or 0),
-            output_tokens=int(meta.get("output_tokens", trial.output_tokens) or 0),
-            status="",
-            options=ControllerSettings(),
-            trials=(trial,),
-            counted={str(k): bool(v) for k, v in counted.items()},
-            queries=int(meta.get("queries", 1) or 1),
+        """The gated figures of one trial, as the figure registry computes them: the
+        trial carries its size, the side's ``turn`` said its session's conversions
+        (gCO2e and price per kWh, for co2_g and cost)."""
+        found = case.meta.get(side, {}).get("conversions")
+        conversions = (
+            {str(k): float(v) for k, v in found.items() if isinstance(v, int | float)}
+            if isinstance(found, Mapping)
+            else {}
         )
+        domains = {str(k): bool(v) for k, v in counted.items()}
         out = {}
         for rule in self.rules:
-            found = FIGURES[rule.metric].trial_values(probe)
-            if found:
-                out[rule.metric] = found[0]
+            values = FIGURES[rule.metric].values_of(
+                (trial,), counted=domains, conversions=conversions
+            )
+            if values:
+                out[rule.metric] = values[0]
         return out
 
     # -- who goes next ------------------------------------------------------------------
@@ -376,6 +373,16 @@ class Coordinator:
         )
         if case.decision.stop:
             self.log(self._progress(case))
+
+    def too_wide(self) -> set[tuple[str, str]]:
+        """(node id, figure) of the cases that stopped at a limit with their own pairs
+        too wide to pass on (``turns.OWN_SPAN_GATES``): undecided, not passed."""
+        return {
+            (case.nodeid, metric)
+            for case in self.cases.values()
+            if case.decision is not None and not case.decision.decided
+            for metric in case.decision.too_wide
+        }
 
     def _pools(self, case: PairedCase) -> dict[str, Pool]:
         """Each figure's variance of a pair's difference, over the cases already stopped."""

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..sessions import POOL_DF, moderated
-from ..stats import t_quantile
+from ..stats import betainc, t_quantile
 from .channel import BASE, HEAD
 
 BLOCKS = ((BASE, HEAD, HEAD, BASE), (HEAD, BASE, BASE, HEAD))
@@ -58,6 +58,16 @@ MIN_FAIL_PAIRS = 4
 # such cases read head/base 0.90 to 1.01 on their first block and were cleared
 # (2026-11-25).
 MIN_CONFIRM_PAIRS = MIN_FAIL_PAIRS
+# A case borrows the pooled noise of the cases before it only as far as its own pairs are
+# consistent with it: when its own variance is larger than the pool's beyond this upper
+# tail (an F test), it stands on its own pairs alone.  On 2026-11-26 cases "decided" on two
+# pairs read head/base 0.67-0.86 for +9 % regressions, their own intervals as wide as
+# [0.38, 1.75]: the pool had narrowed them (issue 44).
+CONSISTENT_P = 0.01
+# ... and it may stop as a pass only when its own interval (no borrowing) is within this
+# many gates of its mean: a case whose own pairs span tens of percent is measured more,
+# and one still that wide at its limit is reported undecided, never passed.
+OWN_SPAN_GATES = 4.0
 
 
 def block(rng: random.Random) -> tuple[str, ...]:
@@ -128,11 +138,28 @@ def paired_interval(
         return None
     mean = statistics.fmean(diffs)
     variance, df = statistics.variance(diffs), float(n - 1)
-    if pool is not None and pool.df > 0:
+    if pool is not None and pool.df > 0 and consistent(variance, df, pool):
         variance = moderated(variance, df, pool.variance)
         df += POOL_DF
     half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * math.sqrt(variance / n)
     return Interval(mean, mean - half, mean + half, n)
+
+
+def consistent(variance: float, df: float, pool: Pool, p: float = CONSISTENT_P) -> bool:
+    """Whether a case's own variance could come from the pool's noise: the upper tail of
+    F(df, pool.df) at their ratio is at least ``p``."""
+    if pool.variance <= 0:
+        return variance <= 0
+    ratio = variance / pool.variance
+    x = df * ratio / (df * ratio + pool.df)
+    return 1.0 - betainc(df / 2.0, pool.df / 2.0, x) >= p
+
+
+def own_span_ok(diffs: Sequence[float], level: float, rule: GateRule) -> bool:
+    """Whether the case's own interval (no borrowed noise) is narrow enough to pass on:
+    its half-width at most ``OWN_SPAN_GATES`` gates."""
+    own = paired_interval(diffs, level)
+    return own is not None and own.high - own.mean <= OWN_SPAN_GATES * abs(rule.limit)
 
 
 def pooled(diffs: Sequence[Sequence[float]]) -> Pool | None:
@@ -156,6 +183,9 @@ class Decision:
     decided: bool  # the bounds said pass or fail (else a limit stopped it)
     why: str
     intervals: Mapping[str, Interval]
+    # Gates still open whose case's own pairs span too wide to pass on
+    # (``OWN_SPAN_GATES``): measured more, and undecided if the limit comes first.
+    too_wide: tuple[str, ...] = ()
 
 
 def one_sided(level: float) -> float:
@@ -186,6 +216,7 @@ def decide(
     intervals returned are two-sided at ``fail_level``'s two-sided twin, for the record."""
     intervals: dict[str, Interval] = {}
     open_rules = []
+    too_wide = []
     for rule in rules:
         pool = (pools or {}).get(rule.metric)
         found = diffs.get(rule.metric, ())
@@ -193,15 +224,19 @@ def decide(
         failing = paired_interval(found, one_sided(fail_level), pool)
         if failing is not None:
             intervals[rule.metric] = failing
-        passed = passing is not None and passing.high < rule.limit
+        narrow = own_span_ok(found, one_sided(pass_level), rule)
+        passed = narrow and passing is not None and passing.high < rule.limit
         failed = failing is not None and failing.low > rule.limit and len(found) >= MIN_FAIL_PAIRS
         if not (passed or failed):
             open_rules.append(rule)
+            if not narrow:
+                too_wide.append(rule.metric)
+    wide = tuple(too_wide)
     enough = min((len(diffs.get(r.metric, ())) for r in rules), default=0) >= min_pairs
     if enough and measured_s >= min_time_s and not open_rules:
         return Decision(True, True, "decided", intervals)
     if attempted_pairs >= max_pairs:
-        return Decision(True, False, f"stopped at {max_pairs} pairs undecided", intervals)
+        return Decision(True, False, f"stopped at {max_pairs} pairs undecided", intervals, wide)
     if max_time_s and measured_s >= max_time_s:
-        return Decision(True, False, f"stopped at {max_time_s:g} s undecided", intervals)
-    return Decision(False, False, "", intervals)
+        return Decision(True, False, f"stopped at {max_time_s:g} s undecided", intervals, wide)
+    return Decision(False, False, "", intervals, wide)

@@ -186,7 +186,9 @@ def _features(
     its key; ``ROLES`` says which of them are registered."""
     stash, manager = config.stash, config.pluginmanager
     metering = Metering(config, options.measure, options.meter)
-    plan = CasePlan(config, options.controller, options.order, options.llm)
+    plan = CasePlan(
+        config, options.controller, options.order, options.llm, options.report.conversions
+    )
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
     keeper = Keeper(
         config,
@@ -493,6 +495,7 @@ def energy_benchmark(
         if PAIRED_SIDE in config.stash
         else None,
         settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
+        conversions=config.stash[CASE_RESULTS].settings.conversions,
     )
 
 

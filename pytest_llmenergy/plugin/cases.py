@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from ..controller.rule import (
     with_overrides,
 )
 from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
-from ..controller.targets import parse_ci_targets
+from ..controller.targets import check_conversions, parse_ci_targets
 from ..errors import ConfigError
 from ..llm.grid import CASE_AXES, INPUT_SWEEP, OUTPUT_SWEEP, PARALLEL_AXIS, LLMCase
 from .generating import LLMSettings
@@ -123,6 +124,15 @@ def case_labels(item: pytest.Item) -> dict[str, str]:
     return labels
 
 
+def _check_conversions(
+    controller: ControllerSettings, conversions: Mapping[str, float], where: str
+) -> None:
+    try:
+        check_conversions(controller.targets, conversions)
+    except ConfigError as exc:
+        raise pytest.UsageError(f"{where}: {exc}") from None
+
+
 class CasePlan:
     """Owns the case plan: parametrization, per-test repetition settings, the order."""
 
@@ -132,9 +142,13 @@ class CasePlan:
         controller: ControllerSettings,
         order: OrderSettings,
         llm: LLMSettings,
+        conversions: Mapping[str, float] | None = None,
     ) -> None:
         self.config = config
         self.controller = controller
+        # the session's factors per kWh: a CI target on co2_g or cost needs its own
+        self.conversions = dict(conversions or {})
+        _check_conversions(controller, self.conversions, "--energy-ci-target")
         self.order = order
         self.llm = llm
         self.shuffled = False
@@ -187,10 +201,12 @@ class CasePlan:
                 raise pytest.UsageError(
                     f"{item.nodeid}: @pytest.mark.{MARKER} takes keyword arguments only"
                 )
+            where = f"{item.nodeid}: @pytest.mark.{MARKER}"
             try:
                 self._controllers[item.nodeid] = with_overrides(self.controller, marker.kwargs)
             except ConfigError as exc:
-                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}: {exc}") from None
+                raise pytest.UsageError(f"{where}: {exc}") from None
+            _check_conversions(self._controllers[item.nodeid], self.conversions, where)
         if self.llm.shard is not None:
             self._keep_shard(config, items, *self.llm.shard)
         if not self.config.option.collectonly:

@@ -47,6 +47,17 @@ class ReportSettings:
     carbon: Intensity | None = None  # gCO2e per kWh, for the co2 figures
     price: Price | None = None  # money per kWh, for the cost figures
 
+    @property
+    def conversions(self) -> dict[str, float]:
+        """The session's factors per kWh (``CaseResult.conversions``): the co2_g and cost
+        figures' factors, for a case's table row, its CI targets and a paired run's gates."""
+        out: dict[str, float] = {}
+        if self.carbon is not None:
+            out[G_PER_KWH] = self.carbon.g_per_kwh
+        if self.price is not None:
+            out[PRICE_PER_KWH] = self.price.per_kwh
+        return out
+
 
 class CaseResults:
     """Owns the results of the session's energy benchmark cases, in the order they ran."""
@@ -56,16 +67,6 @@ class CaseResults:
         self.gated = tuple(gated)  # figures a gate judges: always shown
         self.results: list[CaseResult] = []
         self.listeners: list[Callable[[list[CaseResult]], None]] = []
-
-    @property
-    def conversions(self) -> dict[str, float]:
-        """The session's factors per kWh, kept with every case."""
-        out: dict[str, float] = {}
-        if self.settings.carbon is not None:
-            out[G_PER_KWH] = self.settings.carbon.g_per_kwh
-        if self.settings.price is not None:
-            out[PRICE_PER_KWH] = self.settings.price.per_kwh
-        return out
 
     def header(self) -> list[str]:
         s, lines = self.settings, []
@@ -80,7 +81,7 @@ class CaseResults:
         return lines
 
     def add(self, result: CaseResult) -> None:
-        conversions = self.conversions
+        conversions = self.settings.conversions
         if conversions and not result.conversions:
             result = dataclasses.replace(result, conversions=conversions)
         self.results.append(result)

@@ -728,8 +728,4 @@ def load_calibration(path: str) -> dict[str, Any]:
     return data
 
 
-def class_names() -> tuple[str, ...]:
-    return (*WORK_CLASSES, OTHER)
-
-
 __all__ = ["MATMUL", "calibrate_runs", "load_calibration", "nnls"]

@@ -116,25 +116,6 @@ def predict(
 PREDICTED_SUFFIX = " (predicted)"
 
 
-def to_profile(rows: Sequence[Prediction]) -> Any:
-    """Predictions as a routing profile, marked predicted (its model name says so too),
-    so that routing can price a size or model that was never measured."""
-    from ..routing.profile import Point, Profile
-
-    first = rows[0]
-    points = tuple(
-        Point(r.input_tokens, r.output_tokens, (r.time_s,), (r.energy_j,))
-        for r in sorted(rows, key=lambda r: (r.input_tokens, r.output_tokens))
-    )
-    return Profile(
-        system=first.system,
-        model=first.model + PREDICTED_SUFFIX,
-        points=points,
-        source="llmenergy predict",
-        predicted=True,
-    )
-
-
 def to_profile_csv(rows: Sequence[Prediction]) -> str:
     """The CSV ``llmenergy route --profile`` reads, one row per predicted size."""
     lines = ["system,model,input_tokens,output_tokens,seconds,joules"]

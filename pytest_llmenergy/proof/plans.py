@@ -79,10 +79,15 @@ SMOKE = Plan(
     gate_share=0.5,
     gate_tokens=(8, 32),
     work_model="tiny-llama",
-    caps_s={"suite": 60.0, "settings": 60.0, "gate": 90.0, "work": 60.0},
+    caps_s={"suite": 60.0, "settings": 60.0, "gate": 120.0, "work": 60.0},
     extra_args=("--energy-max-background=off", "--energy-max-trials=3", "--energy-warmup=0"),
     ab_args=("--confirm", "off"),
-    gate_args=("--energy-max-background=off", "--energy-max-trials=6", "--energy-warmup=0"),
+    gate_args=(
+        "--energy-max-background=off",
+        "--energy-max-trials=4",
+        "--energy-max-time=2",
+        "--energy-warmup=0",
+    ),
     suite_files=("benchmarks/test_input_tokens.py",),
 )
 
