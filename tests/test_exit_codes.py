@@ -274,7 +274,7 @@ CLI_SCENARIOS: dict[tuple[str, int], Callable[[Path, pytest.CaptureFixture[str]]
     ("llmenergy ab --gate", 1): _ab_fails,
     ("llmenergy ab --strict", 1): _ab_strict,
     ("llmenergy ab", 3): _ab_side_failed,
-    ("llmenergy proof", 1): _proof_fails,
+    ("llmenergy proof --out", 1): _proof_fails,
     ("llmenergy proof", 4): _proof_no_gpu,
     ("llmenergy COMMAND", 130): _commands_interrupted,
     ("llmenergy COMMAND", 0): _commands_ok,

@@ -28,7 +28,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="where the proof's files go (a new or empty folder)",
+        help="where the proof's files go (a new or empty folder); the command exits 1 when "
+        "a check fails, and writes them all the same",
     )
     parser.add_argument(
         "--plan",
