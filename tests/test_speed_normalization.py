@@ -167,7 +167,9 @@ def test_a_reading_right_after_generate_counts_this_thread_only(tiny_cache: Path
         # speeds on this VM (5 or 8 ms), and one reading taken up front read 0.7 in CI
         readings.append(after_s / case_reference_s())
     assert max(readings) < 2.5, readings
-    assert 0.8 < statistics.median(readings) < 1.25, readings
+    # not inflated by spinning workers; a faster reading is no harm here (the reference
+    # jumps between two speeds on this VM, 5 and 8 ms: a median of 0.79 was read in CI)
+    assert 0.5 < statistics.median(readings) < 1.25, readings
 
 
 def counting_bench(
