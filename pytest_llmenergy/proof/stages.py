@@ -315,7 +315,8 @@ def _meter_checks(
         )
     )
     proof.notes.setdefault("meter", []).append(
-        f"idle stretch {idle_s:.1f} s; windows cut from one recording every half length; "
+        f"idle stretch {idle_s:.1f} s; windows of 1-1.5 lengths cut from one recording, "
+        "one every 0.618 lengths; "
         "counter/instant-1: the counter's joules against the trapezoid integral of the "
         "instantaneous field on the same window"
     )
@@ -530,20 +531,22 @@ def _frontier_points(path: Path) -> list[dict[str, Any]]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
+    cases = data.get("cases") if isinstance(data, dict) else None
     rows: list[dict[str, Any]] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "setting" in node and ("energy_j" in node or "time_s" in node):
-                rows.append({k: node.get(k) for k in ("setting", "time_s", "energy_j", "on_front")})
-                return
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(data)
+    for case in cases if isinstance(cases, list) else []:
+        if not isinstance(case, dict):
+            continue
+        front = set(case.get("pareto") or ())
+        for point in case.get("points") or ():
+            if isinstance(point, dict):
+                rows.append(
+                    {
+                        "setting": point.get("setting"),
+                        "time_s": point.get("time_s"),
+                        "energy_j": point.get("energy_j"),
+                        "on_front": "yes" if point.get("setting") in front else "no",
+                    }
+                )
     return rows
 
 
