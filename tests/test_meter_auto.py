@@ -74,8 +74,11 @@ def test_resolution_is_the_coarsest_part(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("LLMENERGY_POWERCAP_ROOT", str(tmp_path))
     with open_meter("auto") as meter:
         assert meter.backend == "auto(nvml+rapl)"
-        assert [m.resolution_s for m in meter.meters] == [pytest.approx(0.02, rel=0.1), 0.001]
-        assert meter.resolution_s == pytest.approx(0.02, rel=0.1)
+        # the GPU's period is measured at open, in real time: a busy machine's polling
+        # read 15.5 ms for 20 (CI, 2026-11-27); RAPL's is the 1 ms the zone declares
+        gpu_s, rapl_s = (m.resolution_s for m in meter.meters)
+        assert rapl_s == 0.001 and gpu_s == pytest.approx(0.02, rel=0.4)
+        assert meter.resolution_s == gpu_s
         line = meter.describe()
         gpu_period = duration_text(meter.meters[0].resolution_s or 0.0)
         assert f"counter (NVML total energy, mJ), updates every {gpu_period}" in line
