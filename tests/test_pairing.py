@@ -52,6 +52,22 @@ def test_blocks_are_balanced_and_both_patterns_are_drawn() -> None:
         assert sum(times[BASE]) == sum(times[HEAD])
 
 
+def test_block_pairs_are_the_consecutive_turns_of_the_two_sides() -> None:
+    from pytest_llmenergy.pairing.turns import block_pairs
+
+    abba, baab = BLOCKS
+    assert block_pairs(abba) == block_pairs(baab) == ((0, 1), (2, 3))
+    # a longer pattern pairs as it reads: two blocks in one, and a turn beside its own
+    # side's left unpaired
+    longer = (*abba, *baab)
+    assert block_pairs(longer) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert block_pairs((BASE, BASE, HEAD, HEAD)) == ((1, 2),)
+    assert block_pairs((BASE, HEAD, HEAD)) == ((0, 1),)  # a block cut short
+    assert block_pairs(()) == block_pairs((BASE,)) == ()
+    for pattern in (abba, baab, longer):  # each pair one of each side
+        assert all({pattern[i], pattern[j]} == {BASE, HEAD} for i, j in block_pairs(pattern))
+
+
 def test_paired_interval_matches_a_hand_computed_t_interval() -> None:
     diffs = [0.10, 0.12, 0.08, 0.11]
     found = paired_interval(diffs, 0.95)
