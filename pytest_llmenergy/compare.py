@@ -13,6 +13,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from .explain import Why, why
 from .figures import (
@@ -349,11 +350,13 @@ def delta(
     found = compare_cases(
         [baseline],
         [current],
-        gates=[gate] if gate is not None else (),
-        metrics=[metric_key],
-        confidence=confidence,
-        drift=drift,
-        session_noise=session_noise,
+        CompareOptions(
+            gates=(gate,) if gate is not None else (),
+            metrics=(metric_key,),
+            confidence=confidence,
+            drift=drift,
+            session_noise=session_noise,
+        ),
     ).deltas
     return found[0] if found else None
 
@@ -392,6 +395,20 @@ def unlike_meters(
 
 # -- two runs ----------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Regressed:
+    """A case that failed its gate, on both sides: what its explanation is read from."""
+
+    name: str
+    baseline: CaseResult
+    current: CaseResult
+
+
+def explain_regressions(regressed: Iterable[Regressed]) -> tuple[Why, ...]:
+    """Each failed case's explanation: its line and its tables."""
+    return tuple(why(r.name, r.baseline, r.current) for r in regressed)
+
+
+@dataclass(frozen=True)
 class Comparison:
     baseline_label: str
     current_label: str
@@ -412,9 +429,15 @@ class Comparison:
     # The runs are the two sides of one paired run, tested pair of trials by pair.
     paired_trials: bool = False
     shared: int = 0  # cases measured in both runs
-    # Why each failed case got worse (``explain``), by case name: more work or the same
-    # work done slower, and what moved most.
-    explanations: tuple[Why, ...] = ()
+    # The failed cases on both sides, what ``explanations`` reads.
+    regressed: tuple[Regressed, ...] = ()
+
+    @cached_property
+    def explanations(self) -> tuple[Why, ...]:
+        """Why each failed case got worse (``explain``), by case name: more work or the
+        same work done slower, and what moved most.  Built when asked, from the cases:
+        presentation, not the comparison's statistics."""
+        return explain_regressions(self.regressed)
 
     @property
     def failures(self) -> list[Delta]:
@@ -473,38 +496,108 @@ class Comparison:
         return self.failed or (strict and self.unsure)
 
 
+@dataclass(frozen=True)
+class CompareOptions:
+    """How ``compare_cases`` compares two runs.
+
+    With ``gates``, their figures are compared; else ``metrics``.  ``not_comparable``
+    (why the runs' energies differ in kind) shows the gates' figures without gating
+    them.  ``history`` (key ``nodeid figure``) is the between-session noise learned from
+    earlier runs of the same code; without it and without several sessions per side,
+    ``session_noise`` is assumed.  ``normalize``: CPU-measured figures are divided by
+    each session's machine speed (``session_speeds``) before they are tested.
+    ``paired``: the two runs are the sides of one paired run (``llmenergy ab``): each case
+    is tested on its pairs of trials, which shared the machine's speed, so nothing is
+    normalized."""
+
+    gates: Sequence[Gate] = ()
+    metrics: Sequence[str] | None = None
+    confidence: float = 0.95
+    baseline_label: str = "baseline"
+    current_label: str = "current"
+    not_comparable: str = ""
+    drift: float = 0.0
+    drift_note: str = ""
+    session_noise: float = DEFAULT_SESSION_NOISE
+    history: Mapping[str, NoiseEstimate] | None = None
+    normalize: bool = True
+    paired: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gates", tuple(self.gates))
+        if self.metrics is not None:
+            object.__setattr__(self, "metrics", tuple(self.metrics))
+
+    @property
+    def by_speed(self) -> bool:
+        """Whether figures are normalized by the sessions' machine speed."""
+        return self.normalize and not self.paired
+
+    def checks(self) -> list[tuple[str, Gate | None]]:
+        """Each compared figure, with its gate (None: shown, not gated)."""
+        if not self.gates:
+            keys = self.metrics or DEFAULT_COMPARE_METRICS
+            return [(figure(k, per_trial=True).key, None) for k in keys]
+        # Other meters: energies are not gated, counted work still is (no meter counts it).
+        return [
+            (g.metric, None if self.not_comparable and not _exact(g) else g) for g in self.gates
+        ]
+
+
+@dataclass(frozen=True)
+class _Speeds:
+    """Each side's sessions' machine speed (their log, ``session_speeds``); empty when
+    figures are not normalized."""
+
+    base: Mapping[int, float]
+    head: Mapping[int, float]
+
+    @classmethod
+    def of(cls, base: Iterable[CaseResult], head: Iterable[CaseResult], wanted: bool) -> _Speeds:
+        return cls(session_speeds(base), session_speeds(head)) if wanted else cls({}, {})
+
+    @property
+    def center(self) -> float:
+        """The baseline's mean speed: the offsets are taken from it."""
+        return statistics.fmean(self.base.values()) if self.base else 0.0
+
+
+@dataclass(frozen=True)
+class _Found:
+    """One figure of one case, found in both runs: what its delta is built from."""
+
+    key: str  # where its between-session noise is kept (``noise_key``)
+    base: CaseResult
+    case: CaseResult
+    figure: Figure
+    gate: Gate | None
+    values: tuple[Sequence[float], Sequence[float]]  # baseline's, current's
+    # How much the machine's speed alone moved the figure (1: not normalized).
+    speed: float = 1.0
+    # The test's two sides, by session (or pair); None: shown, never tested.
+    sessions: tuple[SideSessions, SideSessions] | None = None
+    budget: tuple[int, int] | None = None  # a paired case's pairs, and its pair limit
+    normalized: bool = False
+    paired: bool = False  # tested pair of trials by pair
+
+
+@dataclass(frozen=True)
+class _Correction:
+    """A gated figure's part in the correction for many cases (Benjamini-Hochberg)."""
+
+    discovered: bool = False
+    detectable: float = math.nan
+    p_adjusted: float | None = None
+
+
 def compare_cases(
     baseline: Sequence[CaseResult],
     current: Sequence[CaseResult],
-    *,
-    gates: Sequence[Gate] = (),
-    metrics: Sequence[str] | None = None,
-    confidence: float = 0.95,
-    baseline_label: str = "baseline",
-    current_label: str = "current",
-    not_comparable: str = "",
-    drift: float = 0.0,
-    drift_note: str = "",
-    session_noise: float = DEFAULT_SESSION_NOISE,
-    history: Mapping[str, NoiseEstimate] | None = None,
-    normalize: bool = True,
-    paired: bool = False,
+    options: CompareOptions | None = None,
 ) -> Comparison:
-    """Cases are matched by node id.  With gates, their metrics are compared; else
-    ``metrics``.  ``not_comparable`` (why the runs' energies differ in kind) shows the
-    gates' figures without gating them.  ``history`` (key ``nodeid figure``) is the
-    between-session noise learned from earlier runs of the same code; without it and
-    without several sessions per side, ``session_noise`` is assumed.  ``normalize``:
-    CPU-measured figures are divided by each session's machine speed (``session_speeds``)
-    before they are tested.  ``paired``: the two runs are the sides of one paired run
-    (``llmenergy ab``): each case is tested on its pairs of trials, which shared the
-    machine's speed, so nothing is normalized."""
-    checks: list[tuple[str, Gate | None]] = (
-        # Other meters: energies are not gated, counted work still is (no meter counts it).
-        [(g.metric, None if not_comparable and not _exact(g) else g) for g in gates]
-        if gates
-        else [(figure(k, per_trial=True).key, None) for k in (metrics or DEFAULT_COMPARE_METRICS)]
-    )
+    """Cases are matched by node id and compared as ``options`` say (``CompareOptions``)."""
+    o = options or CompareOptions()
+    checks = o.checks()
     # A case whose every trial a busy machine disturbed has no measured figure, but its
     # counted work is as good as any: no load changes what is counted.
     counts = any(figure(k, per_trial=True, warn=False).exact for k, _ in checks)
@@ -517,96 +610,169 @@ def compare_cases(
     # Cases are named in tables and messages by the shortest part of their node id that
     # tells them apart (test_a.py::test_small, TestK::test_small).
     names = distinct_names([c.nodeid for c in current])
-    found: list[tuple[str, CaseResult, CaseResult, Figure, Gate | None, float]] = []
-    pairs: dict[str, tuple[SideSessions, SideSessions]] = {}
-    base_speeds = session_speeds(before.values()) if normalize and not paired else {}
-    head_speeds = session_speeds(after) if normalize and not paired else {}
-    center = statistics.fmean(base_speeds.values()) if base_speeds else 0.0
-    normalized = used_pairs = False
-    budgets: dict[str, tuple[int, int]] = {}  # a paired case's pairs, and its pair limit
+    speeds = _Speeds.of(before.values(), after, o.by_speed)
+    found = _found(before, after, checks, speeds, o.paired)
+    deltas = _deltas(found, names, o)
+    now = {c.nodeid for c in after}
+    return Comparison(
+        baseline_label=o.baseline_label,
+        current_label=o.current_label,
+        confidence=o.confidence,
+        gates=tuple(o.gates),
+        deltas=deltas,
+        only_in_baseline=tuple(sorted(set(before) - now)),
+        only_in_current=tuple(sorted(now - set(before))),
+        not_comparable=o.not_comparable,
+        drift=o.drift,
+        drift_note=o.drift_note,
+        busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
+        session_noise=o.session_noise,
+        speed_note=(
+            speed_note(speeds.base, speeds.head)
+            if any(m.normalized for m in found)
+            else _unnormalized_note(before.values(), after, o.by_speed, checks)
+        ),
+        paired_trials=any(m.paired for m in found),
+        shared=len(now & set(before)),
+        regressed=_regressed(deltas, before, after, names),
+    )
+
+
+def _found(
+    before: Mapping[str, CaseResult],
+    after: Sequence[CaseResult],
+    checks: Sequence[tuple[str, Gate | None]],
+    speeds: _Speeds,
+    paired: bool,
+) -> list[_Found]:
+    """The figures both runs have, case by case in the current run's order."""
+    out = []
     for case in after:
         base = before.get(case.nodeid)
         if base is None:
             continue
         for key, gate in checks:
             f = figure(key, per_trial=True, warn=False)
-            if f.exact:  # counted: compared as they are, no sessions, no test
-                if _number(f.value(base)) is not None and _number(f.value(case)) is not None:
-                    found.append((noise_key(case.nodeid, f.key), base, case, f, gate, 1.0))
-                continue
-            if not (base.measured and case.measured):
-                continue
-            if f.trial_values(base) is None or f.trial_values(case) is None:
-                continue
-            exponent = speed_exponent(f, base, case)
-            base_off = speed_offsets(base, base_speeds, exponent, center)
-            head_off = speed_offsets(case, head_speeds, exponent, center)
-            if base_off is None or head_off is None:
-                base_off = head_off = None
-            both = common_pairs(base, case) if paired else None
-            if both is not None and len(both) < 2:
-                both = None  # too few pairs: the runs' own sessions, as unpaired
-            used_pairs = used_pairs or both is not None
-            a = case_sessions(f, base, base_off, both)
-            b = case_sessions(f, case, head_off, both)
-            speed = 1.0
-            if base_off is not None and head_off is not None:
-                normalized = True
-                shift = statistics.fmean(head_off.values()) - statistics.fmean(base_off.values())
-                speed = math.exp(shift)
-            test_key = noise_key(case.nodeid, f.key)
-            if a is not None and b is not None:  # else no log: shown, never tested
-                pairs[test_key] = (a, b)
-            if both is not None:
-                limit = min(base.options.max_trials, case.options.max_trials)
-                budgets[test_key] = (len(both), max(limit, len(both)))
-            found.append((test_key, base, case, f, gate, speed))
-    tests = build_tests(pairs, history=history, session_noise=session_noise)
-    alpha = 1.0 - confidence
-    deltas = [
-        _delta(base, case, f, tests.get(key), confidence, gate, drift, speed)
-        for key, base, case, f, gate, speed in found
-    ]
-    # The correction runs over the gated deltas that have a p-value at all.
-    gated = [i for i, d in enumerate(deltas) if d.gate is not None and d.p_value is not None]
-    worse = [_p_worse(deltas[i]) for i in gated]
+            if f.exact:
+                found = _find_exact(base, case, f, gate)
+            else:
+                found = _find_measured(base, case, f, gate, speeds, paired)
+            if found is not None:
+                out.append(found)
+    return out
+
+
+def _find_exact(base: CaseResult, case: CaseResult, f: Figure, gate: Gate | None) -> _Found | None:
+    """A counted figure: compared as it is, no sessions, no test."""
+    a, b = _number(f.value(base)), _number(f.value(case))
+    if a is None or b is None:
+        return None
+    return _Found(noise_key(case.nodeid, f.key), base, case, f, gate, ([a], [b]))
+
+
+def _find_measured(
+    base: CaseResult,
+    case: CaseResult,
+    f: Figure,
+    gate: Gate | None,
+    speeds: _Speeds,
+    paired: bool,
+) -> _Found | None:
+    """A measured figure, its sessions (or pairs) offset by their machine speed."""
+    if not (base.measured and case.measured):
+        return None
+    a, b = f.trial_values(base), f.trial_values(case)
+    if a is None or b is None:
+        return None
+    exponent = speed_exponent(f, base, case)
+    base_off = speed_offsets(base, speeds.base, exponent, speeds.center)
+    head_off = speed_offsets(case, speeds.head, exponent, speeds.center)
+    if base_off is None or head_off is None:
+        base_off = head_off = None
+    both = common_pairs(base, case) if paired else None
+    if both is not None and len(both) < 2:
+        both = None  # too few pairs: the runs' own sessions, as unpaired
+    sides = (case_sessions(f, base, base_off, both), case_sessions(f, case, head_off, both))
+    speed = 1.0
+    if base_off is not None and head_off is not None:
+        shift = statistics.fmean(head_off.values()) - statistics.fmean(base_off.values())
+        speed = math.exp(shift)
+    budget = None
+    if both is not None:
+        limit = min(base.options.max_trials, case.options.max_trials)
+        budget = (len(both), max(limit, len(both)))
+    return _Found(
+        noise_key(case.nodeid, f.key),
+        base,
+        case,
+        f,
+        gate,
+        (a, b),
+        speed=speed,
+        sessions=(sides[0], sides[1]) if sides[0] is not None and sides[1] is not None else None,
+        budget=budget,
+        normalized=base_off is not None,
+        paired=both is not None,
+    )
+
+
+def _deltas(
+    found: Sequence[_Found], names: Mapping[str, str], o: CompareOptions
+) -> tuple[Delta, ...]:
+    """Each found figure's delta, built once: every figure tested, then the gated ones
+    corrected together for the many cases."""
+    sides = {m.key: m.sessions for m in found if m.sessions is not None}
+    tests = build_tests(sides, history=o.history, session_noise=o.session_noise)
+    p_values = [_p_two_sided(m, tests.get(m.key)) for m in found]
+    corrections = _corrections(found, tests, p_values, 1.0 - o.confidence)
+    return tuple(
+        _delta(m, names[m.case.nodeid], tests.get(m.key), p, corrections.get(i, _Correction()), o)
+        for i, (m, p) in enumerate(zip(found, p_values))
+    )
+
+
+def _p_two_sided(m: _Found, test: Test | None) -> float | None:
+    """The two-sided p of a measured figure; None with fewer than two trials on a side,
+    without a test, or for a counted figure."""
+    enough = len(m.values[0]) >= 2 and len(m.values[1]) >= 2
+    return test.p_two_sided if enough and test is not None and not m.figure.exact else None
+
+
+def _corrections(
+    found: Sequence[_Found],
+    tests: Mapping[str, Test],
+    p_values: Sequence[float | None],
+    alpha: float,
+) -> dict[int, _Correction]:
+    """By the index of each gated figure with a p at all: whether its worsening survives
+    the correction (Benjamini-Hochberg over them), its adjusted p, and the smallest
+    regression it could have shown."""
+    gated = [i for i, m in enumerate(found) if m.gate is not None and p_values[i] is not None]
+    worse = [_p_worse(found[i].figure, tests[found[i].key]) for i in gated]
     rejected = benjamini_hochberg(worse, alpha) if worse else []
     adjusted = bh_adjusted(worse)
     m = max(1, len(gated))
+    out = {}
     for i, hit, p_adj in zip(gated, rejected, adjusted):
-        d = deltas[i]
-        assert d.test is not None and d.gate is not None
-        detectable = _design_test(d.test, budgets.get(found[i][0])).detectable(alpha / m)
-        if d.gate.relative:
-            detectable = max(detectable, d.gate.threshold)
-        deltas[i] = replace(d, discovered=hit, detectable=detectable, p_adjusted=p_adj)
-    deltas = [replace(d, name=names[d.nodeid]) for d in deltas]
-    now = {c.nodeid for c in after}
+        gate = found[i].gate
+        assert gate is not None
+        detectable = _design_test(tests[found[i].key], found[i].budget).detectable(alpha / m)
+        if gate.relative:
+            detectable = max(detectable, gate.threshold)
+        out[i] = _Correction(hit, detectable, p_adj)
+    return out
+
+
+def _regressed(
+    deltas: Iterable[Delta],
+    before: Mapping[str, CaseResult],
+    after: Iterable[CaseResult],
+    names: Mapping[str, str],
+) -> tuple[Regressed, ...]:
+    """The failed cases, once each, with both sides."""
     by_id = {c.nodeid: c for c in after}
     failed_ids = dict.fromkeys(d.nodeid for d in deltas if d.failed)
-    explanations = tuple(why(names[i], before[i], by_id[i]) for i in failed_ids if i in before)
-    return Comparison(
-        baseline_label=baseline_label,
-        current_label=current_label,
-        confidence=confidence,
-        gates=tuple(gates),
-        deltas=tuple(deltas),
-        only_in_baseline=tuple(sorted(set(before) - now)),
-        only_in_current=tuple(sorted(now - set(before))),
-        not_comparable=not_comparable,
-        drift=drift,
-        drift_note=drift_note,
-        busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
-        session_noise=session_noise,
-        speed_note=(
-            speed_note(base_speeds, head_speeds)
-            if normalized
-            else _unnormalized_note(before.values(), after, normalize and not paired, checks)
-        ),
-        paired_trials=used_pairs,
-        shared=len(now & set(before)),
-        explanations=explanations,
-    )
+    return tuple(Regressed(names[i], before[i], by_id[i]) for i in failed_ids if i in before)
 
 
 def _design_test(test: Test, budget: tuple[int, int] | None) -> Test:
@@ -648,35 +814,36 @@ def noise_key(nodeid: str, metric: str) -> str:
 
 
 def _delta(
-    base: CaseResult,
-    case: CaseResult,
-    f: Figure,
+    m: _Found,
+    name: str,
     test: Test | None,
-    confidence: float,
-    gate: Gate | None,
-    drift: float,
-    speed: float = 1.0,
+    p_value: float | None,
+    correction: _Correction,
+    o: CompareOptions,
 ) -> Delta:
-    if f.exact:
-        return _exact_delta(base, case, f, confidence, gate)
-    a, b = f.trial_values(base) or [], f.trial_values(case) or []
-    enough = len(a) >= 2 and len(b) >= 2
+    """A measured figure's delta, with its test and its part in the correction."""
+    if m.figure.exact:
+        return _exact_delta(m, name, o.confidence)
+    base, case = m.base, m.case
     return Delta(
         nodeid=case.nodeid,
-        name=case.name,
-        metric=f.key,
-        baseline=summarize(a, confidence),
-        current=summarize(b, confidence),
-        p_value=test.p_two_sided if enough and test is not None else None,
-        confidence=confidence,
-        gate=gate,
+        name=name,
+        metric=m.figure.key,
+        baseline=summarize(m.values[0], o.confidence),
+        current=summarize(m.values[1], o.confidence),
+        p_value=p_value,
+        confidence=o.confidence,
+        gate=m.gate,
         busy=mostly_busy(base) or mostly_busy(case),
-        unresolved=not (resolved(f, base) and resolved(f, case)),
+        unresolved=not (resolved(m.figure, base) and resolved(m.figure, case)),
         unstable=bool(base.unstable or case.unstable),
-        drift=drift if speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
+        drift=o.drift if m.speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
         other_model=_other_model(base, case),
         test=test,
-        speed=speed,
+        discovered=correction.discovered,
+        detectable=correction.detectable,
+        p_adjusted=correction.p_adjusted,
+        speed=m.speed,
     )
 
 
@@ -684,22 +851,19 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _exact_delta(
-    base: CaseResult, case: CaseResult, f: Figure, confidence: float, gate: Gate | None
-) -> Delta:
+def _exact_delta(m: _Found, name: str, confidence: float) -> Delta:
     """A counted figure's delta: the two case values, no p; it sees exactly its gate."""
-    a, b = _number(f.value(base)), _number(f.value(case))
-    assert a is not None and b is not None  # compare_cases kept only cases with both
+    gate = m.gate
     return Delta(
-        nodeid=case.nodeid,
-        name=case.name,
-        metric=f.key,
-        baseline=summarize([a], confidence),
-        current=summarize([b], confidence),
+        nodeid=m.case.nodeid,
+        name=name,
+        metric=m.figure.key,
+        baseline=summarize(m.values[0], confidence),
+        current=summarize(m.values[1], confidence),
         p_value=None,
         confidence=confidence,
         gate=gate,
-        other_model=_other_model(base, case),
+        other_model=_other_model(m.base, m.case),
         detectable=(gate.threshold if gate.relative else 0.0) if gate is not None else math.nan,
         exact=True,
     )
@@ -715,9 +879,9 @@ def mostly_busy(case: CaseResult) -> bool:
     return len(case.busy_trials) > BUSY_SHARE * max(1, len(case.trials))
 
 
-def _p_worse(d: Delta) -> float:
-    assert d.test is not None
-    return d.test.p_worse(higher_is_worse=FIGURES[d.metric].lower_is_better is not False)
+def _p_worse(f: Figure, test: Test) -> float:
+    """The one-sided p of a worsening: higher is worse but for throughputs."""
+    return test.p_worse(higher_is_worse=f.lower_is_better is not False)
 
 
 def _case_order(c: CaseResult) -> tuple[str, str, int, int, str]:

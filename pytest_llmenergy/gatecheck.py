@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compare import Comparison, Gate, compare_cases, detectable
+from .compare import CompareOptions, Comparison, Gate, compare_cases, detectable
 from .errors import ConfigError
 from .history import run_sessions
 from .sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, noise_from_runs
@@ -292,11 +292,13 @@ def judge(
         return compare_cases(
             base.cases,
             head.cases,
-            gates=gates,
-            confidence=confidence,
-            session_noise=session_noise,
-            history=history,
-            normalize=normalize,
+            CompareOptions(
+                gates=gates,
+                confidence=confidence,
+                session_noise=session_noise,
+                history=history,
+                normalize=normalize,
+            ),
         )
 
     metrics = [g.metric for g in gates]
@@ -339,10 +341,12 @@ def judge(
                 compare_cases(
                     run.base.cases,
                     run.head.cases,
-                    gates=gates,
-                    confidence=confidence,
-                    normalize=False,
-                    paired=run.base.paired_with(run.head),
+                    CompareOptions(
+                        gates=gates,
+                        confidence=confidence,
+                        normalize=False,
+                        paired=run.base.paired_with(run.head),
+                    ),
                 )
             )
     outcomes = {p: {k: outcome(v) for k, v in by.items()} for p, by in results.items()}

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from .compare import (
+    CompareOptions,
     Comparison,
     Delta,
     Gate,
@@ -171,17 +172,21 @@ def gate_runs(
     return compare_cases(
         base.cases,
         run.cases,
-        gates=gates,
-        confidence=confidence,
-        baseline_label=base_label,
-        current_label=label,
-        not_comparable=unlike_meters(base.meter_identity, run.meter_identity, current_label=label),
-        drift=speed_drift(run_speed_s(base), run_speed_s(run), None),
-        session_noise=session_noise,
-        history=history,
-        # another machine's speed is part of what is compared, not noise to take out
-        normalize=run.hardware == base.hardware,
-        paired=base.paired_with(run),
+        CompareOptions(
+            gates=gates,
+            confidence=confidence,
+            baseline_label=base_label,
+            current_label=label,
+            not_comparable=unlike_meters(
+                base.meter_identity, run.meter_identity, current_label=label
+            ),
+            drift=speed_drift(run_speed_s(base), run_speed_s(run), None),
+            session_noise=session_noise,
+            history=history,
+            # another machine's speed is part of what is compared, not noise to take out
+            normalize=run.hardware == base.hardware,
+            paired=base.paired_with(run),
+        ),
     )
 
 

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy.compare import BUSY, FAIL, compare_cases, unlike_meters, verdict_line
+from pytest_llmenergy.compare import (
+    BUSY,
+    FAIL,
+    CompareOptions,
+    compare_cases,
+    unlike_meters,
+    verdict_line,
+)
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
@@ -208,14 +215,16 @@ def test_a_gate_never_fails_on_a_busy_case() -> None:
     base = [make_case([1.0, 1.01, 0.99])]
     worse = [make_case([1.5, 1.51, 1.49])]
     gates = parse_gates("j_per_token:5%")
-    quiet = compare_cases(base, worse, gates=gates, session_noise=0.02)
+    quiet = compare_cases(base, worse, CompareOptions(gates=gates, session_noise=0.02))
     assert quiet.failed and quiet.deltas[0].verdict == FAIL
-    busy = compare_cases(base, [with_disturbed(worse[0])], gates=gates, session_noise=0.02)
+    busy = compare_cases(
+        base, [with_disturbed(worse[0])], CompareOptions(gates=gates, session_noise=0.02)
+    )
     assert not busy.failed and busy.deltas[0].verdict == BUSY
     assert verdict_line(busy).startswith("energy gate inconclusive (j_per_token:5%): the machine")
     # a busy baseline is no better
     assert not compare_cases(
-        [with_disturbed(base[0])], worse, gates=gates, session_noise=0.02
+        [with_disturbed(base[0])], worse, CompareOptions(gates=gates, session_noise=0.02)
     ).failed
 
 
@@ -366,12 +375,12 @@ def test_a_regression_the_machine_speed_could_explain_is_inconclusive() -> None:
     worse_20 = [make_case([1.2, 1.21, 1.19])]
     worse_50 = [make_case([1.5, 1.51, 1.49])]
     quiet = {"gates": gates, "session_noise": 0.02}
-    c = compare_cases(base, worse_20, drift=0.25, **quiet)
+    c = compare_cases(base, worse_20, CompareOptions(drift=0.25, **quiet))
     assert not c.failed and c.deltas[0].verdict == DRIFT
     assert "machine's own speed difference (25%" in verdict_line(c)
     # a regression beyond the gate plus the drift still fails
-    assert compare_cases(base, worse_50, drift=0.25, **quiet).failed
-    assert compare_cases(base, worse_20, drift=0.0, **quiet).failed
+    assert compare_cases(base, worse_50, CompareOptions(drift=0.25, **quiet)).failed
+    assert compare_cases(base, worse_20, CompareOptions(drift=0.0, **quiet)).failed
 
 
 def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytester) -> None:
@@ -402,6 +411,6 @@ def test_a_case_busy_throughout_is_inconclusive_not_ignored() -> None:
 
     base = [make_case([1.0, 1.01, 0.99])]
     gone = replace(with_disturbed(base[0]), trials=())
-    c = compare_cases(base, [gone], gates=parse_gates("j_per_token:5%"))
+    c = compare_cases(base, [gone], CompareOptions(gates=parse_gates("j_per_token:5%")))
     assert not c.failed and c.unsure and c.busy_unmeasured == (gone.name,)
     assert verdict_line(c).startswith("energy gate inconclusive: other processes kept the")

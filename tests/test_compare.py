@@ -13,6 +13,7 @@ from pytest_llmenergy.compare import (
     NOT_SIGNIFICANT,
     OK,
     TOO_FEW,
+    CompareOptions,
     Gate,
     Lineup,
     compare_cases,
@@ -156,7 +157,9 @@ def test_compare_cases_matches_by_node_id_and_lists_the_rest() -> None:
         make_case(BASE, input_tokens=512),  # new
     ]
     c = compare_cases(
-        baseline, current, gates=parse_gates("j_per_token:5%"), baseline_label="0001_base"
+        baseline,
+        current,
+        CompareOptions(gates=parse_gates("j_per_token:5%"), baseline_label="0001_base"),
     )
     assert len(c.deltas) == 1 and c.failed
     assert c.only_in_baseline == (make_case(BASE, input_tokens=64).nodeid,)
@@ -198,19 +201,21 @@ def test_without_gates_the_default_metrics_are_compared() -> None:
 
 def test_compared_figures_by_old_names_warn_and_removed_ones_are_refused() -> None:
     with pytest.warns(DeprecatedName, match="'joules' is deprecated, use 'energy_j'"):
-        c = compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["joules"])
+        c = compare_cases([make_case(BASE)], [make_case(BASE)], CompareOptions(metrics=["joules"]))
     assert [d.metric for d in c.deltas] == ["energy_j"]
     with pytest.raises(ConfigError, match=r"'j_per_out_token' is gone: .*decode_j_per_out_token"):
-        compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["j_per_out_token"])
+        compare_cases(
+            [make_case(BASE)], [make_case(BASE)], CompareOptions(metrics=["j_per_out_token"])
+        )
     with pytest.raises(ConfigError, match="'tokens_in' has no value per trial"):
-        compare_cases([make_case(BASE)], [make_case(BASE)], metrics=["tokens_in"])
+        compare_cases([make_case(BASE)], [make_case(BASE)], CompareOptions(metrics=["tokens_in"]))
 
 
 def test_gate_passes_with_note_on_noise() -> None:
     c = compare_cases(
         [make_case([0.05, 0.25, 0.05])],
         [make_case([0.25, 0.05, 0.25])],
-        gates=parse_gates("energy_j:10%"),
+        CompareOptions(gates=parse_gates("energy_j:10%")),
     )
     assert not c.failed
     assert verdict_line(c) == (
@@ -271,7 +276,7 @@ def test_a_gate_that_compares_nothing_fails_and_says_why() -> None:
     so renaming the tests passed any gate.  It fails, saying why and what to do."""
     gates = parse_gates("energy_j:5%")
     renamed = make_case(BASE, input_tokens=999)
-    c = compare_cases([make_case(BASE)], [renamed], gates=gates)
+    c = compare_cases([make_case(BASE)], [renamed], CompareOptions(gates=gates))
     assert not c.deltas and c.failed and c.fails(strict=False)
     assert verdict_line(c) == (
         "energy gate FAILED (energy_j:5%): nothing compared: none of the 1 case(s) of "
@@ -279,19 +284,23 @@ def test_a_gate_that_compares_nothing_fails_and_says_why() -> None:
         "same tests, or save a new baseline"
     )
     # nothing measured at all, or shared cases lacking the gated figure: failed too
-    none = compare_cases([make_case(BASE)], [], gates=gates)
+    none = compare_cases([make_case(BASE)], [], CompareOptions(gates=gates))
     assert none.failed and verdict_line(none).endswith(
         "nothing compared: current measured no case; run the gated tests, or drop the gate"
     )
     bare = [make_case(BASE, prefill_share=None)]
-    lacking = compare_cases(bare, bare, gates=parse_gates("prefill_j_per_in_token:5%"))
+    lacking = compare_cases(
+        bare, bare, CompareOptions(gates=parse_gates("prefill_j_per_in_token:5%"))
+    )
     assert lacking.failed and "the 1 case(s) in both runs have no prefill_j_per_in_token" in (
         verdict_line(lacking)
     )
     # ungated, it is only shown: nothing was asked to pass
-    shown = compare_cases([make_case(BASE)], [renamed], metrics=["energy_j"])
+    shown = compare_cases([make_case(BASE)], [renamed], CompareOptions(metrics=["energy_j"]))
     assert not shown.failed and verdict_line(shown).startswith("nothing compared")
-    one = compare_cases([make_case(BASE)], [make_case([0.5])], gates=parse_gates("time_s:5%"))
+    one = compare_cases(
+        [make_case(BASE)], [make_case([0.5])], CompareOptions(gates=parse_gates("time_s:5%"))
+    )
     assert verdict_line(one).endswith("1 over the threshold with too few trials to test")
 
 
@@ -301,7 +310,7 @@ def test_strict_fails_on_a_case_present_on_one_side_only() -> None:
     gates = parse_gates("energy_j:5%")
     both = make_case(BASE)
     gone, new = make_case(BASE, input_tokens=64), make_case(BASE, input_tokens=128)
-    c = compare_cases([both, gone], [both, new], gates=gates)
+    c = compare_cases([both, gone], [both, new], CompareOptions(gates=gates))
     assert len(c.deltas) == 1 and not c.failed and c.unsure
     assert not c.fails(strict=False) and c.fails(strict=True)
     one_sided = (
@@ -313,11 +322,11 @@ def test_strict_fails_on_a_case_present_on_one_side_only() -> None:
     )
     assert verdict_line(c, strict=True) == f"FAILED (strict): {verdict_line(c)}"
     # the same cases on both sides: nothing for strict to fail on
-    same = compare_cases([both, gone], [both, gone], gates=gates)
+    same = compare_cases([both, gone], [both, gone], CompareOptions(gates=gates))
     assert not same.unsure and not same.fails(strict=True)
     # a long list is cut in the verdict (the table's notes list every case)
     many = [make_case(BASE, input_tokens=n) for n in range(10, 30)]
-    cut = verdict_line(compare_cases([both, *many], [both], gates=gates))
+    cut = verdict_line(compare_cases([both, *many], [both], CompareOptions(gates=gates)))
     assert cut.count("::") == 8 and "and 12 more (--energy-strict fails on this)" in cut
 
 
@@ -331,9 +340,9 @@ def test_a_throughput_gate_fails_when_throughput_falls() -> None:
 
 def test_long_case_names_are_shortened_to_their_unique_ids() -> None:
     two = [make_case(BASE), make_case(BASE, input_tokens=64)]
-    c = compare_cases(two, two, metrics=["j_per_token"])
+    c = compare_cases(two, two, CompareOptions(metrics=["j_per_token"]))
     table = comparison_table(c)
     assert table.cells[0][0] == "tiny-llama-in8-out4"
     assert table.rows[0][0] == two[0].nodeid  # csv/json: the whole node id
-    one = comparison_table(compare_cases(two[:1], two[:1], metrics=["j_per_token"]))
+    one = comparison_table(compare_cases(two[:1], two[:1], CompareOptions(metrics=["j_per_token"])))
     assert one.cells[0][0] == "test_input_tokens[tiny-llama-in8-out4]"  # the test, named

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.conversions import (
     G_PER_KWH,
     PRICE_PER_KWH,
@@ -67,7 +67,9 @@ def test_conversions_are_saved_and_gateable(tmp_path: Path) -> None:
     run = Run("", "x", "", "complete", "hw", {}, {}, {}, {}, cases=(base,))
     assert loads(dumps(run), tmp_path / "r.json").cases[0].conversions == conv
     assert compare_cases(
-        [base], [worse], gates=parse_gates("co2_g_per_1k_tokens:5%"), session_noise=0.02
+        [base],
+        [worse],
+        CompareOptions(gates=parse_gates("co2_g_per_1k_tokens:5%"), session_noise=0.02),
     ).failed
 
 

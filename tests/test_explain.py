@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import compare_cases, parse_gate, verdict_lines, why_lines
+from pytest_llmenergy.compare import (
+    CompareOptions,
+    compare_cases,
+    parse_gate,
+    verdict_lines,
+    why_lines,
+)
 from pytest_llmenergy.explain import NOT_COUNTED, explain, explain_tables, work_changed
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.results import CaseResult, CountedWork, OpWork
@@ -117,7 +123,7 @@ def test_a_failed_gate_explains_each_failed_case_and_only_those() -> None:
         case(BASE_S, work(matmul=2.0)),
         replace(case(BASE_S, work()), nodeid="other", name="other"),
     ]
-    c = compare_cases(base, head, gates=[parse_gate("flops_per_token:0%")])
+    c = compare_cases(base, head, CompareOptions(gates=[parse_gate("flops_per_token:0%")]))
     assert c.failed
     lines = why_lines(c)
     assert len(lines) == 1 and lines[0].startswith("why test_input_tokens"), lines

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import compare_cases, delta, parse_gates
+from pytest_llmenergy.compare import CompareOptions, compare_cases, delta, parse_gates
 from pytest_llmenergy.figures import FIGURES
 from pytest_llmenergy.html import render_report, write_report
 from pytest_llmenergy.html.casedata import case_table, ratio_interval
@@ -133,9 +133,9 @@ def test_two_runs_compared_with_verdicts_and_highlighted_rows() -> None:
     comparison = compare_cases(
         base.cases,
         head.cases,
-        gates=parse_gates("j_per_token:5%"),
-        current_label="head",
-        session_noise=0.02,
+        CompareOptions(
+            gates=parse_gates("j_per_token:5%"), current_label="head", session_noise=0.02
+        ),
     )
     page = render_report([base, head], ["base", "head"], [comparison])
     assert "energy gate FAILED (j_per_token:5%)" in page
@@ -420,7 +420,9 @@ def test_a_small_change_of_two_cases_gets_a_ratio_axis_fitted_to_it() -> None:
     base = _own_suite(synthetic_run(6, seed=1), "base")
     head = _own_suite(synthetic_run(6, seed=2, slower=1.15), "head")
     gates = parse_gates("j_per_token:5%")
-    comparison = compare_cases(base.cases, head.cases, gates=gates, session_noise=0.02)
+    comparison = compare_cases(
+        base.cases, head.cases, CompareOptions(gates=gates, session_noise=0.02)
+    )
     page = render_report([base, head], ["base", "head"], [comparison])
     spec = _specs(page)["ratio-0-j_per_token"]
     marks = spec["data"]["values"]
@@ -452,7 +454,9 @@ def test_a_ratio_chart_per_gated_figure_with_a_mark_per_case() -> None:
     base, head = synthetic_run(54, seed=1), synthetic_run(54, seed=2, slower=1.3)
     gates = parse_gates("j_per_token:5%") + parse_gates("time_s:5%")
     comparison = compare_cases(
-        base.cases, head.cases, gates=gates, current_label="head", session_noise=0.02
+        base.cases,
+        head.cases,
+        CompareOptions(gates=gates, current_label="head", session_noise=0.02),
     )
     specs = _specs(render_report([base, head], ["base", "head"], [comparison]))
     assert {k for k in specs if k.startswith("ratio")} == {
@@ -466,6 +470,6 @@ def test_a_ratio_chart_per_gated_figure_with_a_mark_per_case() -> None:
         assert v["ratio"] == pytest.approx(1.3, rel=0.1)
         assert v["direction"] == "worse"
     # without gates: J/token's ratios
-    plain = compare_cases(base.cases, head.cases, current_label="head")
+    plain = compare_cases(base.cases, head.cases, CompareOptions(current_label="head"))
     specs = _specs(render_report([base, head], ["base", "head"], [plain]))
     assert [k for k in specs if k.startswith("ratio")] == ["ratio-0-j_per_token"]

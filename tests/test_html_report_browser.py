@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.history import branch_history
 from pytest_llmenergy.html import write_report
 from pytest_llmenergy.results import distinct_names
@@ -338,7 +338,9 @@ def test_hostile_names_change_nothing_in_how_the_page_parses(
     labels = ["<!--<script>base", "</script><script>window.llmenergyInjected=3</script>"]
     gates = parse_gates("j_per_token:5%")
     comparison = compare_cases(
-        base.cases, head.cases, gates=gates, baseline_label=labels[0], current_label=labels[1]
+        base.cases,
+        head.cases,
+        CompareOptions(gates=gates, baseline_label=labels[0], current_label=labels[1]),
     )
     histories = branch_history([base, head], gates[0], branch=HOSTILE[0], session_noise=0.02)
     assert len(histories) == 1 and histories[0].changes

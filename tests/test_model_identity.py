@@ -8,7 +8,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from pytest_llmenergy.compare import OTHER_MODEL, compare_cases, parse_gates
+from pytest_llmenergy.compare import OTHER_MODEL, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.llm.grid import make_grid, split_model
 from pytest_llmenergy.llm.loader import check_model, config_hash
 from pytest_llmenergy.llm.tiny import ensure_tiny_model
@@ -70,9 +70,9 @@ def test_another_config_under_the_same_name_is_not_gated() -> None:
     worse = make_case([1.5, 1.51, 1.49])
     base = replace(base, labels={**base.labels, "model_config": "aaa"})
     other = replace(worse, labels={**worse.labels, "model_config": "bbb"})
-    c = compare_cases([base], [other], gates=parse_gates("j_per_token:5%"))
+    c = compare_cases([base], [other], CompareOptions(gates=parse_gates("j_per_token:5%")))
     assert not c.failed and c.deltas[0].verdict == OTHER_MODEL
     same = replace(worse, labels={**worse.labels, "model_config": "aaa"})
     assert compare_cases(
-        [base], [same], gates=parse_gates("j_per_token:5%"), session_noise=0.02
+        [base], [same], CompareOptions(gates=parse_gates("j_per_token:5%"), session_noise=0.02)
     ).failed

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.conversions import G_PER_KWH, PRICE_PER_KWH
 from pytest_llmenergy.pairing.channel import BASE, HEAD, Channel
 from pytest_llmenergy.pairing.coordinator import BUSY_SPAN_S, Coordinator
@@ -50,6 +50,22 @@ def test_blocks_are_balanced_and_both_patterns_are_drawn() -> None:
         for t, side in enumerate(pattern):
             times[side].append(t)
         assert sum(times[BASE]) == sum(times[HEAD])
+
+
+def test_block_pairs_are_the_consecutive_turns_of_the_two_sides() -> None:
+    from pytest_llmenergy.pairing.turns import block_pairs
+
+    abba, baab = BLOCKS
+    assert block_pairs(abba) == block_pairs(baab) == ((0, 1), (2, 3))
+    # a longer pattern pairs as it reads: two blocks in one, and a turn beside its own
+    # side's left unpaired
+    longer = (*abba, *baab)
+    assert block_pairs(longer) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert block_pairs((BASE, BASE, HEAD, HEAD)) == ((1, 2),)
+    assert block_pairs((BASE, HEAD, HEAD)) == ((0, 1),)  # a block cut short
+    assert block_pairs(()) == block_pairs((BASE,)) == ()
+    for pattern in (abba, baab, longer):  # each pair one of each side
+        assert all({pattern[i], pattern[j]} == {BASE, HEAD} for i, j in block_pairs(pattern))
 
 
 def test_paired_interval_matches_a_hand_computed_t_interval() -> None:
@@ -296,8 +312,10 @@ def test_paired_comparison_uses_the_pairs_and_says_so() -> None:
 
     base, head = paired(base_s), paired(head_s)
     gates = parse_gates("energy_j:5%")
-    paired = compare_cases([base], [head], gates=gates, normalize=False, paired=True)
-    unpaired = compare_cases([base], [head], gates=gates, normalize=False)
+    paired = compare_cases(
+        [base], [head], CompareOptions(gates=gates, normalize=False, paired=True)
+    )
+    unpaired = compare_cases([base], [head], CompareOptions(gates=gates, normalize=False))
     assert paired.paired_trials and not unpaired.paired_trials
     assert paired.failed and not unpaired.failed  # +8 % under +-30 % drift: only pairs see it
     from pytest_llmenergy.compare import evidence_text
@@ -326,7 +344,7 @@ def test_what_a_paired_run_can_see_is_set_by_its_pair_limit() -> None:
     for limit in (4, 25):
         options = ControllerSettings(min_trials=3, max_trials=limit)
         base, head = (dataclasses.replace(c, options=options) for c in sides)  # type: ignore[type-var]
-        c = compare_cases([base], [head], gates=gates, normalize=False, paired=True)
+        c = compare_cases([base], [head], CompareOptions(gates=gates, normalize=False, paired=True))
         seen[limit] = c.deltas[0].detectable
     assert seen[25] < seen[4] / 2
 
@@ -588,7 +606,7 @@ def test_one_session_gate_says_when_it_is_not_normalized_and_points_to_ab() -> N
 
     base = [cpu_case([1.0, 1.01, 0.99], n) for n in (8, 64)]
     head = [cpu_case([1.0, 1.02, 0.98], n) for n in (8, 64)]
-    found = compare_cases(base, head, gates=parse_gates("time_s:5%"))
+    found = compare_cases(base, head, CompareOptions(gates=parse_gates("time_s:5%")))
     line = evidence_line(found)
     assert "not normalized by the machine's speed: 2 case(s)" in line
     # against the assumed 15 % session noise, two cases cannot see 5 %
@@ -607,7 +625,9 @@ def test_a_gated_table_shows_the_p_its_verdict_rests_on() -> None:
 
     base = [make_case([1.0, 1.01, 0.99], input_tokens=n) for n in range(1, 8)]
     head = [make_case([1.3, 1.31, 1.29], input_tokens=n) for n in range(1, 8)]
-    found = compare_cases(base, head, gates=parse_gates("time_s:5%"), session_noise=0.05)
+    found = compare_cases(
+        base, head, CompareOptions(gates=parse_gates("time_s:5%"), session_noise=0.05)
+    )
     for d in found.deltas:
         assert d.shown_p == d.p_adjusted
         assert d.significant == (d.p_adjusted is not None and d.p_adjusted <= 0.05)
@@ -799,7 +819,9 @@ def test_an_undecided_case_is_reported_so_and_strict_fails_on_it() -> None:
     from tests.casefactory import make_case
 
     base, head = make_case([1.0, 1.3, 0.8]), make_case([0.7, 1.2, 0.9])
-    c = compare_cases([base], [head], gates=parse_gates("energy_j:5%"), normalize=False)
+    c = compare_cases(
+        [base], [head], CompareOptions(gates=parse_gates("energy_j:5%"), normalize=False)
+    )
     c = dataclasses.replace(
         c, deltas=tuple(dataclasses.replace(d, undecided=True) for d in c.deltas)
     )

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from pytest_llmenergy.cli import runs_cli
 from pytest_llmenergy.compare import (
+    CompareOptions,
     Lineup,
     compare_cases,
     comparison_table,
@@ -190,9 +191,9 @@ def test_a_comparison_names_every_case_in_csv_and_json(
     c = compare_cases(
         cases[: len(cases) // 2 + 1],
         cases,
-        gates=parse_gates("j_per_token:5%"),
-        baseline_label=labels[0],
-        current_label=labels[1],
+        CompareOptions(
+            gates=parse_gates("j_per_token:5%"), baseline_label=labels[0], current_label=labels[1]
+        ),
     )
     table = comparison_table(c)
     rows = list(csv.DictReader(io.StringIO(render([table], "csv"), newline="")))
@@ -293,9 +294,9 @@ def test_the_report_reads_back_to_the_names_it_was_given(
     comparison = compare_cases(
         base.cases,
         head.cases,
-        gates=parse_gates("j_per_token:5%"),
-        baseline_label=labels[0],
-        current_label=labels[1],
+        CompareOptions(
+            gates=parse_gates("j_per_token:5%"), baseline_label=labels[0], current_label=labels[1]
+        ),
     )
     page = report_page([base, head], labels, [comparison])
     # each data element ends at its own </script> (as a browser's tokenizer finds it),

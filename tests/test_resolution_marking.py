@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy.compare import UNRESOLVED, compare_cases, parse_gates
+from pytest_llmenergy.compare import UNRESOLVED, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.controller.benchmark import EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.figures import FIGURES, PASS_WINDOW_MULTIPLE, resolved, value
@@ -98,7 +98,7 @@ def test_unresolved_figures_are_never_gated(case: CaseResult, tmp_path: Any) -> 
             for t in case.trials
         ),
     )
-    c = compare_cases([case], [worse], gates=parse_gates("prefill_j:5%"))
+    c = compare_cases([case], [worse], CompareOptions(gates=parse_gates("prefill_j:5%")))
     assert not c.failed and c.deltas[0].verdict == UNRESOLVED
     # and the resolution and passes survive the run file
     run = Run("", "x", "", "complete", "hw", {}, {}, {}, {}, cases=(case,))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import compare_cases
+from pytest_llmenergy.compare import CompareOptions, compare_cases
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.routing.decide import RouteSettings, route
 from pytest_llmenergy.routing.profile import profiles_from_run
@@ -44,7 +44,7 @@ def test_a_version_1_run_loads_with_its_figures() -> None:
 
 def test_version_1_runs_compare_and_gate() -> None:
     a, b = load(V1 / "machine-a.json"), load(V1 / "machine-b.json")
-    comparison = compare_cases(a.cases, b.cases, metrics=["j_per_token"])
+    comparison = compare_cases(a.cases, b.cases, CompareOptions(metrics=["j_per_token"]))
     assert len(comparison.deltas) == 6
     assert not comparison.only_in_baseline and not comparison.only_in_current
 

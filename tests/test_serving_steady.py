@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy.compare import UNSTABLE, compare_cases, parse_gates
+from pytest_llmenergy.compare import UNSTABLE, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.figures import FIGURES, value
 from pytest_llmenergy.meters.base import Domain, Meter, Method, Reading
 from pytest_llmenergy.report import case_tables, cell
@@ -163,12 +163,12 @@ def test_an_unstable_case_is_shown_flagged_and_never_gated() -> None:
     (table,) = case_tables([worse])
     assert "t[c4]: unstable (1 of 4): the batch never held all 4" in table.notes
     assert any(line.startswith("(Nu): N of the trials were server bursts") for line in table.legend)
-    c = compare_cases([base], [worse], gates=parse_gates("j_per_token:5%"))
+    c = compare_cases([base], [worse], CompareOptions(gates=parse_gates("j_per_token:5%")))
     (delta,) = [d for d in c.deltas if d.metric == "j_per_token"]
     assert delta.unstable and delta.verdict == UNSTABLE and not delta.failed
     assert not c.failures
     steady_again = _case([200.0, 201.0, 199.0, 200.0])
-    c2 = compare_cases([base], [steady_again], gates=parse_gates("j_per_token:5%"))
+    c2 = compare_cases([base], [steady_again], CompareOptions(gates=parse_gates("j_per_token:5%")))
     assert c2.failures  # the same regression, steady, fails: the flag is what spared it
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_llmenergy.compare import compare_cases, parse_gates, verdict_lines
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates, verdict_lines
 from pytest_llmenergy.history import learned_noise
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.sessions import (
@@ -96,8 +96,10 @@ def test_single_sessions_with_the_true_noise_rarely_fail_any_case(sigma: float) 
     failed = welch_failed = 0
     for _ in range(200):
         base, head = session(rng, sigma), session(rng, sigma)
-        failed += compare_cases(base, head, gates=GATE, session_noise=sigma).failed
-        welch_failed += compare_cases(base, head, gates=GATE, session_noise=0.001).failed
+        failed += compare_cases(base, head, CompareOptions(gates=GATE, session_noise=sigma)).failed
+        welch_failed += compare_cases(
+            base, head, CompareOptions(gates=GATE, session_noise=0.001)
+        ).failed
     assert failed <= 16  # 5 % of 200 is 10; binomial upper tail
     assert welch_failed >= 150
 
@@ -111,11 +113,11 @@ def test_rounds_learn_the_noise_and_find_a_regression_of_25_percent() -> None:
         base = pool_runs([run_of(session(rng, 0.05)) for _ in range(3)])
         head = pool_runs([run_of(session(rng, 0.05, 1.25)) for _ in range(3)])
         same = pool_runs([run_of(session(rng, 0.05)) for _ in range(3)])
-        c = compare_cases(base.cases, head.cases, gates=GATE)
+        c = compare_cases(base.cases, head.cases, CompareOptions(gates=GATE))
         assert {d.test.source for d in c.deltas if d.test} == {ROUNDS}
         found += len(c.failures)
         total += len(c.deltas)
-        aa_failed += compare_cases(base.cases, same.cases, gates=GATE).failed
+        aa_failed += compare_cases(base.cases, same.cases, CompareOptions(gates=GATE)).failed
     assert found / total >= 0.9
     assert aa_failed <= 3
 
@@ -134,7 +136,7 @@ def test_history_of_the_same_code_replaces_the_prior() -> None:
     dirty = [replace(r, commit={"id": "abc", "dirty": True}) for r in saved]
     assert learned_noise(dirty, ["j_per_token"]) == {}  # unknown code teaches nothing
     head = session(rng, 0.04, 1.25)
-    c = compare_cases(saved[0].cases, head, gates=GATE, history=noise)
+    c = compare_cases(saved[0].cases, head, CompareOptions(gates=GATE, history=noise))
     assert {d.test.source for d in c.deltas if d.test} == {HISTORY}
     assert len(c.failures) >= CASES * 2 // 3
 
@@ -150,7 +152,7 @@ def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() 
     noise = learned_noise(back_to_back, ["j_per_token"])
     assert noise and all(n.seen_s == 120.0 for n in noise.values())
     later = session(rng, 0.01, 1.18)  # another day's session: 18 % off, same code
-    c = compare_cases(back_to_back[0].cases, later, gates=GATE, history=noise)
+    c = compare_cases(back_to_back[0].cases, later, CompareOptions(gates=GATE, history=noise))
     assert not c.failed
     assert all(d.test is not None and d.test.floored for d in c.deltas)
     assert "back to back" in evidence_text(c)
@@ -160,13 +162,13 @@ def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() 
     # the same noise learned over days is trusted as it is
     spread = [saved_at(r, 20 + i) for i, r in enumerate(back_to_back)]
     trusted = learned_noise(spread, ["j_per_token"])
-    c = compare_cases(spread[0].cases, later, gates=GATE, history=trusted)
+    c = compare_cases(spread[0].cases, later, CompareOptions(gates=GATE, history=trusted))
     assert c.failed and not any(d.test is not None and d.test.floored for d in c.deltas)
 
 
 def test_the_verdict_says_what_it_rests_on_and_what_it_can_see() -> None:
     rng = random.Random(1)
-    c = compare_cases(session(rng, 0.1), session(rng, 0.1), gates=GATE)
+    c = compare_cases(session(rng, 0.1), session(rng, 0.1), CompareOptions(gates=GATE))
     verdict, evidence = verdict_lines(c)
     assert verdict.startswith("energy gate")
     assert "Benjamini-Hochberg" in evidence and "assumed 15%" in evidence

@@ -17,6 +17,7 @@ from pytest_llmenergy.compare import (
     BUSY,
     FAIL,
     MIN_SPEED_CASES,
+    CompareOptions,
     compare_cases,
     evidence_line,
     parse_gates,
@@ -64,9 +65,11 @@ def session(work: float, machine: float, *, gpu: bool = False) -> list[CaseResul
 
 def test_a_slower_machine_alone_does_not_fail_the_gate() -> None:
     base, head = session(1.0, 1.0), session(1.0, 1.3)
-    raw = compare_cases(base, head, gates=GATES, session_noise=0.05, normalize=False)
+    raw = compare_cases(
+        base, head, CompareOptions(gates=GATES, session_noise=0.05, normalize=False)
+    )
     assert raw.failed and len(raw.failures) == len(SIZES)  # what it was before
-    norm = compare_cases(base, head, gates=GATES, session_noise=0.05)
+    norm = compare_cases(base, head, CompareOptions(gates=GATES, session_noise=0.05))
     assert not norm.failed
     assert all(abs(d.speed - 1.3) < 1e-9 for d in norm.deltas)
     assert "normalized by the machine's speed" in evidence_line(norm)
@@ -75,25 +78,33 @@ def test_a_slower_machine_alone_does_not_fail_the_gate() -> None:
 
 def test_a_regression_is_found_at_any_machine_speed() -> None:
     base = session(1.0, 1.0)
-    same_speed = compare_cases(base, session(1.3, 1.0), gates=GATES, session_noise=0.05)
+    same_speed = compare_cases(
+        base, session(1.3, 1.0), CompareOptions(gates=GATES, session_noise=0.05)
+    )
     assert len(same_speed.failures) == len(SIZES)
     # +30 % of work on a machine 30 % faster: the raw figures barely move
     faster = session(1.3, 1 / 1.3)
-    raw = compare_cases(base, faster, gates=GATES, session_noise=0.05, normalize=False)
+    raw = compare_cases(
+        base, faster, CompareOptions(gates=GATES, session_noise=0.05, normalize=False)
+    )
     assert not raw.failed
-    norm = compare_cases(base, faster, gates=GATES, session_noise=0.05)
+    norm = compare_cases(base, faster, CompareOptions(gates=GATES, session_noise=0.05))
     assert len(norm.failures) == len(SIZES)
     assert all(abs(d.test.log_ratio - 0.2624) < 1e-3 for d in norm.deltas if d.test)
 
 
 def test_gpu_figures_and_few_cases_are_left_as_measured() -> None:
     gpu = compare_cases(
-        session(1.0, 1.0, gpu=True), session(1.0, 1.3, gpu=True), gates=GATES, session_noise=0.05
+        session(1.0, 1.0, gpu=True),
+        session(1.0, 1.3, gpu=True),
+        CompareOptions(gates=GATES, session_noise=0.05),
     )
     assert gpu.failed and all(d.speed == 1.0 for d in gpu.deltas) and not gpu.speed_note
     few = MIN_SPEED_CASES - 1
     small = compare_cases(
-        session(1.0, 1.0)[:few], session(1.0, 1.3)[:few], gates=GATES, session_noise=0.05
+        session(1.0, 1.0)[:few],
+        session(1.0, 1.3)[:few],
+        CompareOptions(gates=GATES, session_noise=0.05),
     )
     assert small.failed and all(d.speed == 1.0 for d in small.deltas)
 
@@ -113,9 +124,15 @@ def test_a_few_disturbed_trials_do_not_blind_the_gate() -> None:
     head = session(1.3, 1.0)
     extra = replace(head[0].trials[0], index=99, background_cpu=0.7)
     one = [replace(head[0], disturbed=(extra,)), *head[1:]]  # 1 of 4 kept trials
-    assert compare_cases(base, one, gates=GATES, session_noise=0.05).deltas[0].verdict == FAIL
+    assert (
+        compare_cases(base, one, CompareOptions(gates=GATES, session_noise=0.05)).deltas[0].verdict
+        == FAIL
+    )
     two = [replace(head[0], disturbed=(extra, replace(extra, index=98))), *head[1:]]
-    assert compare_cases(base, two, gates=GATES, session_noise=0.05).deltas[0].verdict == BUSY
+    assert (
+        compare_cases(base, two, CompareOptions(gates=GATES, session_noise=0.05)).deltas[0].verdict
+        == BUSY
+    )
 
 
 def test_llmenergy_compare_normalizes_on_the_same_hardware_only(

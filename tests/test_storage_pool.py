@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmenergy.compare import compare_cases, parse_gates
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import value
@@ -61,8 +61,10 @@ def test_pooled_sides_give_the_gate_more_trials_than_either_round() -> None:
     base = [sample_run((make_case(s),)) for s in ([0.10, 0.12, 0.08], [0.11, 0.09, 0.10])]
     head = [sample_run((make_case(s),)) for s in ([0.12, 0.14, 0.10], [0.13, 0.11, 0.12])]
     gates = parse_gates("j_per_token:5%")
-    alone = compare_cases(base[0].cases, head[0].cases, gates=gates)
-    pooled = compare_cases(pool_runs(base).cases, pool_runs(head).cases, gates=gates)
+    alone = compare_cases(base[0].cases, head[0].cases, CompareOptions(gates=gates))
+    pooled = compare_cases(
+        pool_runs(base).cases, pool_runs(head).cases, CompareOptions(gates=gates)
+    )
     assert not alone.failed and alone.deltas[0].p_value > 0.05
     assert pooled.failed and pooled.deltas[0].p_value < 0.05
 

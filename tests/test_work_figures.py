@@ -12,6 +12,7 @@ from pytest_llmenergy.cli import main
 from pytest_llmenergy.compare import (
     FAIL,
     OK,
+    CompareOptions,
     compare_cases,
     comparison_table,
     evidence_line,
@@ -96,22 +97,26 @@ def test_a_gate_on_counted_work_fails_any_worsening_beyond_it_with_no_statistics
     gate = parse_gate("flops_per_token:0%")
     base = counted(BASE)
     slower = counted([0.2, 0.21, 0.19, 0.2])  # twice the time, the same work
-    c = compare_cases([base], [slower], gates=[gate])
+    c = compare_cases([base], [slower], CompareOptions(gates=[gate]))
     assert not c.failed and [d.verdict for d in c.deltas] == [OK]
     assert "counted, exact: no noise" in evidence_line(c)
     one_more = counted(BASE, work(decode_mm_flops=401.0))  # one FLOP, 0.07 % per token
-    c = compare_cases([base], [one_more], gates=[gate])
+    c = compare_cases([base], [one_more], CompareOptions(gates=[gate]))
     (d,) = c.deltas
     assert c.failed and d.verdict == FAIL and d.p_value is None and d.exact
     assert d.relative_change == pytest.approx(1 / 1460)
-    assert not compare_cases([base], [one_more], gates=[parse_gate("flops_per_token:1%")]).failed
+    assert not compare_cases(
+        [base], [one_more], CompareOptions(gates=[parse_gate("flops_per_token:1%")])
+    ).failed
     fewer = counted(BASE, work(decode_mm_flops=200.0))
-    assert not compare_cases([base], [fewer], gates=[gate]).failed  # less work is better
+    assert not compare_cases(
+        [base], [fewer], CompareOptions(gates=[gate])
+    ).failed  # less work is better
 
 
 def test_a_counted_gate_beside_a_measured_one_says_what_each_rests_on() -> None:
     gates = [parse_gate("j_per_token:5%"), parse_gate("flops_per_token:0%")]
-    c = compare_cases([counted(BASE)], [counted(BASE)], gates=gates)
+    c = compare_cases([counted(BASE)], [counted(BASE)], CompareOptions(gates=gates))
     assert len(c.deltas) == 2 and not c.failed
     line = evidence_line(c)
     assert "counted, exact: no noise" in line and "Benjamini-Hochberg" in line
@@ -123,7 +128,7 @@ def test_runs_measured_by_other_meters_still_gate_their_counted_work() -> None:
     gates = [parse_gate("j_per_token:5%"), parse_gate("flops_per_token:0%")]
     other = "baseline: meter rapl, this run: meter estimate; energies not comparable"
     more = counted([0.3, 0.31, 0.29, 0.3], work(decode_mm_flops=800.0))
-    c = compare_cases([counted(BASE)], [more], gates=gates, not_comparable=other)
+    c = compare_cases([counted(BASE)], [more], CompareOptions(gates=gates, not_comparable=other))
     by_figure = {d.metric: d for d in c.deltas}
     assert by_figure["flops_per_token"].verdict == FAIL and by_figure["j_per_token"].gate is None
     assert c.failed and c.meters_differ and c.unsure
@@ -132,10 +137,14 @@ def test_runs_measured_by_other_meters_still_gate_their_counted_work() -> None:
     assert "counted, exact" in evidence_line(c)
     rows = [r[-1] for r in comparison_table(c).cells]
     assert sorted(rows) == [FAIL, "not gated"]
-    same = compare_cases([counted(BASE)], [counted(BASE)], gates=gates[1:], not_comparable=other)
+    same = compare_cases(
+        [counted(BASE)], [counted(BASE)], CompareOptions(gates=gates[1:], not_comparable=other)
+    )
     assert not same.failed and not same.unsure and not same.meters_differ  # nothing unjudged
     assert verdict_line(same).startswith("energy gate passed (flops_per_token:0%)")
-    energy_only = compare_cases([counted(BASE)], [more], gates=gates[:1], not_comparable=other)
+    energy_only = compare_cases(
+        [counted(BASE)], [more], CompareOptions(gates=gates[:1], not_comparable=other)
+    )
     assert verdict_line(energy_only) == f"not gated: {other}" and not energy_only.failed
 
 
@@ -149,13 +158,15 @@ def test_a_case_a_busy_machine_left_unmeasured_still_gates_its_counted_work() ->
         case = counted(BASE, w)
         return replace(case, trials=(), disturbed=case.trials)
 
-    c = compare_cases([busy(work())], [busy(work(decode_mm_flops=800.0))], gates=gates)
+    c = compare_cases(
+        [busy(work())], [busy(work(decode_mm_flops=800.0))], CompareOptions(gates=gates)
+    )
     assert [(d.metric, d.verdict) for d in c.deltas] == [("flops_per_token", FAIL)]
     assert c.failed and not c.only_in_baseline and not c.only_in_current
-    same = compare_cases([counted(BASE)], [busy(work())], gates=gates)
+    same = compare_cases([counted(BASE)], [busy(work())], CompareOptions(gates=gates))
     assert [d.metric for d in same.deltas] == ["flops_per_token"] and not same.failed
     assert same.busy_unmeasured  # its energy was not compared, and the verdict says so
-    measured_only = compare_cases([busy(work())], [busy(work())], gates=gates[:1])
+    measured_only = compare_cases([busy(work())], [busy(work())], CompareOptions(gates=gates[:1]))
     assert not measured_only.deltas and measured_only.only_in_current == ()
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import values
 from ..commandline import Command, Outcome
-from ..compare import Comparison, compare_cases, comparison_table, parse_gates
+from ..compare import CompareOptions, Comparison, compare_cases, comparison_table, parse_gates
 from ..compare import verdict_lines as gate_verdict_lines
 from ..errors import ConfigError
 from ..figures import FIGURES
@@ -245,12 +245,14 @@ def _compare(coordinator: Coordinator, gates: Sequence[Any], confidence: float) 
     comparison = compare_cases(
         list(coordinator.results[BASE].values()),
         list(coordinator.results[HEAD].values()),
-        gates=gates,
-        confidence=confidence,
-        baseline_label="base",
-        current_label="head",
-        normalize=False,
-        paired=True,
+        CompareOptions(
+            gates=gates,
+            confidence=confidence,
+            baseline_label="base",
+            current_label="head",
+            normalize=False,
+            paired=True,
+        ),
     )
     wide = coordinator.too_wide()
     return dataclasses.replace(

@@ -14,14 +14,14 @@ import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import pytest
 
 from ..errors import LLMEnergyError, TrialRejected
 from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
-from ..meters.background import BackgroundCpu
-from ..meters.base import Meter
+from ..meters.background import BackgroundCpu, CpuActivity
+from ..meters.base import Measurement, Meter
 from ..meters.reference import case_reference_s
 from ..meters.resources import ResourceProbe
 from ..results import (
@@ -36,7 +36,7 @@ from ..results import (
     ThermalWait,
     Trial,
 )
-from .rule import RULES, ControllerSettings, decide, progress_line
+from .rule import RULES, ControllerSettings, StopDecision, decide, may_stop, progress_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +141,119 @@ def _one_line(exc: BaseException) -> str:
     """An exception as one line for a run file and a table note."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """What a case calls, and what it declares each call does (its trials check it)."""
+
+    fn: Callable[..., Any]
+    call_args: Callable[[], tuple[Sequence[Any], Mapping[str, Any]]]
+    input_tokens: int
+    output_tokens: int
+    queries: int = 1
+
+
+@dataclasses.dataclass
+class _OthersCpu:
+    """What the rest of the machine did around each trial (``BackgroundCpu``).  The
+    previous trial's end reading starts the next trial: between them only this process
+    ran (the stopping rule), which the share leaves out anyway; a paired run's span
+    restarts at each turn, after the other side's."""
+
+    background: BackgroundCpu
+    history: list[CpuActivity]  # readings from before the warm-up on
+    fresh: bool = False  # the last trial's end reading starts the next trial
+
+    @classmethod
+    def start(cls, background: BackgroundCpu | None) -> _OthersCpu | None:
+        return cls(background, [background.read()]) if background is not None else None
+
+    def begin(self, restart: bool) -> None:
+        """A trial begins; ``restart``: not back into the other side's turn."""
+        if restart:
+            self.history = [self.background.read()]
+        elif not self.fresh:
+            self.history.append(self.background.read())
+
+    def end(self) -> float:
+        """The share of the CPUs other processes used around the trial that just ended."""
+        end = self.background.read()
+        share = self.background.share_around(self.history, end)
+        self.history.append(end)
+        self.fresh = True
+        return share
+
+
+@dataclasses.dataclass
+class _CaseTrials:
+    """A case's trials so far (its earlier visits' included), and the last call's
+    arguments (what the operator profile and the work count run again)."""
+
+    kept: list[Trial]
+    disturbed: list[Trial]
+    cpu: _OthersCpu | None = None  # None: trials are not checked for a busy machine
+    last_call: tuple[Sequence[Any], Mapping[str, Any]] | None = None
+
+    @classmethod
+    def resume(cls, visits: CaseVisits | None, cpu: _OthersCpu | None) -> _CaseTrials:
+        if visits is None:
+            return cls([], [], cpu)
+        return cls(list(visits.trials), list(visits.disturbed), cpu)
+
+    @property
+    def count(self) -> int:
+        return len(self.kept) + len(self.disturbed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One measured trial, and whether it is left out of the statistics and repeated."""
+
+    trial: Trial
+    share: float | None  # of the CPUs other processes used meanwhile
+    busy_cpu: bool  # that share was too much
+
+    @property
+    def throttled(self) -> str:
+        return self.trial.gpu.throttled if self.trial.gpu is not None else ""
+
+    @property
+    def neighbours(self) -> str:
+        """Other processes on its GPUs."""
+        gpu = self.trial.gpu
+        return ", ".join(n.describe() for n in gpu.neighbours) if gpu is not None else ""
+
+    @property
+    def busy(self) -> bool:
+        return self.busy_cpu or bool(self.throttled or self.neighbours or self.trial.rejected)
+
+    def note(self) -> str:
+        """Why the trial is repeated, for the live status ("" when it counted)."""
+        index = self.trial.index
+        if self.trial.rejected:
+            return f" [trial {index} rejected: {self.trial.rejected}; repeated]"
+        if self.throttled:
+            return f" [trial {index} throttled ({self.throttled}); repeated]"
+        if self.neighbours:
+            return f" [trial {index} disturbed: on the GPU too: {self.neighbours}; repeated]"
+        if self.busy_cpu and self.share is not None:
+            return (
+                f" [trial {index} disturbed: other processes used "
+                f"{self.share:.0%} of the CPUs; repeated]"
+            )
+        return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """How a case's trials ended: its status, why it missed its precision, a paired
+    run's pairs (this side's trial -> pair), or only this visit's share done."""
+
+    status: str = ROUNDS
+    why: str = ""
+    pairs: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    paused: bool = False
 
 
 class EnergyBenchmark:
@@ -303,14 +416,10 @@ class EnergyBenchmark:
         try:
             with self._exclusive():
                 return self._measure(
-                    fn,
-                    call_args,
-                    input_tokens=input_tokens,
-                    output_tokens=output_tokens,
+                    _Target(fn, call_args, input_tokens, output_tokens, queries),
                     warmup=warmup,
                     rounds=rounds,
                     prefill_pass=prefill_pass,
-                    queries=queries,
                 )
         finally:
             if self._progress is not None and rounds is None:
@@ -318,187 +427,233 @@ class EnergyBenchmark:
 
     def _measure(
         self,
-        fn: Callable[..., Any],
-        call_args: Callable[[], tuple[Sequence[Any], Mapping[str, Any]]],
+        target: _Target,
         *,
-        input_tokens: int,
-        output_tokens: int,
         warmup: int,
         rounds: int | None,
         prefill_pass: Callable[[], Any] | None,
-        queries: int = 1,
     ) -> CaseResult:
+        """Warm up, run the mode's trials, then what follows them: the prefill passes,
+        the operator profile and the counted work; out of memory, the case is skipped."""
         visits = self.visits if rounds is None else None  # fixed rounds: all at once
-        trials: list[Trial] = list(visits.trials) if visits is not None else []
-        disturbed: list[Trial] = list(visits.disturbed) if visits is not None else []
-        earlier = len(trials) + len(disturbed)  # measured at earlier visits
-        paused = False  # this visit's share is done; the case goes on at its next visit
-        status = ROUNDS
-        stopped = ""  # why the precision was not reached, when it was not
         pacer = self.pacer if rounds is None and visits is None else None
-        pairs: Mapping[int, int] = {}
-        background = self.background
-        # readings of what the rest of the machine did, from before the warm-up on
-        history = [background.read()] if background is not None else []
+        state = _CaseTrials.resume(visits, _OthersCpu.start(self.background))
         try:
-            for _ in range(warmup):
-                args, kwargs = call_args()
-                try:
-                    out = self._call(fn, args, kwargs)
-                except TrialRejected:  # unmeasured: the measured trials check it again
-                    continue
-                self._check_tokens(out, input_tokens, output_tokens, queries)
+            self._warm_up(target, warmup)
             if pacer is None:  # paired trials share the machine's speed: nothing to read
                 self._reference.append(case_reference_s())
-            # the previous trial's end reading starts the next trial: between them only
-            # this process ran (the stopping rule), which the share leaves out anyway; in a
-            # paired run the span restarts at each turn, after the other side's
-            fresh = False
             with ResourceProbe() as probe:
-                while True:
-                    if pacer is not None:
-                        word = pacer.turn(self._pacer_meta(input_tokens, output_tokens, queries))
-                        if word is not None:
-                            status, stopped, pairs = word.status, word.why, word.pairs
-                            break
-                    args, kwargs = call_args()
-                    if pacer is not None and pacer.warm_up:
-                        with contextlib.suppress(TrialRejected):
-                            self._call(fn, args, kwargs)
-                        args, kwargs = call_args()
-                    if background is not None and pacer is not None and pacer.began:
-                        history = [background.read()]  # not back into the other side's turn
-                    elif background is not None and not fresh:
-                        history.append(background.read())
-                    gpu_probe = self.trial_probe
-                    if gpu_probe is not None:
-                        gpu_probe.start()
-                    rejected = ""
-                    try:
-                        with self.meter.measure() as window:
-                            try:
-                                out = self._call(fn, args, kwargs)
-                            except TrialRejected as exc:  # ran, but not the case: repeat
-                                out, rejected = None, _one_line(exc)
-                    finally:
-                        gpu = gpu_probe.stop() if gpu_probe is not None else None
-                    share = None
-                    if background is not None:
-                        end = background.read()
-                        share = background.share_around(history, end)
-                        history.append(end)
-                        fresh = True
-                    n_in, n_out = input_tokens, output_tokens
-                    if not rejected:
-                        n_in, n_out = self._check_tokens(out, input_tokens, output_tokens, queries)
-                    index = len(trials) + len(disturbed) + 1
-                    trial = Trial.from_measurement(
-                        index,
-                        window.measurement,
-                        n_in,
-                        n_out,
-                        background_cpu=share,
-                        queries=queries,
-                        requests=tuple(getattr(out, "requests", ())),
-                    )
-                    if gpu is not None:
-                        trial = dataclasses.replace(trial, gpu=gpu)
-                    steady = _steadiness(out)
-                    if steady is not None:
-                        trial = dataclasses.replace(
-                            trial, steady_tokens=steady[0], unstable=steady[1]
-                        )
-                    if visits is not None:
-                        trial = dataclasses.replace(trial, visit=visits.visit)
-                    if rejected:
-                        trial = dataclasses.replace(trial, rejected=rejected)
-                    throttled = gpu.throttled if gpu is not None else ""
-                    shared = ", ".join(n.describe() for n in gpu.neighbours) if gpu else ""
-                    busy = self.options.disturbed(share) or bool(throttled or shared or rejected)
-                    (disturbed if busy else trials).append(trial)
-                    if rounds is not None:
-                        if index >= rounds:
-                            break
-                        continue
-                    counted = {name: d.counted for name, d in self.meter.domains.items()}
-                    quiet = self._progress is None and pacer is None and visits is None
-                    if quiet and not self._may_stop(len(trials), len(disturbed)):
-                        continue  # the rule could not stop yet: no need to ask it
-                    decision = decide(
-                        self.options, trials, len(disturbed), counted, self.conversions
-                    )
-                    if self._progress is not None:
-                        line = progress_line(self.options, len(trials), decision)
-                        if rejected:
-                            line += f" [trial {index} rejected: {rejected}; repeated]"
-                        elif throttled:
-                            line += f" [trial {index} throttled ({throttled}); repeated]"
-                        elif shared:
-                            line += (
-                                f" [trial {index} disturbed: on the GPU too: {shared}; repeated]"
-                            )
-                        elif busy and share is not None:
-                            line += (
-                                f" [trial {index} disturbed: other processes used "
-                                f"{share:.0%} of the CPUs; repeated]"
-                            )
-                        self._progress(line)
-                    if pacer is not None:  # the pairs, not this side's trials, decide
-                        pacer.trial(trial, counted, busy)
-                        continue
-                    if visits is not None and not visits.last:
-                        ran = len(trials) + len(disturbed) - earlier
-                        if decision.stop or ran >= visits.quota(self.options.max_trials):
-                            paused = True
-                            break
-                    if decision.stop:
-                        status = CONVERGED if decision.converged else LIMIT
-                        stopped = decision.why() if trials else ""  # else: busy
-                        break
+                if rounds is not None:
+                    outcome = self._fixed_rounds(target, state, rounds)
+                elif pacer is not None:
+                    outcome = self._paired_turns(target, state, pacer)
+                else:
+                    outcome = self._until_rule(target, state, visits)
                 passes = (
                     ()
-                    if paused
-                    else self._prefill_passes(prefill_pass, trials, input_tokens, queries)
+                    if outcome.paused
+                    else self._prefill_passes(
+                        prefill_pass, state.kept, target.input_tokens, target.queries
+                    )
                 )
-            ran_any = (trials or disturbed) and not paused
-            op_profile = self._profile_ops(fn, args, kwargs) if ran_any else None
-            work = self._count_work(fn, args, kwargs) if ran_any else None
+            last = state.last_call if state.count and not outcome.paused else None
+            op_profile = self._profile_ops(target.fn, *last) if last is not None else None
+            work = self._count_work(target.fn, *last) if last is not None else None
         except BaseException as exc:
             if not is_out_of_memory(exc):
                 raise
-            del exc
-            _free_memory()
-            reason = f"OOM at {input_tokens} input tokens ({output_tokens} output tokens)"
-            if queries != 1:
-                reason += f" x {queries} queries at once"
-            self._finish(
-                input_tokens,
-                output_tokens,
-                OOM,
-                trials,
-                reason=reason,
-                disturbed=disturbed,
-                queries=queries,
-            )
-            pytest.skip(reason)
-        if pairs:
-            trials = [dataclasses.replace(t, pair=pairs.get(t.index, 0)) for t in trials]
-        if paused:
-            assert visits is not None  # only a visit pauses
-            visits.trials, visits.disturbed = trials, disturbed
-        result = self._finish(
-            input_tokens,
-            output_tokens,
-            status,
-            trials,
-            reason=stopped,
+            del exc  # its frames may hold the memory
+            self._out_of_memory(target, state)
+        return self._conclude(
+            target,
+            state,
+            outcome,
             resources=probe.usage,
-            disturbed=disturbed,
-            prefill_passes=passes,
-            queries=queries,
+            passes=passes,
             op_profile=op_profile,
             work=work,
-            keep=not paused,
+        )
+
+    def _warm_up(self, target: _Target, warmup: int) -> None:
+        """Unmeasured calls first; a rejected one is not repeated (the measured trials
+        check it again)."""
+        for _ in range(warmup):
+            args, kwargs = target.call_args()
+            try:
+                out = self._call(target.fn, args, kwargs)
+            except TrialRejected:
+                continue
+            self._check_tokens(out, target.input_tokens, target.output_tokens, target.queries)
+
+    # -- the modes: each runs trials until its own end -----------------------------------
+    def _fixed_rounds(self, target: _Target, state: _CaseTrials, rounds: int) -> _Outcome:
+        """``pedantic``: exactly ``rounds`` trials, disturbed ones among them; no rule."""
+        for _ in range(rounds):
+            self._trial(target, state)
+        return _Outcome(ROUNDS)
+
+    def _paired_turns(self, target: _Target, state: _CaseTrials, pacer: Pacer) -> _Outcome:
+        """``llmenergy ab``: one trial at each turn the other session grants; the pairs,
+        not this side's trials, decide, so the pacer ends the case."""
+        while True:
+            word = pacer.turn(self._pacer_meta(target))
+            if word is not None:
+                return _Outcome(word.status, word.why, word.pairs)
+            step = self._trial(target, state, warm_up=pacer.warm_up, restart=pacer.began)
+            counted = self._counted()
+            if self._progress is not None:
+                self._show(state, step, self._decide(state, counted))
+            pacer.trial(step.trial, counted, step.busy)
+
+    def _until_rule(
+        self, target: _Target, state: _CaseTrials, visits: CaseVisits | None
+    ) -> _Outcome:
+        """Trials until the stopping rule says so; with visits, until this visit's share
+        is done (the rule then speaks at the last visit)."""
+        earlier = state.count  # measured at earlier visits
+        quiet = self._progress is None and visits is None
+        while True:
+            step = self._trial(target, state, visit=visits.visit if visits is not None else 0)
+            if quiet and not may_stop(self.options, len(state.kept), len(state.disturbed)):
+                continue  # the rule could not stop yet: no need to ask it
+            decision = self._decide(state, self._counted())
+            self._show(state, step, decision)
+            if visits is not None and not visits.last:
+                ran = state.count - earlier
+                if decision.stop or ran >= visits.quota(self.options.max_trials):
+                    return _Outcome(paused=True)
+            if decision.stop:
+                status = CONVERGED if decision.converged else LIMIT
+                return _Outcome(status, decision.why() if state.kept else "")  # else: busy
+
+    # -- the step every mode shares ------------------------------------------------------
+    def _trial(
+        self,
+        target: _Target,
+        state: _CaseTrials,
+        *,
+        visit: int = 0,
+        warm_up: bool = False,
+        restart: bool = False,
+    ) -> _Step:
+        """One measured trial, filed with the counted or the disturbed ones.  ``warm_up``:
+        one unmeasured call first; ``restart``: the rest of the machine is judged from
+        now on (a paired run's new turn)."""
+        args, kwargs = target.call_args()
+        if warm_up:
+            with contextlib.suppress(TrialRejected):
+                self._call(target.fn, args, kwargs)
+            args, kwargs = target.call_args()
+        state.last_call = (args, kwargs)
+        if state.cpu is not None:
+            state.cpu.begin(restart)
+        out, measurement, gpu, rejected = self._windowed_call(target.fn, args, kwargs)
+        share = state.cpu.end() if state.cpu is not None else None
+        n_in, n_out = target.input_tokens, target.output_tokens
+        if not rejected:
+            n_in, n_out = self._check_tokens(out, n_in, n_out, target.queries)
+        steady_tokens, unstable = _steadiness(out) or (0, "")
+        trial = dataclasses.replace(
+            Trial.from_measurement(
+                state.count + 1,
+                measurement,
+                n_in,
+                n_out,
+                background_cpu=share,
+                queries=target.queries,
+                requests=tuple(getattr(out, "requests", ())),
+            ),
+            gpu=gpu,
+            steady_tokens=steady_tokens,
+            unstable=unstable,
+            visit=visit,
+            rejected=rejected,
+        )
+        step = _Step(trial, share, busy_cpu=self.options.disturbed(share))
+        (state.disturbed if step.busy else state.kept).append(trial)
+        return step
+
+    def _windowed_call(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[Any, Measurement, GpuTelemetry | None, str]:
+        """One call inside the meter's window, the GPUs read around it: its result, the
+        window's measurement, the GPUs' telemetry, and why it was rejected ("": not)."""
+        gpu_probe = self.trial_probe
+        if gpu_probe is not None:
+            gpu_probe.start()
+        rejected = ""
+        try:
+            with self.meter.measure() as window:
+                try:
+                    out = self._call(fn, args, kwargs)
+                except TrialRejected as exc:  # ran, but not the case: repeat
+                    out, rejected = None, _one_line(exc)
+        finally:
+            gpu = gpu_probe.stop() if gpu_probe is not None else None
+        return out, window.measurement, gpu, rejected
+
+    def _counted(self) -> dict[str, bool]:
+        """Which of the meter's domains its totals count."""
+        return {name: d.counted for name, d in self.meter.domains.items()}
+
+    def _decide(self, state: _CaseTrials, counted: Mapping[str, bool]) -> StopDecision:
+        return decide(self.options, state.kept, len(state.disturbed), counted, self.conversions)
+
+    def _show(self, state: _CaseTrials, step: _Step, decision: StopDecision) -> None:
+        """The live status after a trial (``-v``), with why it is repeated."""
+        if self._progress is not None:
+            self._progress(progress_line(self.options, len(state.kept), decision) + step.note())
+
+    # -- after the trials ----------------------------------------------------------------
+    def _out_of_memory(self, target: _Target, state: _CaseTrials) -> NoReturn:
+        """Keep the trials measured so far as an OOM case, and skip the test."""
+        _free_memory()
+        reason = f"OOM at {target.input_tokens} input tokens ({target.output_tokens} output tokens)"
+        if target.queries != 1:
+            reason += f" x {target.queries} queries at once"
+        self._finish(
+            target.input_tokens,
+            target.output_tokens,
+            OOM,
+            state.kept,
+            reason=reason,
+            disturbed=state.disturbed,
+            queries=target.queries,
+        )
+        pytest.skip(reason)
+
+    def _conclude(
+        self,
+        target: _Target,
+        state: _CaseTrials,
+        outcome: _Outcome,
+        *,
+        resources: Any,
+        passes: tuple[Trial, ...],
+        op_profile: Mapping[str, Any] | None,
+        work: CountedWork | None,
+    ) -> CaseResult:
+        """The case's result: its trials numbered by their pairs (paired), a visit's
+        share kept for the next visit; a case whose every trial was rejected fails."""
+        trials, disturbed = state.kept, state.disturbed
+        if outcome.pairs:
+            trials = [dataclasses.replace(t, pair=outcome.pairs.get(t.index, 0)) for t in trials]
+        if outcome.paused:
+            assert self.visits is not None  # only a visit pauses
+            self.visits.trials, self.visits.disturbed = trials, disturbed
+        result = self._finish(
+            target.input_tokens,
+            target.output_tokens,
+            outcome.status,
+            trials,
+            reason=outcome.why,
+            resources=resources,
+            disturbed=disturbed,
+            prefill_passes=passes,
+            queries=target.queries,
+            op_profile=op_profile,
+            work=work,
+            keep=not outcome.paused,
         )
         if not trials and disturbed and all(t.rejected for t in disturbed):
             # kept in the run (every trial's reason), but the case was never done
@@ -523,14 +678,7 @@ class EnergyBenchmark:
         visits.thermal = wait
         return wait
 
-    def _may_stop(self, measured: int, disturbed: int) -> bool:
-        """Whether the stopping rule could stop after this many trials: below the
-        minimum and the limit it cannot (``decide`` says so too, at the cost of its
-        statistics after every trial)."""
-        options = self.options
-        return measured >= max(2, options.min_trials) or measured + disturbed >= options.max_trials
-
-    def _pacer_meta(self, input_tokens: int, output_tokens: int, queries: int) -> dict[str, Any]:
+    def _pacer_meta(self, target: _Target) -> dict[str, Any]:
         """What the coordinator of a paired run needs of this case: its size, the
         session's conversions (the factors of gated co2_g and cost), and its limits.  Not
         the rule's default minimum time: it keeps a single session's interval from resting
@@ -539,9 +687,9 @@ class EnergyBenchmark:
         o = self.options
         rule_default = o.min_time == (RULES[o.rule].min_time_s or 0.0)
         return {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "queries": queries,
+            "input_tokens": target.input_tokens,
+            "output_tokens": target.output_tokens,
+            "queries": target.queries,
             "max_trials": o.max_trials,
             "min_time_s": 0.0 if rule_default else o.min_time,
             "max_time_s": o.max_time,
@@ -666,7 +814,7 @@ class EnergyBenchmark:
             options=self.options,
             trials=tuple(trials),
             methods={name: str(d.method) for name, d in domains.items()},
-            counted={name: d.counted for name, d in domains.items()},
+            counted=self._counted(),
             backend=self.meter.backend,
             reason=reason,
             resources=resources,

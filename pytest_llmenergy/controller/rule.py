@@ -200,6 +200,24 @@ class StopDecision:
         return f"stopped at {self.stopped_by or TRIAL_LIMIT}: {', '.join(unmet)}"
 
 
+def _enough_trials(options: ControllerSettings, measured: int) -> bool:
+    """Enough counted trials for the rule to stop on its statistics: an interval needs
+    two, and the user's minimum is a promise."""
+    return measured >= max(2, options.min_trials)
+
+
+def _at_trial_limit(options: ControllerSettings, measured: int, disturbed: int) -> bool:
+    """The trial limit is reached: disturbed trials count against it too."""
+    return measured + disturbed >= options.max_trials
+
+
+def may_stop(options: ControllerSettings, measured: int, disturbed: int = 0) -> bool:
+    """Whether the rule could stop after this many trials: below the minimum and the
+    limit it cannot, whatever its statistics (``decide`` says so too, at the cost of
+    its statistics after every trial)."""
+    return _enough_trials(options, measured) or _at_trial_limit(options, measured, disturbed)
+
+
 def decide(
     options: ControllerSettings,
     trials: Sequence[Trial],
@@ -224,14 +242,11 @@ def decide(
         summaries[target.metric] = summarize(values or [], options.confidence)
     unmet = tuple(t for t in options.targets if not t.holds(summaries[t.metric]))
     measured_s = math.fsum(t.seconds for t in trials)
-    held = not unmet and n >= max(2, options.min_trials)
+    enough = _enough_trials(options, n)
+    held = not unmet and enough
     short = held and measured_s < options.min_time  # precise, but too little time yet
-    over_budget = (
-        options.max_time is not None
-        and measured_s >= options.max_time
-        and n >= max(2, options.min_trials)
-    )
-    at_limit = n + disturbed >= options.max_trials
+    over_budget = options.max_time is not None and measured_s >= options.max_time and enough
+    at_limit = _at_trial_limit(options, n, disturbed)
     stop = (held and not short) or over_budget or at_limit
     stopped_by = "" if held or not stop else TIME_BUDGET if over_budget else TRIAL_LIMIT
     return StopDecision(

@@ -35,6 +35,7 @@ from .turns import (
     GateRule,
     Pool,
     block,
+    block_pairs,
     case_level,
     decide,
     pooled,
@@ -331,17 +332,24 @@ class Coordinator:
             pattern = block(self.rng)
             case.queue = list(pattern)
             case.blocks.append([])
-            case.attempted += len(pattern) // 2
+            case.attempted += len(block_pairs(pattern))
         side = case.queue.pop(0)
         case.blocks[-1].append(Slot(side))
         return side, {"go": True}
 
     def _close_block(self, case: PairedCase) -> None:
-        """Pair the last block's trials and ask the stopping rule."""
+        """Pair the last block's trials, then ask the stopping rule."""
+        self._pair_block(case)
+        case.decision = self._decide(case)
+        if case.decision.stop:
+            self.log(self._progress(case))
+
+    def _pair_block(self, case: PairedCase) -> None:
+        """Pair the last block's turns as its pattern says (``turns.block_pairs``); a
+        pair whose turns both measured usable trials numbers them and adds each gate's
+        difference."""
         slots = case.blocks[-1]
-        for first, second in ((0, 1), (2, 3)):
-            if second >= len(slots):
-                continue
+        for first, second in block_pairs([s.side for s in slots]):
             a, b = slots[first], slots[second]
             if not (a.usable and b.usable):
                 continue
@@ -358,7 +366,10 @@ class Coordinator:
             for metric, d in diffs.items():
                 assert d is not None
                 case.diffs.setdefault(metric, []).append(d)
-        case.decision = decide(
+
+    def _decide(self, case: PairedCase) -> Decision:
+        """The stopping rule on the case's pairs so far, within its limits."""
+        return decide(
             case.diffs,
             self.rules,
             pass_level=min(self.confidence, PASS_LEVEL),
@@ -371,8 +382,6 @@ class Coordinator:
             pools=self._pools(case),
             min_pairs=MIN_CONFIRM_PAIRS if self.only_cases is not None else MIN_PAIRS,
         )
-        if case.decision.stop:
-            self.log(self._progress(case))
 
     def too_wide(self) -> set[tuple[str, str]]:
         """(node id, figure) of the cases that stopped at a limit with their own pairs

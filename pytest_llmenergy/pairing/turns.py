@@ -75,6 +75,22 @@ def block(rng: random.Random) -> tuple[str, ...]:
     return BLOCKS[rng.randrange(2)]
 
 
+def block_pairs(sides: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """The index pairs of a block's turns: from the first on, a turn and the next one
+    of the other side (base then head, or head then base); a turn followed by its own
+    side's stays unpaired.  So a pattern, not the code, says which turns pair: ABBA
+    and BAAB give (0, 1) and (2, 3)."""
+    pairs: list[tuple[int, int]] = []
+    i = 0
+    while i + 1 < len(sides):
+        if sides[i] != sides[i + 1]:
+            pairs.append((i, i + 1))
+            i += 2
+        else:
+            i += 1
+    return tuple(pairs)
+
+
 @dataclass(frozen=True)
 class GateRule:
     """What a case is decided against: a gate's figure and threshold."""

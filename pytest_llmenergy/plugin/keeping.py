@@ -18,6 +18,7 @@ import pytest
 from .. import values
 from ..compare import (
     GATE_EXAMPLES,
+    CompareOptions,
     Comparison,
     Gate,
     compare_cases,
@@ -303,16 +304,18 @@ class Keeper:
             self.comparison = compare_cases(
                 self.baseline.cases,
                 self.results,
-                gates=self.settings.gates,
-                confidence=self.confidence,
-                baseline_label=self.baseline.label,
-                current_label="this run",
-                not_comparable=unlike_meters(self.baseline.meter_identity, identity),
-                drift=drift,
-                drift_note=drift_note,
-                session_noise=self.settings.session_noise,
-                history=history,
-                normalize=self.baseline.hardware == self.hardware,
+                CompareOptions(
+                    gates=self.settings.gates,
+                    confidence=self.confidence,
+                    baseline_label=self.baseline.label,
+                    current_label="this run",
+                    not_comparable=unlike_meters(self.baseline.meter_identity, identity),
+                    drift=drift,
+                    drift_note=drift_note,
+                    session_noise=self.settings.session_noise,
+                    history=history,
+                    normalize=self.baseline.hardware == self.hardware,
+                ),
             )
             failed = self.comparison.fails(self.settings.strict)
         self._export()
