@@ -242,8 +242,8 @@ def _work(attr: str, phase: str | None = None) -> Callable[[CaseResult], float |
 
 
 _COUNTED = (
-    "counted in one unmeasured run after the trials (--energy-count-work): exact, the "
-    "same in every session with the same code and library versions"
+    "counted in the case's warm-up run, unmeasured (on by default; --energy-count-work=off "
+    "skips it): exact, the same in every session with the same code and library versions"
 )
 _FLOPS = "FLOPs by torch's formulas (the fused CPU attention kernel's: an estimate)"
 _BYTES = (
@@ -278,7 +278,8 @@ def _work_figures() -> tuple[Figure, ...]:
                     case=_work(attr, phase),
                     exact=True,
                     needs_phases=phase is not None,
-                    priority=7,
+                    # FLOPs per token is on the default table: kept as long as out tok/s
+                    priority=3 if name == "flops_per_token" else 7,
                 )
             )
     return tuple(out)
@@ -777,6 +778,9 @@ DEFAULT_COLUMNS: tuple[str, ...] = (
     "prefill_j_per_in_token",
     "decode_j_per_out_token",
     "steady_j_per_token",
+    # the work behind the joules, counted (predict.work_count): "more work" or "the same
+    # work done slower" read off one row; a narrow terminal leaves it out early
+    "flops_per_token",
     "tokens_per_s",
     "out_tokens_per_s",
     "power_w",

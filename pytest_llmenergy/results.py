@@ -219,6 +219,10 @@ class CountedWork:
     # Under torchrun: each rank's own work, in rank order; the fields above are the job's
     # (every rank's summed), so figures per token are the job's.  Empty elsewhere.
     ranks: tuple[CountedWork, ...] = ()
+    # Decode steps whose work was derived from the sampled ones, not counted
+    # (predict.work_count); and why a run was counted in full after all ("": it was not).
+    derived_steps: int = 0
+    full_because: str = ""
 
     def ops(self, phase: str | None = None) -> tuple[OpWork, ...]:
         """The operators of one phase (PREFILL or DECODE), or of both (None)."""

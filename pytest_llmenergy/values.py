@@ -119,15 +119,15 @@ def indices(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in found)
 
 
-_ON = ("on", "true", "yes", "1")
-_OFF = ("off", "false", "no", "0")
+ON = ("on", "true", "yes", "1")
+OFF = ("off", "false", "no", "0")
 
 
 def switch(text: str) -> bool:
     value = text.strip().lower()
-    if value in _ON:
+    if value in ON:
         return True
-    if value in _OFF:
+    if value in OFF:
         return False
     raise ConfigError(f"expected on or off, got {text!r}")
 

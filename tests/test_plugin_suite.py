@@ -124,7 +124,7 @@ def test_small_grid_runs_and_prints_a_table_per_sweep_and_model(suite: pytest.Py
             r"^=+ llmenergy: energy per token =+$",
             r"^sweep input · model tiny-llama$",
             r"^\s*in\s+out\s+trials\s+s ± CI\s+J ± CI\s+J/token\s+prefill J/in\s+"
-            r"decode J/out\s+tok/s\s+out tok/s\s+avg W\s+GPU J$",
+            r"decode J/out\s+FLOP/tok\s+tok/s\s+out tok/s\s+avg W\s+GPU J$",
             r"^\s+8\s+32\s+\d+ [✓✗]<?\s+",  # converged, or not on a busy machine
             r"^\s*64\s+32\s+\d+ [✓✗]<?\s+",
             r"^sweep output · model tiny-llama$",

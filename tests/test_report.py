@@ -364,13 +364,16 @@ SERVER_OR_BATCH = (
     "latency_p99_s",
 )
 
+# Default columns only a case whose work was counted has (these cases were not).
+NOT_COUNTED = ("flops_per_token",)
+
 
 def test_default_columns_drop_what_no_case_has() -> None:
     (table,) = case_tables([cpu_case("c", (8, 32), estimated=False)])
     shown = [k for k in table.keys if k not in table.hidden]
     no_phases = [k for k in DEFAULT_COLUMNS if FIGURES[k].needs_phases]
     assert no_phases  # the default columns include prefill | decode figures
-    absent = (*no_phases, "gpu_j", "dram_j", *SERVER_OR_BATCH)
+    absent = (*no_phases, "gpu_j", "dram_j", *SERVER_OR_BATCH, *NOT_COUNTED)
     assert shown == [k for k in DEFAULT_COLUMNS if k not in absent]
 
 
@@ -378,7 +381,7 @@ def test_default_columns_keep_a_column_one_case_has() -> None:
     cases = [cpu_case("c", (8, 32), estimated=False), make_case("g", (16, 32))]
     (table,) = case_tables(cases)
     shown = [k for k in table.keys if k not in table.hidden]
-    assert shown == [k for k in DEFAULT_COLUMNS if k not in SERVER_OR_BATCH]
+    assert shown == [k for k in DEFAULT_COLUMNS if k not in (*SERVER_OR_BATCH, *NOT_COUNTED)]
     assert cells_of(table)[0]["gpu_j"] == "—"
 
 

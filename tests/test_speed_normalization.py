@@ -26,7 +26,7 @@ from pytest_llmenergy.compare import (
 from pytest_llmenergy.controller.benchmark import CaseVisits, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.llm.loader import load_model
-from pytest_llmenergy.meters.reference import case_reference_s, reference_s
+from pytest_llmenergy.meters.reference import case_reference_s
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.pool import pool_cases
 from pytest_llmenergy.storage.runfile import Run, dumps

@@ -85,7 +85,7 @@ def generate_without_cache(lm: LoadedModel, ids: torch.Tensor, n: int) -> None:
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             generation_config=config,
-            streamer=_streamer_class()(lm._synchronize),
+            streamer=_streamer_class()(lm._synchronize, n),
         )
     assert out.shape[1] == ids.shape[1] + n
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch  # noqa: F401  # imported before any in-process run (see test_plugin_suite)
@@ -34,7 +35,7 @@ def test_counted_work_is_kept_and_its_gate_is_exact(suite: pytest.Pytester) -> N
     first.assert_outcomes(passed=1, deselected=1)
     first.stdout.fnmatch_lines(
         [
-            "llmenergy: counted work: one more run of each case after its trials*",
+            "llmenergy: counted work: each case's warm-up run*",
             "*FLOP/tok*",
             "llmenergy: the work of 1 case(s) counted in *",
         ]
@@ -82,3 +83,68 @@ def test_under_xdist_the_work_travels_with_its_case_and_the_summary_counts_it(
     (case,) = load(suite.path / "xdist.json").cases
     assert case.work is not None and case.work.marked and case.work.seconds > 0
     assert value(case, "flops_per_token") > 0  # type: ignore[operator]
+
+
+CALLS_TEST = """
+import json, os, torch
+
+CALLS = []
+
+def work():
+    CALLS.append(1)
+    return torch.ones(8, 8) @ torch.ones(8, 8)
+
+def test_rule(energy_benchmark):
+    energy_benchmark(work, input_tokens=4, output_tokens=4)
+    record("rule", energy_benchmark.result)
+
+def test_pedantic(energy_benchmark):
+    energy_benchmark.pedantic(work, rounds=3, input_tokens=4, output_tokens=4)
+    record("pedantic", energy_benchmark.result)
+
+def record(name, result):
+    with open(os.environ["CALLS_FILE"], "a") as out:
+        line = {"name": name, "calls": len(CALLS), "warmup": result.options.warmup,
+                "trials": len(result.trials) + len(result.disturbed),
+                "counted": result.work is not None}
+        out.write(json.dumps(line) + "\\n")
+    CALLS.clear()
+"""
+
+
+@pytest.mark.parametrize(
+    ("option", "pedantic_counted", "pedantic_extra"),
+    [(None, False, 0), ("--energy-count-work=on", True, 1), ("--energy-count-work=off", False, 0)],
+)
+def test_by_default_a_case_is_counted_in_its_warm_up_and_runs_no_more_than_asked(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    option: str | None,
+    pedantic_counted: bool,
+    pedantic_extra: int,
+) -> None:
+    """The default counts in the warm-up call: warm-up + trials calls, never more.  A
+    case without a warm-up (``pedantic``'s default) is counted only when asked (``on``),
+    in one more call after its trials; ``off`` counts nothing."""
+    from tests.test_plugin import TRACE_CONFTEST
+    from tests.test_plugin_keep import REPO
+
+    calls = pytester.path / "calls.jsonl"
+    monkeypatch.setenv("CALLS_FILE", str(calls))
+    monkeypatch.setenv("PYTHONPATH", str(REPO), prepend=os.pathsep)
+    pytester.makeconftest(TRACE_CONFTEST)
+    pytester.makepyfile(test_calls=CALLS_TEST)
+    args = ["--energy-backend=trace", "--energy-max-trials=3", "-p", "no:randomly"]
+    result = pytester.runpytest_subprocess(*args, *([option] if option else []))
+    result.assert_outcomes(passed=2)
+    rows = {r["name"]: r for r in map(json.loads, calls.read_text().splitlines())}
+    rule, pedantic = rows["rule"], rows["pedantic"]
+    assert rule["calls"] == rule["warmup"] + rule["trials"]  # the count took no call
+    assert rule["counted"] is (option != "--energy-count-work=off")
+    assert pedantic["calls"] == pedantic["trials"] + pedantic_extra
+    assert pedantic["counted"] is pedantic_counted
+    header = "llmenergy: counted work: each case's warm-up run*"
+    if option == "--energy-count-work=off":
+        assert "counted work" not in result.stdout.str()
+    else:
+        result.stdout.fnmatch_lines([header])

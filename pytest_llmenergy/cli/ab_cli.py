@@ -153,7 +153,10 @@ def _sides(args: argparse.Namespace, storage: Storage, prefix: str = "") -> list
                 f"--energy-storage={storage.root.resolve()}",
                 f"--energy-save={args.save}-{prefix}{name}",
             ]
-        sides.append(Side(name, path.resolve(), exe, [*pytest_args, *extra, *save]))
+        # counted work only when asked for after --: its pairs are of trials, and each
+        # side's count would cost the paired run a share of its time
+        quiet = ["--energy-count-work=off"]
+        sides.append(Side(name, path.resolve(), exe, [*quiet, *pytest_args, *extra, *save]))
     return sides
 
 

@@ -115,6 +115,8 @@ class CaseVisits:
     # the waits for the GPUs to cool before its visits: the first's temperatures, the
     # seconds summed (--energy-thermal-tolerance)
     thermal: ThermalWait | None = None
+    # its counted work, from its first visit's warm-up (--energy-count-work)
+    work: CountedWork | None = None
     # The case's result once it is done: after the last visit, or earlier when it cannot
     # go on (out of memory) or took its fixed rounds (``pedantic`` runs at the first visit).
     final: CaseResult | None = None
@@ -274,6 +276,7 @@ class EnergyBenchmark:
         trial_probe: TrialProbe | None = None,
         op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
         work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None,
+        count_after_trials: bool = True,
         visits: CaseVisits | None = None,
         pacer: Pacer | None = None,
         settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None,
@@ -290,8 +293,11 @@ class EnergyBenchmark:
         self.pacer = pacer
         # --energy-profile-ops: one more run after the trials, outside every window
         self.op_profiler = op_profiler
-        # --energy-count-work: one more run after the trials, its work counted, unmeasured
+        # --energy-count-work: the case's work counted in its first warm-up call, unmeasured;
+        # without a warm-up, in one more run after the trials where that may be (asked
+        # for explicitly: by default a case runs exactly warm-up + trials times)
         self.work_counter = work_counter
+        self.count_after_trials = count_after_trials
         self.meter = meter
         # the GPUs' clock, temperature and throttle reasons around every trial; a trial
         # throttled by heat or a power brake is kept, left out and repeated, like a
@@ -439,7 +445,11 @@ class EnergyBenchmark:
         pacer = self.pacer if rounds is None and visits is None else None
         state = _CaseTrials.resume(visits, _OthersCpu.start(self.background))
         try:
-            self._warm_up(target, warmup)
+            # the work is counted in the case's first warm-up call (of its first visit)
+            earlier = visits.work if visits is not None else None
+            work = self._warm_up(target, warmup, count=earlier is None) or earlier
+            if visits is not None:
+                visits.work = work
             if pacer is None:  # paired trials share the machine's speed: nothing to read
                 self._reference.append(case_reference_s())
             with ResourceProbe() as probe:
@@ -458,7 +468,8 @@ class EnergyBenchmark:
                 )
             last = state.last_call if state.count and not outcome.paused else None
             op_profile = self._profile_ops(target.fn, *last) if last is not None else None
-            work = self._count_work(target.fn, *last) if last is not None else None
+            if work is None and last is not None and self.count_after_trials:
+                work = self._count_work(target.fn, *last)
         except BaseException as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -474,16 +485,34 @@ class EnergyBenchmark:
             work=work,
         )
 
-    def _warm_up(self, target: _Target, warmup: int) -> None:
+    def _warm_up(self, target: _Target, warmup: int, *, count: bool) -> CountedWork | None:
         """Unmeasured calls first; a rejected one is not repeated (the measured trials
-        check it again)."""
-        for _ in range(warmup):
+        check it again).  With ``count``, the first one's work is counted too: the call
+        is unmeasured anyway, so the count costs the session no run of its own."""
+        work = None
+        for index in range(warmup):
             args, kwargs = target.call_args()
             try:
-                out = self._call(target.fn, args, kwargs)
+                if index == 0 and count and self.work_counter is not None:
+                    out, work = self._counted_call(target.fn, args, kwargs)
+                else:
+                    out = self._call(target.fn, args, kwargs)
             except TrialRejected:
                 continue
             self._check_tokens(out, target.input_tokens, target.output_tokens, target.queries)
+        return work
+
+    def _counted_call(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[Any, CountedWork | None]:
+        """One call with its work counted: its result (the last, when the count ran it
+        again in full) and the work."""
+        assert self.work_counter is not None
+        outs: list[Any] = []
+        work = self.work_counter(lambda: outs.append(self._call(fn, args, kwargs)))
+        if not outs:  # nothing to count (no torch in the process): the call still runs
+            return self._call(fn, args, kwargs), None
+        return outs[-1], work
 
     # -- the modes: each runs trials until its own end -----------------------------------
     def _fixed_rounds(self, target: _Target, state: _CaseTrials, rounds: int) -> _Outcome:
@@ -708,8 +737,9 @@ class EnergyBenchmark:
     def _count_work(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> CountedWork | None:
-        """The counted work of one more run of the last trial's call, unmeasured: the
-        counting's overhead never enters a measured trial."""
+        """The counted work of one more run of the last trial's call, unmeasured (a case
+        without a warm-up, or visited in turns): the counting's overhead never enters a
+        measured trial."""
         if self.work_counter is None:
             return None
         return self.work_counter(lambda: self._call(fn, args, kwargs))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..meters.base import mark_phase
+from ..meters.base import mark_phase, mark_token
 from .tiny import (
     SAMPLE_TEXT,
     TINY_MODELS,
@@ -185,7 +185,7 @@ class LoadedModel:
                 f"positions of model {self.name!r}; {self._beyond_context_fix()}"
             )
         input_ids = input_ids.to(self.device)
-        streamer = _streamer_class()(self._synchronize)
+        streamer = _streamer_class()(self._synchronize, output_tokens)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=input_ids,
@@ -324,15 +324,18 @@ def _streamer_class() -> type:
     from transformers.generation.streamers import BaseStreamer
 
     class FirstTokenStreamer(BaseStreamer):
-        """``put`` receives the prompt first, then each new token."""
+        """``put`` receives the prompt first, then each new token; each put is marked
+        (``mark_token``: the prompt is token 0 of ``output_tokens``) for counted work."""
 
-        def __init__(self, synchronize: Callable[[], None]) -> None:
+        def __init__(self, synchronize: Callable[[], None], output_tokens: int) -> None:
             self._synchronize = synchronize
+            self._output_tokens = output_tokens
             self._puts = 0
             self.first_token_at: float | None = None
 
         def put(self, value: Any) -> None:
             self._puts += 1
+            mark_token(self._puts - 1, self._output_tokens)
             if self._puts == 2:  # the first put after the prompt
                 self._synchronize()
                 self.first_token_at = time.perf_counter()

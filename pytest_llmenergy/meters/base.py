@@ -427,6 +427,30 @@ def phase_listener(callback: Callable[[str], None]) -> Iterator[None]:
         _listeners.reset(token)
 
 
+# Who hears each generated token: counted work samples a generation's decode steps
+# (predict.work_count) and needs to know where one step ends and the next begins.
+_token_listeners: contextvars.ContextVar[tuple[Callable[[int, int], None], ...]] = (
+    contextvars.ContextVar("llmenergy_token_listeners", default=())
+)
+
+
+def mark_token(index: int, total: int) -> None:
+    """A generation's streamer has just emitted its ``index``-th token of ``total``
+    (0: the prompt, before the first forward pass).  Costs a lookup when nobody listens."""
+    for listener in _token_listeners.get():
+        listener(index, total)
+
+
+@contextlib.contextmanager
+def token_listener(callback: Callable[[int, int], None]) -> Iterator[None]:
+    """Call ``callback(index, total)`` at every ``mark_token`` in this context."""
+    token = _token_listeners.set((*_token_listeners.get(), callback))
+    try:
+        yield
+    finally:
+        _token_listeners.reset(token)
+
+
 _object_new = object.__new__
 _object_setattr = object.__setattr__
 

@@ -241,11 +241,12 @@ def _features(
         features["profile-ops"] = stash[OP_PROFILING] = OpProfiling()
     # counted on workers too (the work travels with the case); not a server's (it runs
     # elsewhere); under torchrun every rank counts its own share and rank 0 keeps the job's
-    if options.measure.count_work and not options.serve.active:
+    if options.measure.count_work != "off" and not options.serve.active:
         from ..predict.plugin import WORK_COUNTING, WorkCounting
 
         gather = ranks.group.all_gather if ranks is not None else None
-        counting = WorkCounting(gather, lambda: results.results)
+        after = options.measure.count_work == "on"
+        counting = WorkCounting(gather, lambda: results.results, after_trials=after)
         features["count-work"] = stash[WORK_COUNTING] = counting
     if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config, lambda: metering.meter)
@@ -360,13 +361,22 @@ def _counting_header(config: pytest.Config) -> list[str]:
 
 
 def _work_counter(config: pytest.Config) -> Any:
-    """The case's work counter.  In a paired run (llmenergy ab) too: its extra run comes
-    after the case's last turn and before the side reports the case, while the other side
-    waits (the coordinator lets one side run at a time), as the operator profile's does."""
+    """The case's work counter.  In a paired run (llmenergy ab) too, where asked for: it
+    counts in the warm-up, or in an extra run after the case's last turn and before the
+    side reports the case, while the other side waits (the coordinator lets one side run
+    at a time), as the operator profile's does."""
     from ..predict.plugin import WORK_COUNTING
 
     counting = config.stash.get(WORK_COUNTING, None)
     return counting.counter() if counting is not None else None
+
+
+def _counts_after_trials(config: pytest.Config) -> bool:
+    """Whether a case without a warm-up runs once more to be counted (``on``)."""
+    from ..predict.plugin import WORK_COUNTING
+
+    counting = config.stash.get(WORK_COUNTING, None)
+    return counting is not None and counting.after_trials
 
 
 def _op_profiler(config: pytest.Config, labels: dict[str, str]) -> Any:
@@ -490,6 +500,7 @@ def energy_benchmark(
         trial_probe=gpu.probe() if gpu is not None else None,
         op_profiler=_op_profiler(config, labels),
         work_counter=_work_counter(config),
+        count_after_trials=_counts_after_trials(config),
         visits=interleaving.visits_for(node) if interleaving is not None else None,
         pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
         if PAIRED_SIDE in config.stash

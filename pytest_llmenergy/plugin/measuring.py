@@ -64,14 +64,21 @@ class SessionOutcome:
     count_towards_summary: bool = True
 
 
+# --energy-count-work's values: count in the warm-up only (the default), also in one
+# more run where a case has no warm-up, or not at all
+COUNT_WORK = ("warmup", "on", "off")
+
+
 @dataclass(frozen=True)
 class MeasureSettings:
     backend: str = "auto"
     idle_s: float = 0.0
     dist_timeout_s: float = 300.0  # under torchrun: how long a rank waits for the others
     profile_ops: bool = False  # an unmeasured torch.profiler run after each case's trials
-    # an unmeasured run after each case's trials with its work counted (predict.work_count)
-    count_work: bool = False
+    # each case's work counted in its warm-up run, unmeasured (predict.work_count): by
+    # default ("warmup") and "on", which also counts a case without a warm-up in one more
+    # run after its trials; its cost is a few per cent of a session (decode steps sampled)
+    count_work: str = "warmup"
 
 
 class Metering:
@@ -209,12 +216,16 @@ MEASURE_OPTIONS = Section(
         Option(
             "--energy-count-work",
             "count_work",
-            values.switch,
-            "on|off",
-            "after each case's trials, run it once more (unmeasured) and count its work: "
-            "FLOPs, bytes and operator calls per token, by phase (figures flops_per_token, "
-            "bytes_per_token, ops_per_token and their prefill and decode twins), exact and "
-            "the same on every machine; not for servers and torchrun",
+            values.choice(
+                COUNT_WORK, {**dict.fromkeys(values.ON, "on"), **dict.fromkeys(values.OFF, "off")}
+            ),
+            "warmup|on|off",
+            "count each case's work in its warm-up run, unmeasured: FLOPs, bytes and "
+            "operator calls per token, by phase (figures flops_per_token, bytes_per_token, "
+            "ops_per_token and their prefill and decode twins), exact and the same on every "
+            "machine; not for servers.  warmup (the default, a few per cent of the session's "
+            "time): a case without a warm-up is not counted; on: such a case runs once more "
+            "after its trials to be counted; off: nothing counted",
             const="on",
         ),
         Option(

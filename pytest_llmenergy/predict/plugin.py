@@ -78,14 +78,19 @@ OP_PROFILING = pytest.StashKey[OpProfiling]()
 
 
 class WorkCounting:
-    """Registered when ``--energy-count-work`` is on: each case's work, counted once in
-    one more run after its trials (``work_count``), outside every measured window."""
+    """Registered when ``--energy-count-work`` is on (the default): each case's work,
+    counted once in its warm-up run (``work_count``), outside every measured window."""
 
     def __init__(
         self,
         gather: Callable[[CountedWork | None], list[CountedWork | None]] | None = None,
         cases: Callable[[], Sequence[CaseResult]] = tuple,
+        *,
+        after_trials: bool = False,
     ) -> None:
+        # a case without a warm-up runs once more after its trials to be counted
+        # (--energy-count-work=on); by default it is not counted
+        self.after_trials = after_trials
         # under torchrun: every rank's count, in rank order (a collective: every rank
         # counts every case, as it runs every case)
         self.gather = gather
@@ -95,8 +100,8 @@ class WorkCounting:
 
     def header(self) -> list[str]:
         return [
-            "counted work: one more run of each case after its trials, its operators' FLOPs, "
-            "bytes and calls counted, unmeasured (--energy-count-work)"
+            "counted work: each case's warm-up run, its operators' FLOPs, bytes and calls "
+            "counted, unmeasured (--energy-count-work=off skips it)"
         ]
 
     def counter(self) -> Callable[[Callable[[], Any]], CountedWork | None]:
@@ -107,7 +112,9 @@ class WorkCounting:
                 return None
             from .work_count import count_work
 
-            work: CountedWork | None = count_work(call)
+            # under torchrun every rank counts every step: a rank that found its steps
+            # off the line would run the generation again alone, and the others wait
+            work: CountedWork | None = count_work(call, sample=self.gather is None)
             assert work is not None
             if self.gather is not None:  # the job's work, each rank's share kept
                 ranks = self.gather(work)
@@ -125,6 +132,12 @@ class WorkCounting:
                 f"llmenergy: the work of {len(works)} case(s) counted in "
                 f"{sum(w.seconds for w in works):.1f} s (outside the measured trials)"
             )
+            full = [w.full_because for w in works if w.full_because]
+            if full:
+                terminalreporter.write_line(
+                    f"llmenergy: {len(full)} case(s) counted every decode step, not a "
+                    f"sample: {full[0]}"
+                )
 
 
 WORK_COUNTING = pytest.StashKey[WorkCounting]()

@@ -67,7 +67,9 @@ FORMAT = "pytest-llmenergy-run"
 #    pair in a paired run, llmenergy ab) and the run's "pairing" ({"id": shared by the
 #    two runs of one paired run, "side": "base" or "head"}); a case's "work" (counted work,
 #    results.CountedWork: "prefill" and "decode" lists of operators with "name", "class",
-#    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted);
+#    "calls", "flops", "bytes" and "estimated", and "marked", "seconds"; absent: not counted;
+#    optional: "derived_steps", the decode steps derived from the sampled ones, and
+#    "full_because", why every step was counted after all);
 #    a case's "thermal" (how it waited for the GPUs to cool first, results.ThermalWait:
 #    "start_c" and "reference_c" lists of °C or null per GPU, "tolerance_c", "waited_s",
 #    "gave_up"; absent: it did not wait); a trial's "steady_tokens" (a server burst's
@@ -307,6 +309,8 @@ def _work_dict(w: CountedWork) -> dict[str, Any]:
         "decode": ops(w.decode),
         "marked": w.marked,
         "seconds": w.seconds,
+        **({"derived_steps": w.derived_steps} if w.derived_steps else {}),
+        **({"full_because": w.full_because} if w.full_because else {}),
         **({"ranks": [_work_dict(rank) for rank in w.ranks]} if w.ranks else {}),
     }
 
@@ -768,6 +772,8 @@ def _work(r: _Reader | None, rank: bool = False) -> CountedWork | None:
         marked=r.get("marked", bool),
         seconds=r.amount("seconds"),
         ranks=tuple(w for w in ranks if w is not None),
+        derived_steps=r.count("derived_steps", optional=True) or 0,
+        full_because=r.get("full_because", str, optional=True) or "",
     )
 
 
