@@ -157,3 +157,20 @@ def test_a_run_without_token_marks_is_counted_in_full() -> None:
         derived, full = both(lambda: layer(x))
     assert derived == CountedWork(derived.prefill, (), False, derived.seconds)
     assert derived.prefill == full.prefill
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("shape", _shapes("default"), ids=lambda s: f"in{s[0]}-out{s[1]}")
+@pytest.mark.parametrize("name", MODELS)
+def test_every_case_of_the_default_grid_derives_exactly(
+    request: pytest.FixtureRequest,
+    models: dict[str, LoadedModel],
+    name: str,
+    shape: tuple[int, int],
+) -> None:
+    """The default grid (the paper grid's shapes on the tiny models): 57 cases, whose
+    full counts take about 3 times a session's generation time (every operator of 25,000
+    decode steps through Python), so they run when selected: ``-m exhaustive``."""
+    if "exhaustive" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the default grid's full counts: select them with -m exhaustive")
+    test_the_derived_count_equals_the_full_count(models, name, shape)
