@@ -32,6 +32,7 @@ from .sessions import (
     PRIOR,
     ROUNDS,
     NoiseEstimate,
+    ProcessNoise,
     SideSessions,
     Test,
     benjamini_hochberg,
@@ -428,6 +429,8 @@ class Comparison:
     speed_note: str = ""  # how the figures were normalized by the machine's speed
     # The runs are the two sides of one paired run, tested pair of trials by pair.
     paired_trials: bool = False
+    # ... or on the means of this many process pairs of a paired run (0: not so).
+    paired_processes: int = 0
     shared: int = 0  # cases measured in both runs
     # The failed cases on both sides, what ``explanations`` reads.
     regressed: tuple[Regressed, ...] = ()
@@ -522,6 +525,11 @@ class CompareOptions:
     history: Mapping[str, NoiseEstimate] | None = None
     normalize: bool = True
     paired: bool = False
+    # With ``paired``: the sides were measured in this many process pairs, one after the
+    # other (``llmenergy ab --processes``), each numbered as a session: each case is
+    # tested on its process pairs' means, paired process by process, since a process's
+    # offset does not cancel over its own pairs of trials.  0: tested on the pairs.
+    processes: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gates", tuple(self.gates))
@@ -611,7 +619,7 @@ def compare_cases(
     # tells them apart (test_a.py::test_small, TestK::test_small).
     names = distinct_names([c.nodeid for c in current])
     speeds = _Speeds.of(before.values(), after, o.by_speed)
-    found = _found(before, after, checks, speeds, o.paired)
+    found = _found(before, after, checks, speeds, o.paired and not o.processes)
     deltas = _deltas(found, names, o)
     now = {c.nodeid for c in after}
     return Comparison(
@@ -633,6 +641,7 @@ def compare_cases(
             else _unnormalized_note(before.values(), after, o.by_speed, checks)
         ),
         paired_trials=any(m.paired for m in found),
+        paired_processes=o.processes if o.paired else 0,
         shared=len(now & set(before)),
         regressed=_regressed(deltas, before, after, names),
     )
@@ -722,13 +731,48 @@ def _deltas(
     """Each found figure's delta, built once: every figure tested, then the gated ones
     corrected together for the many cases."""
     sides = {m.key: m.sessions for m in found if m.sessions is not None}
-    tests = build_tests(sides, history=o.history, session_noise=o.session_noise)
+    within = {}
+    if o.processes:
+        within = {m.key: w for m in found if (w := process_noise(m.figure, m.base, m.case))}
+    tests = build_tests(sides, history=o.history, session_noise=o.session_noise, processes=within)
     p_values = [_p_two_sided(m, tests.get(m.key)) for m in found]
     corrections = _corrections(found, tests, p_values, 1.0 - o.confidence)
     return tuple(
         _delta(m, names[m.case.nodeid], tests.get(m.key), p, corrections.get(i, _Correction()), o)
         for i, (m, p) in enumerate(zip(found, p_values))
     )
+
+
+def process_noise(f: Figure, base: CaseResult, head: CaseResult) -> ProcessNoise | None:
+    """A case's noise inside its process pairs (their sessions): the variance of one
+    pair's log difference, pooled over the process pairs, and the variance of a process
+    pair's mean that it makes.  What the two sides of a pair share in time cancels here,
+    as in the pairs' means.  None: no process pair with two pairs."""
+    by_pair = [_pair_means(f, c) for c in (base, head)]
+    df = spread = 0.0
+    sessions = 0
+    for session in sorted(set(by_pair[0]) & set(by_pair[1])):
+        a, b = by_pair[0][session], by_pair[1][session]
+        diffs = [math.log(b[p] / a[p]) for p in set(a) & set(b) if a[p] > 0 and b[p] > 0]
+        if len(diffs) < 2:
+            continue
+        variance = statistics.variance(diffs)
+        df += len(diffs) - 1
+        spread += variance / len(diffs)
+        sessions += 1
+    if not sessions:
+        return None
+    return ProcessNoise(spread / sessions, df)
+
+
+def _pair_means(f: Figure, case: CaseResult) -> dict[int, dict[int, float]]:
+    """By session, by pair: the mean of the figure's values of the pair's trials."""
+    values = f.trial_values(case)
+    found: dict[int, dict[int, list[float]]] = {}
+    for trial, value in zip(case.trials, values or ()):
+        if trial.pair:
+            found.setdefault(trial.session, {}).setdefault(trial.pair, []).append(value)
+    return {s: {p: statistics.fmean(v) for p, v in pairs.items()} for s, pairs in found.items()}
 
 
 def _p_two_sided(m: _Found, test: Test | None) -> float | None:
@@ -971,7 +1015,12 @@ def evidence_text(c: Comparison) -> str:
     """Where the between-session noise came from, in words."""
     sources = {d.test.source for d in c.deltas if d.test is not None}
     parts = []
-    if ROUNDS in sources and c.paired_trials:
+    if ROUNDS in sources and c.paired_processes:
+        parts.append(
+            f"{c.paired_processes} process pairs of a paired run (llmenergy ab), paired "
+            "process by process, each the mean of its pairs of trials measured side by side"
+        )
+    elif ROUNDS in sources and c.paired_trials:
         parts.append(
             "pairs of trials measured side by side (llmenergy ab; a case that looks worse"
             " is measured up to its pair limit)"
@@ -1024,9 +1073,12 @@ def evidence_line(c: Comparison) -> str:
         text += f"; {c.speed_note}"
     thresholds = [g.threshold for g in c.gates if g.relative]
     blind = bool(thresholds) and math.isfinite(found) and found > max(thresholds)
+    side_by_side = c.paired_trials or c.paired_processes
     if blind and not c.paired_trials:
         text += f"; it cannot see a regression of its own threshold ({max(thresholds):.0%})"
-    if (blind and not c.paired_trials) or any(
+    if blind and c.paired_processes:
+        text += "; more process pairs (llmenergy ab --processes) see smaller regressions"
+    if (blind and not side_by_side) or any(
         d.test is not None and d.test.source == PRIOR for d in c.deltas
     ):
         floored = any(d.test is not None and d.test.floored for d in c.deltas)

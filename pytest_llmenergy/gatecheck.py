@@ -198,6 +198,10 @@ def run_paired_now(
             name,
             "--seed",
             str(i),
+            # one process pair, judged on its pairs of trials as it is saved: the
+            # procedure this check has measured since it was written
+            "--processes=1",
+            "--confirm=off",
             *inject,
             "--",
             *pytest_args,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from . import values
 from .errors import ConfigError
-from .stats import t_cdf, t_quantile
+from .stats import betainc, t_cdf, t_quantile
 
 _NORMAL = statistics.NormalDist()
 
@@ -195,12 +195,19 @@ def build_tests(
     *,
     history: Mapping[str, NoiseEstimate] | None = None,
     session_noise: float = DEFAULT_SESSION_NOISE,
+    processes: Mapping[str, ProcessNoise] | None = None,
 ) -> dict[str, Test]:
     """One test per key (a case and figure), from the best evidence there is.
 
     Rounds (several sessions on both sides) estimate the noise from the comparison
     itself, moderated toward the pool across keys; else a key's history; else the prior.
+    ``processes``: the sessions are the process pairs of a paired run, with each key's
+    noise inside them (``process_tests``).
     """
+    by_process = process_tests(pairs, processes) if processes else {}
+    if by_process:
+        rest = {k: v for k, v in pairs.items() if k not in by_process}
+        return {**by_process, **build_tests(rest, history=history, session_noise=session_noise)}
     own: dict[str, tuple[float, float, bool]] = {}  # variance of one round's diff, df, paired
     for key, (base, head) in pairs.items():
         paired = paired_rounds(base, head)
@@ -244,6 +251,71 @@ def build_tests(
         se = math.sqrt(session_var * (1.0 / base.k + 1.0 / head.k))
         tests[key] = Test(diff, se, df, source, floored=floored)
     return tests
+
+
+# A case borrows the pooled process noise only when its own spread could come from it:
+# the upper tail of F at their ratio is at least this (else it stands on its own rounds).
+PROCESS_CONSISTENT_P = 0.01
+# The weight of that model against a case's own process pairs, in degrees of freedom,
+# at most: the offsets are pooled as if alike in every case, which they only roughly are.
+# In simulated runs of 18 cases with 4 % offsets per process
+# (tests/test_pairing.py::_process_pairs_run, seeds 7 and 8, 100 A/A runs and 10 with
+# +15 % in half the cases each): uncapped (about 18), 7 and 9 A/A runs of 100 failed;
+# capped at 8, 1 and 4, finding 68 and 75 of 90 regressed cases (at 4: 0 and 0, 48 and
+# 57 of 90; the rounds' test without the model: 1, and 48).
+PROCESS_MODEL_DF = 8.0
+
+
+@dataclass(frozen=True)
+class ProcessNoise:
+    """A case's noise inside its process pairs: the variance of a process pair's mean
+    log difference that its own pairs of trials make, and its degrees of freedom."""
+
+    variance: float
+    df: float
+
+
+def process_tests(
+    pairs: Mapping[str, tuple[SideSessions, SideSessions]], noise: Mapping[str, ProcessNoise]
+) -> dict[str, Test]:
+    """Tests of the cases measured in several process pairs of a paired run, one
+    session each, paired process by process.
+
+    A process pair's mean difference varies by its processes' offsets (memory layout,
+    thread placement: taken as alike for every case, on the log scale) plus the noise of
+    its own pairs of trials (``noise``, the case's own, with many degrees of freedom).
+    The offsets' variance is what the cases' process pairs spread beyond their own noise,
+    pooled over the cases; a case's variance is that plus its own noise (degrees of
+    freedom by Satterthwaite), moderated by its own process pairs' spread.  A case whose
+    process pairs spread improbably far for that stands on them alone.  Keys with fewer
+    than two process pairs, or without ``noise``, are left out."""
+    own: dict[str, tuple[float, float, int, ProcessNoise]] = {}
+    for key, (base, head) in pairs.items():
+        rounds = paired_rounds(base, head)
+        if rounds is not None and key in noise:
+            own[key] = (rounds[0], rounds[1], base.k, noise[key])
+    pool_df = float(sum(k - 1 for _, _, k, _ in own.values()))
+    if not pool_df:
+        return {}
+    spread = math.fsum((v - w.variance) * (k - 1) for _, v, k, w in own.values())
+    offsets = max(0.0, spread / pool_df)
+    tests = {}
+    for key, (mean, variance, k, within) in own.items():
+        model = offsets + within.variance
+        parts = offsets**2 / pool_df + (within.variance**2 / within.df if within.df else math.inf)
+        model_df = min(model**2 / parts, PROCESS_MODEL_DF) if parts > 0 else PROCESS_MODEL_DF
+        df = float(k - 1)
+        if model > 0 and _f_upper(variance / model, df, model_df) >= PROCESS_CONSISTENT_P:
+            variance = moderated(variance, df, model, model_df)
+            df += model_df
+        tests[key] = Test(mean, math.sqrt(variance / k), df, ROUNDS, paired=True)
+    return tests
+
+
+def _f_upper(ratio: float, df1: float, df2: float) -> float:
+    """The upper tail of the F(df1, df2) distribution at ``ratio``."""
+    x = df1 * ratio / (df1 * ratio + df2)
+    return 1.0 - betainc(df1 / 2.0, df2 / 2.0, x)
 
 
 def _pool(items: Sequence[tuple[float, float, bool]]) -> float | None:

@@ -36,13 +36,19 @@ from ..errors import ConfigError
 from ..figures import FIGURES
 from ..pairing.channel import BASE, ENV, HEAD, SIDES
 from ..pairing.coordinator import Coordinator, accept_sides, listen
-from ..pairing.turns import GateRule
+from ..pairing.turns import MIN_CONFIRM_PAIRS, MIN_PAIRS, GateRule
 from ..results import CaseResult
+from ..storage.pool import pool_cases
 from ..storage.store import DERIVED_FILE, Storage, check_run_name
 from ..tables import render
 from .cli_args import checked, gate_argument, table_width
 
 DEFAULT_GATE = "j_per_token:5%"
+# Process pairs a case is measured in (``--processes``), and the pairs of trials a case
+# measures in each when there are several: a process's offset does not average out over
+# its own trials, so more pairs in one process buy little (docs/gate-quality.md).
+DEFAULT_PROCESSES = 2
+PAIRS_PER_PROCESS = 4
 # How long a side may take from its start to its first word (importing torch, collecting).
 CONNECT_TIMEOUT_S = 600.0
 EXIT_SIDE_FAILED = 3
@@ -95,12 +101,21 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
         help="save both sides in the storage folder as NAME-base and NAME-head",
     )
     ab.add_argument(
+        "--processes",
+        type=checked(values.integer(1, 9)),
+        default=DEFAULT_PROCESSES,
+        metavar="N",
+        help="measure every case in N process pairs, one pair after the other, each side "
+        "in a fresh process each time, and test each case on the processes, not the trials "
+        f"(default {DEFAULT_PROCESSES}): a process has an offset of its own, up to 8 %% on "
+        "a case here, that its pairs cannot cancel",
+    )
+    ab.add_argument(
         "--confirm",
         choices=("on", "off"),
-        default="on",
-        help="measure the cases that FAIL again in fresh processes of both sides, and "
-        "fail only those that fail again (default on: one process pair per side has "
-        "offsets of its own, up to 8 %% on a case here)",
+        default=None,
+        help="with --processes 1: measure the cases that FAIL again in fresh processes of "
+        "both sides, and fail only those that fail again (default on there)",
     )
     ab.add_argument("--report", metavar="PATH", help="write the pair's HTML report to PATH")
     ab.add_argument(
@@ -126,7 +141,7 @@ class Side:
         return "\n".join(f"  {line}" for line in lines[-LAST_LINES:])
 
 
-def _sides(args: argparse.Namespace, storage: Storage, prefix: str = "") -> list[Side]:
+def _sides(args: argparse.Namespace, storage: Storage, prefix: str) -> list[Side]:
     pytest_args = list(args.pytest_args)
     refused = {"-n", "--numprocesses", "--dist", "--energy-interleave", "--llm-serve"}
     for arg in pytest_args + args.base_arg + args.head_arg:
@@ -183,17 +198,51 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
         )
     if args.report and not args.save:
         raise ConfigError("--report needs both sides saved: add --save NAME")
+    if args.confirm is not None and args.processes > 1:
+        raise ConfigError(
+            f"--confirm works with --processes 1 only: with {args.processes} process pairs "
+            "each case is tested on its processes, and a FAIL needs no confirming pass"
+        )
+    _sides(args, storage, "")  # a bad argument says so before anything runs
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
+    if args.processes == 1:
+        return _one_process_pair(args, storage, gates, seed)
+    passes = []
+    for number in range(1, args.processes + 1):
+        _say(f"process pair {number} of {args.processes}")
+        passes.append(
+            _pass(
+                args,
+                storage,
+                gates,
+                seed + number - 1,
+                only=_paired_cases(passes[0]) if passes else None,
+                prefix=f"p{number}-" if number > 1 else "",
+                pair_limit=PAIRS_PER_PROCESS,
+            )
+        )
+    comparison = _compare_processes(passes, gates, args.confidence)
+    return _outcome(args, passes, comparison)
+
+
+def _one_process_pair(
+    args: argparse.Namespace, storage: Storage, gates: Sequence[Any], seed: int
+) -> Outcome:
+    """``--processes 1``: one process pair tested on its pairs of trials; with
+    ``--confirm`` (on by default) its FAILs measured again in fresh processes."""
     coordinator = _pass(args, storage, gates, seed)
     comparison = _compare(coordinator, gates, args.confidence)
     failed = sorted({d.nodeid for d in comparison.failures})
-    confirm = None
-    if failed and args.confirm == "on":
+    passes = [coordinator]
+    if failed and args.confirm != "off":
         _say(
             f"{len(failed)} case(s) FAILED; measuring them again in fresh processes of both "
             "sides (each process has an offset of its own that its pairs cannot cancel)"
         )
-        confirm = _pass(args, storage, gates, seed + 1, only=failed)
+        confirm = _pass(
+            args, storage, gates, seed + 1, only=failed, prefix="confirm-", confirming=True
+        )
+        passes.append(confirm)
         repeated = {d.nodeid for d in _compare(confirm, gates, args.confidence).failures}
         comparison = dataclasses.replace(
             comparison,
@@ -204,7 +253,12 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
                 for d in comparison.deltas
             ),
         )
-    return _outcome(args, coordinator, comparison, confirm)
+    return _outcome(args, passes, comparison)
+
+
+def _paired_cases(coordinator: Coordinator) -> list[str]:
+    """The cases a process pair measured on both sides: the next pairs measure these."""
+    return [i for i in coordinator.order if all(i in coordinator.results[s] for s in SIDES)]
 
 
 def _pass(
@@ -213,14 +267,24 @@ def _pass(
     gates: Sequence[Any],
     seed: int,
     only: Sequence[str] | None = None,
+    *,
+    prefix: str = "",
+    pair_limit: int | None = None,
+    confirming: bool = False,
 ) -> Coordinator:
-    """One paired pass: both sides started, served until they end, stopped.  The second
-    pass (``only``: the cases that failed) runs fresh processes, saved as
-    NAME-confirm-base and NAME-confirm-head."""
-    sides = _sides(args, storage, "confirm-" if only is not None else "")
+    """One paired pass: both sides started in fresh processes, served until they end,
+    stopped.  ``only``: its cases (a later process pair, or the cases that failed);
+    ``prefix`` names its saved runs (NAME-PREFIXbase, NAME-PREFIXhead)."""
+    sides = _sides(args, storage, prefix)
     pairing_id = secrets.token_hex(8)
     coordinator = Coordinator(
-        _rules(gates), confidence=args.confidence, seed=seed, log=_say, only_cases=only
+        _rules(gates),
+        confidence=args.confidence,
+        seed=seed,
+        log=_say,
+        only_cases=only,
+        pair_limit=pair_limit,
+        min_pairs=MIN_CONFIRM_PAIRS if confirming else MIN_PAIRS,
     )
     workdir = Path(tempfile.mkdtemp(prefix="llmenergy-ab-"))
     socket_path = str(workdir / "coordinator.sock")
@@ -244,20 +308,54 @@ def _pass(
     return coordinator
 
 
+def _options(gates: Sequence[Any], confidence: float, processes: int = 0) -> CompareOptions:
+    return CompareOptions(
+        gates=gates,
+        confidence=confidence,
+        baseline_label="base",
+        current_label="head",
+        normalize=False,
+        paired=True,
+        processes=processes,
+    )
+
+
 def _compare(coordinator: Coordinator, gates: Sequence[Any], confidence: float) -> Comparison:
+    """One process pair, each case tested on its pairs of trials."""
     comparison = compare_cases(
         list(coordinator.results[BASE].values()),
         list(coordinator.results[HEAD].values()),
-        CompareOptions(
-            gates=gates,
-            confidence=confidence,
-            baseline_label="base",
-            current_label="head",
-            normalize=False,
-            paired=True,
-        ),
+        _options(gates, confidence),
     )
-    wide = coordinator.too_wide()
+    return _undecided(comparison, coordinator.too_wide())
+
+
+def _compare_processes(
+    passes: Sequence[Coordinator], gates: Sequence[Any], confidence: float
+) -> Comparison:
+    """Several process pairs, each case tested on its process pairs' means (each a mean
+    of its pairs of trials), paired process by process (``sessions.paired_rounds``)."""
+    sides = [_by_process(passes, side) for side in SIDES]
+    comparison = compare_cases(*sides, _options(gates, confidence, len(passes)))
+    return _undecided(comparison, set().union(*(p.too_wide() for p in passes)))
+
+
+def _by_process(passes: Sequence[Coordinator], side: str) -> list[CaseResult]:
+    """One side's cases over the process pairs: each pair's paired trials, numbered as
+    session N for the Nth process pair (its unpaired trials left out: the pairs' mean
+    is what cancels the machine's drift)."""
+    found: dict[str, list[tuple[int, CaseResult]]] = {}
+    for number, coordinator in enumerate(passes):
+        for nodeid, case in coordinator.results[side].items():
+            paired = tuple(t for t in case.trials if t.pair)
+            if paired:
+                kept = dataclasses.replace(case, trials=paired)
+                found.setdefault(nodeid, []).append((number, kept))
+    return [pool_cases([c for _, c in each], [n for n, _ in each]) for each in found.values()]
+
+
+def _undecided(comparison: Comparison, wide: set[tuple[str, str]]) -> Comparison:
+    """Cases that stopped with their own pairs too wide to pass on: undecided."""
     return dataclasses.replace(
         comparison,
         deltas=tuple(
@@ -382,28 +480,26 @@ def _restore_signals(previous: dict[int, Any]) -> None:
 
 
 def _outcome(
-    args: argparse.Namespace,
-    coordinator: Coordinator,
-    comparison: Comparison,
-    confirm: Coordinator | None,
+    args: argparse.Namespace, passes: Sequence[Coordinator], comparison: Comparison
 ) -> Outcome:
-    one_sided = [
-        f"only on the {s}: {', '.join(coordinator.only[s])}" for s in SIDES if coordinator.only[s]
-    ]
+    """The table, the verdict and where each process pair's sides were saved."""
+    first = passes[0]
+    one_sided = [f"only on the {s}: {', '.join(first.only[s])}" for s in SIDES if first.only[s]]
     table = comparison_table(comparison)
     out = render([table], args.format, width=table_width(args.format))
     verdicts = [*gate_verdict_lines(comparison), *one_sided]
-    busy = busy_line(coordinator.results)
+    busy = busy_line({s: {k: v for p in passes for k, v in p.results[s].items()} for s in SIDES})
     if busy:
         verdicts.append(busy)
     # a gate that compared nothing fails (Comparison.failed); --strict: a case on one
     # side only, or one the gate could not judge, fails too
     failed = comparison.fails(args.strict) or (args.strict and bool(one_sided))
-    notes = [f"{s}: {coordinator.runs[s]}" for s in SIDES if coordinator.runs.get(s)]
-    if confirm is not None:
-        notes += [f"{s} (again): {confirm.runs[s]}" for s in SIDES if confirm.runs.get(s)]
+    notes = []
+    for number, coordinator in enumerate(passes, start=1):
+        label = "" if number == 1 else " (again)" if args.processes == 1 else f" ({number})"
+        notes += [f"{s}{label}: {coordinator.runs[s]}" for s in SIDES if coordinator.runs.get(s)]
     if args.report:
-        notes.append(_write_report(args.report, coordinator, comparison))
+        notes.append(_write_report(args.report, first, comparison))
     return Outcome(out=out, notes=notes, verdicts=verdicts, failed=failed)
 
 

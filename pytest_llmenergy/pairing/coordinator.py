@@ -28,7 +28,6 @@ from ..results import CaseResult, Trial
 from ..storage.runfile import decode_case, decode_trial
 from .channel import BASE, HEAD, SIDES, Channel, ChannelClosed
 from .turns import (
-    MIN_CONFIRM_PAIRS,
     MIN_PAIRS,
     PASS_LEVEL,
     Decision,
@@ -112,6 +111,8 @@ class Coordinator:
         seed: int,
         log: Callable[[str], None] = lambda line: None,
         only_cases: Collection[str] | None = None,
+        pair_limit: int | None = None,
+        min_pairs: int = MIN_PAIRS,
     ) -> None:
         self.rules = tuple(rules)
         self.confidence = confidence
@@ -129,6 +130,10 @@ class Coordinator:
         self.only: dict[str, list[str]] = {BASE: [], HEAD: []}
         # a second pass measures these cases alone (None: every common case)
         self.only_cases = frozenset(only_cases) if only_cases is not None else None
+        # a process pair of several (``llmenergy ab --processes``) measures a case up to
+        # this many pairs: beyond them the processes' own offsets dominate its mean
+        self.pair_limit = pair_limit
+        self.min_pairs = min_pairs  # a confirming pass asks more (turns.MIN_CONFIRM_PAIRS)
         self.skip: dict[str, list[str]] = {BASE: [], HEAD: []}  # deselected by each side
         self.cases: dict[str, PairedCase] = {}
         self.results: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
@@ -375,13 +380,17 @@ class Coordinator:
             pass_level=min(self.confidence, PASS_LEVEL),
             fail_level=case_level(self.confidence, max(1, len(self.order))),
             attempted_pairs=case.attempted,
-            max_pairs=self._limit(case, "max_trials", 25),
+            max_pairs=self._max_pairs(case),
             measured_s=min(self._measured_s(case, s) for s in SIDES),
             min_time_s=float(self._limit(case, "min_time_s", 0.0)),
             max_time_s=float(self._limit(case, "max_time_s", 0.0)),
             pools=self._pools(case),
-            min_pairs=MIN_CONFIRM_PAIRS if self.only_cases is not None else MIN_PAIRS,
+            min_pairs=self.min_pairs,
         )
+
+    def _max_pairs(self, case: PairedCase) -> int:
+        limit = int(self._limit(case, "max_trials", 25))
+        return min(limit, self.pair_limit) if self.pair_limit else limit
 
     def too_wide(self) -> set[tuple[str, str]]:
         """(node id, figure) of the cases that stopped at a limit with their own pairs

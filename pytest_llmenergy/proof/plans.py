@@ -81,7 +81,7 @@ SMOKE = Plan(
     work_model="tiny-llama",
     caps_s={"suite": 60.0, "settings": 60.0, "gate": 120.0, "work": 60.0},
     extra_args=("--energy-max-background=off", "--energy-max-trials=3", "--energy-warmup=0"),
-    ab_args=("--confirm", "off"),
+    ab_args=("--processes", "1", "--confirm", "off"),
     gate_args=(
         "--energy-max-background=off",
         "--energy-max-trials=4",
