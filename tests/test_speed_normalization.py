@@ -258,5 +258,7 @@ def test_every_case_keeps_its_reading_in_the_session_readings_unit(
     start_s = data["machine"]["speed_reference_s"]
     assert len(data["cases"]) == 3
     for case in data["cases"]:
-        assert 0.5 < case["reference_s"] / start_s < 2.0, (case["reference_s"], start_s)
+        # the same unit, not the same speed: a busy VM read 2.3x its start once
+        # (2026-11-27), while a wrong unit is off by 10x or more (ms, per-iteration)
+        assert 0.2 < case["reference_s"] / start_s < 5.0, (case["reference_s"], start_s)
         assert {t["reference_s"] for t in case["trials"]} == {case["reference_s"]}
