@@ -25,7 +25,7 @@ from .figures import (
     parse_figure_threshold,
     resolved,
 )
-from .results import PREFILL_PASSES, CaseResult, distinct_names
+from .results import PREFILL_PASSES, CaseResult, Trial, distinct_names
 from .sessions import (
     DEFAULT_SESSION_NOISE,
     HISTORY,
@@ -255,14 +255,19 @@ def session_values(
     values = f.trial_values(case)
     if values is None:
         return None
-    trials = case.prefill_passes if f.source == PREFILL_PASSES else case.trials
     out: dict[int, list[float]] = {}
-    for trial, value in zip(trials, values):
+    for trial, value in zip(figure_trials(f, case), values):
         if pairs is None:
             out.setdefault(trial.session, []).append(value)
         elif trial.pair in pairs:
             out.setdefault(trial.pair, []).append(value)
     return out
+
+
+def figure_trials(f: Figure, case: CaseResult) -> tuple[Trial, ...]:
+    """The trials a figure's values come from, in the same order (``trial_values``):
+    the prefill passes for a prefill-pass figure, else the case's trials."""
+    return case.prefill_passes if f.source == PREFILL_PASSES else case.trials
 
 
 def case_sessions(
@@ -744,10 +749,11 @@ def _deltas(
 
 
 def process_noise(f: Figure, base: CaseResult, head: CaseResult) -> ProcessNoise | None:
-    """A case's noise inside its process pairs (their sessions): the variance of one
-    pair's log difference, pooled over the process pairs, and the variance of a process
-    pair's mean that it makes.  What the two sides of a pair share in time cancels here,
-    as in the pairs' means.  None: no process pair with two pairs."""
+    """A case's noise inside its process pairs (their sessions): the variance of a
+    process pair's mean log difference that its own pairs make (each process pair's
+    variance of a pair's difference over its pairs, averaged over the process pairs),
+    with their degrees of freedom summed.  What the two sides of a pair share in time
+    cancels here, as in the pairs' means.  None: no process pair with two pairs."""
     by_pair = [_pair_means(f, c) for c in (base, head)]
     df = spread = 0.0
     sessions = 0
@@ -769,7 +775,7 @@ def _pair_means(f: Figure, case: CaseResult) -> dict[int, dict[int, float]]:
     """By session, by pair: the mean of the figure's values of the pair's trials."""
     values = f.trial_values(case)
     found: dict[int, dict[int, list[float]]] = {}
-    for trial, value in zip(case.trials, values or ()):
+    for trial, value in zip(figure_trials(f, case), values or ()):
         if trial.pair:
             found.setdefault(trial.session, {}).setdefault(trial.pair, []).append(value)
     return {s: {p: statistics.fmean(v) for p, v in pairs.items()} for s, pairs in found.items()}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from . import values
 from .errors import ConfigError
-from .stats import betainc, t_cdf, t_quantile
+from .stats import f_upper, t_cdf, t_quantile
 
 _NORMAL = statistics.NormalDist()
 
@@ -269,7 +269,8 @@ PROCESS_MODEL_DF = 8.0
 @dataclass(frozen=True)
 class ProcessNoise:
     """A case's noise inside its process pairs: the variance of a process pair's mean
-    log difference that its own pairs of trials make, and its degrees of freedom."""
+    log difference that its own pairs of trials make, and its degrees of freedom (at
+    least one)."""
 
     variance: float
     df: float
@@ -302,20 +303,14 @@ def process_tests(
     tests = {}
     for key, (mean, variance, k, within) in own.items():
         model = offsets + within.variance
-        parts = offsets**2 / pool_df + (within.variance**2 / within.df if within.df else math.inf)
+        parts = offsets**2 / pool_df + within.variance**2 / within.df
         model_df = min(model**2 / parts, PROCESS_MODEL_DF) if parts > 0 else PROCESS_MODEL_DF
         df = float(k - 1)
-        if model > 0 and _f_upper(variance / model, df, model_df) >= PROCESS_CONSISTENT_P:
+        if model > 0 and f_upper(variance / model, df, model_df) >= PROCESS_CONSISTENT_P:
             variance = moderated(variance, df, model, model_df)
             df += model_df
         tests[key] = Test(mean, math.sqrt(variance / k), df, ROUNDS, paired=True)
     return tests
-
-
-def _f_upper(ratio: float, df1: float, df2: float) -> float:
-    """The upper tail of the F(df1, df2) distribution at ``ratio``."""
-    x = df1 * ratio / (df1 * ratio + df2)
-    return 1.0 - betainc(df1 / 2.0, df2 / 2.0, x)
 
 
 def _pool(items: Sequence[tuple[float, float, bool]]) -> float | None:

@@ -57,6 +57,13 @@ def betainc(a: float, b: float, x: float) -> float:
     return 1.0 - front * _beta_continued_fraction(b, a, 1.0 - x) / b
 
 
+def f_upper(ratio: float, df1: float, df2: float) -> float:
+    """The upper tail of the F(df1, df2) distribution at ``ratio``: how likely a variance
+    ratio this large is when both variances estimate the same one."""
+    x = df1 * ratio / (df1 * ratio + df2)
+    return 1.0 - betainc(df1 / 2.0, df2 / 2.0, x)
+
+
 def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with ``df`` degrees of freedom (df may be fractional)."""
     if df <= 0:

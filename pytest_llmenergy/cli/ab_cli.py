@@ -107,8 +107,8 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
         metavar="N",
         help="measure every case in N process pairs, one pair after the other, each side "
         "in a fresh process each time, and test each case on the processes, not the trials "
-        f"(default {DEFAULT_PROCESSES}): a process has an offset of its own, up to 8 %% on "
-        "a case here, that its pairs cannot cancel",
+        f"(default {DEFAULT_PROCESSES}): a process has an offset of its own that its pairs "
+        "cannot cancel (7 %% per case here, 2026-11-27)",
     )
     ab.add_argument(
         "--confirm",

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..sessions import POOL_DF, moderated
-from ..stats import betainc, t_quantile
+from ..stats import f_upper, t_quantile
 from .channel import BASE, HEAD
 
 BLOCKS = ((BASE, HEAD, HEAD, BASE), (HEAD, BASE, BASE, HEAD))
@@ -166,9 +166,7 @@ def consistent(variance: float, df: float, pool: Pool, p: float = CONSISTENT_P) 
     F(df, pool.df) at their ratio is at least ``p``."""
     if pool.variance <= 0:
         return variance <= 0
-    ratio = variance / pool.variance
-    x = df * ratio / (df * ratio + pool.df)
-    return 1.0 - betainc(df / 2.0, pool.df / 2.0, x) >= p
+    return f_upper(variance / pool.variance, df, pool.df) >= p
 
 
 def own_span_ok(diffs: Sequence[float], level: float, rule: GateRule) -> bool:
