@@ -531,9 +531,9 @@ PRODUCTS = {products}
 
 
 def products():
-    a = torch.ones(96, 96)
+    a = torch.ones(192, 192)
     for _ in range(PRODUCTS):
-        a = a @ a / 96.0
+        a = a @ a / 192.0
 
 
 def test_products(energy_benchmark):
@@ -546,7 +546,7 @@ def test_ab_says_why_a_case_failed_from_both_sides_counted_work(tmp_path: Path) 
     each case's turns, while the other waits: a head that computes twice the products
     fails, and the verdict says it is more work, and which."""
     sides = []
-    for name, n in (("base", 2), ("head", 4)):
+    for name, n in (("base", 8), ("head", 16)):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "test_energy.py").write_text(TORCH_PROJECT.format(products=n))
