@@ -490,6 +490,9 @@ def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
     assert "2 process pairs of a paired run" in done.stdout
     saved = [load(r) for r in runs if "-p2-" not in r.name]
     assert saved[0].pairing["id"] == saved[1].pairing["id"]
+    if hasattr(os, "sched_setaffinity"):  # both sides on one CPU they share (--side-cpus)
+        assert "sides on CPU " in done.stderr
+        assert {load(r).machine["threads"]["cpus_allowed"] for r in runs} == {1}
     assert {r.pairing["side"] for r in saved} == {"base", "head"}
     assert all(t.pair for r in saved for c in r.cases for t in c.trials)
     # a later compare of the two saved sides pairs them again

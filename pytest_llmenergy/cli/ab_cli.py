@@ -36,6 +36,7 @@ from ..errors import ConfigError
 from ..figures import FIGURES
 from ..pairing.channel import BASE, ENV, HEAD, SIDES
 from ..pairing.coordinator import Coordinator, accept_sides, listen
+from ..pairing.cpus import DEFAULT_SIDE_CPUS, cpus_text, parse_side_cpus, pin, side_cpus
 from ..pairing.turns import MIN_CONFIRM_PAIRS, MIN_PAIRS, GateRule
 from ..results import CaseResult
 from ..storage.pool import pool_cases
@@ -116,6 +117,15 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
         default=None,
         help="with --processes 1: measure the cases that FAIL again in fresh processes of "
         "both sides, and fail only those that fail again (default on there)",
+    )
+    ab.add_argument(
+        "--side-cpus",
+        type=checked(parse_side_cpus),
+        default=DEFAULT_SIDE_CPUS,
+        metavar="CPUS",
+        help="the CPUs both sides run on: one (default: one CPU they share, as they take "
+        "turns), all (where the OS puts them), or a list such as 0-3; sides on different "
+        "CPUs read the CPUs' speeds apart (Linux; elsewhere, where the OS puts them)",
     )
     ab.add_argument("--report", metavar="PATH", help="write the pair's HTML report to PATH")
     ab.add_argument(
@@ -204,6 +214,7 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
             "each case is tested on its processes, and a FAIL needs no confirming pass"
         )
     _sides(args, storage, "")  # a bad argument says so before anything runs
+    side_cpus(args.side_cpus)
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     if args.processes == 1:
         return _one_process_pair(args, storage, gates, seed)
@@ -289,12 +300,16 @@ def _pass(
     workdir = Path(tempfile.mkdtemp(prefix="llmenergy-ab-"))
     socket_path = str(workdir / "coordinator.sock")
     server = listen(socket_path)
-    _say(f"order seed {seed} (repeat with --seed={seed}); side logs in {workdir}")
+    cpus = side_cpus(args.side_cpus)
+    _say(
+        f"order seed {seed} (repeat with --seed={seed}); sides on {cpus_text(cpus)}; "
+        f"side logs in {workdir}"
+    )
     interrupted: list[int] = []
     previous = _forward_signals(sides, interrupted)
     try:
         for side in sides:
-            _start(side, socket_path, pairing_id, workdir)
+            _start(side, socket_path, pairing_id, workdir, cpus)
         failure = _serve(server, coordinator, sides, pairing_id)
     finally:
         _restore_signals(previous)
@@ -373,7 +388,9 @@ class _Exit(Exception):
         self.code = code
 
 
-def _start(side: Side, socket_path: str, pairing_id: str, workdir: Path) -> None:
+def _start(
+    side: Side, socket_path: str, pairing_id: str, workdir: Path, cpus: frozenset[int] | None
+) -> None:
     side.log = workdir / f"{side.name}.log"
     env = dict(os.environ)
     env[ENV] = f"{socket_path}|{side.name}|{pairing_id}"
@@ -388,6 +405,7 @@ def _start(side: Side, socket_path: str, pairing_id: str, workdir: Path) -> None
             stderr=subprocess.STDOUT,
             start_new_session=True,  # signals reach it from this command only
         )
+    pin(side.process.pid, cpus)
 
 
 def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id: str) -> str:
