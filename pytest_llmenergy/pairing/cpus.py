@@ -86,13 +86,11 @@ def _cpu_list(text: str) -> list[int]:
     for part in text.split(","):
         match = re.fullmatch(r"\s*([0-9]{1,4})\s*(?:-\s*([0-9]{1,4})\s*)?", part)
         if match is None:
-            raise ConfigError(
-                f"--side-cpus: expected one, all or a CPU list such as 0-3,6, got {text[:40]!r}"
-            )
+            raise ConfigError(f"expected one, all or a CPU list such as 0-3,6, got {text[:40]!r}")
         low = int(match.group(1))
         high = int(match.group(2)) if match.group(2) is not None else low
         if high < low:
-            raise ConfigError(f"--side-cpus: the range {part.strip()!r} runs backwards")
+            raise ConfigError(f"the CPU range {part.strip()!r} runs backwards: write it low-high")
         found.extend(range(low, high + 1))
     return found
 
