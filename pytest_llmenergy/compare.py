@@ -93,6 +93,9 @@ BUSY = "inconclusive: machine busy"
 DRIFT = "inconclusive: machine speed"
 UNRESOLVED = "below resolution"
 UNSTABLE = "unstable: no steady window"
+# A sampling meter's trial without every device read, with a hole in its samples, or
+# with an edge of its window unsampled (meters/validity.py): shown, never gated.
+INVALID_TELEMETRY = "invalid telemetry"
 OTHER_MODEL = "another model config"
 # A paired run's FAIL that fresh processes of both sides did not repeat (llmenergy ab).
 UNCONFIRMED = "not confirmed"
@@ -131,6 +134,8 @@ class Delta:
     # A server's bursts, on either side, without a steady window worth measuring (their
     # batch never held all requests, or not for long enough): shown, never gated.
     unstable: bool = False
+    # Either side's power telemetry was not valid (meters/validity.py): shown, never gated.
+    invalid_telemetry: bool = False
     # How much the machine's own speed differed beyond its reference's noise (a
     # fraction, see meters/reference.py): a regression within the gate plus this is one
     # the machine could explain.
@@ -207,6 +212,7 @@ class Delta:
                 self.busy
                 or self.unresolved
                 or self.unstable
+                or self.invalid_telemetry
                 or self.drifted
                 or self.other_model
                 or self.unconfirmed
@@ -228,6 +234,8 @@ class Delta:
             return UNRESOLVED
         if self.unstable:
             return UNSTABLE
+        if self.invalid_telemetry:
+            return INVALID_TELEMETRY
         if self.undecided and not self.failed:
             return UNDECIDED
         if not self.exceeded:
@@ -887,6 +895,7 @@ def _delta(
         busy=mostly_busy(base) or mostly_busy(case),
         unresolved=not (resolved(m.figure, base) and resolved(m.figure, case)),
         unstable=bool(base.unstable or case.unstable),
+        invalid_telemetry=bool(base.invalid_telemetry or case.invalid_telemetry),
         drift=o.drift if m.speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
         other_model=_other_model(base, case),
         test=test,
@@ -1201,6 +1210,12 @@ def _verdict(c: Comparison) -> str:
         extra += (
             f"; {len(unstable)} case(s) not gated: bursts without a steady window "
             f"(--llm-min-steady): {_listed(unstable)}"
+        )
+    invalid = sorted({d.name for d in c.deltas if d.verdict == INVALID_TELEMETRY})
+    if invalid:
+        extra += (
+            f"; {len(invalid)} case(s) not gated: invalid power telemetry "
+            f"(--energy-max-sample-gap): {_listed(invalid)}"
         )
     other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
     if other:

@@ -84,9 +84,22 @@ UNSTABLE_LEGEND = (
     "batch never held all its requests, or not for --llm-min-steady): the notes say why; "
     "no gate judges such a case"
 )
+INVALID_MARK = "i"
+INVALID_LEGEND = (
+    "(Ni): N of the trials had invalid power telemetry (a device never read, a longer "
+    "stretch than --energy-max-sample-gap without a sample, or an edge of the window "
+    "unsampled): the notes say why; no gate judges such a case"
+)
 # Carried in csv/json only; see the module docstring.
 _ESTIMATED_KEY = "estimated"
 _NODEID_KEY = "nodeid"  # the case's whole node id: unique and stable across runs
+
+
+def invalid_note(r: CaseResult, name: str) -> str:
+    """One line: why the case's telemetry was not valid (its first invalid trial's reason)."""
+    invalid = r.invalid_telemetry
+    reason = invalid[0].telemetry.reason if invalid[0].telemetry is not None else ""
+    return f"{name}: invalid telemetry ({len(invalid)} of {len(r.trials)}), not gated: {reason}"
 
 
 # -- how a figure is shown in a case table ------------------------------------------
@@ -101,6 +114,8 @@ def cell(f: Figure, r: CaseResult) -> str:
         busy += f" +{n_rejected}{REJECTED_MARK}" if n_rejected else ""
         mark = SHORT_MARK if r.short_of_time else _STATUS_MARKS.get(r.status, "")
         unstable = f" ({len(r.unstable)}{UNSTABLE_MARK})" if r.unstable else ""
+        invalid = r.invalid_telemetry
+        unstable += f" ({len(invalid)}{INVALID_MARK})" if invalid else ""
         return f"{len(r.trials)}{mark}{unstable}{busy}"
     summary = f.summary(r) if f.with_ci else None
     text = fmt_mean_ci(summary) if summary is not None else format_raw(clean(f.value(r)))
@@ -303,6 +318,8 @@ def _build_table(
         legend.append(REJECTED_LEGEND)
     if "trials" in shown and any(r.unstable for r in results):
         legend.append(UNSTABLE_LEGEND)
+    if "trials" in shown and any(r.invalid_telemetry for r in results):
+        legend.append(INVALID_LEGEND)
     coarse = [
         r.resolution_s
         for r in results
@@ -319,6 +336,7 @@ def _build_table(
         for r in results
         if r.unstable
     ]
+    notes += [invalid_note(r, names[r.nodeid]) for r in results if r.invalid_telemetry]
     return Table(
         title=title,
         keys=keys,

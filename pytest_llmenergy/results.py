@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .meters.base import Measurement
+from .meters.validity import Telemetry
 from .stats import Summary, summarize
 
 if TYPE_CHECKING:
@@ -147,6 +148,9 @@ class Trial:
     # trial was no burst).  An unstable burst's case is flagged and never gated.
     steady_tokens: int = 0
     unstable: str = ""
+    # A sampling meter's telemetry of the window, judged (meters/validity.py): every
+    # device read, no long hole, the edges covered.  None: the meter does not sample.
+    telemetry: Telemetry | None = None
 
     @classmethod
     def from_measurement(
@@ -369,6 +373,11 @@ class CaseResult:
     def unstable(self) -> tuple[Trial, ...]:
         """Kept bursts with no steady window worth measuring: the case is never gated."""
         return tuple(t for t in self.trials if t.unstable)
+
+    @property
+    def invalid_telemetry(self) -> tuple[Trial, ...]:
+        """Kept trials whose power telemetry was not valid: the case is never gated."""
+        return tuple(t for t in self.trials if t.telemetry is not None and not t.telemetry.valid)
 
     @property
     def rejected(self) -> tuple[Trial, ...]:

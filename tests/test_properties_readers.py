@@ -37,6 +37,7 @@ from pytest_llmenergy import report
 from pytest_llmenergy.cli import main
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES
+from pytest_llmenergy.meters.validity import Telemetry
 from pytest_llmenergy.plugin import option_rows
 from pytest_llmenergy.plugin.options import OPTIONS, SECTIONS
 from pytest_llmenergy.results import CountedWork, GpuTelemetry, OpWork, RequestRecord
@@ -149,8 +150,8 @@ HOSTILE_TEXT = st.one_of(
 
 # -- a valid run with every kind of field, and ways to spoil it ---------------------------
 def rich_run() -> Run:
-    """A run file's every part: phases, GPU telemetry, requests, a rejected trial, disturbed
-    trials, prefill passes, conversions, resources, counted work."""
+    """A run file's every part: phases, GPU telemetry, judged power telemetry, requests, a
+    rejected trial, disturbed trials, prefill passes, conversions, resources, counted work."""
     trials = make_trials([0.1, 0.2, 0.3])
     trials = (
         replace(
@@ -159,6 +160,9 @@ def rich_run() -> Run:
             requests=(RequestRecord(0.01, 0.1, 4),),
             background_cpu=0.02,
             reference_s=0.006,
+            telemetry=Telemetry(
+                ("gpu:0", "gpu:1"), ("gpu:0",), 3.0, True, 0.01, "gpu:1 never read"
+            ),
         ),
         *trials[1:],
     )
@@ -248,6 +252,10 @@ def check_read(run: Run) -> None:
                     and min(t.joules_by_domain.values(), default=0) >= 0
                 )
             assert t.input_tokens >= 0 and t.output_tokens >= 0 and t.passes >= 1
+            if t.telemetry is not None:  # judged telemetry: finite, never negative
+                gap, difference = t.telemetry.max_gap_s, t.telemetry.counter_vs_integral
+                assert math.isfinite(gap) and gap >= 0
+                assert difference is None or (math.isfinite(difference) and difference >= 0)
         if case.work is not None:  # counted work: counts, never negative or infinite
             assert math.isfinite(case.work.seconds) and case.work.seconds >= 0
             for o in case.work.ops():

@@ -24,6 +24,7 @@ from ..meters.background import BackgroundCpu, CpuActivity
 from ..meters.base import Measurement, Meter
 from ..meters.reference import case_reference_s
 from ..meters.resources import ResourceProbe
+from ..meters.validity import judge
 from ..results import (
     CONVERGED,
     LIMIT,
@@ -597,6 +598,7 @@ class EnergyBenchmark:
             unstable=unstable,
             visit=visit,
             rejected=rejected,
+            telemetry=judge(measurement, self.options.max_sample_gap_s),
         )
         step = _Step(trial, share, busy_cpu=self.options.disturbed(share))
         (state.disturbed if step.busy else state.kept).append(trial)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..figures import FIGURES
+from ..meters.validity import DEFAULT_MAX_GAP_S
 from ..results import Trial
 from ..stats import Summary, summarize
 from .targets import CITarget, parse_ci_targets
@@ -87,6 +88,9 @@ class ControllerSettings:
     # Stop once this much runtime is measured (after min_trials), converged or not.
     # None takes the rule's; 0 means no such limit.
     max_time_s: float | None = None
+    # A sampled window with a longer stretch no sample saw (or a device never read) has
+    # invalid telemetry: its case is marked, never gated (meters/validity.py).
+    max_sample_gap_s: float = DEFAULT_MAX_GAP_S
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -121,6 +125,10 @@ class ControllerSettings:
             raise ConfigError(f"min_time_s must be >= 0 seconds, got {self.min_time_s!r}")
         if not (self.max_time_s is not None and self.max_time_s >= 0):
             raise ConfigError(f"max_time_s must be >= 0 seconds, got {self.max_time_s!r}")
+        if not (isinstance(self.max_sample_gap_s, float | int) and self.max_sample_gap_s > 0):
+            raise ConfigError(
+                f"max_sample_gap_s must be > 0 seconds, got {self.max_sample_gap_s!r}"
+            )
 
     @property
     def min_time(self) -> float:

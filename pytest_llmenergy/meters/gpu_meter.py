@@ -108,9 +108,19 @@ class GpuMeter(Meter):
         self._sampled_names: tuple[str, ...] = ()
 
     def _sample(
-        self, readers: Sequence[tuple[str, Callable[[], float]]], interval_s: float, thread: str
+        self,
+        readers: Sequence[tuple[str, Callable[[], float]]],
+        interval_s: float,
+        thread: str,
+        skipped: tuple[type[BaseException], ...] = (),
     ) -> None:
-        """Sample these GPUs' power (W) while a window is open; none: no thread at all."""
+        """Sample these GPUs' power (W) while a window is open; none: no thread at all.
+
+        Between the edges, a GPU whose read raises one of ``skipped`` (the library's own
+        error) is left out of that sample: the hole is the window's telemetry's to judge
+        (meters/validity.py), not a reason to lose the other GPUs' samples.  The edges
+        read every GPU or fail the window.
+        """
         read_all = tuple(readers)
         self._sampled_names = tuple(name for name, _ in read_all)
         if not read_all:
@@ -120,7 +130,17 @@ class GpuMeter(Meter):
         def read_power_w() -> dict[str, float]:
             return {name: read() for name, read in read_all}
 
-        self._sampler = PowerSampler(read_power_w, interval_s, thread)
+        def read_some_w() -> dict[str, float]:
+            out: dict[str, float] = {}
+            for name, read in read_all:
+                try:
+                    out[name] = read()
+                except skipped:
+                    continue
+            return out
+
+        background = read_some_w if skipped else None
+        self._sampler = PowerSampler(read_power_w, interval_s, thread, read_background_w=background)
 
     @abstractmethod
     def _counter_energy_j(self, a: Reading, b: Reading) -> dict[str, float]:

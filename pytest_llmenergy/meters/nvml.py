@@ -247,7 +247,7 @@ class NvmlMeter(GpuMeter):
         self._counter_handles = tuple(counter_handles)
         self._counter_names = tuple(counter_names)
         self._energy_mj = nvml.nvmlDeviceGetTotalEnergyConsumption
-        self._sample(readers, interval_s, SAMPLER_THREAD_NAME)
+        self._sample(readers, interval_s, SAMPLER_THREAD_NAME, skipped=(nvml.NVMLError,))
         # gpu:process where the driver keeps per-process SM utilization (counted=False:
         # a share of the GPUs' joules, beside them, as RAPL's cpu:process)
         self._roots = (os.getpid(), *options.attributed_pids)

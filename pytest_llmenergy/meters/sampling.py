@@ -129,11 +129,15 @@ class PowerSampler:
         interval_s: float,
         name: str,
         clock: Clock = time.perf_counter,
+        read_background_w: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self._read_power_w = read_power_w
+        # The thread's reader may leave out a device it failed to read (the window's
+        # telemetry says so, meters/validity.py); the edges' must read them all.
+        self._read_background_w = read_background_w or read_power_w
         self._clock = clock
         self._buffer = SampleBuffer()
-        self._thread = PeriodicThread(self.sample_now_discard, interval_s, name)
+        self._thread = PeriodicThread(self._sample_background, interval_s, name)
 
     @property
     def interval_s(self) -> float:
@@ -149,14 +153,17 @@ class PowerSampler:
 
     def sample_now(self) -> float:
         """Take a sample immediately (used at window edges) and return its time."""
+        return self._sample(self._read_power_w)
+
+    def _sample_background(self) -> None:
+        self._sample(self._read_background_w)
+
+    def _sample(self, read: Callable[[], Mapping[str, float]]) -> float:
         before = self._clock()
-        power = self._read_power_w()
+        power = read()
         t = (before + self._clock()) / 2  # a driver call can take a millisecond
         self._buffer.add(PowerSample(t=t, power_w=dict(power)))
         return t
-
-    def sample_now_discard(self) -> None:
-        self.sample_now()
 
     def between(self, t0: float, t1: float) -> tuple[PowerSample, ...]:
         self._thread.check()
@@ -174,14 +181,18 @@ def integrate_instant(
     """Trapezoid integral of instantaneous samples over [t0, t1], in joules.
 
     Power at the edges is interpolated linearly between the neighbouring samples;
-    beyond the first or last sample it is held constant.
+    beyond the first or last sample it is held constant.  A sample that missed a domain
+    (its read failed) is skipped for that domain, which is bridged as a gap instead.
     """
     out = {d: 0.0 for d in domains}
     if t1 <= t0 or not samples:
         return out
-    times = [s.t for s in samples]
     for d in domains:
-        values = [s.power_w[d] for s in samples]
+        own = [s for s in samples if d in s.power_w]
+        if not own:
+            continue
+        times = [s.t for s in own]
+        values = [s.power_w[d] for s in own]
         points = [(t0, _interp(times, values, t0))]
         points += [(t, v) for t, v in zip(times, values) if t0 < t < t1]
         points.append((t1, _interp(times, values, t1)))

@@ -450,6 +450,15 @@ CONTROLLER_OPTIONS = Section(
             ),
         ),
         Option(
+            "--energy-max-sample-gap",
+            "max_sample_gap_s",
+            values.seconds,
+            "SECONDS",
+            "a sampling meter's trial whose devices were not all read, or that went longer "
+            "than this without a sample (or from an edge of its window), has invalid "
+            "telemetry: its case is marked and never gated",
+        ),
+        Option(
             "--energy-max-background",
             "max_background",
             _background_share,

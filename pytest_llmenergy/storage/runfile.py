@@ -27,7 +27,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from ..controller.rule import ControllerSettings
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError, one_line
 from ..meters.resources import ResourceUsage
+from ..meters.validity import DEFAULT_MAX_GAP_S, Telemetry
 from ..results import (
     CaseResult,
     CountedWork,
@@ -76,6 +77,10 @@ FORMAT = "pytest-llmenergy-run"
 #    output tokens streamed in its steady window, the phase "steady") and "unstable" (why
 #    the burst had no steady window worth measuring; absent: it had, or was no burst).
 #    a trial's gpu "neighbours" (other processes on the measured GPUs: "gpu", "pid", "name").
+#    a trial's "telemetry" (a sampling meter's window judged, meters/validity.Telemetry:
+#    "devices" and "read" lists of domains, "max_gap_s", "covered", "counter_vs_integral"
+#    (null: no counter beside samples, or unbounded), "reason" ("": valid); absent: the
+#    meter does not sample, or the run predates it) and the controller's "max_sample_gap_s".
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -208,7 +213,13 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"pair": t.pair} if t.pair else {}),
         **({"steady_tokens": t.steady_tokens} if t.steady_tokens else {}),
         **({"unstable": t.unstable} if t.unstable else {}),
+        **({"telemetry": _telemetry_dict(t.telemetry)} if t.telemetry is not None else {}),
     }
+
+
+def _telemetry_dict(v: Telemetry) -> dict[str, Any]:
+    difference = v.counter_vs_integral  # unbounded (a counter of 0 J beside power): null
+    return {**asdict(v), "counter_vs_integral": None if difference is None else _finite(difference)}
 
 
 def _gpu_dict(g: GpuTelemetry) -> dict[str, Any]:
@@ -238,6 +249,7 @@ def _controller_dict(o: ControllerSettings) -> dict[str, Any]:
         "rule": o.rule,
         "min_time_s": o.min_time,
         "max_time_s": o.max_time,
+        "max_sample_gap_s": o.max_sample_gap_s,
         "targets": [
             {"metric": t.metric, "value": t.value, "relative": t.relative} for t in o.targets
         ],
@@ -567,6 +579,14 @@ class _Reader:
             out[str(name)] = float(value)
         return out
 
+    def names(self, key: str) -> tuple[str, ...]:
+        """A list of strings (domains)."""
+        items = self.get(key, list)
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise _Bad(f"{self._at(key)}[{i}] should be a string")
+        return tuple(items)
+
     def strings(self, key: str, kind: type = str) -> dict[str, Any]:
         mapping = self.get(key, dict)
         for name, value in mapping.items():
@@ -628,6 +648,20 @@ def _trial(r: _Reader) -> Trial:
         pair=r.count("pair", optional=True) or 0,
         steady_tokens=r.count("steady_tokens", optional=True) or 0,
         unstable=r.get("unstable", str, optional=True) or "",
+        telemetry=_telemetry(r.obj("telemetry", optional=True)),
+    )
+
+
+def _telemetry(r: _Reader | None) -> Telemetry | None:
+    if r is None:
+        return None
+    return Telemetry(
+        devices=r.names("devices"),
+        read=r.names("read"),
+        max_gap_s=r.amount("max_gap_s"),
+        covered=r.get("covered", bool),
+        counter_vs_integral=r.amount("counter_vs_integral", optional=True),
+        reason=r.get("reason", str),
     )
 
 
@@ -680,6 +714,7 @@ def _controller(r: _Reader) -> ControllerSettings:
             rule=r.get("rule", str, optional=True) or "default",
             min_time_s=r.amount("min_time_s", optional=True) or 0.0,
             max_time_s=r.amount("max_time_s", optional=True) or 0.0,
+            max_sample_gap_s=r.amount("max_sample_gap_s", optional=True) or DEFAULT_MAX_GAP_S,
         )
     except ConfigError as exc:
         raise _Bad(f"{r.where}: {exc}") from None
