@@ -10,6 +10,7 @@ import json
 import math
 import time
 from dataclasses import replace
+from html import escape
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from pytest_llmenergy.controller.benchmark import EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES
+from pytest_llmenergy.html import render_report
 from pytest_llmenergy.meters.base import Domain, Measurement, Method, PowerSample
 from pytest_llmenergy.meters.validity import Telemetry, judge
 from pytest_llmenergy.report import case_tables, cell
@@ -216,7 +218,9 @@ def test_an_invalid_case_is_marked_and_never_gated() -> None:
     assert len(worse.invalid_telemetry) == 4
     assert cell(FIGURES["trials"], worse).endswith("(4i)")
     (table,) = case_tables([worse])
-    assert f"{worse.name}: invalid telemetry (4 of 4), not gated: gpu:1 never read" in table.notes
+    note = f"{worse.name}: invalid telemetry (4 of 4), not gated: gpu:1 never read"
+    assert note in table.notes
+    assert f'<p class="note">{escape(note)}</p>' in render_report([sample_run((worse,))])
     c = compare_cases([base], [worse], CompareOptions(gates=parse_gates("j_per_token:5%")))
     (delta,) = [d for d in c.deltas if d.metric == "j_per_token"]
     assert delta.verdict == INVALID_TELEMETRY and not delta.failed
@@ -271,13 +275,13 @@ def test_an_invalid_case_is_shown_and_not_gated_in_a_session(
     common = (
         "--energy-backend=nvml",
         "--energy-sample-interval=0.02",
-        "--energy-max-sample-gap=0.2s",
         "--energy-warmup=0",
         "--energy-min-trials=3",
         "--energy-max-trials=3",
         "-p",
         "no:randomly",
     )
+    pytester.makeini("[pytest]\nllmenergy_max_sample_gap = 0.2s\n")  # the option's ini twin
     pytester.makepyfile(test_cases="LOSE = False\n" + SUITE)
     pytester.runpytest(*common, "--energy-save=base").assert_outcomes(passed=1)
     gpus[1].trace = PowerTrace([(1e6, 300.0)])  # a 2x regression...

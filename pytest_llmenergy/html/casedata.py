@@ -13,7 +13,7 @@ from typing import Any
 
 from ..compare import Comparison, Delta
 from ..figures import FIGURES, Figure
-from ..report import cell
+from ..report import cell, invalid_note
 from ..results import CONVERGED, LIMIT, CaseResult
 from ..scale import scale_of
 from ..stats import t_quantile
@@ -186,6 +186,8 @@ class Column:
 class CaseTable:
     columns: tuple[Column, ...]
     rows: tuple[tuple[tuple[str, Any], ...], ...]  # per cell: (shown text, sort value)
+    # One line per case the terminal's table notes too: why its telemetry was invalid.
+    notes: tuple[str, ...] = ()
 
 
 def case_table(runs: Sequence[tuple[str, Sequence[CaseResult]]]) -> CaseTable:
@@ -203,6 +205,7 @@ def case_table(runs: Sequence[tuple[str, Sequence[CaseResult]]]) -> CaseTable:
         unit = f" [{f.unit}]" if f.unit and f.unit not in f.label else ""
         columns.append(Column(key, f.label, f"{key}{unit}: {f.meaning}", f.numeric))
     rows = []
+    notes = []
     for label, run_cases in runs:
         for case in run_cases:
             head: list[tuple[str, Any]] = [(case_name(case), case_name(case))]
@@ -210,7 +213,10 @@ def case_table(runs: Sequence[tuple[str, Sequence[CaseResult]]]) -> CaseTable:
                 head.insert(0, (label, label))
             cells = [(cell(FIGURES[k], case), clean(FIGURES[k].value(case))) for k in keys]
             rows.append(tuple(head + cells))
-    return CaseTable(tuple(columns), tuple(rows))
+            if case.invalid_telemetry:
+                note = invalid_note(case, case_name(case))
+                notes.append(f"{label}: {note}" if several else note)
+    return CaseTable(tuple(columns), tuple(rows), tuple(notes))
 
 
 # -- comparisons -------------------------------------------------------------------------

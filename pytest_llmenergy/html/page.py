@@ -201,7 +201,11 @@ def _table_html(
 def _case_table_html(table: CaseTable) -> str:
     heads = [(c.key, c.label, c.title, c.numeric) for c in table.columns]
     rows = [list(row) for row in table.rows]
-    return _table_html("cases", heads, rows, placeholder="filter rows: words that must all appear")
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in table.notes)
+    table_html = _table_html(
+        "cases", heads, rows, placeholder="filter rows: words that must all appear"
+    )
+    return table_html + notes
 
 
 def _registry_table_html(table_id: str, table: Table) -> str:
@@ -373,7 +377,8 @@ def render_report(
         f'<h2>Cases</h2><p class="note">{len(table.rows)} row(s); click a header to sort, '
         "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
         "✓ converged, ✓< converged but stopped at the trial limit short of the minimum "
-        "measured time, ✗ stopped at the trial limit</p>",
+        "measured time, ✗ stopped at the trial limit, (Ni) N trials with invalid power "
+        "telemetry: never gated, the notes below say why</p>",
         _case_table_html(table),
         f"<footer>pytest-llmenergy {escape(_version())}; charts: "
         f"{escape(vega.versions())}</footer>",
