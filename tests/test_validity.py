@@ -128,6 +128,8 @@ def test_a_meter_that_does_not_sample_has_no_verdict() -> None:
     estimate = {"cpu:process": Domain("cpu:process", Method.ESTIMATED)}
     assert judge(window([], domains=counter)) is None
     assert judge(window([], domains=estimate)) is None
+    # a torchrun job's window, merged from its ranks' joules, carries no samples to judge
+    assert judge(window([])) is None
 
 
 # -- the stand-in NVML: a GPU that stops answering ------------------------------------------

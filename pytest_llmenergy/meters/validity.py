@@ -50,8 +50,12 @@ def judge(
     max_gap_s: float = DEFAULT_MAX_GAP_S,
     counter_tolerance: float = COUNTER_TOLERANCE,
 ) -> Telemetry | None:
-    """The window's telemetry judged, or None for a meter that does not sample (its
-    figures rest on counters or a model, which have no samples to judge)."""
+    """The window's telemetry judged, or None where there are no samples to judge: a
+    meter that does not sample (its figures rest on counters or a model), or a window
+    that does not carry its samples (a torchrun job's, merged from its ranks' joules).
+    A sampling meter's own window always has two: its edges read every device."""
+    if not m.samples:
+        return None
     devices = tuple(name for name, d in m.domains.items() if d.method is Method.SAMPLED)
     counted = [name for name, d in m.domains.items() if d.method is Method.COUNTER]
     by_domain = {name: _own(m.samples, name) for name in (*devices, *counted)}
