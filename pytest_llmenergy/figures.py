@@ -201,6 +201,15 @@ def _steady_j_per_token(t: Trial) -> float | None:
     return _per(_phase(STEADY, "joules")(t), t.steady_tokens)
 
 
+def _steady_j_per_response(t: Trial) -> float | None:
+    per_token = _steady_j_per_token(t)
+    return None if per_token is None else per_token * t.output_tokens
+
+
+def _steady_tokens_per_j(t: Trial) -> float | None:
+    return _per(t.steady_tokens, _phase(STEADY, "joules")(t) or 0.0)
+
+
 def _out_tokens_per_s(t: Trial) -> float | None:
     return _per(decode_tokens(t), _phase(DECODE, "seconds")(t) or 0.0) if _both_phases(t) else None
 
@@ -572,6 +581,29 @@ FIGURES: dict[str, Figure] = {
             energy=True,
             phase=STEADY,
             priority=3,
+        ),
+        Figure(
+            "steady_j_per_response",
+            "steady J/resp",
+            "J",
+            "joules per response at the steady window's rate: steady J/out x the output "
+            "tokens of one response (ML.ENERGY's energy per response)",
+            trial=_steady_j_per_response,
+            energy=True,
+            phase=STEADY,
+            priority=6,
+        ),
+        Figure(
+            "steady_tokens_per_s_per_w",
+            "steady tok/s/W",
+            "tokens/s/W",
+            "output throughput per watt in the steady window: (tokens streamed / seconds) / "
+            "(joules / seconds), so tokens per joule (ML.ENERGY's throughput per watt)",
+            trial=_steady_tokens_per_j,
+            energy=True,
+            lower_is_better=False,
+            phase=STEADY,
+            priority=7,
         ),
         # -- what the energy costs (--energy-carbon-intensity, --energy-price) -----------
         Figure(

@@ -159,6 +159,10 @@ def test_an_unstable_case_is_shown_flagged_and_never_gated() -> None:
     worse = _case([200.0, 201.0, 199.0, 200.0], unstable="the batch never held all 4")
     assert value(worse, "steady_j_per_token") == pytest.approx(1.0)  # 100 J / 100 tokens
     assert value(worse, "steady_power_w") == pytest.approx(100.0)
+    # ML.ENERGY's two: a 40-token response at 1 J/token; 100 tokens for 100 J
+    assert value(worse, "steady_j_per_response") == pytest.approx(40.0)
+    assert value(worse, "steady_tokens_per_s_per_w") == pytest.approx(1.0, rel=1e-3)
+    assert value(base, "steady_tokens_per_s_per_w") == pytest.approx(2.0, rel=1e-3)  # 100 for 50 J
     assert cell(FIGURES["trials"], worse) == "4 (1u)"
     (table,) = case_tables([worse])
     assert "t[c4]: unstable (1 of 4): the batch never held all 4" in table.notes
