@@ -40,7 +40,14 @@ from .sessions import (
     build_tests,
     side_sessions,
 )
-from .stats import Summary, summarize
+from .stats import (
+    MAD_EFFICIENCY,
+    Summary,
+    huber_location,
+    huber_variance_factor,
+    mad_scale,
+    summarize,
+)
 from .tables import Table, clean, fmt_mean_ci, fmt_number
 from .values import words
 
@@ -746,7 +753,7 @@ def _deltas(
     sides = {m.key: m.sessions for m in found if m.sessions is not None}
     within = {}
     if o.processes:
-        within = {m.key: w for m in found if (w := process_noise(m.figure, m.base, m.case))}
+        within = process_noises(found)
     tests = build_tests(sides, history=o.history, session_noise=o.session_noise, processes=within)
     p_values = [_p_two_sided(m, tests.get(m.key)) for m in found]
     corrections = _corrections(found, tests, p_values, 1.0 - o.confidence)
@@ -756,27 +763,46 @@ def _deltas(
     )
 
 
-def process_noise(f: Figure, base: CaseResult, head: CaseResult) -> ProcessNoise | None:
-    """A case's noise inside its process pairs (their sessions): the variance of a
-    process pair's mean log difference that its own pairs make (each process pair's
-    variance of a pair's difference over its pairs, averaged over the process pairs),
-    with their degrees of freedom summed.  What the two sides of a pair share in time
-    cancels here, as in the pairs' means.  None: no process pair with two pairs."""
+def process_noises(found: Sequence[_Found]) -> dict[str, ProcessNoise]:
+    """Each case's noise inside its process pairs, and each process pair's difference:
+    Huber's estimate of its pairs' log differences rather than their mean, because a
+    pair whose two trials straddle a jump in the machine's speed lies far off (on
+    2026-11-27 13-15 % of the pairs lay over 20 % off, their spread twice what their
+    median absolute deviation says).  The scale is the case's own (its pairs' median
+    absolute deviation around their process pair's median), the variance factor is
+    pooled over the cases.  What the two sides of a pair share in time cancels here, as
+    in the pairs' means.  A case without a process pair of two pairs is left out."""
+    fitted = {}
+    residuals: list[float] = []
+    for m in found:
+        sessions = _session_differences(m.figure, m.base, m.case)
+        if not any(len(d) >= 2 for d in sessions.values()):
+            continue
+        scale = mad_scale([x - statistics.median(d) for d in sessions.values() for x in d])
+        centres = {s: huber_location(d, scale) for s, d in sessions.items()}
+        if scale > 0:
+            residuals += [(x - centres[s]) / scale for s, d in sessions.items() for x in d]
+        fitted[m.key] = (sessions, scale, centres)
+    factor = huber_variance_factor(residuals)
+    noises = {}
+    for key, (sessions, scale, centres) in fitted.items():
+        sizes = [len(d) for d in sessions.values()]
+        variance = statistics.fmean(factor * scale**2 / n for n in sizes)
+        df = max(1.0, MAD_EFFICIENCY * sum(n - 1 for n in sizes))
+        noises[key] = ProcessNoise(variance, df, tuple(centres[s] for s in sorted(sessions)))
+    return noises
+
+
+def _session_differences(f: Figure, base: CaseResult, head: CaseResult) -> dict[int, list[float]]:
+    """By session (process pair) both sides measured: its pairs' log differences."""
     by_pair = [_pair_means(f, c) for c in (base, head)]
-    df = spread = 0.0
-    sessions = 0
+    found = {}
     for session in sorted(set(by_pair[0]) & set(by_pair[1])):
         a, b = by_pair[0][session], by_pair[1][session]
-        diffs = [math.log(b[p] / a[p]) for p in set(a) & set(b) if a[p] > 0 and b[p] > 0]
-        if len(diffs) < 2:
-            continue
-        variance = statistics.variance(diffs)
-        df += len(diffs) - 1
-        spread += variance / len(diffs)
-        sessions += 1
-    if not sessions:
-        return None
-    return ProcessNoise(spread / sessions, df)
+        diffs = [math.log(b[p] / a[p]) for p in sorted(set(a) & set(b)) if a[p] > 0 and b[p] > 0]
+        if diffs:
+            found[session] = diffs
+    return found
 
 
 def _pair_means(f: Figure, case: CaseResult) -> dict[int, dict[int, float]]:
@@ -1033,7 +1059,8 @@ def evidence_text(c: Comparison) -> str:
     if ROUNDS in sources and c.paired_processes:
         parts.append(
             f"{c.paired_processes} process pairs of a paired run (llmenergy ab), paired "
-            "process by process, each the mean of its pairs of trials measured side by side"
+            "process by process, each a robust (Huber) mean of its pairs of trials measured "
+            "side by side"
         )
     elif ROUNDS in sources and c.paired_trials:
         parts.append(

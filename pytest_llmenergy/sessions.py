@@ -274,6 +274,19 @@ class ProcessNoise:
 
     variance: float
     df: float
+    # Each process pair's own estimate of its pairs' log difference, in session order (a
+    # robust one: compare.process_noises); empty: the sessions' means are differenced.
+    differences: tuple[float, ...] = ()
+
+
+def _process_rounds(
+    base: SideSessions, head: SideSessions, noise: ProcessNoise
+) -> tuple[float, float] | None:
+    """Mean and sample variance of the process pairs' differences: their own estimates
+    where every process pair has one, else the sessions' means differenced."""
+    if len(noise.differences) == base.k >= 2 and base.k == head.k:
+        return statistics.fmean(noise.differences), statistics.variance(noise.differences)
+    return paired_rounds(base, head)
 
 
 def process_tests(
@@ -292,8 +305,8 @@ def process_tests(
     than two process pairs, or without ``noise``, are left out."""
     own: dict[str, tuple[float, float, int, ProcessNoise]] = {}
     for key, (base, head) in pairs.items():
-        rounds = paired_rounds(base, head)
-        if rounds is not None and key in noise:
+        rounds = _process_rounds(base, head, noise[key]) if key in noise else None
+        if rounds is not None:
             own[key] = (rounds[0], rounds[1], base.k, noise[key])
     pool_df = float(sum(k - 1 for _, _, k, _ in own.values()))
     if not pool_df:

@@ -355,6 +355,34 @@ def _process_pairs_run(
     return base_cases, head_cases
 
 
+def test_a_pair_that_straddles_a_jump_does_not_move_its_process_pairs_difference() -> None:
+    """The machine's speed jumped between the two trials of one pair (head +50 %): the
+    process pair's difference is its pairs' robust mean, so that pair barely moves it
+    (their mean would read +5 %)."""
+    import dataclasses
+
+    from pytest_llmenergy.storage.pool import pool_cases
+    from tests.casefactory import make_case
+
+    rng = random.Random(5)
+    sides: dict[str, list[object]] = {"base": [], "head": []}
+    for process in range(2):
+        for name in sides:
+            seconds = [math.exp(rng.gauss(0, 0.01)) for _ in range(8)]
+            if name == "head" and process == 0:
+                seconds[3] *= 1.5
+            case = make_case(seconds)
+            trials = tuple(dataclasses.replace(t, pair=i) for i, t in enumerate(case.trials, 1))
+            sides[name].append(dataclasses.replace(case, trials=trials))
+    base, head = (pool_cases(sides[n], [0, 1]) for n in ("base", "head"))
+    options = CompareOptions(gates=parse_gates("energy_j:5%"), normalize=False, paired=True)
+    c = compare_cases([base], [head], dataclasses.replace(options, processes=2))
+    (delta,) = [d for d in c.deltas if d.metric == "energy_j"]
+    assert delta.test is not None and abs(delta.test.log_ratio) < 0.01, delta.test
+    assert delta.relative_change > 0.02  # the means' change: the jump in it
+    assert not delta.failed
+
+
 def test_process_pairs_hold_false_alarms_that_pairs_of_trials_raise() -> None:
     """Processes with offsets of their own: tested on its pairs of trials, one process
     pair fails unchanged code in most runs; tested on two process pairs (the offsets'

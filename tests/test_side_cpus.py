@@ -45,7 +45,7 @@ def test_a_cpu_this_process_may_not_use_is_refused_with_the_ones_it_may() -> Non
 
 @pytest.mark.parametrize("bad", ["x", "1-", "-1", "3-1", "1,,2", "0-99999", "1e400", ""])
 def test_a_bad_cpu_list_is_one_config_error(bad: str) -> None:
-    with pytest.raises(ConfigError, match="CPU list|CPU range"):
+    with pytest.raises(ConfigError, match=r"CPU list|CPU range"):
         parse_side_cpus(bad)
 
 

@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from pytest_llmenergy.stats import betainc, summarize, t_cdf, t_quantile, welch_t_test
+from pytest_llmenergy.stats import (
+    betainc,
+    huber_location,
+    huber_variance_factor,
+    mad_scale,
+    summarize,
+    t_cdf,
+    t_quantile,
+    welch_t_test,
+)
 
 
 @pytest.mark.parametrize(
@@ -80,3 +89,28 @@ def test_welch_edge_cases() -> None:
     assert welch_t_test([1.0, 1.0], [2.0, 2.0]).p_value == 0.0
     with pytest.raises(ValueError, match="at least two"):
         welch_t_test([1.0], [1.0, 2.0])
+
+
+# -- the robust mean of a paired run's pairs ------------------------------------------------
+def test_huber_keeps_a_far_value_from_moving_the_centre_and_is_the_mean_without_one() -> None:
+    bulk = [0.0, 0.01, -0.01, 0.02, -0.02]
+    scale = mad_scale(bulk)
+    assert huber_location([*bulk, 1.0], scale) == pytest.approx(0.0, abs=0.01)  # mean: 0.167
+    assert huber_location([1.0, 2.0, 3.0, 4.0, 6.0], 10.0) == pytest.approx(3.2)  # all inside
+    assert huber_location([3.0, 1.0, 2.0], 0.0) == 2.0  # no scale: the median
+
+
+def test_the_mad_reads_a_normal_noise_standard_deviation() -> None:
+    assert mad_scale([-1.0, 1.0, -1.0, 1.0]) == pytest.approx(1.4826)
+    rng = random.Random(3)
+    noise = [rng.gauss(0.0, 0.07) for _ in range(20000)]
+    assert mad_scale(noise) == pytest.approx(0.07, rel=0.03)
+
+
+def test_the_variance_factor_is_about_1_05_for_normal_noise_and_grows_with_far_values() -> None:
+    rng = random.Random(4)
+    normal = [rng.gauss(0.0, 1.0) for _ in range(20000)]
+    assert huber_variance_factor(normal) == pytest.approx(1.05, abs=0.02)
+    jumps = [*normal[:17000], *(rng.choice((-5.0, 5.0)) for _ in range(3000))]
+    assert huber_variance_factor(jumps) > 1.2
+    assert huber_variance_factor([]) == 1.0
