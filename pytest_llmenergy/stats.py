@@ -9,6 +9,7 @@ to far below anything a benchmark can resolve.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -183,21 +184,16 @@ def mad_scale(deviations: Sequence[float]) -> float:
     ``deviations`` (already centred): one far value cannot inflate it."""
     if not deviations:
         return 0.0
-    ordered = sorted(abs(d) for d in deviations)
-    n = len(ordered)
-    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2.0
-    return MAD_TO_SD * median
+    return MAD_TO_SD * statistics.median(abs(d) for d in deviations)
 
 
 def huber_location(values: Sequence[float], scale: float) -> float:
     """Huber's M-estimate of the centre of ``values``: the mean of the values within
     ``HUBER_K * scale`` of it, the farther ones counted as if at that distance
     (iteratively reweighted, from the median).  ``scale`` 0: the median."""
-    ordered = sorted(values)
-    n = len(ordered)
-    centre = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2.0
-    if scale <= 0.0 or n < 3:
-        return centre if scale <= 0.0 else math.fsum(values) / n
+    centre = statistics.median(values)
+    if scale <= 0.0 or len(values) < 3:
+        return centre if scale <= 0.0 else statistics.fmean(values)
     bound = HUBER_K * scale
     for _ in range(100):
         weights = [1.0 if abs(v - centre) <= bound else bound / abs(v - centre) for v in values]
