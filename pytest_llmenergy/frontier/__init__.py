@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..conditions.settings import (
     CLOCK_LABEL,
@@ -124,11 +124,31 @@ class CaseFrontier:
 
 
 # -- the math ---------------------------------------------------------------------------
-def pareto_front(points: Sequence[Point]) -> list[Point]:
-    """Points no other point beats on both time and energy, fastest first."""
-    front: list[Point] = []
+class Timed(Protocol):
+    """What a front is drawn over: a time and an energy (a ``Point``, or a server's
+    configuration in ``frontier.slo``)."""
+
+    @property
+    def time_s(self) -> float: ...
+
+    @property
+    def energy_j(self) -> float: ...
+
+
+T = TypeVar("T", bound=Timed)
+
+
+def pareto_front(points: Sequence[T]) -> list[T]:
+    """Points no other point dominates (at least as fast and as cheap, and better in
+    one), fastest first; points measured exactly alike are all on it."""
+    front: list[T] = []
     for p in sorted(points, key=lambda p: (p.time_s, p.energy_j)):
-        if not front or p.energy_j < front[-1].energy_j:
+        last = front[-1] if front else None
+        if (
+            last is None
+            or p.energy_j < last.energy_j
+            or (p.energy_j == last.energy_j and p.time_s == last.time_s)
+        ):
             front.append(p)
     return front
 
