@@ -10,6 +10,8 @@ options (a ``Section`` of rows beside its code, collected by ``options.py``):
 - ``showing.CaseResults``: the measured cases and the energy-per-token tables;
 - ``keeping.Keeper``: the run file, the baseline, the comparison and gates;
 - ``deciding.RoutingSection``: routing between two systems, and figures;
+- ``choosing.BestConfiguration``: the time-energy front over a sweep's configurations,
+  and the best one under ``--llm-slo``;
 - ``reporting.HtmlReporting`` (``--energy-report``): the HTML report, written last;
 - ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests;
 - ``workers.Workers`` / ``workers.WorkerSide`` (with pytest-xdist): the controller hands
@@ -44,6 +46,7 @@ from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
 from .cases import CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
+from .choosing import BEST_CONFIGURATION, BestConfiguration
 from .deciding import ROUTING, RoutingSection
 from .gpu_settings import GPU_TUNING, GpuTuning, setting_fixture
 from .interleaving import INTERLEAVING, Interleaving
@@ -92,6 +95,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "gpu-settings",
         "routing",
         "keeper",
+        "best-configuration",
         "results",
         "interleaving",
         "cases",
@@ -255,6 +259,8 @@ def _features(
     if role != CONTROLLER:
         return features
     results.listeners.append(keeper.on_case)
+    best = BestConfiguration(options.slo, results.results)
+    features["best-configuration"] = stash[BEST_CONFIGURATION] = best
     if manager.hasplugin("xdist"):
         features["xdist"] = Workers(options.order.seed or 0, results.add)
     if manager.hasplugin("benchmark"):  # pytest-benchmark: its tests get energy too

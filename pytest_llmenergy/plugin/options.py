@@ -22,6 +22,7 @@ from ..meters import MeterSettings
 from ..serving.serve_settings import ServeSettings
 from ..storage.store import FOLDER, check_output
 from .cases import CONTROLLER_OPTIONS, ORDER_OPTIONS, OrderSettings, marker_help
+from .choosing import SLO_OPTIONS, SloSettings
 from .deciding import ROUTE_OPTIONS, RouteSectionSettings
 from .generating import LLM_OPTIONS, LLMSettings
 from .gpu_settings import GPU_OPTIONS, GpuSettings
@@ -52,6 +53,7 @@ SECTIONS: tuple[Section, ...] = (
     LLM_OPTIONS,
     GPU_OPTIONS,
     SERVE_OPTIONS,
+    SLO_OPTIONS,
 )
 OPTIONS: tuple[Option, ...] = tuple(o for s in SECTIONS for o in s.options)
 BY_FLAG: dict[str, Option] = {o.flag: o for o in OPTIONS}
@@ -71,6 +73,7 @@ class PluginSettings:
     llm: LLMSettings = field(default_factory=LLMSettings)
     gpu: GpuSettings = field(default_factory=GpuSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
+    slo: SloSettings = field(default_factory=SloSettings)
     record: Mapping[str, Any] = field(default_factory=dict)  # for the run file, by option name
 
 
