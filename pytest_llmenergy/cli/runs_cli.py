@@ -16,6 +16,7 @@ from ..export import EXPORT_FORMATS, export_text
 from ..figures import (
     describe,
 )
+from ..frontier.slo import saved_limits, slo_tables, sweeps
 from ..storage.pool import join_shards, pool_runs, shard_of
 from ..storage.runfile import COMPLETE, Run, RunFileError, dumps
 from ..storage.store import (
@@ -206,7 +207,18 @@ def _show(run: Run, args: argparse.Namespace) -> str:
         header = [f"- {printable(line)}" for line in header]
     else:
         header = [part for line in header for part in wrap(line, table_width(args.format))]
-    return "\n".join([*header, "", body or "no cases in this run"])
+    return "\n".join([*header, "", body or "no cases in this run", *_best_configuration(run, args)])
+
+
+def _best_configuration(run: Run, args: argparse.Namespace) -> list[str]:
+    """The front over each sweep's configurations and the choice under the run's
+    ``--llm-slo``, computed from the saved cases as the session showed them."""
+    limits, note = saved_limits(_mapping(run.options))
+    found = sweeps(run.cases, limits)
+    if not found:
+        return []
+    text = render(slo_tables(found), args.format, width=table_width(args.format))
+    return ["", text, *([note] if note else [])]
 
 
 # The option sections whose values change what is measured: the shards of one grid must

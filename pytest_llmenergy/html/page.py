@@ -37,6 +37,7 @@ from .sections import (
     routed_between,
     routing_section,
     scale_section,
+    slo_section,
 )
 from .timeline import history_section
 
@@ -322,6 +323,7 @@ def render_report(
     table = case_table([(name, run.cases) for run, name in zip(runs, names)])
     ratios = ratio_section(comparisons).charts
     frontier = frontier_section(runs, names)
+    slo = slo_section(runs, names)
     routing = routing_section(routed_between(runs) if routed is None else routed)
     scale = scale_section(runs, names)
     history = history_section(histories)
@@ -364,6 +366,14 @@ def render_report(
             "frontier",
             frontier,
             "cases measured at several GPU settings (llmenergy frontier)",
+        ),
+        _section_html(
+            "The best configuration under a latency limit",
+            "slo",
+            slo,
+            "cases measured in several configurations (batch size, concurrency, GPU "
+            "setting): the time-energy front, and the least energy per output token that "
+            "meets the run's --llm-slo",
         ),
         _section_html(
             "Routing",

@@ -1,7 +1,8 @@
 """The report's analyses, where the runs have them: the time-energy frontier per case (runs
-measured at several GPU settings), the routing threshold on the workload (runs of two
-systems or more), the scale table (runs at several scales), and per comparison the ratio
-of each case with its interval.
+measured at several GPU settings), the front over a sweep's configurations and the best
+one under the run's latency limits (``frontier.slo``), the routing threshold on the
+workload (runs of two systems or more), the scale table (runs at several scales), and per
+comparison the ratio of each case with its interval.
 
 Each is computed by the package's own analysis (``frontier``, ``routing``, ``scale``,
 ``compare``), so the report shows what ``llmenergy frontier``, ``route`` and ``scale``
@@ -20,6 +21,7 @@ from ..compare import Comparison
 from ..errors import LLMEnergyError
 from ..figures import FIGURES
 from ..frontier import CaseFrontier, at_best_settings, frontier_table, frontiers
+from ..frontier.slo import saved_limits, slo_tables, sweeps
 from ..scale import scale_of, scale_rows, scale_table
 from ..storage.runfile import Run
 from ..tables import Table, clean
@@ -186,6 +188,21 @@ def frontier_section(runs: Sequence[Run], labels: Sequence[str]) -> Section:
             title = f"{table.title}: {label}" if several else table.title
             tables.append(replace(table, title=title))
     return Section((chart,), tuple(tables))
+
+
+# -- the best configuration under a latency limit ------------------------------------------
+def slo_section(runs: Sequence[Run], labels: Sequence[str]) -> Section:
+    """Per run: the front over each sweep's configurations and the choice under the
+    run's ``--llm-slo`` (its options' ``slo``), as the terminal showed them."""
+    tables = []
+    several = len(runs) > 1
+    for run, label in zip(runs, labels):
+        limits, note = saved_limits(run.options)
+        for table in slo_tables(sweeps(run.cases, limits)):
+            title = f"{table.title}: {label}" if several else table.title
+            notes = (*table.notes, note) if note else table.notes
+            tables.append(replace(table, title=title, notes=notes))
+    return Section((), tuple(tables))
 
 
 # -- the routing threshold -------------------------------------------------------------------
