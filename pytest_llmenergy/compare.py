@@ -26,6 +26,7 @@ from .figures import (
     resolved,
 )
 from .results import PREFILL_PASSES, CaseResult, Trial, distinct_names
+from .serving_rules import rejections
 from .sessions import (
     DEFAULT_SESSION_NOISE,
     HISTORY,
@@ -99,7 +100,7 @@ TOO_FEW = "too few trials"
 BUSY = "inconclusive: machine busy"
 DRIFT = "inconclusive: machine speed"
 UNRESOLVED = "below resolution"
-UNSTABLE = "unstable: no steady window"
+UNSTABLE = "rejected: no steady window (ML.ENERGY's rules)"
 # A sampling meter's trial without every device read, with a hole in its samples, or
 # with an edge of its window unsampled (meters/validity.py): shown, never gated.
 INVALID_TELEMETRY = "invalid telemetry"
@@ -640,7 +641,9 @@ def compare_cases(
     names = distinct_names([c.nodeid for c in current])
     speeds = _Speeds.of(before.values(), after, o.by_speed)
     found = _found(before, after, checks, speeds, o.paired and not o.processes)
-    deltas = _deltas(found, names, o)
+    # a server's configurations that ML.ENERGY's rules reject, on either side
+    rejected = frozenset(rejections(baseline)) | frozenset(rejections(current))
+    deltas = _deltas(found, names, o, rejected)
     now = {c.nodeid for c in after}
     return Comparison(
         baseline_label=o.baseline_label,
@@ -746,7 +749,10 @@ def _find_measured(
 
 
 def _deltas(
-    found: Sequence[_Found], names: Mapping[str, str], o: CompareOptions
+    found: Sequence[_Found],
+    names: Mapping[str, str],
+    o: CompareOptions,
+    rejected: frozenset[str] = frozenset(),
 ) -> tuple[Delta, ...]:
     """Each found figure's delta, built once: every figure tested, then the gated ones
     corrected together for the many cases."""
@@ -758,7 +764,15 @@ def _deltas(
     p_values = [_p_two_sided(m, tests.get(m.key)) for m in found]
     corrections = _corrections(found, tests, p_values, 1.0 - o.confidence)
     return tuple(
-        _delta(m, names[m.case.nodeid], tests.get(m.key), p, corrections.get(i, _Correction()), o)
+        _delta(
+            m,
+            names[m.case.nodeid],
+            tests.get(m.key),
+            p,
+            corrections.get(i, _Correction()),
+            o,
+            m.case.nodeid in rejected,
+        )
         for i, (m, p) in enumerate(zip(found, p_values))
     )
 
@@ -904,8 +918,10 @@ def _delta(
     p_value: float | None,
     correction: _Correction,
     o: CompareOptions,
+    rejected: bool = False,
 ) -> Delta:
-    """A measured figure's delta, with its test and its part in the correction."""
+    """A measured figure's delta, with its test and its part in the correction;
+    ``rejected``: a server configuration ML.ENERGY's rules reject (serving_rules.py)."""
     if m.figure.exact:
         return _exact_delta(m, name, o.confidence)
     base, case = m.base, m.case
@@ -920,7 +936,7 @@ def _delta(
         gate=m.gate,
         busy=mostly_busy(base) or mostly_busy(case),
         unresolved=not (resolved(m.figure, base) and resolved(m.figure, case)),
-        unstable=bool(base.unstable or case.unstable),
+        unstable=bool(base.unstable or case.unstable or rejected),
         invalid_telemetry=bool(base.invalid_telemetry or case.invalid_telemetry),
         drift=o.drift if m.speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
         other_model=_other_model(base, case),
@@ -1235,8 +1251,9 @@ def _verdict(c: Comparison) -> str:
     unstable = sorted({d.name for d in c.deltas if d.verdict == UNSTABLE})
     if unstable:
         extra += (
-            f"; {len(unstable)} case(s) not gated: bursts without a steady window "
-            f"(--llm-min-steady): {_listed(unstable)}"
+            f"; {len(unstable)} case(s) not gated: configurations rejected for their steady "
+            f"window (ML.ENERGY's rules, --llm-min-steady, --llm-min-batch-fill): "
+            f"{_listed(unstable)}"
         )
     invalid = sorted({d.name for d in c.deltas if d.verdict == INVALID_TELEMETRY})
     if invalid:

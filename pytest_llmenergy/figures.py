@@ -605,6 +605,18 @@ FIGURES: dict[str, Figure] = {
             phase=STEADY,
             priority=7,
         ),
+        Figure(
+            "steady_batch",
+            "steady batch",
+            "requests",
+            "a burst's mean batch in its steady window: the requests past their first token "
+            "and not finished, averaged over the window's time (ML.ENERGY's batch, which "
+            "must reach 85 % of the concurrency)",
+            trial=lambda t: t.steady_batch or None,
+            lower_is_better=None,
+            phase=STEADY,
+            priority=7,
+        ),
         # -- what the energy costs (--energy-carbon-intensity, --energy-price) -----------
         Figure(
             "co2_g",

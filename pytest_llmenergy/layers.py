@@ -12,7 +12,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gpu",),  # the vendor layer: pynvml, amdsmi and the others, below whatever reads a GPU
     ("values", "stats", "meters"),
     ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
-    ("figures", "explain"),
+    ("figures", "explain", "serving_rules"),
     (
         "report",
         "compare",

@@ -17,7 +17,7 @@ Data-only columns
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import ConfigError
 from .figures import (
@@ -30,6 +30,7 @@ from .figures import (
     resolved,
 )
 from .results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, distinct_names
+from .serving_rules import Rejection, rejections
 from .tables import DASH, Raw, Table, clean, fmt_mean_ci, format_raw
 from .values import items
 
@@ -80,9 +81,10 @@ THROTTLED_LEGEND = (
 )
 UNSTABLE_MARK = "u"
 UNSTABLE_LEGEND = (
-    "(Nu): N of the trials were server bursts without a steady window worth measuring (the "
-    "batch never held all its requests, or not for --llm-min-steady): the notes say why; "
-    "no gate judges such a case"
+    "(Nu): N of the trials were server bursts without a steady window worth measuring "
+    "(ML.ENERGY's rules: shorter than --llm-min-steady, a mean batch under "
+    "--llm-min-batch-fill): the configuration is rejected, with its group's larger "
+    "concurrencies; the notes say why; no gate judges it"
 )
 INVALID_MARK = "i"
 INVALID_LEGEND = (
@@ -264,7 +266,11 @@ def busy_reason(r: CaseResult) -> str:
 
 
 def _build_table(
-    title: str, results: list[CaseResult], chosen: Sequence[str], explicit: bool
+    title: str,
+    results: list[CaseResult],
+    chosen: Sequence[str],
+    explicit: bool,
+    rejected: Mapping[str, Rejection],
 ) -> Table:
     shown = list(chosen)
     if explicit and not {"name", "tokens_in", "tokens_out"} & set(shown):
@@ -331,10 +337,9 @@ def _build_table(
         legend.append(ESTIMATED_NOTE)
     notes = [n for n in (_note_for(r, names[r.nodeid]) for r in results) if n is not None]
     notes += [
-        f"{names[r.nodeid]}: unstable ({len(r.unstable)} of {len(r.trials)}): "
-        f"{r.unstable[0].unstable}"
+        f"{names[r.nodeid]}: rejected, not gated: {rejected[r.nodeid].reason}"
         for r in results
-        if r.unstable
+        if r.nodeid in rejected
     ]
     notes += [invalid_note(r, names[r.nodeid]) for r in results if r.invalid_telemetry]
     return Table(
@@ -373,12 +378,14 @@ def case_tables(
     groups = parse_group_by(",".join(group_by)) if group_by else ()
     sort = parse_sort(sort)
 
+    results = list(results)
+    rejected = rejections(results)  # ML.ENERGY's rules over the whole run's groups
     grouped: dict[tuple[str, ...], tuple[str, list[CaseResult]]] = {}
     for r in results:
         parts = [_group_part(k, r) for k in groups]
         values = tuple(value for _, value in parts)
         grouped.setdefault(values, (_title(parts), []))[1].append(r)
     return [
-        _build_table(title, _sorted(members, sort), chosen, explicit)
+        _build_table(title, _sorted(members, sort), chosen, explicit, rejected)
         for _, (title, members) in sorted(grouped.items())
     ]

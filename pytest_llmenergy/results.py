@@ -148,6 +148,9 @@ class Trial:
     # trial was no burst).  An unstable burst's case is flagged and never gated.
     steady_tokens: int = 0
     unstable: str = ""
+    # The steady window's mean batch: requests generating, averaged over its time (0: no
+    # window).  ML.ENERGY rejects a batch size whose mean stays under 85 % of it.
+    steady_batch: float = 0.0
     # A sampling meter's telemetry of the window, judged (meters/validity.py): every
     # device read, no long hole, the edges covered.  None: the meter does not sample.
     telemetry: Telemetry | None = None

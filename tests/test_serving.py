@@ -271,7 +271,7 @@ def test_input_tokens(llm_input_case: LLMCase, llm_server, energy_benchmark):
     energy_benchmark(
         llm_server.run, case.input_tokens, case.output_tokens, case.concurrency,
         input_tokens=case.input_tokens, output_tokens=case.output_tokens,
-        queries=case.concurrency,
+        queries=llm_server.requests_for(case.concurrency),
     )
 """
 

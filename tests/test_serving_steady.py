@@ -121,7 +121,7 @@ def test_one_request_is_no_burst_and_unstreamed_bursts_cannot_be_seen() -> None:
 
 def test_the_watch_orders_its_marks_whatever_the_threads_do() -> None:
     marks: list[tuple[str, str]] = []
-    clock = iter([1.0, 3.5])
+    clock = iter([0.5, 1.0, 3.5, 4.0])  # first tokens, then finishes
     watch = BurstWatch(2, lambda phase, ending: marks.append((phase, ending)), lambda: next(clock))
     watch.first_token()
     watch.token()  # before the batch is full: ramp-up's
@@ -133,7 +133,8 @@ def test_the_watch_orders_its_marks_whatever_the_threads_do() -> None:
     watch.finished()
     assert marks == [(STEADY, RAMP_UP), (DRAIN, STEADY)]
     assert watch.result(1.0).seconds == 2.5 and watch.result(1.0).tokens == 2
-    assert watch.result(3.0).unstable.startswith("its steady window (2 requests generating)")
+    assert watch.result(1.0).batch == 2.0  # both generating all through
+    assert watch.result(3.0).unstable.startswith("its steady window (2 requests at once)")
 
 
 # -- what the flag does to figures, tables and gates ------------------------------------------
@@ -165,7 +166,7 @@ def test_an_unstable_case_is_shown_flagged_and_never_gated() -> None:
     assert value(base, "steady_tokens_per_s_per_w") == pytest.approx(2.0, rel=1e-3)  # 100 for 50 J
     assert cell(FIGURES["trials"], worse) == "4 (1u)"
     (table,) = case_tables([worse])
-    assert "t[c4]: unstable (1 of 4): the batch never held all 4" in table.notes
+    assert "t[c4]: rejected, not gated: 1 of 4 bursts: the batch never held all 4" in table.notes
     assert any(line.startswith("(Nu): N of the trials were server bursts") for line in table.legend)
     c = compare_cases([base], [worse], CompareOptions(gates=parse_gates("j_per_token:5%")))
     (delta,) = [d for d in c.deltas if d.metric == "j_per_token"]
@@ -197,9 +198,9 @@ def test_a_burst_without_a_steady_window_is_flagged_in_the_run_and_the_table(
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
-            "*a burst of concurrent requests is also measured in its steady window*0.01 s*",
+            "*bursts (the concurrency at once) are also measured in their steady window*0.01 s*",
             "*(3u)*",
-            "*in16-out32-c4*: unstable (3 of 3): the batch never held all 4 requests*",
+            "*in16-out32-c4*: rejected, not gated: 3 of 3 bursts: the batch never held all 4 *",
         ]
     )
     run = json.loads((served.path / "run.json").read_text())
@@ -300,8 +301,10 @@ def test_a_gate_never_fails_an_unstable_burst_but_fails_the_same_regression_stea
     assert unstable.ret == 0, unstable.stdout.str()
     unstable.stdout.fnmatch_lines(
         [
-            "*j_per_token*+*%*j_per_token:5%*unstable: no steady window*",
+            "*j_per_token*+*%*j_per_token:5%*rejected: no steady window*",
             "*energy gate passed (j_per_token:5%): no significant regression; 1 case(s) not "
-            "gated: bursts without a steady window (--llm-min-steady): *c4*",
+            "gated: configurations rejected for their steady window (ML.ENERGY's rules, "
+            "--llm-min-steady,*",
+            "*--llm-min-batch-fill): *c4*",
         ]
     )

@@ -131,12 +131,13 @@ class CaseVisits:
         return max(1, math.ceil(max_trials / self.count))
 
 
-def _steadiness(out: Any) -> tuple[int, str] | None:
+def _steadiness(out: Any) -> tuple[int, str, float] | None:
     """A server burst's steady window (``serving.target.Burst``): the tokens streamed in
-    it and why it is unstable; None for any other target's result."""
+    it, why it is unstable and its mean batch; None for any other target's result."""
     tokens, unstable = getattr(out, "steady_tokens", None), getattr(out, "unstable", None)
+    batch = getattr(out, "steady_batch", 0.0)
     if isinstance(tokens, int) and isinstance(unstable, str):
-        return tokens, unstable
+        return tokens, unstable, float(batch) if isinstance(batch, (int, float)) else 0.0
     return None
 
 
@@ -582,7 +583,7 @@ class EnergyBenchmark:
         n_in, n_out = target.input_tokens, target.output_tokens
         if not rejected:
             n_in, n_out = self._check_tokens(out, n_in, n_out, target.queries)
-        steady_tokens, unstable = _steadiness(out) or (0, "")
+        steady_tokens, unstable, steady_batch = _steadiness(out) or (0, "", 0.0)
         trial = dataclasses.replace(
             Trial.from_measurement(
                 state.count + 1,
@@ -596,6 +597,7 @@ class EnergyBenchmark:
             gpu=gpu,
             steady_tokens=steady_tokens,
             unstable=unstable,
+            steady_batch=steady_batch,
             visit=visit,
             rejected=rejected,
             telemetry=judge(measurement, self.options.max_sample_gap_s),

@@ -9,7 +9,7 @@ ML.ENERGY measures servers; else the whole query's joules per output token).  Ov
 them: the time-energy Pareto front (``frontier.pareto_front``), and, under limits such
 as ``itl:100ms,ttft:2s`` (``--llm-slo``), the minimum-energy configuration that meets
 every one, or none, with the closest named.  A configuration ML.ENERGY's rules reject
-(``serving.rules``), with invalid telemetry, or without trials is left out, with why.
+(``serving_rules``), with invalid telemetry, or without trials is left out, with why.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..figures import FIGURES
 from ..llm.grid import BATCH_AXIS, CONCURRENCY_AXIS
 from ..report import busy_reason
 from ..results import CaseResult
-from ..serving.rules import Rejection, rejections
+from ..serving_rules import Rejection, rejections
 from ..tables import DASH, Table, fmt_number
 from . import pareto_front
 

@@ -19,7 +19,7 @@ from .. import values
 from ..errors import ConfigError, LLMEnergyError
 from ..serving.engine import ENGINES
 from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
-from ..serving.steady import DEFAULT_MIN_STEADY_S
+from ..serving.steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S
 from .generating import LLMSettings
 from .option_rows import Option, Section
 
@@ -156,6 +156,8 @@ class Serving:
             prompts.tokenizer,
             gone=engine.exited if engine else None,
             min_steady_s=s.min_steady_s,
+            requests=s.requests,
+            min_batch_fill=s.min_batch_fill,
         )
         try:
             self.target.probe()
@@ -203,12 +205,16 @@ class Serving:
             f"{self.target.prompt_kind}, ignore_eos, min_tokens = max_tokens), checked against "
             "each response's usage: another count rejects the trial (kept, left out, repeated)"
         )
-        if any(c > 1 for c in self.llm.grid.concurrency):
+        s = self.settings
+        if any(self.target.requests_for(c) > 1 for c in self.llm.grid.concurrency):
+            sent = f"{s.requests} requests a burst, " if s.requests else ""
             lines.append(
-                "  a burst of concurrent requests is also measured in its steady window (every "
-                "request generating: from the last first token to the first finished "
-                f"response); shorter than {self.settings.min_steady_s:g} s, or a batch that "
-                "never held all its requests, is flagged unstable and never gated"
+                f"  bursts ({sent}the concurrency at once) are also measured in their steady "
+                "window, as ML.ENERGY measures servers: from the batch's first fill to the "
+                "drain; a window shorter than "
+                f"{s.min_steady_s:g} s or a mean batch under {s.min_batch_fill:.0%} of the "
+                "concurrency rejects the configuration (and its group's larger ones): "
+                "shown, never gated"
             )
         if not self.target.endpoint.stream:
             lines.append(
@@ -299,15 +305,34 @@ SERVE_OPTIONS = Section(
             default_text="the process listening on the URL's port, when it is on this machine",
         ),
         Option(
+            "--llm-requests",
+            "requests",
+            values.integer(1),
+            "N",
+            "requests a burst sends, the case's concurrency of them at once (the next as "
+            "one finishes), as ML.ENERGY sends many more requests than its batch: a longer "
+            "steady window",
+            default_text="the concurrency (one wave)",
+        ),
+        Option(
             "--llm-min-steady",
             "min_steady_s",
             values.seconds,
             "SECONDS",
-            "a burst of concurrent requests is measured in its steady window too (after "
-            "every request's first token, before the first finishes); a burst whose window "
-            "is shorter, or whose batch never held all its requests, is flagged unstable "
-            "and never gated",
-            default_text=f"{DEFAULT_MIN_STEADY_S:g} s",
+            "a burst is measured in its steady window too (from the batch's first fill to "
+            "the drain, ML.ENERGY's window); a configuration whose window is shorter is "
+            "rejected (ML.ENERGY's rule): shown, never gated",
+            default_text=f"{DEFAULT_MIN_STEADY_S:g} s, ML.ENERGY's",
+        ),
+        Option(
+            "--llm-min-batch-fill",
+            "min_batch_fill",
+            lambda text: values.fraction(text, "a share of the batch"),
+            "SHARE",
+            "a configuration whose steady window held fewer requests than this share of its "
+            "concurrency, on average, is rejected (ML.ENERGY's rule), and so are the larger "
+            "concurrencies of its group: shown, never gated",
+            default_text=f"{DEFAULT_MIN_BATCH_FILL:.0%}, ML.ENERGY's",
         ),
         Option(
             "--llm-gguf-converter",

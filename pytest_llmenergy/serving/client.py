@@ -272,15 +272,22 @@ def burst(
     send: Callable[[int, Callable[[], None] | None], Completion],
     concurrency: int,
     on_first_token: Callable[[], None] | None = None,
+    requests: int | None = None,
 ) -> list[Completion]:
-    """``concurrency`` requests released at once (a barrier), each in its own thread;
-    ``send(i, hook)`` sends request ``i``.  The first token of any request calls
-    ``on_first_token`` once, from the request's thread."""
-    if concurrency == 1:
+    """``requests`` requests (default: ``concurrency``), ``concurrency`` of them in flight
+    at once: the first ``concurrency`` are released together (a barrier), each from its
+    own thread, and each thread sends the next request as soon as its last one finished,
+    as a server's queue refills its batch.  ``send(i, hook)`` sends request ``i``; the
+    first token of any request calls ``on_first_token`` once, from the request's thread.
+    The completions come back in request order."""
+    total = max(requests or concurrency, concurrency)
+    if total == 1:
         return [send(0, on_first_token)]
     gate = threading.Barrier(concurrency)
     lock = threading.Lock()
     fired = [False]
+    taken = [0]  # requests handed out so far
+    done: list[Completion | None] = [None] * total
 
     def first() -> None:
         with lock:
@@ -290,13 +297,23 @@ def burst(
         if on_first_token is not None:
             on_first_token()
 
-    def one(i: int) -> Completion:
+    def next_request() -> int | None:
+        with lock:
+            if taken[0] == total:
+                return None
+            taken[0] += 1
+            return taken[0] - 1
+
+    def worker() -> None:
         gate.wait()
-        return send(i, first)
+        while (i := next_request()) is not None:
+            done[i] = send(i, first)
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="llmenergy-req") as pool:
-        futures = [pool.submit(one, i) for i in range(concurrency)]
-        return [f.result() for f in futures]
+        futures = [pool.submit(worker) for _ in range(concurrency)]
+        for f in futures:
+            f.result()
+    return [c for c in done if c is not None]
 
 
 def parse_endpoint_url(text: str) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .client import parse_endpoint_url
-from .steady import DEFAULT_MIN_STEADY_S
+from .steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S
 
 DEFAULT_SERVE_TIMEOUT_S = 300.0
 
@@ -24,6 +24,10 @@ class ServeSettings:
     converter: str | None = None  # llama.cpp's convert_hf_to_gguf.py (None: looked for)
     # a burst whose steady window (every request generating) is shorter is unstable
     min_steady_s: float = DEFAULT_MIN_STEADY_S
+    # ... and so is one whose batch held fewer requests than this share, on average
+    min_batch_fill: float = DEFAULT_MIN_BATCH_FILL
+    # requests a burst sends, at most its concurrency at once (None: one per slot)
+    requests: int | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint and self.engine:

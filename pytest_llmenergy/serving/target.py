@@ -19,7 +19,7 @@ from ..errors import ConfigError, LLMEnergyError
 from ..meters.base import current_window, mark_phase
 from ..results import RequestRecord
 from .client import Completion, Endpoint, NoStreamUsage, ServerError, burst, check
-from .steady import DEFAULT_MIN_STEADY_S, BurstWatch
+from .steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S, BurstWatch
 
 IDS, TEXT = "token ids", "text"
 
@@ -37,10 +37,12 @@ class Burst:
     output_tokens: int
     queries: int
     requests: tuple[RequestRecord, ...]
-    # More than one request: the output tokens streamed in the steady window, and why
-    # the burst had none worth measuring ("": it had); see serving/steady.py.
+    # More than one request: the output tokens streamed in the steady window, why the
+    # burst had none worth measuring ("": it had), and the window's mean batch (0: no
+    # window); see serving/steady.py.
     steady_tokens: int = 0
     unstable: str = ""
+    steady_batch: float = 0.0
 
 
 class ServerTarget:
@@ -48,6 +50,9 @@ class ServerTarget:
 
     ``prompts`` builds the prompts (``LoadedModel.prompt_list`` of a model loaded for
     its tokenizer alone); ``tokenizer`` turns ids into text for servers that take text.
+    ``requests`` is how many requests a burst sends (``--llm-requests``; at least the
+    concurrency, which is how many are in flight at once); ``min_steady_s`` and
+    ``min_batch_fill`` judge its steady window (serving/steady.py).
     """
 
     def __init__(
@@ -57,9 +62,13 @@ class ServerTarget:
         tokenizer: Any = None,
         gone: Callable[[], str | None] | None = None,
         min_steady_s: float = DEFAULT_MIN_STEADY_S,
+        requests: int | None = None,
+        min_batch_fill: float = DEFAULT_MIN_BATCH_FILL,
     ) -> None:
         self.endpoint = endpoint
         self.min_steady_s = min_steady_s  # a shorter steady window makes a burst unstable
+        self.min_batch_fill = min_batch_fill  # so does a batch filled less, on average
+        self.requests = requests  # None: one request per concurrent slot
         self.prompts = prompts
         self.tokenizer = tokenizer
         # why the server is gone (an engine started here that exited), else None
@@ -68,12 +77,16 @@ class ServerTarget:
         self._row = 0
         self._text_cache: dict[tuple[int, int], str] = {}
 
+    def requests_for(self, concurrency: int) -> int:
+        """How many requests a burst at this concurrency sends: its queries."""
+        return max(self.requests or concurrency, concurrency)
+
     def run(self, input_tokens: int, output_tokens: int, concurrency: int = 1) -> Burst:
-        """Send ``concurrency`` requests at once; a count other than the case's raises
-        ``CountMismatch`` for this trial.  At concurrency 1 the first streamed token
-        splits the measurement window into prefill | decode; with more requests in flight
-        their phases overlap, and the window is split into ramp-up | steady | drain
-        instead (serving/steady.py)."""
+        """Send ``requests_for(concurrency)`` requests, ``concurrency`` at once; a count
+        other than the case's raises ``CountMismatch`` for this trial.  A single request's
+        first streamed token splits the measurement window into prefill | decode; with
+        more requests their phases overlap, and the window is split into ramp-up | steady
+        | drain instead (serving/steady.py)."""
         try:
             return self._run(input_tokens, output_tokens, concurrency)
         except ServerError as exc:
@@ -83,14 +96,15 @@ class ServerTarget:
             raise
 
     def _run(self, input_tokens: int, output_tokens: int, concurrency: int) -> Burst:
-        rows = [self._row + i for i in range(concurrency)]
-        self._row += concurrency
+        n = self.requests_for(concurrency)
+        rows = [self._row + i for i in range(n)]
+        self._row += n
         if self.prompt_kind is None:
             self.probe(input_tokens)
 
         window = current_window()  # marked from the requests' threads
         mark = (lambda phase, ending: window.mark(phase, ending=ending)) if window else None
-        watch = BurstWatch(concurrency, mark) if concurrency > 1 else None
+        watch = BurstWatch(concurrency, mark, requests=n) if n > 1 else None
 
         def send(i: int, hook: Any) -> Completion:
             prompt = self._prompt(input_tokens, rows[i])
@@ -107,17 +121,22 @@ class ServerTarget:
             with contextlib.suppress(ValueError):
                 mark_phase("decode", ending="prefill")
 
-        done = burst(send, concurrency, first_token)
+        done = burst(send, concurrency, first_token, requests=n)
         for i, completion in enumerate(done):
-            check(completion, input_tokens, output_tokens, f"request {i + 1} of {concurrency}")
-        steady = watch.result(self.min_steady_s, self.endpoint.stream) if watch else None
+            check(completion, input_tokens, output_tokens, f"request {i + 1} of {n}")
+        steady = (
+            watch.result(self.min_steady_s, self.endpoint.stream, self.min_batch_fill)
+            if watch
+            else None
+        )
         return Burst(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            queries=concurrency,
+            queries=n,
             requests=tuple(RequestRecord(c.ttft_s, c.latency_s, c.completion_tokens) for c in done),
             steady_tokens=steady.tokens if steady is not None else 0,
             unstable=steady.unstable if steady is not None else "",
+            steady_batch=steady.batch if steady is not None else 0.0,
         )
 
     # -- prompts ---------------------------------------------------------------------

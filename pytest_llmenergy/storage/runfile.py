@@ -75,7 +75,8 @@ FORMAT = "pytest-llmenergy-run"
 #    "start_c" and "reference_c" lists of °C or null per GPU, "tolerance_c", "waited_s",
 #    "gave_up"; absent: it did not wait); a trial's "steady_tokens" (a server burst's
 #    output tokens streamed in its steady window, the phase "steady") and "unstable" (why
-#    the burst had no steady window worth measuring; absent: it had, or was no burst).
+#    the burst had no steady window worth measuring; absent: it had, or was no burst) and
+#    "steady_batch" (the window's mean batch, requests generating; absent: no window).
 #    a trial's gpu "neighbours" (other processes on the measured GPUs: "gpu", "pid", "name").
 #    a trial's "telemetry" (a sampling meter's window judged, meters/validity.Telemetry:
 #    "devices" and "read" lists of domains, "max_gap_s", "covered", "counter_vs_integral"
@@ -213,6 +214,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"pair": t.pair} if t.pair else {}),
         **({"steady_tokens": t.steady_tokens} if t.steady_tokens else {}),
         **({"unstable": t.unstable} if t.unstable else {}),
+        **({"steady_batch": t.steady_batch} if t.steady_batch else {}),
         **({"telemetry": _telemetry_dict(t.telemetry)} if t.telemetry is not None else {}),
     }
 
@@ -648,6 +650,7 @@ def _trial(r: _Reader) -> Trial:
         pair=r.count("pair", optional=True) or 0,
         steady_tokens=r.count("steady_tokens", optional=True) or 0,
         unstable=r.get("unstable", str, optional=True) or "",
+        steady_batch=r.amount("steady_batch", optional=True) or 0.0,
         telemetry=_telemetry(r.obj("telemetry", optional=True)),
     )
 

@@ -36,7 +36,7 @@ def run_case(
                 case.concurrency,
                 input_tokens=case.input_tokens,
                 output_tokens=case.output_tokens,
-                queries=case.concurrency,
+                queries=llm_server.requests_for(case.concurrency),
             )
         model = llm_pool.get(case.model)
         # a batch of distinct prompts of exactly the case's tokens (--llm-batch-sizes)

@@ -1,0 +1,228 @@
+"""ML.ENERGY's rules for a server's configurations (issue 48, item 1): the steady window
+opens when the batch first holds the concurrency and closes ``requests - concurrency - 1``
+finishes later; a window shorter than ``--llm-min-steady`` or a mean batch under
+``--llm-min-batch-fill`` of the concurrency rejects the configuration, and a rejected
+concurrency rejects the larger ones of its group.  The fake server's power follows its
+batch (idle + W per generating request), so the steady window's true energy is known."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from pytest_llmenergy.compare import UNSTABLE, CompareOptions, compare_cases, parse_gates
+from pytest_llmenergy.figures import value
+from pytest_llmenergy.report import case_tables
+from pytest_llmenergy.results import STEADY, CaseResult, PhaseRecord, Trial
+from pytest_llmenergy.serving.client import Endpoint
+from pytest_llmenergy.serving.steady import BurstWatch, close_at
+from pytest_llmenergy.serving.target import ServerTarget
+from pytest_llmenergy.serving_rules import rejections
+from pytest_llmenergy.storage.runfile import loads
+from tests.fakes.fake_openai_server import FakeServer
+from tests.test_plugin import assert_one_line_usage_error
+from tests.test_serving import Prompts, served  # noqa: F401 - the fixture
+from tests.test_serving_steady import IDLE_W, PER_REQUEST_W, TraceMeter, powered
+
+
+# -- the window and its mean batch, on a scripted clock --------------------------------------
+def _clock(times: list[float]) -> Iterator[float]:
+    return iter(times)
+
+
+def test_the_window_closes_as_ml_energy_closes_it() -> None:
+    assert close_at(4, 4) == 1  # one wave: the first finish starts the drain
+    assert close_at(10, 4) == 5  # the queue empties at the 6th finish; one early
+    assert close_at(5, 4) == 1
+
+
+def test_the_mean_batch_is_the_time_average_of_requests_generating() -> None:
+    """Concurrency 4, 8 requests, a server that holds 2: two generate from t=0, the 3rd
+    and 4th start as the first two end.  The window opens at the 4th first token (t=2)
+    and closes at the 3rd finish (t=4); two generate all through it: batch 2 of 4."""
+    t = iter([0.0, 0.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 4.0, 6.0, 6.0])
+    marks: list[str] = []
+    watch = BurstWatch(4, lambda phase, ending: marks.append(phase), lambda: next(t), requests=8)
+    watch.first_token(), watch.first_token()  # 0, 0
+    watch.finished(), watch.finished()  # 2, 2: two slots free
+    watch.first_token(), watch.first_token()  # 2, 2: the 4th first token opens it
+    watch.finished()  # 4: the 3rd finish closes it (8 - 4 - 1)
+    watch.finished(), watch.first_token(), watch.first_token()
+    watch.finished(), watch.finished()
+    got = watch.result(1.0, min_batch_fill=0.85)
+    assert marks == [STEADY, "drain"]
+    assert got.seconds == 2.0 and got.batch == pytest.approx(2.0)
+    fill = "its mean batch was 2 of 4 requests (50%), under --llm-min-batch-fill=85%"
+    assert fill in got.unstable
+    assert "--max-num-seqs" in got.unstable
+    assert watch.result(1.0, min_batch_fill=0.5).unstable == ""  # 50 % is enough for 50 %
+    both = watch.result(5.0, min_batch_fill=0.85).unstable
+    assert "lasted 2 s, less than --llm-min-steady=5 s" in both and "mean batch" in both
+
+
+# -- against a server whose power follows its batch ------------------------------------------
+def test_a_concurrency_the_server_cannot_hold_is_rejected_and_its_window_measured() -> None:
+    """A server that holds 2 (--max-num-seqs 2), asked for 4 at once over 12 requests:
+    the window exists (the queue refills the batch) but holds 2, so the burst is
+    rejected for its fill; its joules are still the stand-in's own over the window."""
+    behaviour, trace = powered(max_num_seqs=2, prefill_s=0.005, token_s=0.004)
+    with FakeServer(behaviour) as server:
+        target = ServerTarget(
+            Endpoint(server.url, "fake-model"), Prompts(), min_steady_s=0.05, requests=12
+        )
+        with TraceMeter(trace).measure() as window:
+            burst = target.run(8, 20, 4)
+    assert server.max_in_flight >= 4  # the client kept four in flight (five, as one ends)
+    assert burst.queries == 12 and len(burst.requests) == 12
+    assert 1.7 < burst.steady_batch < 2.1
+    assert "mean batch was" in burst.unstable and "(4" not in burst.unstable[:20]
+    steady = window.phases[STEADY]
+    assert steady.joules == pytest.approx((IDLE_W + 2 * PER_REQUEST_W) * steady.seconds, rel=0.05)
+
+
+def test_a_queue_that_keeps_the_batch_full_is_accepted_and_measured_at_full_power() -> None:
+    """Concurrency 3 over 12 requests on a server without a limit: the window holds 3 all
+    through (each finished request replaced at once), its power idle + 3 W."""
+    behaviour, trace = powered(prefill_s=0.002, token_s=0.004)
+    with FakeServer(behaviour) as server:
+        target = ServerTarget(
+            Endpoint(server.url, "fake-model"), Prompts(), min_steady_s=0.05, requests=12
+        )
+        with TraceMeter(trace).measure() as window:
+            burst = target.run(8, 20, 3)
+    assert burst.unstable == "", burst.unstable
+    assert burst.steady_batch > 0.85 * 3
+    steady = window.phases[STEADY]
+    # the window spans about 12 - 3 - 1 = 8 finishes of 3 requests at a time: ~2.7 waves
+    assert steady.seconds > 0.15
+    assert steady.joules / steady.seconds == pytest.approx(IDLE_W + 3 * PER_REQUEST_W, rel=0.06)
+
+
+# -- whole configurations: the group rule ----------------------------------------------------
+class _Conf:
+    confidence = 0.95
+    min_time = 0.0
+
+
+def _case(c: int, unstable: str = "", n_out: int = 40, model: str = "m") -> CaseResult:
+    trials = tuple(
+        Trial(
+            i + 1, 2.0, j, j, {"gpu:0": j}, {"gpu:0": j}, 8, n_out, queries=c,
+            phases={STEADY: PhaseRecord(1.0, j / 2, {"gpu:0": j / 2})},
+            steady_tokens=100, unstable=unstable, steady_batch=c * 0.5 if unstable else c,
+        )
+        for i, j in enumerate([100.0, 101.0, 99.0, 100.0])
+    )  # fmt: skip
+    labels = {"model": model, **({"concurrency": str(c)} if c > 1 else {})}
+    node = f"t.py::t[{model}-in8-out{n_out}-c{c}]"
+    return CaseResult(node, node.split("::")[1], labels, 8, n_out, "rounds", _Conf(), trials)
+
+
+def test_a_rejected_concurrency_rejects_the_larger_ones_of_its_group_only() -> None:
+    cases = [
+        _case(1),
+        _case(2),
+        _case(4, "its mean batch was 2 of 4 requests (50%)"),
+        _case(8),  # passed on its own: the group rule rejects it
+        _case(16, "the batch never held all 16 requests"),  # keeps its own reason
+        _case(8, n_out=64),  # another group (other tokens): untouched
+        _case(8, model="other"),  # another model: untouched
+    ]
+    got = rejections(cases)
+    assert sorted(got) == sorted(c.nodeid for c in cases[2:5])
+    own = got[cases[2].nodeid]
+    assert own.by == "" and own.reason == "4 of 4 bursts: its mean batch was 2 of 4 requests (50%)"
+    carried = got[cases[3].nodeid]
+    assert carried.by == cases[2].nodeid
+    assert "its group's concurrency 4 was rejected (t[m-in8-out40-c4])" in carried.reason
+    assert "ML.ENERGY's group rule" in carried.reason
+    assert got[cases[4].nodeid].reason.endswith("the batch never held all 16 requests")
+    # shown: a note per rejected configuration, the carried one included
+    notes = [n for t in case_tables(cases) for n in t.notes]
+    carried_note = "out40-c8: rejected, not gated: its group's concurrency 4"
+    assert any(carried_note in n for n in notes), notes
+    assert sum("rejected, not gated" in n for n in notes) == 3
+    # never gated: the carried one's regression is spared, its neighbour's is not
+    worse = [dataclass_scaled(c, 2.0) for c in cases]
+    c = compare_cases(cases, worse, CompareOptions(gates=parse_gates("j_per_token:5%")))
+    verdicts = {d.nodeid: d.verdict for d in c.deltas if d.metric == "j_per_token"}
+    assert verdicts[cases[3].nodeid] == UNSTABLE
+    assert verdicts[cases[1].nodeid] == "FAIL"
+
+
+def dataclass_scaled(case: CaseResult, factor: float) -> CaseResult:
+    """The case with every trial's joules times ``factor``."""
+    import dataclasses
+
+    trials = tuple(
+        dataclasses.replace(
+            t,
+            joules=t.joules * factor,
+            net_joules=t.net_joules * factor,
+            joules_by_domain={k: v * factor for k, v in t.joules_by_domain.items()},
+            net_joules_by_domain={k: v * factor for k, v in t.net_joules_by_domain.items()},
+        )
+        for t in case.trials
+    )
+    return dataclasses.replace(case, trials=trials)
+
+
+# -- the suite, as users run it --------------------------------------------------------------
+def test_a_sweep_rejects_the_concurrency_its_server_cannot_hold(
+    served: pytest.Pytester,  # noqa: F811 - test_serving's fixture
+) -> None:
+    """--llm-concurrency=1,2,4 over 10 requests a burst against a server that holds 2:
+    concurrency 4 is rejected for its fill (in the table's notes and the run file), 2 is
+    accepted with a batch of about 2, and the run keeps every trial."""
+    behaviour, _ = powered(model="tiny", max_num_seqs=2, prefill_s=0.003, token_s=0.003)
+    with FakeServer(behaviour) as s:
+        result = served.runpytest_subprocess(
+            f"--llm-endpoint={s.url}",
+            "--llm-model=tiny-llama",
+            "--llm-input-tokens=16",
+            "--llm-concurrency=1,2,4",
+            "--llm-requests=10",
+            "--llm-min-steady=20ms",
+            "--energy-backend=estimate",
+            "--energy-max-trials=3",
+            "--energy-json=run.json",
+            "-p",
+            "no:randomly",
+        )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*bursts (10 requests a burst, the concurrency at once) are also measured*",
+            "*than 0.02 s or a mean batch under 85% of the concurrency rejects*",
+            "*in16-out32-c4*: rejected, not gated: * bursts: its mean batch was * of 4 *",
+        ]
+    )
+    assert "c2]: rejected" not in result.stdout.str()
+    run = loads((served.path / "run.json").read_text(), served.path / "run.json")
+    by = {c.labels.get("concurrency", "1"): c for c in run.cases}
+    assert by["4"].unstable and not by["2"].unstable and not by["1"].unstable
+    assert 1.6 < value(by["2"], "steady_batch") <= 2.05
+    assert value(by["4"], "steady_batch") < 0.85 * 4
+    assert all(t.queries == 10 for c in run.cases for t in c.trials)
+    raw = json.loads((served.path / "run.json").read_text())
+    assert raw["options"]["requests"] == 10 and raw["options"]["min_batch_fill"] == 0.85
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--llm-min-batch-fill=150%",),
+        ("--llm-min-batch-fill=x",),
+        ("--llm-requests=0",),
+        ("--llm-requests=1e400",),
+        ("-o", "llm_min_batch_fill=2"),
+        ("-o", "llm_requests=-3"),
+    ],
+)
+def test_bad_rule_options_are_one_line(served: pytest.Pytester, args: tuple[str, ...]) -> None:  # noqa: F811
+    result = served.runpytest_subprocess(
+        "--llm-endpoint=http://127.0.0.1:9", "--llm-model=tiny-llama", *args
+    )
+    assert_one_line_usage_error(result)
