@@ -8,16 +8,20 @@ batch (idle + W per generating request), so the steady window's true energy is k
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_llmenergy.compare import UNSTABLE, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.report import case_tables
 from pytest_llmenergy.results import STEADY, CaseResult, PhaseRecord, Trial
-from pytest_llmenergy.serving.client import Endpoint
-from pytest_llmenergy.serving.steady import BurstWatch, close_at
+from pytest_llmenergy.serving.client import Endpoint, running_from_metrics
+from pytest_llmenergy.serving.steady import BatchSampler, BurstWatch, close_at
 from pytest_llmenergy.serving.target import ServerTarget
 from pytest_llmenergy.serving_rules import rejections
 from pytest_llmenergy.storage.runfile import loads
@@ -60,6 +64,43 @@ def test_the_mean_batch_is_the_time_average_of_requests_generating() -> None:
     assert watch.result(1.0, min_batch_fill=0.5).unstable == ""  # 50 % is enough for 50 %
     both = watch.result(5.0, min_batch_fill=0.85).unstable
     assert "lasted 2 s, less than --llm-min-steady=5 s" in both and "mean batch" in both
+
+
+# -- the server's own batch: its running-requests gauge --------------------------------------
+PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0 1732700000000
+vllm:num_requests_waiting{engine="0",model_name="m"} 9.0
+vllm:num_requests_running_total 40
+sglang:num_running_reqs NaN
+vllm:num_requests_running{engine="2"} -1
+"""
+
+
+def test_the_gauge_is_summed_over_engines_and_hostile_lines_are_skipped() -> None:
+    assert running_from_metrics(PAGE) == 5.0  # timestamps, NaN, negatives, neighbours out
+    assert running_from_metrics("sglang:num_running_reqs 4\n") == 4.0
+    assert running_from_metrics("# nothing here\nfoo 1\n") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list('vlm:_nusqrtig{}="0123456789.e+-naNIf \n#'))))
+def test_any_metrics_page_reads_as_a_count_or_none(text: str) -> None:
+    got = running_from_metrics("vllm:num_requests_running" + text)
+    assert got is None or (math.isfinite(got) and got >= 0)
+
+
+def test_the_sampler_averages_the_readings_inside_the_window() -> None:
+    readings = iter([0.0, 1.0, 2.0, 2.0, 2.0, 1.0, 0.0] + [0.0] * 1000)
+    ticks = iter(range(1000))
+    sampler = BatchSampler(lambda: next(readings), interval_s=0.001, clock=lambda: next(ticks))
+    with sampler:
+        time.sleep(0.05)
+    assert [v for _, v in sampler.samples[:7]] == [0.0, 1.0, 2.0, 2.0, 2.0, 1.0, 0.0]
+    assert sampler.mean(2, 4) == 2.0  # the readings at ticks 2, 3 and 4
+    assert sampler.mean(1, 5) == pytest.approx(1.6)
+    assert sampler.mean(2, 2) is None  # one reading is no mean
 
 
 # -- against a server whose power follows its batch ------------------------------------------
@@ -211,18 +252,20 @@ def test_a_sweep_rejects_the_concurrency_its_server_cannot_hold(
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "named"),
     [
-        ("--llm-min-batch-fill=150%",),
-        ("--llm-min-batch-fill=x",),
-        ("--llm-requests=0",),
-        ("--llm-requests=1e400",),
-        ("-o", "llm_min_batch_fill=2"),
-        ("-o", "llm_requests=-3"),
+        (("--llm-min-batch-fill=150%",), "--llm-min-batch-fill=150%"),
+        (("--llm-requests=1e400",), "--llm-requests=1e400"),
+        (("-o", "llmenergy_min_batch_fill=x"), "llmenergy_min_batch_fill = x (ini)"),
+        (("-o", "llmenergy_requests=-3"), "llmenergy_requests = -3 (ini)"),
     ],
 )
-def test_bad_rule_options_are_one_line(served: pytest.Pytester, args: tuple[str, ...]) -> None:  # noqa: F811
+def test_bad_rule_options_are_one_line(
+    served: pytest.Pytester,  # noqa: F811 - test_serving's fixture
+    args: tuple[str, ...],
+    named: str,
+) -> None:
     result = served.runpytest_subprocess(
         "--llm-endpoint=http://127.0.0.1:9", "--llm-model=tiny-llama", *args
     )
-    assert_one_line_usage_error(result)
+    assert_one_line_usage_error(result, named)

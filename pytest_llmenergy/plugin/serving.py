@@ -172,6 +172,7 @@ class Serving:
         key = "serve_engine" if engine is not None else "serve_endpoint"
         self.record[key]["prompt"] = self.target.prompt_kind
         self.record[key]["streamed"] = self.target.endpoint.stream
+        self.record[key]["batch_gauge"] = self.target.batch_gauge
 
     def header(self) -> list[str]:
         if self.target is None:
@@ -214,7 +215,13 @@ class Serving:
                 "drain; a window shorter than "
                 f"{s.min_steady_s:g} s or a mean batch under {s.min_batch_fill:.0%} of the "
                 "concurrency rejects the configuration (and its group's larger ones): "
-                "shown, never gated"
+                "shown, never gated; the batch is "
+                + (
+                    "the server's own (its running-requests gauge on /metrics)"
+                    if self.target.batch_gauge
+                    else "counted by the client (the server publishes no running-requests "
+                    "gauge): requests past their first token, so prefill is left out"
+                )
             )
         if not self.target.endpoint.stream:
             lines.append(

@@ -91,7 +91,7 @@ class Endpoint:
         return cls(self.host, self.port, timeout=timeout_s or self.timeout_s)
 
     # -- plain requests --------------------------------------------------------------
-    def get_json(self, tail: str, timeout_s: float = 5.0) -> object:
+    def get(self, tail: str, timeout_s: float = 5.0) -> bytes:
         conn = self._connection(timeout_s)
         try:
             conn.request("GET", self._path(tail))
@@ -101,7 +101,20 @@ class Endpoint:
             conn.close()
         if response.status != 200:
             raise ServerError(f"GET {tail}: HTTP {response.status}", response.status)
-        return json.loads(body)
+        return body
+
+    def get_json(self, tail: str, timeout_s: float = 5.0) -> object:
+        return json.loads(self.get(tail, timeout_s))
+
+    def running_requests(self, timeout_s: float = 2.0) -> float | None:
+        """The server's own count of requests in its running batch, from its Prometheus
+        ``/metrics`` (vLLM's ``vllm:num_requests_running``, SGLang's
+        ``sglang:num_running_reqs``), summed over engines; None where it has none."""
+        try:
+            text = self.get("/metrics", timeout_s).decode("utf-8", "replace")
+        except (OSError, ServerError):
+            return None
+        return running_from_metrics(text)
 
     def healthy(self, timeout_s: float = 2.0) -> bool:
         """The server answers its model list (every OpenAI-compatible server has it)."""
@@ -314,6 +327,27 @@ def burst(
         for f in futures:
             f.result()
     return [c for c in done if c is not None]
+
+
+RUNNING_GAUGES = ("vllm:num_requests_running", "sglang:num_running_reqs")
+
+
+def running_from_metrics(text: str) -> float | None:
+    """The running-requests gauge of a Prometheus text page, summed over its label sets
+    (one per engine); None when the page has none.  Hostile lines are skipped."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in RUNNING_GAUGES:
+            continue
+        rest = line[line.find("}") + 1 :] if "{" in line else line[len(name) :]
+        try:
+            value = float(rest.split()[0])  # then an optional timestamp
+        except (IndexError, ValueError):
+            continue
+        if value >= 0 and value != float("inf"):
+            total, seen = total + value, True
+    return total if seen else None
 
 
 def parse_endpoint_url(text: str) -> str:

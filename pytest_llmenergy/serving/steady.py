@@ -17,10 +17,16 @@ ML.ENERGY rejects a run whose steady state is too short or whose batch was not f
 Here a burst is unstable (kept, shown, never gated; ``serving_rules`` judges whole
 configurations) when it has no window (a request finished before the batch first held
 them all, and no request was left to refill it), or its window lasted less than
-``--llm-min-steady`` (ML.ENERGY: 20 s), or its mean batch (the requests past their first
-token and not finished, averaged over the window's time) stayed under
+``--llm-min-steady`` (ML.ENERGY: 20 s), or its mean batch stayed under
 ``--llm-min-batch-fill`` of the concurrency (ML.ENERGY: 85 %): the server holds fewer at
 once (its batch limit, its KV cache), or the responses were not streamed.
+
+The mean batch is the server's own where it publishes one, as ML.ENERGY reads it: its
+running-requests gauge (vLLM's ``vllm:num_requests_running`` on ``/metrics``), sampled
+through the burst (``BatchSampler``) and averaged over the window.  Elsewhere the client
+counts the requests past their first token and not finished, averaged over the window's
+time: that leaves out each request's prefill, so it reads low where prefill is a large
+part of a request (on vLLM's CPU build, 80 % at concurrency 1).
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ class Steadiness:
     tokens: int
     unstable: str
     batch: float = 0.0  # requests generating, averaged over the window (0: no window)
+    batch_source: str = ""  # SERVER_GAUGE or CLIENT_COUNT
+
+
+SERVER_GAUGE = "the server's running-requests gauge"
+CLIENT_COUNT = "requests past their first token, as the client sees them"
 
 
 def close_at(requests: int, concurrency: int) -> int:
@@ -116,12 +127,22 @@ class BurstWatch:
             if self._mark is not None:
                 self._mark(DRAIN, STEADY)
 
+    @property
+    def window(self) -> tuple[float, float] | None:
+        """The steady window's two moments on the watch's clock (None: it had none)."""
+        if self._opened is None or self._closed is None:
+            return None
+        return self._opened, self._closed
+
     def result(
         self,
         min_steady_s: float,
         streamed: bool = True,
         min_batch_fill: float = DEFAULT_MIN_BATCH_FILL,
+        server_batch: float | None = None,
     ) -> Steadiness:
+        """``server_batch``: the server's own mean batch over the window, where it
+        publishes one; else the client's count is used."""
         n = self.concurrency
         if not streamed:
             return Steadiness(
@@ -138,6 +159,9 @@ class BurstWatch:
             )
         seconds = self._closed - self._opened
         batch = self._area / seconds if seconds > 0 else float(n)
+        source = CLIENT_COUNT
+        if server_batch is not None:
+            batch, source = server_batch, SERVER_GAUGE
         why = []
         if seconds < min_steady_s:
             why.append(
@@ -147,9 +171,47 @@ class BurstWatch:
             )
         if batch < min_batch_fill * n:
             why.append(
-                f"its mean batch was {batch:.3g} of {n} requests ({batch / n:.0%}), under "
-                f"--llm-min-batch-fill={min_batch_fill:.0%}: the server holds fewer at once "
-                "(its batch limit, e.g. vLLM's --max-num-seqs, or its KV cache), so this "
-                "concurrency is out of its reach"
+                f"its mean batch was {batch:.3g} of {n} requests ({batch / n:.0%}; {source}), "
+                f"under --llm-min-batch-fill={min_batch_fill:.0%}: the server holds fewer at "
+                "once (its batch limit, e.g. vLLM's --max-num-seqs, or its KV cache), so "
+                "this concurrency is out of its reach"
             )
-        return Steadiness(seconds, self._tokens, "; and ".join(why), batch)
+        return Steadiness(seconds, self._tokens, "; and ".join(why), batch, source)
+
+
+class BatchSampler:
+    """Reads the server's running-requests gauge (``read``) every ``interval_s`` from a
+    thread while a burst runs; ``mean(start, end)`` averages the readings in a window."""
+
+    def __init__(
+        self,
+        read: Callable[[], float | None],
+        interval_s: float = 0.1,  # a /metrics page costs the server's frontend ~20 ms
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._read = read
+        self._interval_s = interval_s
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llmenergy-batch", daemon=True)
+        self.samples: list[tuple[float, float]] = []  # (when, requests running)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            value = self._read()
+            if value is not None:
+                self.samples.append((self._clock(), value))
+            self._stop.wait(self._interval_s)
+
+    def __enter__(self) -> BatchSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mean(self, start: float, end: float) -> float | None:
+        """The readings' mean within [start, end]; None with fewer than two there."""
+        inside = [v for t, v in self.samples if start <= t <= end]
+        return sum(inside) / len(inside) if len(inside) >= 2 else None

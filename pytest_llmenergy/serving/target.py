@@ -19,7 +19,7 @@ from ..errors import ConfigError, LLMEnergyError
 from ..meters.base import current_window, mark_phase
 from ..results import RequestRecord
 from .client import Completion, Endpoint, NoStreamUsage, ServerError, burst, check
-from .steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S, BurstWatch
+from .steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S, BatchSampler, BurstWatch
 
 IDS, TEXT = "token ids", "text"
 
@@ -74,6 +74,8 @@ class ServerTarget:
         # why the server is gone (an engine started here that exited), else None
         self.gone = gone or (lambda: None)
         self.prompt_kind: str | None = None  # IDS or TEXT, found by the first request
+        # whether the server publishes its running batch (/metrics), found by the probe
+        self.batch_gauge = False
         self._row = 0
         self._text_cache: dict[tuple[int, int], str] = {}
 
@@ -121,14 +123,21 @@ class ServerTarget:
             with contextlib.suppress(ValueError):
                 mark_phase("decode", ending="prefill")
 
-        done = burst(send, concurrency, first_token, requests=n)
+        # the server's own batch, where it publishes it (ML.ENERGY reads vLLM's gauge)
+        sampler = None
+        if watch is not None and self.batch_gauge:
+            sampler = BatchSampler(self.endpoint.running_requests)
+        with sampler or contextlib.nullcontext():
+            done = burst(send, concurrency, first_token, requests=n)
         for i, completion in enumerate(done):
             check(completion, input_tokens, output_tokens, f"request {i + 1} of {n}")
-        steady = (
-            watch.result(self.min_steady_s, self.endpoint.stream, self.min_batch_fill)
-            if watch
-            else None
-        )
+        steady = None
+        if watch is not None:
+            moments = watch.window
+            server = sampler.mean(*moments) if sampler is not None and moments else None
+            steady = watch.result(
+                self.min_steady_s, self.endpoint.stream, self.min_batch_fill, server
+            )
         return Burst(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
@@ -149,6 +158,7 @@ class ServerTarget:
         except NoStreamUsage:
             self.endpoint = dataclasses.replace(self.endpoint, stream=False)
             self._probe(input_tokens)
+        self.batch_gauge = self.endpoint.running_requests() is not None
 
     def _probe(self, input_tokens: int) -> None:
         try:
