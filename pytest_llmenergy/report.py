@@ -104,6 +104,11 @@ def invalid_note(r: CaseResult, name: str) -> str:
     return f"{name}: invalid telemetry ({len(invalid)} of {len(r.trials)}), not gated: {reason}"
 
 
+def rejected_note(name: str, rejection: Rejection) -> str:
+    """One line: why ML.ENERGY's rules reject the configuration (serving_rules.py)."""
+    return f"{name}: rejected, not gated: {rejection.reason}"
+
+
 # -- how a figure is shown in a case table ------------------------------------------
 def cell(f: Figure, r: CaseResult) -> str:
     """The figure as people read it: mean ± CI, trial count with its mark, ~ estimates."""
@@ -337,9 +342,7 @@ def _build_table(
         legend.append(ESTIMATED_NOTE)
     notes = [n for n in (_note_for(r, names[r.nodeid]) for r in results) if n is not None]
     notes += [
-        f"{names[r.nodeid]}: rejected, not gated: {rejected[r.nodeid].reason}"
-        for r in results
-        if r.nodeid in rejected
+        rejected_note(names[r.nodeid], rejected[r.nodeid]) for r in results if r.nodeid in rejected
     ]
     notes += [invalid_note(r, names[r.nodeid]) for r in results if r.invalid_telemetry]
     return Table(

@@ -18,10 +18,17 @@ from hypothesis import strategies as st
 
 from pytest_llmenergy.compare import UNSTABLE, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.figures import value
+from pytest_llmenergy.html.casedata import case_table
 from pytest_llmenergy.report import case_tables
 from pytest_llmenergy.results import STEADY, CaseResult, PhaseRecord, Trial
 from pytest_llmenergy.serving.client import Endpoint, running_from_metrics
-from pytest_llmenergy.serving.steady import BatchSampler, BurstWatch, close_at
+from pytest_llmenergy.serving.steady import (
+    CLIENT_COUNT,
+    SERVER_GAUGE,
+    BatchSampler,
+    BurstWatch,
+    close_at,
+)
 from pytest_llmenergy.serving.target import ServerTarget
 from pytest_llmenergy.serving_rules import rejections
 from pytest_llmenergy.storage.runfile import loads
@@ -58,8 +65,13 @@ def test_the_mean_batch_is_the_time_average_of_requests_generating() -> None:
     got = watch.result(1.0, min_batch_fill=0.85)
     assert marks == [STEADY, "drain"]
     assert got.seconds == 2.0 and got.batch == pytest.approx(2.0)
-    fill = "its mean batch was 2 of 4 requests (50%), under --llm-min-batch-fill=85%"
-    assert fill in got.unstable
+    fill = "its mean batch was 2 of 4 requests (50%; requests past their first token, as the"
+    assert fill in got.unstable and "under --llm-min-batch-fill=85%" in got.unstable
+    assert got.batch_source == CLIENT_COUNT
+    # the server's own gauge, where it publishes one, is the batch
+    served_batch = watch.result(1.0, min_batch_fill=0.85, server_batch=3.9)
+    assert served_batch.batch == 3.9 and served_batch.batch_source == SERVER_GAUGE
+    assert served_batch.unstable == ""
     assert "--max-num-seqs" in got.unstable
     assert watch.result(1.0, min_batch_fill=0.5).unstable == ""  # 50 % is enough for 50 %
     both = watch.result(5.0, min_batch_fill=0.85).unstable
@@ -185,6 +197,9 @@ def test_a_rejected_concurrency_rejects_the_larger_ones_of_its_group_only() -> N
     carried_note = "out40-c8: rejected, not gated: its group's concurrency 4"
     assert any(carried_note in n for n in notes), notes
     assert sum("rejected, not gated" in n for n in notes) == 3
+    html_notes = case_table([("run", cases)]).notes  # the HTML report's case table
+    assert sum("rejected, not gated" in n for n in html_notes) == 3
+    assert any("its group's concurrency 4" in n for n in html_notes)
     # never gated: the carried one's regression is spared, its neighbour's is not
     worse = [dataclass_scaled(c, 2.0) for c in cases]
     c = compare_cases(cases, worse, CompareOptions(gates=parse_gates("j_per_token:5%")))

@@ -13,9 +13,10 @@ from typing import Any
 
 from ..compare import Comparison, Delta
 from ..figures import FIGURES, Figure
-from ..report import cell, invalid_note
+from ..report import cell, invalid_note, rejected_note
 from ..results import CONVERGED, LIMIT, CaseResult
 from ..scale import scale_of
+from ..serving_rules import rejections
 from ..stats import t_quantile
 from ..storage.runfile import Run
 from ..tables import DASH, clean, fmt_mean_ci
@@ -207,15 +208,17 @@ def case_table(runs: Sequence[tuple[str, Sequence[CaseResult]]]) -> CaseTable:
     rows = []
     notes = []
     for label, run_cases in runs:
+        rejected = rejections(run_cases)  # ML.ENERGY's rules, over the run's groups
         for case in run_cases:
             head: list[tuple[str, Any]] = [(case_name(case), case_name(case))]
             if several:
                 head.insert(0, (label, label))
             cells = [(cell(FIGURES[k], case), clean(FIGURES[k].value(case))) for k in keys]
             rows.append(tuple(head + cells))
-            if case.invalid_telemetry:
-                note = invalid_note(case, case_name(case))
-                notes.append(f"{label}: {note}" if several else note)
+            found = [invalid_note(case, case_name(case))] if case.invalid_telemetry else []
+            if case.nodeid in rejected:
+                found.append(rejected_note(case_name(case), rejected[case.nodeid]))
+            notes += [f"{label}: {note}" if several else note for note in found]
     return CaseTable(tuple(columns), tuple(rows), tuple(notes))
 
 
