@@ -153,6 +153,22 @@ def test_a_queue_that_keeps_the_batch_full_is_accepted_and_measured_at_full_powe
     assert steady.joules / steady.seconds == pytest.approx(IDLE_W + 3 * PER_REQUEST_W, rel=0.06)
 
 
+def test_the_servers_own_gauge_is_the_batch_where_it_publishes_one() -> None:
+    """A server whose /metrics gauge says half the requests it generates: the steady
+    window's batch is the gauge's, not the client's count, and the rule judges it."""
+    behaviour, _ = powered(prefill_s=0.002, token_s=0.004)
+    behaviour.running_gauge = lambda server: server.generating / 2
+    with FakeServer(behaviour) as server:
+        target = ServerTarget(
+            Endpoint(server.url, "fake-model"), Prompts(), min_steady_s=0.05, requests=12
+        )
+        target.probe()
+        assert target.batch_gauge
+        burst = target.run(8, 40, 4)
+    assert 1.6 < burst.steady_batch < 2.1  # the gauge's half of 4
+    assert "(4" not in burst.unstable and "the server's running-requests gauge" in burst.unstable
+
+
 # -- whole configurations: the group rule ----------------------------------------------------
 class _Conf:
     confidence = 0.95

@@ -70,6 +70,9 @@ class Behaviour:
     idle_w: float = 50.0
     w_per_request: float = 25.0
     count_text: Callable[[str], int] = field(default=lambda text: len(text.split()))
+    # vLLM's /metrics: what its vllm:num_requests_running gauge says, given the server
+    # (None: no /metrics page, as llama.cpp's server)
+    running_gauge: Callable[[Any], float] | None = None
 
     @classmethod
     def llama_cpp(cls, **kwargs: Any) -> Behaviour:
@@ -195,6 +198,17 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"object": "list", "data": [{"id": server.behaviour.model}]})
             elif self.path == "/health":
                 self._json(200, {})
+            elif self.path == "/metrics" and server.behaviour.running_gauge is not None:
+                running = server.behaviour.running_gauge(server)
+                page = (
+                    "# TYPE vllm:num_requests_running gauge\n"
+                    f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
             else:
                 self._json(404, {"error": f"no route {self.path}"})
 
