@@ -393,6 +393,17 @@ def _exact(gate: Gate) -> bool:
     return figure(gate.metric, per_trial=True, warn=False).exact
 
 
+def other_hardware(baseline: str, current: str) -> str:
+    """One line when two runs come from other hardware (their storage folders' names:
+    CPU, GPUs, meter), as pytest-benchmark warns of another machine_info; else ""."""
+    if not baseline or not current or baseline == current:
+        return ""
+    return (
+        f"other hardware: {baseline} against {current}, so what changed includes the "
+        "machine, whose speed is not taken out"
+    )
+
+
 def unlike_meters(
     baseline: Mapping[str, str],
     current: Mapping[str, str],
@@ -545,6 +556,8 @@ class CompareOptions:
     session_noise: float = DEFAULT_SESSION_NOISE
     history: Mapping[str, NoiseEstimate] | None = None
     normalize: bool = True
+    # The runs come from other hardware (``other_hardware``): said beside the evidence.
+    hardware_note: str = ""
     paired: bool = False
     # With ``paired``: the sides were measured in this many process pairs, one after the
     # other (``llmenergy ab --processes``), each numbered as a session: each case is
@@ -658,10 +671,15 @@ def compare_cases(
         drift_note=o.drift_note,
         busy_unmeasured=tuple(names[c.nodeid] for c in current if not c.measured and c.busy),
         session_noise=o.session_noise,
-        speed_note=(
-            speed_note(speeds.base, speeds.head)
-            if any(m.normalized for m in found)
-            else _unnormalized_note(before.values(), after, o.by_speed, checks)
+        speed_note="; ".join(
+            note
+            for note in (
+                speed_note(speeds.base, speeds.head)
+                if any(m.normalized for m in found)
+                else _unnormalized_note(before.values(), after, o.by_speed, checks),
+                o.hardware_note,
+            )
+            if note
         ),
         paired_trials=any(m.paired for m in found),
         paired_processes=o.processes if o.paired else 0,

@@ -25,6 +25,7 @@ from .compare import (
     compare_cases,
     detectable,
     noise_key,
+    other_hardware,
     session_speeds,
     speed_exponent,
     speed_offsets,
@@ -185,6 +186,7 @@ def gate_runs(
             history=history,
             # another machine's speed is part of what is compared, not noise to take out
             normalize=run.hardware == base.hardware,
+            hardware_note=other_hardware(base.hardware, run.hardware),
             paired=base.paired_with(run),
         ),
     )

@@ -152,7 +152,9 @@ def test_llmenergy_compare_normalizes_on_the_same_hardware_only(
     assert "normalized by the machine's speed" in capsys.readouterr().out
     # another machine: its speed is what is compared
     assert main([*map(str, argv), str(elsewhere)]) == 1
-    assert "normalized" not in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "normalized" not in said
+    assert "other hardware: hw against other-hw, so what changed includes the machine" in said
 
 
 # -- the readings themselves (meters/reference.py) ----------------------------------------

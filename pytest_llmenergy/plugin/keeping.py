@@ -24,6 +24,7 @@ from ..compare import (
     compare_cases,
     comparison_table,
     evidence_line,
+    other_hardware,
     parse_gates,
     unlike_meters,
     verdict_line,
@@ -315,6 +316,7 @@ class Keeper:
                     session_noise=self.settings.session_noise,
                     history=history,
                     normalize=self.baseline.hardware == self.hardware,
+                    hardware_note=other_hardware(self.baseline.hardware, self.hardware),
                 ),
             )
             failed = self.comparison.fails(self.settings.strict)
