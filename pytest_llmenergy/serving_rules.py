@@ -12,7 +12,7 @@ with its reason in one line, and no gate and no choice (``--llm-slo``) rests on 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,18 +31,23 @@ class Rejection:
     by: str = ""
 
 
-def concurrency_of(case: CaseResult) -> int:
-    """The case's concurrency (1 when it has none: a local model, a single request)."""
+def label_count(case: CaseResult, label: str) -> int:
+    """A count the case's label holds (batch size, concurrency); 1 when it has none."""
     try:
-        return int(case.labels.get(GROUP_AXIS, "1"))
+        return int(case.labels.get(label, "1"))
     except ValueError:
         return 1
 
 
-def group_key(case: CaseResult) -> tuple[Any, ...]:
+def concurrency_of(case: CaseResult) -> int:
+    """The case's concurrency (1 when it has none: a local model, a single request)."""
+    return label_count(case, GROUP_AXIS)
+
+
+def group_key(case: CaseResult, varying: Collection[str] = (GROUP_AXIS,)) -> tuple[Any, ...]:
     """What the configurations of one group share: the test, every label but the
-    concurrency, and the token counts."""
-    rest = tuple(sorted((k, v) for k, v in case.labels.items() if k != GROUP_AXIS))
+    ``varying`` ones (the concurrency), and the token counts."""
+    rest = tuple(sorted((k, v) for k, v in case.labels.items() if k not in varying))
     return (case.nodeid.split("[", 1)[0], rest, case.input_tokens, case.output_tokens)
 
 

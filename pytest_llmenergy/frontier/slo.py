@@ -26,7 +26,7 @@ from ..figures import FIGURES
 from ..llm.grid import BATCH_AXIS, CONCURRENCY_AXIS
 from ..report import busy_reason
 from ..results import CaseResult
-from ..serving_rules import Rejection, rejections
+from ..serving_rules import Rejection, group_key, label_count, rejections
 from ..tables import DASH, Table, fmt_number
 from . import pareto_front
 
@@ -127,13 +127,6 @@ class LeftOut:
     reason: str
 
 
-def _count(case: CaseResult, label: str) -> int:
-    try:
-        return int(case.labels.get(label, "1"))
-    except ValueError:
-        return 1
-
-
 def is_served(cases: Sequence[CaseResult]) -> bool:
     """Whether the cases were sent to a server (then a configuration is a concurrency)."""
     return any(
@@ -147,9 +140,9 @@ def setting_of(case: CaseResult, served: bool) -> str:
     labels = case.labels
     parts = []
     if BATCH_AXIS.name in labels or not served:
-        parts.append(f"bs{_count(case, BATCH_AXIS.name)}")
+        parts.append(f"bs{label_count(case, BATCH_AXIS.name)}")
     if CONCURRENCY_AXIS.name in labels or served:
-        parts.append(f"c{_count(case, CONCURRENCY_AXIS.name)}")
+        parts.append(f"c{label_count(case, CONCURRENCY_AXIS.name)}")
     if SETTING_LABEL in labels:
         parts.append(labels[SETTING_LABEL])
     return " ".join(parts)
@@ -157,8 +150,8 @@ def setting_of(case: CaseResult, served: bool) -> str:
 
 def rank_of(case: CaseResult) -> tuple[int, int, str]:
     return (
-        _count(case, BATCH_AXIS.name),
-        _count(case, CONCURRENCY_AXIS.name),
+        label_count(case, BATCH_AXIS.name),
+        label_count(case, CONCURRENCY_AXIS.name),
         case.labels.get(SETTING_LABEL, ""),
     )
 
@@ -166,8 +159,7 @@ def rank_of(case: CaseResult) -> tuple[int, int, str]:
 def sweep_key(case: CaseResult) -> tuple[Any, ...]:
     """What the configurations of one sweep share: the test, every label but the
     configuration's, and the token counts."""
-    rest = tuple(sorted((k, v) for k, v in case.labels.items() if k not in CONFIG_LABELS))
-    return (case.nodeid.split("[", 1)[0], rest, case.input_tokens, case.output_tokens)
+    return group_key(case, CONFIG_LABELS)
 
 
 def itl_of(case: CaseResult) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import threading
 import time
 import urllib.parse
@@ -345,7 +346,7 @@ def running_from_metrics(text: str) -> float | None:
             value = float(rest.split()[0])  # then an optional timestamp
         except (IndexError, ValueError):
             continue
-        if value >= 0 and value != float("inf"):
+        if math.isfinite(value) and value >= 0:
             total, seen = total + value, True
     return total if seen else None
 
