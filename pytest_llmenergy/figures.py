@@ -850,9 +850,11 @@ def stretch_s(f: Figure, r: CaseResult) -> float | None:
     if f.source == PREFILL_PASSES:
         windows = [t.seconds * t.passes for t in r.prefill_passes]
     elif f.phase is not None:
-        windows = [t.phases[f.phase].seconds for t in r.trials if f.phase in t.phases]
+        # a window of several calls: its phase's stretches summed (each call's rounding
+        # is random, so their sum is as good as one stretch as long)
+        windows = [t.phases[f.phase].seconds * t.passes for t in r.trials if f.phase in t.phases]
     else:
-        windows = [t.seconds for t in r.trials]
+        windows = [t.seconds * t.passes for t in r.trials]
     return math.fsum(windows) / len(windows) if windows else None
 
 

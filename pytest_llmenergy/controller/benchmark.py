@@ -1,7 +1,10 @@
 """The ``energy_benchmark`` fixture's object: run a target under the repetition rule.
 
-Like pytest-benchmark's ``benchmark``, but for slow targets measured in joules: the
-target runs exactly ``warmup + trials`` times, never more, and every trial is kept.
+Like pytest-benchmark's ``benchmark``, but for slow targets measured in joules: every
+trial is kept.  A trial is one call, or, where the meter is coarser than a call is long
+(a 100 ms GPU counter), a window of back-to-back calls long enough for the meter
+(``controller/window.py``), its figures per call, as pytest-benchmark's rounds hold
+calibrated iterations.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import gc
 import math
 import statistics
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NoReturn, Protocol
@@ -38,6 +42,7 @@ from ..results import (
     Trial,
 )
 from .rule import RULES, ControllerSettings, StopDecision, decide, may_stop, progress_line
+from .window import EdgeDelay, WindowPlan, summed_phases, synchronize_devices, window_target_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +161,9 @@ class _Target:
     input_tokens: int
     output_tokens: int
     queries: int = 1
+    # a window of several calls on a coarse meter; pedantic rounds are one call each
+    # (their setup runs between calls, outside every window)
+    windowed: bool = True
 
 
 @dataclasses.dataclass
@@ -250,6 +258,34 @@ class _Step:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Ran:
+    """What one trial's window ran: the last call's result and every call's, the calls'
+    own nested windows (several calls), the window's measurement, the GPUs' telemetry,
+    and why it was rejected ("": not)."""
+
+    out: Any
+    outs: tuple[Any, ...]
+    parts: tuple[Measurement, ...]
+    measurement: Measurement
+    gpu: GpuTelemetry | None
+    rejected: str
+
+
+def _per_call(trial: Trial, parts: Sequence[Measurement], calls: int) -> Trial:
+    """A window of ``calls`` calls as one trial whose figures are per call."""
+    return dataclasses.replace(
+        trial,
+        seconds=trial.seconds / calls,
+        joules=trial.joules / calls,
+        net_joules=trial.net_joules / calls,
+        joules_by_domain={d: j / calls for d, j in trial.joules_by_domain.items()},
+        net_joules_by_domain={d: j / calls for d, j in trial.net_joules_by_domain.items()},
+        phases=summed_phases(parts, calls),
+        passes=calls,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class _Outcome:
     """How a case's trials ended: its status, why it missed its precision, a paired
     run's pairs (this side's trial -> pair), or only this visit's share done."""
@@ -320,18 +356,25 @@ class EnergyBenchmark:
         # speed while this case ran (a gate normalizes by the median over a session's
         # cases, compare.session_speeds; one cheap reading a case is what that needs).
         self._reference: list[float] = visits.reference if visits is not None else []
+        # how many calls a trial's window holds (one, unless the meter is coarse), and
+        # the random wait before a coarse meter's window opens
+        self._window = WindowPlan(window_target_s(meter.resolution_s, options.targets))
+        self._edge_delay = EdgeDelay(meter.resolution_s)
 
     def __call__(
         self,
         fn: Callable[..., Any],
         *args: Any,
-        input_tokens: int,
-        output_tokens: int,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
         prefill_pass: Callable[[], Any] | None = None,
         queries: int = 1,
         **kwargs: Any,
     ) -> CaseResult:
         """Warm up, then repeat ``fn(*args, **kwargs)`` until the stopping rule says so.
+
+        ``input_tokens`` and ``output_tokens`` are what one call processes and produces;
+        a plain function without them has its figures per call (no per-token figure).
 
         ``prefill_pass`` runs the case's prefill alone (one forward pass over the prompt,
         no cache kept).  When the trials' prefill is shorter than the meter resolves, it
@@ -424,7 +467,7 @@ class EnergyBenchmark:
         try:
             with self._exclusive():
                 return self._measure(
-                    _Target(fn, call_args, input_tokens, output_tokens, queries),
+                    _Target(fn, call_args, input_tokens, output_tokens, queries, rounds is None),
                     warmup=warmup,
                     rounds=rounds,
                     prefill_pass=prefill_pass,
@@ -576,24 +619,30 @@ class EnergyBenchmark:
                 self._call(target.fn, args, kwargs)
             args, kwargs = target.call_args()
         state.last_call = (args, kwargs)
+        self._edge_delay.wait()  # before the window, and before the CPU's reading
         if state.cpu is not None:
             state.cpu.begin(restart)
-        out, measurement, gpu, rejected = self._windowed_call(target.fn, args, kwargs)
+        ran = self._windowed_call(target, args, kwargs)
+        out, measurement, gpu, rejected = ran.out, ran.measurement, ran.gpu, ran.rejected
         share = state.cpu.end() if state.cpu is not None else None
         n_in, n_out = target.input_tokens, target.output_tokens
         if not rejected:
-            n_in, n_out = self._check_tokens(out, n_in, n_out, target.queries)
+            for each in ran.outs:
+                n_in, n_out = self._check_tokens(each, n_in, n_out, target.queries)
         steady_tokens, unstable, steady_batch = _steadiness(out) or (0, "", 0.0)
+        trial = Trial.from_measurement(
+            state.count + 1,
+            measurement,
+            n_in,
+            n_out,
+            background_cpu=share,
+            queries=target.queries,
+            requests=tuple(getattr(out, "requests", ())),
+        )
+        if ran.parts:  # a window of calls (a coarse meter): the figures per call
+            trial = _per_call(trial, ran.parts, len(ran.parts))
         trial = dataclasses.replace(
-            Trial.from_measurement(
-                state.count + 1,
-                measurement,
-                n_in,
-                n_out,
-                background_cpu=share,
-                queries=target.queries,
-                requests=tuple(getattr(out, "requests", ())),
-            ),
+            trial,
             gpu=gpu,
             steady_tokens=steady_tokens,
             unstable=unstable,
@@ -607,23 +656,57 @@ class EnergyBenchmark:
         return step
 
     def _windowed_call(
-        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> tuple[Any, Measurement, GpuTelemetry | None, str]:
-        """One call inside the meter's window, the GPUs read around it: its result, the
-        window's measurement, the GPUs' telemetry, and why it was rejected ("": not)."""
+        self, target: _Target, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> _Ran:
+        """One meter window, the devices synchronized at both edges and the GPUs read
+        around it: one call, or for a coarse meter calls until the window has lasted
+        long enough, each in a window of its own, nested, whose phases (prefill | decode)
+        add up to the trial's."""
         gpu_probe = self.trial_probe
+        synchronize_devices()  # nothing queued before the window runs inside it
         if gpu_probe is not None:
             gpu_probe.start()
+        outs: list[Any] = []
+        parts: list[Measurement] = []
         rejected = ""
         try:
             with self.meter.measure() as window:
                 try:
-                    out = self._call(fn, args, kwargs)
+                    if target.windowed and self._window.windowed:
+                        self._calls_until_long_enough(target, args, kwargs, outs, parts)
+                    else:
+                        outs.append(self._call(target.fn, args, kwargs))
                 except TrialRejected as exc:  # ran, but not the case: repeat
-                    out, rejected = None, _one_line(exc)
+                    rejected = _one_line(exc)
+                synchronize_devices()  # everything the window queued runs inside it
         finally:
             gpu = gpu_probe.stop() if gpu_probe is not None else None
-        return out, window.measurement, gpu, rejected
+        if rejected:
+            outs = []
+        out = outs[-1] if outs else None
+        return _Ran(out, tuple(outs), tuple(parts), window.measurement, gpu, rejected)
+
+    def _calls_until_long_enough(
+        self,
+        target: _Target,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        outs: list[Any],
+        parts: list[Measurement],
+    ) -> None:
+        """Calls back to back, each in its own nested window and waited for, until the
+        enclosing window has lasted the plan's length."""
+        start_s = time.perf_counter()
+        while True:
+            with self.meter.measure() as part:
+                outs.append(self._call(target.fn, args, kwargs))
+                synchronize_devices()
+            parts.append(part.measurement)
+            if not self._window.more(time.perf_counter() - start_s, len(parts)):
+                return
+            if _steadiness(outs[-1]) is not None:  # a server's burst: its own window
+                return
+            args, kwargs = target.call_args()
 
     def _counted(self) -> dict[str, bool]:
         """Which of the meter's domains its totals count."""

@@ -249,7 +249,7 @@ def decide(
         values = FIGURES[target.metric].values_of(trials, counted=counted, conversions=conversions)
         summaries[target.metric] = summarize(values or [], options.confidence)
     unmet = tuple(t for t in options.targets if not t.holds(summaries[t.metric]))
-    measured_s = math.fsum(t.seconds for t in trials)
+    measured_s = math.fsum(t.seconds * t.passes for t in trials)  # whole windows
     enough = _enough_trials(options, n)
     held = not unmet and enough
     short = held and measured_s < options.min_time  # precise, but too little time yet

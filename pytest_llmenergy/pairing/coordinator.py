@@ -222,7 +222,7 @@ class Coordinator:
             if message.get("disturbed") or len(values) != len(self.rules):
                 return  # kept by the side, left out of the pairs
             slot.indices.append(trial.index)
-            slot.seconds += trial.seconds
+            slot.seconds += trial.seconds * trial.passes  # its whole window
             for metric, value in values.items():
                 slot.sums[metric] = slot.sums.get(metric, 0.0) + value
 

@@ -82,9 +82,10 @@ class CasePacer:
         )
 
     def trial(self, trial: Trial, counted: Mapping[str, bool], disturbed: bool) -> None:
+        window_s = trial.seconds * trial.passes  # a trial of several calls: its window
         if self._in_turn_s is not None:
-            self._in_turn_s += trial.seconds
-        self._last_trial_s = trial.seconds
+            self._in_turn_s += window_s
+        self._last_trial_s = window_s
         _ask(
             self.channel,
             {
