@@ -315,7 +315,7 @@ def session_speeds(cases: Iterable[CaseResult]) -> dict[int, float]:
     """Per session, the log of the machine-speed reference (meters/reference.py): the
     median over the cases of their reading in that session.  Sessions of unchanged code
     differ here mostly by a factor common to all cases, and the reference follows it
-    (correlation 0.86-0.95 in A/A runs; docs/gate-quality.md)."""
+    (correlation 0.86-0.95 in A/A runs; docs/evidence.md)."""
     readings: dict[int, list[float]] = {}
     for case in cases:
         seen: dict[int, float] = {}
@@ -798,10 +798,10 @@ def _deltas(
 def process_noises(found: Sequence[_Found]) -> dict[str, ProcessNoise]:
     """Each case's noise inside its process pairs, and each process pair's difference:
     Huber's estimate of its pairs' log differences rather than their mean, because a
-    pair whose two trials straddle a jump in the machine's speed lies far off (on
-    2026-11-27 13-15 % of the pairs lay over 20 % off, their spread twice what their
-    median absolute deviation says).  The scale is the case's own (its pairs' median
-    absolute deviation around their process pair's median), the variance factor is
+    pair whose two trials straddle a jump in the machine's speed lies far off, and such
+    pairs make the spread heavy-tailed (measured: docs/evidence.md).  The scale is the
+    case's own (its pairs' median absolute deviation around their process pair's
+    median), the variance factor is
     pooled over the cases.  What the two sides of a pair share in time cancels here, as
     in the pairs' means.  A case without a process pair of two pairs is left out."""
     fitted = {}

@@ -51,7 +51,7 @@ ROUNDS, HISTORY, PRIOR = "rounds", "history", "prior"
 # The session noise assumed when nothing else is known: the smallest that kept A/A
 # comparisons on this project's shared 2-core VM under 1 in 20 with any FAIL once the
 # figures are normalized by the machine's speed (0 of 45 one day, 0 of 30 on a noisier
-# night; 12 %: 7 of 30; docs/gate-quality.md); a quiet GPU box measures far less.
+# night; 12 %: 7 of 30; docs/evidence.md); a quiet GPU box measures far less.
 DEFAULT_SESSION_NOISE = 0.15
 # Saved runs of the same code that all lie within this long of each other have seen only
 # that stretch's spread: back-to-back saves agreed within 3 % on a user's 2-case suite,

@@ -169,7 +169,7 @@ def welch_t_test(a: Sequence[float], b: Sequence[float]) -> WelchResult:
     return WelchResult(t, df, min(1.0, max(0.0, p)))
 
 
-# -- robust location: a paired run's pairs are heavy-tailed (docs/gate-quality.md) ---------
+# -- robust location: a paired run's pairs are heavy-tailed (docs/evidence.md) -------------
 # Huber's tuning constant: 95 % as efficient as the mean where the noise is normal.
 HUBER_K = 1.345
 # The median absolute deviation, times this, estimates a normal noise's standard deviation.

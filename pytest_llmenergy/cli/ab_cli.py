@@ -47,7 +47,7 @@ from .cli_args import checked, gate_argument, table_width
 DEFAULT_GATE = "j_per_token:5%"
 # Process pairs a case is measured in (``--processes``), and the pairs of trials a case
 # measures in each when there are several: a process's offset does not average out over
-# its own trials, so more pairs in one process buy little (docs/gate-quality.md).
+# its own trials, so more pairs in one process buy little (docs/evidence.md).
 DEFAULT_PROCESSES = 2
 PAIRS_PER_PROCESS = 4
 # How long a side may take from its start to its first word (importing torch, collecting).
@@ -109,7 +109,7 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
         help="measure every case in N process pairs, one pair after the other, each side "
         "in a fresh process each time, and test each case on the processes, not the trials "
         f"(default {DEFAULT_PROCESSES}): a process has an offset of its own that its pairs "
-        "cannot cancel (7 %% per case here, 2026-11-27)",
+        "cannot cancel",
     )
     ab.add_argument(
         "--confirm",

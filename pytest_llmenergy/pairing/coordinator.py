@@ -42,9 +42,9 @@ from .turns import (
 
 # A run stops, saying why, once the trials of the last BUSY_SPAN_S seconds (at least
 # BUSY_MIN_TRIALS of them, however long they take) were nearly all (BUSY_SHARE)
-# disturbed by other work: beside a process burning one of this 2-core machine's cores
-# every trial was, no case paired, and a 10-minute run ended without a verdict
-# (2026-11-24).  A burst of others' work shorter than the span only costs a case some
+# disturbed by other work: beside a process burning one of a 2-core machine's cores
+# every trial is, no case pairs, and a run would go on without a verdict (measured:
+# docs/evidence.md).  A burst of others' work shorter than the span only costs a case some
 # repeated trials.
 BUSY_SPAN_S = 30.0
 BUSY_MIN_TRIALS = 6

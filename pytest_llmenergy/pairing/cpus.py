@@ -5,10 +5,8 @@ scheduler, each side's process settles on a CPU of its own for seconds at a time
 on a virtual machine two CPUs can run at different speeds for just as long (another
 tenant on one of them): the head then reads a few percent slower or faster than the
 base for as long as their processes stay apart, an offset the pairs of trials cannot
-cancel.  On 2026-11-27, on a 2-CPU VM, two processes taking turns on different CPUs
-read -8.3 to +4.9 % apart in A/A (sd 5.7 % over 5 runs of 64-96 pairs), on one CPU
--5.9 to +2.3 % (sd 2.0 %, 14 runs); in ``llmenergy ab`` the processes' offset fell from
-8.5 % to 5.6 % per case (docs/gate-quality.md).  So by default both sides share one CPU.
+cancel.  Sharing one CPU shrinks that offset (measured: docs/evidence.md), so by
+default both sides share one CPU.
 """
 
 from __future__ import annotations

@@ -41,12 +41,9 @@ BLOCKS = ((BASE, HEAD, HEAD, BASE), (HEAD, BASE, BASE, HEAD))
 # decided before lend it their noise (``Pool``), so from the second case on a clear case
 # stops after one block: a long case (0.6 s a trial) then costs 2 trials a side, not 4.
 MIN_PAIRS = 2
-# The one-sided level of a pass's bound.  At 0.95 the long cases of the quick grid took
-# 10 pairs on average in 20 A/A runs and the paired run 2.6 times a plain session's wall
-# time; replayed on those runs' recorded pairs, 0.90 measures 20 % fewer trials and, on
-# the 12 injected runs' pairs, decides one case of 144 as a pass that 0.95 failed (0.85:
-# 37 % fewer, three cases).  A pass's bound only stops a case; its verdict is the
-# comparison's own test (2026-11-25).
+# The one-sided level of a pass's bound: lenient, since a pass's bound only stops a case
+# and its verdict is the comparison's own test; 0.95 cost a fifth more trials and 0.85
+# let more regressions stop as passes (the replays: docs/evidence.md).
 PASS_LEVEL = 0.90
 # Pairs a case measures before it may stop as a fail: two blocks of its own.  On a machine
 # busy with other work one block of a short case read 10x (the math library's threads
@@ -54,15 +51,14 @@ PASS_LEVEL = 0.90
 MIN_FAIL_PAIRS = 4
 # Pairs a case measures in a confirming pass (``llmenergy ab --confirm``) before it may
 # stop as a pass: as many as a fail needs.  A first-pass FAIL cleared on one block is
-# one block's word against the first pass's; in two runs of +11-17 % regressions, three
-# such cases read head/base 0.90 to 1.01 on their first block and were cleared
-# (2026-11-25).
+# one block's word against the first pass's, and real regressions were cleared that way
+# (docs/evidence.md).
 MIN_CONFIRM_PAIRS = MIN_FAIL_PAIRS
 # A case borrows the pooled noise of the cases before it only as far as its own pairs are
 # consistent with it: when its own variance is larger than the pool's beyond this upper
-# tail (an F test), it stands on its own pairs alone.  On 2026-11-26 cases "decided" on two
-# pairs read head/base 0.67-0.86 for +9 % regressions, their own intervals as wide as
-# [0.38, 1.75]: the pool had narrowed them (issue 44).
+# tail (an F test), it stands on its own pairs alone: otherwise the pool narrows the
+# interval of a case whose own two pairs disagree widely, and a regression passes
+# (issue 44; docs/evidence.md).
 CONSISTENT_P = 0.01
 # ... and it may stop as a pass only when its own interval (no borrowing) is within this
 # many gates of its mean: a case whose own pairs span tens of percent is measured more,

@@ -235,7 +235,7 @@ def _tensors(values: Any, tensor: type) -> list[Any]:
     """The tensors among an aten call's arguments or results: themselves, or in a list
     or tuple (``aten::cat``'s inputs, ``aten::split``'s outputs).  Aten's schemas nest
     no deeper, so this is what ``torch.utils._pytree.tree_leaves`` finds, without its
-    generic walk (which took a quarter of a full count's time, profiled 2026-11-27)."""
+    generic walk (which took a quarter of a full count's time when profiled)."""
     found = []
     for value in values:
         if isinstance(value, tensor):

@@ -26,8 +26,8 @@ running-requests gauge (vLLM's ``vllm:num_requests_running`` on ``/metrics``), s
 through the burst (``BatchSampler``) and averaged over the window.  Elsewhere the client
 counts the requests past their first token and not finished, averaged over the window's
 time: that leaves out each request's prefill, so it reads low where prefill is a large
-part of a request (on vLLM's CPU build at concurrency 1: 98 % on its own, 80 % inside a
-test session sharing its 2 cores, 2026-11-27).
+part of a request (on vLLM's CPU build at concurrency 1, well under the gauge in a busy
+session: docs/evidence.md).
 """
 
 from __future__ import annotations
