@@ -455,7 +455,8 @@ FIGURES: dict[str, Figure] = {
             "tok/s",
             "tokens/s",
             "total throughput: (input + output tokens) of every query of a trial / seconds",
-            trial=lambda t: _per(t.total_tokens, t.seconds),
+            # a plain function without token counts has no throughput (not 0 tok/s)
+            trial=lambda t: _per(t.total_tokens, t.seconds) if t.total_tokens else None,
             lower_is_better=False,
             priority=4,
         ),

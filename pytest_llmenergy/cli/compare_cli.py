@@ -182,6 +182,13 @@ def _run_confidence(run: Run) -> float:
     return value if value is not None else DEFAULT_CONFIDENCE
 
 
+def _default_metric(runs: list[Run]) -> str:
+    """J/token, unless no case of the runs declared tokens (plain functions measured per
+    call): then their joules per call."""
+    tokens = any(c.input_tokens or c.output_tokens for run in runs for c in run.cases)
+    return DEFAULT_GATE_METRIC if tokens else "energy_j"
+
+
 def _compare(
     runs: list[Run], args: argparse.Namespace, storage: Storage
 ) -> tuple[str, list[str], bool]:
@@ -189,7 +196,7 @@ def _compare(
     confidence = args.confidence if args.confidence is not None else _run_confidence(runs[0])
     gates: tuple[Gate, ...] = tuple(g for given in args.fail_on for g in given)
     lineup = Lineup(labels=_labels(runs), cases=tuple(run.cases for run in runs))
-    keys = list(dict.fromkeys(args.metric or [DEFAULT_GATE_METRIC]))  # a repeat adds nothing
+    keys = list(dict.fromkeys(args.metric or [_default_metric(runs)]))  # a repeat adds nothing
     tables: list[Table] = [side_by_side(lineup, key, confidence=confidence) for key in keys]
     verdicts: list[str] = []
     failed = False

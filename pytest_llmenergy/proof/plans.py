@@ -26,7 +26,11 @@ class Plan:
     frontier_output_tokens: int
     gate_models: tuple[str, str]  # (unchanged: A/A, changed: the injected regression)
     gate_share: float
-    gate_tokens: tuple[int, int]
+    # the campaign's cases, for each model: every input size at every batch size, each
+    # generating ``gate_output_tokens``
+    gate_input_tokens: tuple[int, ...]
+    gate_batch_sizes: tuple[int, ...]
+    gate_output_tokens: int
     work_model: str
     caps_s: dict[str, float]
     # every pytest session's further options (a stand-in run on a shared CPU: keep the
@@ -53,10 +57,12 @@ H100 = Plan(
     frontier_batch=8,
     frontier_output_tokens=64,
     gate_models=("random-llama-3.2-1b", "random-llama-3.1-8b"),
-    gate_share=0.10,
-    gate_tokens=(64, 64),
+    gate_share=0.05,
+    gate_input_tokens=(16, 32, 64, 128, 256, 512),  # x 2 batch sizes: 12 cases a model
+    gate_batch_sizes=(1, 8),
+    gate_output_tokens=16,
     work_model="tiny-llama",
-    caps_s={"suite": 110.0, "settings": 70.0, "gate": 200.0, "work": 60.0},
+    caps_s={"suite": 110.0, "settings": 60.0, "gate": 420.0, "work": 40.0},
     suite_files=("benchmarks/test_output_tokens.py",),
 )
 
@@ -68,24 +74,26 @@ SMOKE = Plan(
     batch_sizes=(1, 2),
     input_tokens=16,
     output_tokens=8,
-    case_max_time_s=0.5,
+    case_max_time_s=15.0,  # the default rule's
     idle_s=2.0,
-    load_s=3.0,
-    windows_s=(0.05, 0.2, 1.0),
+    load_s=8.0,  # room for the trials' 3 s windows on the stand-in's 100 ms counter
+    windows_s=(0.05, 0.2, 1.0, 3.0),
     power_limits="70%",
     frontier_batch=1,
     frontier_output_tokens=8,
     gate_models=("tiny-llama", "tiny-mistral"),
     gate_share=0.5,
-    gate_tokens=(8, 32),
+    gate_input_tokens=(8, 16),
+    gate_batch_sizes=(1,),
+    gate_output_tokens=32,
     work_model="tiny-llama",
-    caps_s={"suite": 60.0, "settings": 60.0, "gate": 120.0, "work": 60.0},
-    extra_args=("--energy-max-background=off", "--energy-max-trials=3", "--energy-warmup=0"),
+    caps_s={"suite": 120.0, "settings": 90.0, "gate": 240.0, "work": 60.0},
+    extra_args=("--energy-max-background=off", "--energy-max-trials=6", "--energy-warmup=0"),
     ab_args=("--processes", "1", "--confirm", "off"),
     gate_args=(
         "--energy-max-background=off",
         "--energy-max-trials=4",
-        "--energy-max-time=2",
+        "--energy-max-time=7",
         "--energy-warmup=0",
     ),
     suite_files=("benchmarks/test_input_tokens.py",),
