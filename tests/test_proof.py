@@ -21,7 +21,7 @@ from pytest_llmenergy.meters import open_meter
 from pytest_llmenergy.meters.nvml import AVERAGED_POWER_S
 from pytest_llmenergy.proof.checks import FAIL, NOT_RUN, PASS, Check, Proof, markdown
 from pytest_llmenergy.proof.meter_probe import Sample, analyse, integral_between
-from pytest_llmenergy.proof.stages import STAGES, _ab_rows
+from pytest_llmenergy.proof.stages import STAGES, _ab_rows, resolution_agrees
 from tests.fakes.fake_pynvml import install_fake_pynvml
 from tests.fakes.hopper import COUNTER_PERIOD_S, CpuLoadTrace, make_h100
 from tests.fakes.trace import PowerTrace
@@ -199,9 +199,20 @@ def test_ab_rows_are_read_from_mixed_output() -> None:
 
 
 # -- the command, as a user runs it -----------------------------------------------------------
-def _env(tmp_path: Path, cache: Path | None = None, hopper: bool = True) -> dict[str, str]:
+def test_a_counter_faster_than_the_recording_agrees_with_a_finer_resolution() -> None:
+    """The basic stand-in's counter updates every 0.1 ms; the recording, read every few
+    ms, sees it change at every sample: the meter's 0.1 ms is right, not a failure."""
+    assert resolution_agrees(0.0001, period_s=0.0051, step_s=0.005)
+    assert resolution_agrees(0.1, period_s=0.1001, step_s=0.005)  # Hopper: as timed
+    assert not resolution_agrees(0.001, period_s=0.1, step_s=0.005)  # 100x off
+    assert not resolution_agrees(0.5, period_s=0.0051, step_s=0.005)  # coarser than seen
+    assert not resolution_agrees(None, period_s=0.1, step_s=0.005)
+
+
+def _env(tmp_path: Path, cache: Path | None = None, hopper: bool | str = True) -> dict[str, str]:
     env = dict(os.environ)
-    paths = [str(ROOT / "tests" / "fakes" / "driver_hopper")] if hopper else []
+    driver = "driver_hopper" if hopper is True else hopper or ""
+    paths = [str(ROOT / "tests" / "fakes" / driver)] if driver else []
     env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
     env["FAKE_GPU_STATE"] = str(tmp_path / "gpu-state.json")
     env["LLMENERGY_CACHE"] = str(cache or tmp_path / "cache")
@@ -210,7 +221,7 @@ def _env(tmp_path: Path, cache: Path | None = None, hopper: bool = True) -> dict
 
 
 def _proof(
-    tmp_path: Path, *args: str, cache: Path | None = None, hopper: bool = True
+    tmp_path: Path, *args: str, cache: Path | None = None, hopper: bool | str = True
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pytest_llmenergy", "proof", *args],
@@ -250,6 +261,29 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     # what the command printed is what it wrote
     assert data["summary"] in done.stdout
     assert done.returncode == (1 if any(c["status"] == FAIL for c in checks) else 0)
+    # the trials' windows outlast the 100 ms counter: every case converges, the A/A
+    # campaign fails no case and the injected +50 % is found and gated
+    assert by["CI targets held"]["status"] == PASS, by["CI targets held"]
+    unchanged = next(c for c in checks if c["name"].startswith("A/A: unchanged cases"))
+    assert unchanged["status"] == PASS and unchanged["figure"].startswith("0 of 2"), unchanged
+    found = next(c for c in checks if "changed cases found" in c["name"])
+    assert found["status"] == PASS, found
+    assert not [c for c in checks if c["status"] == FAIL], [
+        (c["name"], c["figure"]) for c in checks if c["status"] == FAIL
+    ]
+
+
+def test_the_whole_proof_passes_against_the_basic_stand_in(
+    tmp_path: Path, tiny_cache: Path
+) -> None:
+    """The A100 stand-in of tests/fakes/driver: a 0.1 ms counter, one call a trial."""
+    done = _proof(tmp_path, "--out", "out", "--plan", "smoke", cache=tiny_cache, hopper="driver")
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    data = json.loads((tmp_path / "out" / "proof.json").read_text())
+    failed = [(c["name"], c["figure"]) for c in data["checks"] if c["status"] == FAIL]
+    assert done.returncode == 0 and not failed, failed
+    by = {c["name"]: c for c in data["checks"]}
+    assert by["the meter's resolution is the counter's period"]["status"] == PASS
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_4(tmp_path: Path) -> None:

@@ -151,7 +151,9 @@ class Side:
         return "\n".join(f"  {line}" for line in lines[-LAST_LINES:])
 
 
-def _sides(args: argparse.Namespace, storage: Storage, prefix: str) -> list[Side]:
+def _sides(
+    args: argparse.Namespace, storage: Storage, prefix: str, count: bool = False
+) -> list[Side]:
     pytest_args = list(args.pytest_args)
     refused = {"-n", "--numprocesses", "--dist", "--energy-interleave", "--llm-serve"}
     for arg in pytest_args + args.base_arg + args.head_arg:
@@ -178,9 +180,11 @@ def _sides(args: argparse.Namespace, storage: Storage, prefix: str) -> list[Side
                 f"--energy-storage={storage.root.resolve()}",
                 f"--energy-save={args.save}-{prefix}{name}",
             ]
-        # counted work only when asked for after --: its pairs are of trials, and each
-        # side's count would cost the paired run a share of its time
-        quiet = ["--energy-count-work=off"]
+        # counted work in the first process pair only: the same code counts the same
+        # work in every process, so one count a side names a FAIL's cause (more work, or
+        # slower) for a few per cent of one pass; later pairs and confirming passes skip
+        # it (an option after -- still decides)
+        quiet = [] if count else ["--energy-count-work=off"]
         sides.append(Side(name, path.resolve(), exe, [*quiet, *pytest_args, *extra, *save]))
     return sides
 
@@ -230,6 +234,7 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
                 only=_paired_cases(passes[0]) if passes else None,
                 prefix=f"p{number}-" if number > 1 else "",
                 pair_limit=PAIRS_PER_PROCESS,
+                count=number == 1,
             )
         )
     comparison = _compare_processes(passes, gates, args.confidence)
@@ -241,7 +246,7 @@ def _one_process_pair(
 ) -> Outcome:
     """``--processes 1``: one process pair tested on its pairs of trials; with
     ``--confirm`` (on by default) its FAILs measured again in fresh processes."""
-    coordinator = _pass(args, storage, gates, seed)
+    coordinator = _pass(args, storage, gates, seed, count=True)
     comparison = _compare(coordinator, gates, args.confidence)
     failed = sorted({d.nodeid for d in comparison.failures})
     passes = [coordinator]
@@ -282,11 +287,12 @@ def _pass(
     prefix: str = "",
     pair_limit: int | None = None,
     confirming: bool = False,
+    count: bool = False,
 ) -> Coordinator:
     """One paired pass: both sides started in fresh processes, served until they end,
     stopped.  ``only``: its cases (a later process pair, or the cases that failed);
     ``prefix`` names its saved runs (NAME-PREFIXbase, NAME-PREFIXhead)."""
-    sides = _sides(args, storage, prefix)
+    sides = _sides(args, storage, prefix, count)
     pairing_id = secrets.token_hex(8)
     coordinator = Coordinator(
         _rules(gates),
