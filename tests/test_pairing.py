@@ -573,16 +573,16 @@ def test_products(energy_benchmark):
 
 
 def test_ab_says_why_a_case_failed_from_both_sides_counted_work(tmp_path: Path) -> None:
-    """The sides count their work (``--energy-count-work`` in the session's arguments) after
-    each case's turns, while the other waits: a head that computes twice the products
-    fails, and the verdict says it is more work, and which."""
+    """The sides count their work in the first process pair by default (no option asks for
+    it), while the other waits: a head that computes twice the products fails, and the
+    verdict says it is more work, and which."""
     sides = []
     for name, n in (("base", 8), ("head", 16)):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "test_energy.py").write_text(TORCH_PROJECT.format(products=n))
         sides.append(str(folder))
-    done = _ab(tmp_path, *sides, "--seed", "3", "--processes=1", *COMMON, "--energy-count-work")
+    done = _ab(tmp_path, *sides, "--seed", "3", "--processes=1", "--confirm=off", *COMMON)
     assert done.returncode == 1, done.stdout + done.stderr
     why = next(line for line in done.stdout.splitlines() if line.startswith("why "))
     assert "more work" in why and "matmul FLOPs/token x2" in why, why
