@@ -32,6 +32,7 @@ from .sessions import (
     HISTORY,
     PRIOR,
     ROUNDS,
+    FirstPair,
     NoiseEstimate,
     ProcessNoise,
     SideSessions,
@@ -564,6 +565,10 @@ class CompareOptions:
     # tested on its process pairs' means, paired process by process, since a process's
     # offset does not cancel over its own pairs of trials.  0: tested on the pairs.
     processes: int = 0
+    # With ``processes``: the variance of a process's offset that the run measured after
+    # its first process pair (``sessions.plan_processes``): a case measured in one
+    # process pair only is tested on it with at least this offset allowed for.
+    process_offset: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gates", tuple(self.gates))
@@ -778,7 +783,13 @@ def _deltas(
     within = {}
     if o.processes:
         within = process_noises(found)
-    tests = build_tests(sides, history=o.history, session_noise=o.session_noise, processes=within)
+    tests = build_tests(
+        sides,
+        history=o.history,
+        session_noise=o.session_noise,
+        processes=within,
+        process_offset=o.process_offset,
+    )
     p_values = [_p_two_sided(m, tests.get(m.key)) for m in found]
     corrections = _corrections(found, tests, p_values, 1.0 - o.confidence)
     return tuple(
@@ -823,6 +834,46 @@ def process_noises(found: Sequence[_Found]) -> dict[str, ProcessNoise]:
         df = max(1.0, MAD_EFFICIENCY * sum(n - 1 for n in sizes))
         noises[key] = ProcessNoise(variance, df, tuple(centres[s] for s in sorted(sessions)))
     return noises
+
+
+def first_process_pair(
+    baseline: Sequence[CaseResult], current: Sequence[CaseResult], options: CompareOptions
+) -> dict[str, tuple[str, FirstPair]]:
+    """By gated figure of a paired run's first process pair: its case's node id, and
+    what ``sessions.plan_processes`` judges the next process pairs on (worse positive,
+    the gate in log units)."""
+    o = replace(options, processes=1)
+    before = {c.nodeid: c for c in baseline if c.measured}
+    after = [c for c in current if c.measured]
+    found = [
+        m
+        for m in _found(before, after, o.checks(), _Speeds.of([], [], False), False)
+        if m.gate is not None and not m.figure.exact
+    ]
+    noises = process_noises(found)
+    out = {}
+    for m in found:
+        noise = noises.get(m.key)
+        sessions = _session_differences(m.figure, m.base, m.case)
+        if noise is None or len(sessions) != 1 or len(noise.differences) != 1 or not m.values[0]:
+            continue
+        sign = -1.0 if m.figure.lower_is_better is False else 1.0
+        assert m.gate is not None
+        base_mean = abs(statistics.fmean(m.values[0]))
+        if base_mean <= 0:
+            continue
+        threshold = math.log1p(m.gate.allowed(base_mean) / base_mean)
+        (differences,) = sessions.values()
+        out[m.key] = (
+            m.case.nodeid,
+            FirstPair(
+                tuple(sign * d for d in differences),
+                sign * noise.differences[0],
+                noise.variance,
+                threshold,
+            ),
+        )
+    return out
 
 
 def _session_differences(f: Figure, base: CaseResult, head: CaseResult) -> dict[int, list[float]]:
@@ -1090,7 +1141,13 @@ def evidence_text(c: Comparison) -> str:
     """Where the between-session noise came from, in words."""
     sources = {d.test.source for d in c.deltas if d.test is not None}
     parts = []
-    if ROUNDS in sources and c.paired_processes:
+    if ROUNDS in sources and c.paired_processes == 1:
+        parts.append(
+            "one process pair of a paired run (llmenergy ab), each case a robust (Huber) "
+            "mean of its pairs of trials measured side by side, the processes' offset it "
+            "measured allowed for"
+        )
+    elif ROUNDS in sources and c.paired_processes:
         parts.append(
             f"{c.paired_processes} process pairs of a paired run (llmenergy ab), paired "
             "process by process, each a robust (Huber) mean of its pairs of trials measured "

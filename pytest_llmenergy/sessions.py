@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from . import values
 from .errors import ConfigError
-from .stats import f_upper, t_cdf, t_quantile
+from .stats import f_upper, mad_scale, t_cdf, t_quantile
 
 _NORMAL = statistics.NormalDist()
 
@@ -196,15 +196,16 @@ def build_tests(
     history: Mapping[str, NoiseEstimate] | None = None,
     session_noise: float = DEFAULT_SESSION_NOISE,
     processes: Mapping[str, ProcessNoise] | None = None,
+    process_offset: float | None = None,
 ) -> dict[str, Test]:
     """One test per key (a case and figure), from the best evidence there is.
 
     Rounds (several sessions on both sides) estimate the noise from the comparison
     itself, moderated toward the pool across keys; else a key's history; else the prior.
     ``processes``: the sessions are the process pairs of a paired run, with each key's
-    noise inside them (``process_tests``).
+    noise inside them (``process_tests``; ``process_offset``: its ``offset_floor``).
     """
-    by_process = process_tests(pairs, processes) if processes else {}
+    by_process = process_tests(pairs, processes, process_offset) if processes else {}
     if by_process:
         rest = {k: v for k, v in pairs.items() if k not in by_process}
         return {**by_process, **build_tests(rest, history=history, session_noise=session_noise)}
@@ -290,7 +291,9 @@ def _process_rounds(
 
 
 def process_tests(
-    pairs: Mapping[str, tuple[SideSessions, SideSessions]], noise: Mapping[str, ProcessNoise]
+    pairs: Mapping[str, tuple[SideSessions, SideSessions]],
+    noise: Mapping[str, ProcessNoise],
+    offset_floor: float | None = None,
 ) -> dict[str, Test]:
     """Tests of the cases measured in several process pairs of a paired run, one
     session each, paired process by process.
@@ -301,19 +304,30 @@ def process_tests(
     The offsets' variance is what the cases' process pairs spread beyond their own noise,
     pooled over the cases; a case's variance is that plus its own noise (degrees of
     freedom by Satterthwaite), moderated by its own process pairs' spread.  A case whose
-    process pairs spread improbably far for that stands on them alone.  Keys with fewer
-    than two process pairs, or without ``noise``, are left out."""
+    process pairs spread improbably far for that stands on them alone.
+
+    ``offset_floor``: an offsets' variance the run measured otherwise (``plan_processes``,
+    from the first process pair); given, a case measured in one process pair (which
+    the plan judged clear) is tested on that pair, its variance the larger of the two
+    offset estimates plus its own noise.  Keys without ``noise``, and (without a floor)
+    with fewer than two process pairs, are left out."""
     own: dict[str, tuple[float, float, int, ProcessNoise]] = {}
+    single: dict[str, ProcessNoise] = {}
     for key, (base, head) in pairs.items():
         rounds = _process_rounds(base, head, noise[key]) if key in noise else None
         if rounds is not None:
             own[key] = (rounds[0], rounds[1], base.k, noise[key])
+        elif offset_floor is not None and key in noise and len(noise[key].differences) == 1:
+            single[key] = noise[key]
     pool_df = float(sum(k - 1 for _, _, k, _ in own.values()))
-    if not pool_df:
+    if not pool_df and not single:
         return {}
     spread = math.fsum((v - w.variance) * (k - 1) for _, v, k, w in own.values())
-    offsets = max(0.0, spread / pool_df)
+    offsets = max(0.0, spread / pool_df) if pool_df else 0.0
     tests = {}
+    for key, within in single.items():
+        model = max(offsets, offset_floor or 0.0) + within.variance
+        tests[key] = Test(within.differences[0], math.sqrt(model), PROCESS_MODEL_DF, ROUNDS, True)
     for key, (mean, variance, k, within) in own.items():
         model = offsets + within.variance
         parts = offsets**2 / pool_df + within.variance**2 / within.df
@@ -388,3 +402,169 @@ def bh_adjusted(p_values: Sequence[float]) -> list[float]:
         running = min(running, p_values[i] * m / rank)
         adjusted[i] = min(1.0, running)
     return adjusted
+
+
+# -- how many process pairs a paired run needs (``llmenergy ab --processes auto``) -------
+# The spread of the cases' first process pair differences over that of their halves'
+# contrasts (noise alone), as median absolute deviations read it: over m cases its log
+# varies by about this over sqrt(m) (simulated, 6 to 57 cases whose noise levels differ
+# fivefold and whose pairs are 15 % outliers: 1.66-1.81).
+SPREAD_RATIO_SD = 1.75
+# Processes differ when that ratio is beyond its one-sided 90 % point under no offset: a
+# wrong "differ" costs today's second pair for every case; a wrong "hardly" still sends
+# every case the offset could move to a second pair (the estimate is allowed for).
+DIFFER_LEVEL = 0.90
+# A case this many standard deviations (its own noise and the offsets) from the cases'
+# median is taken as changed and left out of the spreads.
+CHANGED_SDS = 4.0
+# A case fails on one process pair only where even an offset at the upper 95 % bound of
+# the estimate could not explain it, at Bonferroni's level over the cases.
+OFFSET_BOUND_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class FirstPair:
+    """One case's gated figure after the first process pair: its pairs' log differences
+    (head over base, in the order measured), their robust centre and that centre's
+    variance (``compare.process_noises``), and the gate in the same units, all signed
+    so that worse is positive."""
+
+    differences: tuple[float, ...]
+    centre: float
+    variance: float
+    threshold: float
+
+    def half_contrast(self) -> float | None:
+        """Half the difference of its first and second halves' means, scaled to the
+        centre's noise: what the pairs' noise alone spreads, offset-free (a process's
+        offset is in both halves).  None with fewer than two pairs."""
+        d = self.differences
+        n = len(d)
+        if n < 2:
+            return None
+        a, b = d[: n // 2], d[n // 2 :]
+        contrast = (statistics.fmean(a) - statistics.fmean(b)) / 2.0
+        # var(contrast) = s^2 (1/na + 1/nb) / 4; the mean of all n: s^2 / n
+        return contrast * math.sqrt(4.0 / (n * (1.0 / len(a) + 1.0 / len(b))))
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """What the first process pair says about the next: whether processes differ here
+    beyond their pairs' noise, by how much (log scale), and which cases a second process
+    pair measures."""
+
+    differ: bool
+    offset: float  # the offsets' standard deviation beyond the pairs' noise (log)
+    noise: float  # the pairs' own noise in a process pair's difference (log)
+    ratio: float  # the first's spread over the noise's, and its critical value
+    critical: float
+    second: frozenset[str]  # the cases measured in a second process pair
+    clear_fails: frozenset[str]  # failed on one process pair, whatever the offset
+    cases: int
+
+    @property
+    def offset_variance(self) -> float:
+        return self.offset * self.offset
+
+    def line(self) -> str:
+        """What the run measured and what it chose, for the log."""
+        measured = (
+            f"{math.expm1(self.offset):.1%} beyond the pairs' noise of "
+            f"{math.expm1(self.noise):.1%} per case (spread ratio {self.ratio:.2f}, "
+            f"{self.critical:.2f} would show a difference; {self.cases} cases)"
+        )
+        if self.cases < 3:
+            return (
+                f"too few cases ({self.cases}) to tell whether processes differ beyond "
+                "their pairs' noise: a second process pair"
+            )
+        if self.differ:
+            return f"processes differ by {measured}: a second process pair"
+        if not self.second:
+            return f"processes hardly differ ({measured}): one process pair"
+        return (
+            f"processes hardly differ ({measured}): one process pair, and a second for the "
+            f"{len(self.second)} case(s) whose verdict a process's offset could change"
+        )
+
+
+def plan_processes(
+    cases: Mapping[str, FirstPair], pass_level: float, fail_alpha: float
+) -> ProcessPlan:
+    """After one process pair: do processes differ beyond what their pairs' noise
+    explains, and which cases need a second process pair?
+
+    A process pair's difference carries its processes' offset plus its pairs' noise;
+    half the contrast of its two halves carries the same noise and no offset.  Their
+    spreads over the cases, read robustly (median absolute deviation: a few truly
+    changed cases move the median, not the spread), give the offsets' variance.  Where
+    it is significant every case gets a second process pair; where not, only the cases
+    whose verdict a typical offset could change: not those that pass even allowing it
+    (their upper bound at the stopping rule's pass level below the gate), nor those
+    that fail even allowing its upper bound (one-sided at ``fail_alpha`` over the
+    number of cases)."""
+    keys = sorted(k for k, c in cases.items() if c.half_contrast() is not None)
+    spread, noise = _spreads([cases[k] for k in keys])
+    # a changed case far outside what its own noise and the offsets allow is set apart
+    # (a few such cases would widen the spread as offsets would), then read again
+    offset_var = max(0.0, spread * spread - noise * noise)
+    middle = statistics.median(cases[k].centre for k in keys) if keys else 0.0
+    usual = [
+        k
+        for k in keys
+        if abs(cases[k].centre - middle) <= CHANGED_SDS * math.sqrt(cases[k].variance + offset_var)
+    ]
+    if len(usual) >= 3 and len(usual) < len(keys):
+        keys = usual
+        spread, noise = _spreads([cases[k] for k in keys])
+    m = len(keys)
+    critical = math.exp(_NORMAL.inv_cdf(DIFFER_LEVEL) * SPREAD_RATIO_SD / math.sqrt(max(m, 1)))
+    ratio = spread / noise if noise > 0 else (math.inf if spread > 0 else 1.0)
+    offset_var = max(0.0, spread * spread - noise * noise)
+    differ = m >= 3 and ratio > critical
+    if differ or m < 3:  # too few cases to tell: measure them all again
+        return ProcessPlan(
+            differ or m > 0,
+            math.sqrt(offset_var),
+            noise,
+            ratio,
+            critical,
+            frozenset(cases),
+            frozenset(),
+            m,
+        )
+    bound = ratio * math.exp(_NORMAL.inv_cdf(OFFSET_BOUND_LEVEL) * SPREAD_RATIO_SD / math.sqrt(m))
+    offset_hi = noise * noise * max(0.0, bound * bound - 1.0)
+    z_pass = _NORMAL.inv_cdf(pass_level)
+    z_fail = _NORMAL.inv_cdf(1.0 - fail_alpha / max(1, len(cases)))
+    second, fails = set(), set()
+    for key, case in cases.items():
+        upper = case.centre + z_pass * math.sqrt(case.variance + offset_var)
+        if upper < case.threshold:
+            continue  # passes even with a typical offset
+        se_hi = math.sqrt(case.variance + offset_hi)
+        if case.centre > case.threshold and case.centre > z_fail * se_hi:
+            fails.add(key)
+            continue
+        second.add(key)
+    return ProcessPlan(
+        False,
+        math.sqrt(offset_var),
+        noise,
+        ratio,
+        critical,
+        frozenset(second),
+        frozenset(fails),
+        m,
+    )
+
+
+def _spreads(cases: Sequence[FirstPair]) -> tuple[float, float]:
+    """The cases' first process pair differences' spread around their median, and
+    their half contrasts' around zero (noise alone), as median absolute deviations."""
+    if not cases:
+        return 0.0, 0.0
+    middle = statistics.median(c.centre for c in cases)
+    contrasts = [h for c in cases if (h := c.half_contrast()) is not None]
+    return mad_scale([c.centre - middle for c in cases]), mad_scale(contrasts)

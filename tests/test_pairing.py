@@ -503,7 +503,9 @@ COMMON = (
 def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
     base = _project(tmp_path, "base")
     head = _project(tmp_path, "head")
-    done = _ab(tmp_path, str(base), str(head), "--seed", "5", "--save", "pr1", *COMMON)
+    done = _ab(
+        tmp_path, str(base), str(head), "--seed", "5", "--save", "pr1", "--processes=2", *COMMON
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "energy gate passed" in done.stdout
     assert "pairs of trials measured side by side" in done.stdout
@@ -547,7 +549,7 @@ def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
 def test_ab_fails_a_regressed_case_and_not_the_unchanged_one(tmp_path: Path) -> None:
     base = _project(tmp_path, "base")
     head = _project(tmp_path, "head", extra="\nSLOWER = 0.3\n")
-    done = _ab(tmp_path, str(base), str(head), "--seed", "7", *COMMON)
+    done = _ab(tmp_path, str(base), str(head), "--seed", "7", "--processes=2", *COMMON)
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = next(line for line in done.stdout.splitlines() if "energy gate FAILED" in line)
     assert "test_fast[1]" in verdict and "test_fast[2]" in verdict
@@ -602,11 +604,11 @@ def _slower_in_its_first_process(tmp_path: Path) -> Path:
 def test_ab_a_process_offset_does_not_fail_when_cases_are_tested_on_processes(
     tmp_path: Path,
 ) -> None:
-    """Two process pairs (the default): the head's first process reads +30 %, its second
-    +0 %; tested on the processes, that is noise, not a regression."""
+    """Two process pairs: the head's first process reads +30 %, its second +0 %; tested
+    on the processes, that is noise, not a regression."""
     base = _project(tmp_path, "base")
     head = _slower_in_its_first_process(tmp_path)
-    done = _ab(tmp_path, str(base), str(head), "--seed", "7", *COMMON)
+    done = _ab(tmp_path, str(base), str(head), "--seed", "7", "--processes=2", *COMMON)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "process pair 2 of 2" in done.stderr
     assert "energy gate passed" in done.stdout
@@ -616,6 +618,30 @@ def test_ab_a_process_offset_does_not_fail_when_cases_are_tested_on_processes(
         tmp_path, str(base), str(head), "--seed", "7", "--processes=1", "--confirm=off", *COMMON
     )
     assert done.returncode == 1, done.stdout + done.stderr
+
+
+def test_ab_chooses_its_process_pairs_from_the_first_and_says_so(tmp_path: Path) -> None:
+    """``--processes auto`` (the default): after the first process pair the log says how
+    far processes differ beyond their pairs' noise and what it chose, and the run has
+    as many process pairs as it said; unchanged code passes either way."""
+    base = _project(tmp_path, "base")
+    head = _project(tmp_path, "head")
+    done = _ab(tmp_path, str(base), str(head), "--seed", "5", "--save", "pr", *COMMON)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (chose,) = [line for line in done.stderr.splitlines() if "beyond the pairs' noise" in line]
+    runs = sorted(r.name.split("_", 1)[1] for r in (tmp_path / ".llmenergy").glob("*/*.json"))
+    if chose.endswith(": one process pair"):  # no case a process's offset could move
+        assert "processes hardly differ (" in chose
+        assert runs == ["pr-base.json", "pr-head.json"]
+        assert "process pair 2" not in done.stderr
+        assert "one process pair of a paired run" in done.stdout
+    else:
+        again = int(done.stderr.split("process pair 2: ")[1].split(" of 3 ")[0])
+        assert again == (
+            3 if "processes differ by " in chose else int(chose.split("for the ")[1].split()[0])
+        )
+        assert runs == ["pr-base.json", "pr-head.json", "pr-p2-base.json", "pr-p2-head.json"]
+    assert "energy gate passed" in done.stdout
 
 
 def test_ab_a_fail_that_fresh_processes_do_not_repeat_is_not_a_fail(tmp_path: Path) -> None:

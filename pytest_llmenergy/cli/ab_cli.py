@@ -30,25 +30,37 @@ from typing import Any
 
 from .. import values
 from ..commandline import Command, Outcome
-from ..compare import CompareOptions, Comparison, compare_cases, comparison_table, parse_gates
+from ..compare import (
+    CompareOptions,
+    Comparison,
+    compare_cases,
+    comparison_table,
+    first_process_pair,
+    parse_gates,
+)
 from ..compare import verdict_lines as gate_verdict_lines
 from ..errors import ConfigError
 from ..figures import FIGURES
 from ..pairing.channel import BASE, ENV, HEAD, SIDES
 from ..pairing.coordinator import Coordinator, accept_sides, listen
 from ..pairing.cpus import DEFAULT_SIDE_CPUS, cpus_text, parse_side_cpus, pin, side_cpus
-from ..pairing.turns import MIN_CONFIRM_PAIRS, MIN_PAIRS, GateRule
+from ..pairing.turns import MIN_CONFIRM_PAIRS, MIN_PAIRS, PASS_LEVEL, GateRule
 from ..results import CaseResult
+from ..sessions import plan_processes
 from ..storage.pool import pool_cases
 from ..storage.store import DERIVED_FILE, Storage, check_run_name
 from ..tables import render
 from .cli_args import checked, gate_argument, table_width
 
 DEFAULT_GATE = "j_per_token:5%"
-# Process pairs a case is measured in (``--processes``), and the pairs of trials a case
-# measures in each when there are several: a process's offset does not average out over
-# its own trials, so more pairs in one process buy little (docs/evidence.md).
-DEFAULT_PROCESSES = 2
+# Process pairs a case is measured in (``--processes``): ``auto`` measures one, and a
+# second for every case where the first shows processes differing beyond their pairs'
+# noise, else for the cases whose verdict an offset could change
+# (``sessions.plan_processes``); and the pairs of trials a case measures in each: a
+# process's offset does not average out over its own trials, so more pairs in one
+# process buy little (docs/evidence.md).
+AUTO = "auto"
+DEFAULT_PROCESSES = AUTO
 PAIRS_PER_PROCESS = 4
 # How long a side may take from its start to its first word (importing torch, collecting).
 CONNECT_TIMEOUT_S = 600.0
@@ -103,13 +115,14 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
     )
     ab.add_argument(
         "--processes",
-        type=checked(values.integer(1, 9)),
+        type=checked(_processes),
         default=DEFAULT_PROCESSES,
-        metavar="N",
+        metavar="N|auto",
         help="measure every case in N process pairs, one pair after the other, each side "
-        "in a fresh process each time, and test each case on the processes, not the trials "
-        f"(default {DEFAULT_PROCESSES}): a process has an offset of its own that its pairs "
-        "cannot cancel",
+        "in a fresh process each time, and test each case on the processes, not the trials: "
+        "a process has an offset of its own that its pairs cannot cancel (default auto: a "
+        "second process pair where the first shows processes differing beyond their pairs' "
+        "noise, else only for the cases whose verdict such an offset could change)",
     )
     ab.add_argument(
         "--confirm",
@@ -133,6 +146,13 @@ def _arguments(ab: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also exit 1 when a case ran on one side only, or a gate is inconclusive",
     )
+
+
+def _processes(text: str) -> int | str:
+    """``--processes``: auto, or a whole number of process pairs from 1 to 9."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    return values.integer(1, 9)(text)
 
 
 @dataclass
@@ -212,7 +232,7 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
         )
     if args.report and not args.save:
         raise ConfigError("--report needs both sides saved: add --save NAME")
-    if args.confirm is not None and args.processes > 1:
+    if args.confirm is not None and args.processes != 1:
         raise ConfigError(
             f"--confirm works with --processes 1 only: with {args.processes} process pairs "
             "each case is tested on its processes, and a FAIL needs no confirming pass"
@@ -222,6 +242,8 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     if args.processes == 1:
         return _one_process_pair(args, storage, gates, seed)
+    if args.processes == AUTO:
+        return _auto_process_pairs(args, storage, gates, seed)
     passes = []
     for number in range(1, args.processes + 1):
         _say(f"process pair {number} of {args.processes}")
@@ -238,6 +260,45 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
             )
         )
     comparison = _compare_processes(passes, gates, args.confidence)
+    return _outcome(args, passes, comparison)
+
+
+def _auto_process_pairs(
+    args: argparse.Namespace, storage: Storage, gates: Sequence[Any], seed: int
+) -> Outcome:
+    """``--processes auto``: one process pair; then a second for every case where the
+    first shows processes differing beyond their pairs' noise, else for the cases whose
+    verdict such an offset could change; each case tested on the processes it has."""
+    _say("process pair 1 (a second where processes differ beyond their pairs' noise)")
+    first = _pass(args, storage, gates, seed, pair_limit=PAIRS_PER_PROCESS, count=True)
+    found = first_process_pair(
+        list(first.results[BASE].values()),
+        list(first.results[HEAD].values()),
+        _options(gates, args.confidence, 1),
+    )
+    plan = plan_processes(
+        {key: case for key, (_, case) in found.items()},
+        pass_level=min(args.confidence, PASS_LEVEL),
+        fail_alpha=1.0 - args.confidence,
+    )
+    _say(plan.line())
+    passes = [first]
+    second = {found[key][0] for key in plan.second}
+    if second:
+        again = [i for i in _paired_cases(first) if i in second]
+        _say(f"process pair 2: {len(again)} of {len(_paired_cases(first))} case(s)")
+        passes.append(
+            _pass(
+                args,
+                storage,
+                gates,
+                seed + 1,
+                only=again,
+                prefix="p2-",
+                pair_limit=PAIRS_PER_PROCESS,
+            )
+        )
+    comparison = _compare_processes(passes, gates, args.confidence, plan.offset_variance)
     return _outcome(args, passes, comparison)
 
 
@@ -329,7 +390,12 @@ def _pass(
     return coordinator
 
 
-def _options(gates: Sequence[Any], confidence: float, processes: int = 0) -> CompareOptions:
+def _options(
+    gates: Sequence[Any],
+    confidence: float,
+    processes: int = 0,
+    offset: float | None = None,
+) -> CompareOptions:
     return CompareOptions(
         gates=gates,
         confidence=confidence,
@@ -338,6 +404,7 @@ def _options(gates: Sequence[Any], confidence: float, processes: int = 0) -> Com
         normalize=False,
         paired=True,
         processes=processes,
+        process_offset=offset,
     )
 
 
@@ -352,12 +419,17 @@ def _compare(coordinator: Coordinator, gates: Sequence[Any], confidence: float) 
 
 
 def _compare_processes(
-    passes: Sequence[Coordinator], gates: Sequence[Any], confidence: float
+    passes: Sequence[Coordinator],
+    gates: Sequence[Any],
+    confidence: float,
+    offset: float | None = None,
 ) -> Comparison:
     """Several process pairs, each case tested on its process pairs' means (each a mean
-    of its pairs of trials), paired process by process (``sessions.paired_rounds``)."""
+    of its pairs of trials), paired process by process (``sessions.paired_rounds``).
+    ``offset``: the processes' offset variance the first process pair measured, allowed
+    for in the cases measured in it alone (``--processes auto``)."""
     sides = [_by_process(passes, side) for side in SIDES]
-    comparison = compare_cases(*sides, _options(gates, confidence, len(passes)))
+    comparison = compare_cases(*sides, _options(gates, confidence, len(passes), offset))
     return _undecided(comparison, set().union(*(p.too_wide() for p in passes)))
 
 
