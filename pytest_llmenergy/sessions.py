@@ -417,9 +417,11 @@ DIFFER_LEVEL = 0.90
 # A case this many standard deviations (its own noise and the offsets) from the cases'
 # median is taken as changed and left out of the spreads.
 CHANGED_SDS = 4.0
-# A case fails on one process pair only where even an offset at the upper 95 % bound of
-# the estimate could not explain it, at Bonferroni's level over the cases.
-OFFSET_BOUND_LEVEL = 0.95
+# A case fails on one process pair only where even an offset at the upper 99 % bound of
+# the estimate could not explain it, at Bonferroni's level over the cases (at 95 %, and
+# with the ratio as read, simulated A/A runs with 5.7 % offsets beside 7 % noise per
+# process pair failed 4 unchanged cases in 40 runs on one process pair).
+OFFSET_BOUND_LEVEL = 0.99
 
 
 @dataclass(frozen=True)
@@ -500,10 +502,11 @@ def plan_processes(
     spreads over the cases, read robustly (median absolute deviation: a few truly
     changed cases move the median, not the spread), give the offsets' variance.  Where
     it is significant every case gets a second process pair; where not, only the cases
-    whose verdict a typical offset could change: not those that pass even allowing it
-    (their upper bound at the stopping rule's pass level below the gate), nor those
-    that fail even allowing its upper bound (one-sided at ``fail_alpha`` over the
-    number of cases)."""
+    whose verdict a typical offset could change: not those that two process pairs could
+    not fail even allowing it (their upper bound at ``pass_level`` below the gate and
+    below what two process pairs could find significant at ``fail_alpha``), nor those
+    that fail even allowing its upper bound (one-sided at ``fail_alpha`` over the number
+    of cases)."""
     keys = sorted(k for k, c in cases.items() if c.half_contrast() is not None)
     spread, noise = _spreads([cases[k] for k in keys])
     # a changed case far outside what its own noise and the offsets allow is set apart
@@ -534,15 +537,29 @@ def plan_processes(
             frozenset(),
             m,
         )
-    bound = ratio * math.exp(_NORMAL.inv_cdf(OFFSET_BOUND_LEVEL) * SPREAD_RATIO_SD / math.sqrt(m))
+    # the upper bound from a ratio no lower than 1: a spread that reads below the noise
+    # by chance says nothing about how small the offsets are
+    bound = max(ratio, 1.0) * math.exp(
+        _NORMAL.inv_cdf(OFFSET_BOUND_LEVEL) * SPREAD_RATIO_SD / math.sqrt(m)
+    )
     offset_hi = noise * noise * max(0.0, bound * bound - 1.0)
+    # the largest offset this run cannot rule out (at the decision's level): what a
+    # case must pass allowing for
+    upper = max(ratio, 1.0) * critical
+    offset_allow = noise * noise * max(0.0, upper * upper - 1.0)
     z_pass = _NORMAL.inv_cdf(pass_level)
+    z_lenient = _NORMAL.inv_cdf(1.0 - fail_alpha)
     z_fail = _NORMAL.inv_cdf(1.0 - fail_alpha / max(1, len(cases)))
     second, fails = set(), set()
     for key, case in cases.items():
-        upper = case.centre + z_pass * math.sqrt(case.variance + offset_var)
-        if upper < case.threshold:
-            continue  # passes even with a typical offset
+        one = case.variance + offset_allow  # a process pair's variance, offset included
+        # two process pairs fail a case only where their mean is beyond the gate and
+        # significant: at best (the correction's most lenient rank) fail_alpha, one-sided
+        bar = max(case.threshold, z_lenient * math.sqrt(one / 2.0))
+        # the second could read at most its upper bound plus its noise's: their mean,
+        # the first's upper bound
+        if case.centre + z_pass * math.sqrt(one) < bar:
+            continue  # two process pairs could not fail it, allowing a typical offset
         se_hi = math.sqrt(case.variance + offset_hi)
         if case.centre > case.threshold and case.centre > z_fail * se_hi:
             fails.add(key)
