@@ -152,7 +152,12 @@ def _processes(text: str) -> int | str:
     """``--processes``: auto, or a whole number of process pairs from 1 to 9."""
     if text.strip().lower() == AUTO:
         return AUTO
-    return values.integer(1, 9)(text)
+    try:
+        return values.integer(1, 9)(text)
+    except ConfigError:
+        raise ConfigError(
+            f"expected auto or a whole number from 1 to 9, got {text[:40]!r}"
+        ) from None
 
 
 @dataclass
@@ -234,7 +239,7 @@ def _run(args: argparse.Namespace, storage: Storage) -> Outcome:
         raise ConfigError("--report needs both sides saved: add --save NAME")
     if args.confirm is not None and args.processes != 1:
         raise ConfigError(
-            f"--confirm works with --processes 1 only: with {args.processes} process pairs "
+            f"--confirm works with --processes 1 only: with --processes {args.processes} "
             "each case is tested on its processes, and a FAIL needs no confirming pass"
         )
     _sides(args, storage, "")  # a bad argument says so before anything runs
