@@ -463,7 +463,8 @@ class ProcessPlan:
     critical: float
     second: frozenset[str]  # the cases measured in a second process pair
     clear_fails: frozenset[str]  # failed on one process pair, whatever the offset
-    cases: int
+    cases: int  # read for the spreads
+    apart: int = 0  # set apart as changed
 
     @property
     def offset_variance(self) -> float:
@@ -471,10 +472,14 @@ class ProcessPlan:
 
     def line(self) -> str:
         """What the run measured and what it chose, for the log."""
-        measured = (
+        apart = f", {self.apart} more set apart as changed" if self.apart else ""
+        offset = (
             f"{math.expm1(self.offset):.1%} beyond the pairs' noise of "
-            f"{math.expm1(self.noise):.1%} per case (spread ratio {self.ratio:.2f}, "
-            f"{self.critical:.2f} would show a difference; {self.cases} cases)"
+            f"{math.expm1(self.noise):.1%} per case"
+        )
+        detail = (
+            f"spread ratio {self.ratio:.2f}, {self.critical:.2f} would show a difference; "
+            f"{self.cases} cases{apart}"
         )
         if self.cases < 3:
             return (
@@ -482,11 +487,12 @@ class ProcessPlan:
                 "their pairs' noise: a second process pair"
             )
         if self.differ:
-            return f"processes differ by {measured}: a second process pair"
+            return f"processes differ by {offset} ({detail}): a second process pair"
         if not self.second:
-            return f"processes hardly differ ({measured}): one process pair"
+            return f"processes hardly differ ({offset}; {detail}): one process pair"
         return (
-            f"processes hardly differ ({measured}): one process pair, and a second for the "
+            f"processes hardly differ ({offset}; {detail}): one process pair, and a second "
+            f"for the "
             f"{len(self.second)} case(s) whose verdict a process's offset could change"
         )
 
@@ -518,7 +524,9 @@ def plan_processes(
         for k in keys
         if abs(cases[k].centre - middle) <= CHANGED_SDS * math.sqrt(cases[k].variance + offset_var)
     ]
+    apart = 0
     if len(usual) >= 3 and len(usual) < len(keys):
+        apart = len(keys) - len(usual)
         keys = usual
         spread, noise = _spreads([cases[k] for k in keys])
     m = len(keys)
@@ -536,6 +544,7 @@ def plan_processes(
             frozenset(cases),
             frozenset(),
             m,
+            apart,
         )
     # the upper bound from a ratio no lower than 1: a spread that reads below the noise
     # by chance says nothing about how small the offsets are
@@ -574,6 +583,7 @@ def plan_processes(
         frozenset(second),
         frozenset(fails),
         m,
+        apart,
     )
 
 
