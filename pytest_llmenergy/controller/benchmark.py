@@ -718,7 +718,10 @@ class EnergyBenchmark:
     def _show(self, state: _CaseTrials, step: _Step, decision: StopDecision) -> None:
         """The live status after a trial (``-v``), with why it is repeated."""
         if self._progress is not None:
-            self._progress(progress_line(self.options, len(state.kept), decision) + step.note())
+            repeated = len(state.disturbed)
+            so_far = f" [{repeated} trial(s) repeated so far]" if repeated else ""
+            line = progress_line(self.options, len(state.kept), decision)
+            self._progress(line + (step.note() or so_far))
 
     # -- after the trials ----------------------------------------------------------------
     def _out_of_memory(self, target: _Target, state: _CaseTrials) -> NoReturn:

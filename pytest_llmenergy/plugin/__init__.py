@@ -30,12 +30,9 @@ through its typed stash key (``config.stash[KEEPER]``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -54,6 +51,8 @@ from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginSettings, add_options, check_outputs, marker_help, read_options
 from .pairing import PAIRED_SIDE, PairedSide
+from .progress import LiveStatus as LiveStatus
+from .progress import progress_writer
 from .reporting import HTML_REPORTING, HtmlReporting
 from .serving import SERVING, Serving, attribute_server, check_settings
 from .showing import CASE_RESULTS, CaseResults
@@ -402,76 +401,6 @@ def energy_meter(pytestconfig: pytest.Config) -> Iterator[Meter]:
     yield meter
 
 
-def _progress_writer(request: pytest.FixtureRequest) -> Callable[[str], None] | None:
-    """With ``-v``, each trial's line goes straight to the terminal, past output capture.
-    Without it, on an interactive terminal, a case running for a while shows its trials
-    after its dot, erased when it ends; a log (not a terminal) gets nothing extra."""
-    config = request.config
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:
-        return None
-    uncaptured = (
-        capture.global_and_fixture_disabled if capture is not None else contextlib.nullcontext
-    )
-    if config.get_verbosity() < 1:
-        with uncaptured():  # under capture, the output is a file, not the terminal
-            interactive = _interactive(reporter)
-        if not interactive:
-            return None
-        tw = reporter._tw
-        # what is left of the terminal's line, so the status never wraps (and can be erased)
-        return LiveStatus(uncaptured, room=lambda: tw.fullwidth - tw.width_of_current_line - 1)
-    name = request.node.name
-
-    def write(line: str) -> None:
-        if line:  # an empty line means the case is done
-            with uncaptured():
-                reporter.write_line(f"    {name}: {line}")
-
-    return write
-
-
-def _interactive(reporter: pytest.TerminalReporter) -> bool:
-    file = getattr(reporter._tw, "_file", None)  # the terminal pytest writes to
-    isatty = getattr(file, "isatty", None)
-    return bool(isatty and isatty() and os.environ.get("TERM") != "dumb")
-
-
-class LiveStatus:
-    """The latest trial's line, written after the test's dot and erased (backspaces, so
-    the terminal reporter's own line is left as it was); shown once a case has run for
-    ``after_s``, so short cases never flicker."""
-
-    def __init__(
-        self,
-        uncaptured: Callable[[], contextlib.AbstractContextManager[object]],
-        after_s: float = 2.0,
-        room: Callable[[], int] = lambda: 60,
-    ) -> None:
-        self._uncaptured = uncaptured
-        self._room = room
-        self._start = time.monotonic()
-        self._after_s = after_s
-        self._shown = 0
-
-    def __call__(self, line: str) -> None:
-        if not line:
-            self._show("")
-        elif time.monotonic() - self._start >= self._after_s:
-            text, room = f" {line}", max(self._room(), 2)
-            self._show(text if len(text) <= room else text[: room - 1] + "…")
-
-    def _show(self, text: str) -> None:
-        if not text and not self._shown:
-            return
-        erase = "\b" * self._shown + " " * self._shown + "\b" * self._shown
-        with self._uncaptured():
-            sys.stdout.write(erase + text)
-            sys.stdout.flush()
-        self._shown = len(text)
-
-
 @pytest.fixture
 def energy_gpu_setting(request: pytest.FixtureRequest) -> GpuSetting | None:
     """The case's GPU setting (``--energy-gpu-power-limits``, ``--energy-gpu-clocks``),
@@ -498,7 +427,7 @@ def energy_benchmark(
         name=node.name,
         labels=labels,
         on_result=config.stash[CASE_RESULTS].add,
-        progress=_progress_writer(request),
+        progress=progress_writer(request, controller),
         background=(
             config.stash[METERING].background if controller.max_background is not None else None
         ),
