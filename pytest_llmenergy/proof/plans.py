@@ -63,6 +63,9 @@ H100 = Plan(
     gate_output_tokens=16,
     work_model="tiny-llama",
     caps_s={"suite": 110.0, "settings": 60.0, "gate": 420.0, "work": 40.0},
+    # one process pair: on a GPU counter the processes hardly differ, and a second pair
+    # would double the campaign (24 cases x 2 sides x 3-4 pairs of 3 s windows)
+    ab_args=("--processes", "1", "--confirm", "off"),
     suite_files=("benchmarks/test_output_tokens.py",),
 )
 
