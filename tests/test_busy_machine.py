@@ -27,7 +27,7 @@ from pytest_llmenergy.compare import (
     unlike_meters,
     verdict_line,
 )
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
 from pytest_llmenergy.plugin.showing import busy_line
@@ -136,11 +136,9 @@ def run_case(shares: list[float], **options: Any) -> CaseResult:
     bench = EnergyBenchmark(
         TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
         ControllerSettings(**{"rule": "research", "warmup": 0, **options}),
-        nodeid="t.py::test_case[x]",
-        name="test_case[x]",
-        labels={},
-        on_result=results.append,
-        background=ScriptedBackground(shares),  # type: ignore[arg-type]
+        CaseIdentity("t.py::test_case[x]", "test_case[x]", {}),
+        results.append,
+        CaseFeatures(background=ScriptedBackground(shares)),
     )
     return bench(time.sleep, 0.002, input_tokens=8, output_tokens=4)
 
@@ -151,11 +149,9 @@ def test_the_check_reads_the_machine_once_per_trial() -> None:
     bench = EnergyBenchmark(
         TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
         ControllerSettings(min_trials=4, max_trials=4, warmup=1),
-        nodeid="t",
-        name="t",
-        labels={},
-        on_result=lambda r: None,
-        background=background,  # type: ignore[arg-type]
+        CaseIdentity("t", "t", {}),
+        lambda r: None,
+        CaseFeatures(background=background),
     )
     assert len(bench(time.sleep, 0.002, input_tokens=8, output_tokens=4).trials) == 4
     assert background.t_s == 1 + 1 + 4  # before the warm-up, before trial 1, each trial's end

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.figures import FIGURES, resolved
 from pytest_llmenergy.meters import open_meter
@@ -157,10 +157,8 @@ def test_a_window_shorter_than_the_averaging_period_is_flagged(
         bench = EnergyBenchmark(
             meter,
             ControllerSettings(rule="research", warmup=0, min_trials=2, max_trials=2),
-            nodeid="t.py::test_q[x]",
-            name="test_q[x]",
-            labels={},
-            on_result=results.append,
+            CaseIdentity("t.py::test_q[x]", "test_q[x]", {}),
+            results.append,
         )
         case = bench(time.sleep, 0.3, input_tokens=8, output_tokens=8)
     assert not resolved(FIGURES["energy_j"], case)  # 0.3 s < 2 x 1 s: marked, never gated

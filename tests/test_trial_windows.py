@@ -14,7 +14,7 @@ import pytest
 
 from pytest_llmenergy import mark_phase
 from pytest_llmenergy.controller import window as window_mod
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.controller.targets import CITarget
 from pytest_llmenergy.controller.window import (
@@ -70,10 +70,8 @@ def bench_for(meter: Any, **options: Any) -> tuple[EnergyBenchmark, list[CaseRes
     bench = EnergyBenchmark(
         meter,
         ControllerSettings(**options),
-        nodeid="t.py::test_w[x]",
-        name="test_w[x]",
-        labels={"model": "m"},
-        on_result=results.append,
+        CaseIdentity("t.py::test_w[x]", "test_w[x]", {"model": "m"}),
+        results.append,
     )
     return bench, results
 

@@ -296,6 +296,47 @@ class _Outcome:
     paused: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class CaseIdentity:
+    """Which case a benchmark measures: its pytest node id, name and labels (model,
+    tokens, the axes) as the run file keeps them."""
+
+    nodeid: str
+    name: str
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseFeatures:
+    """What the session's features lend a case, each filling in its own field (None, or
+    the default: the feature is not in use).  A new feature adds a field here and fills
+    it in where the fixture builds this, not another parameter of the benchmark."""
+
+    # each trial's live line (``plugin/progress.py``)
+    progress: Callable[[str], None] | None = None
+    # the rest of the machine's CPU use around each trial: a busy trial is repeated
+    background: BackgroundCpu | None = None
+    # held from the warm-up to the last trial (xdist workers sharing one meter)
+    exclusive: Callable[[], AbstractContextManager[None]] | None = None
+    # the GPUs' clock, temperature and throttle reasons around every trial; a throttled
+    # trial is kept, left out and repeated, like a disturbed one
+    trial_probe: TrialProbe | None = None
+    # --energy-profile-ops: one more run after the trials, outside every window
+    op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None
+    # --energy-count-work: the work counted in the first warm-up call, unmeasured;
+    # without a warm-up, in one more run after the trials when ``count_after_trials``
+    work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None
+    count_after_trials: bool = True
+    # --energy-interleave: the case's visits so far
+    visits: CaseVisits | None = None
+    # llmenergy ab: the other session measures between this one's trials
+    pacer: Pacer | None = None
+    # --energy-thermal-tolerance: waits for the GPUs to cool before the warm-up
+    settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None
+    # the session's gCO2e and price per kWh (the co2_g and cost figures' factors)
+    conversions: Mapping[str, float] | None = None
+
+
 class EnergyBenchmark:
     """Call it once per test: ``energy_benchmark(fn, *args, input_tokens=, output_tokens=)``."""
 
@@ -303,53 +344,31 @@ class EnergyBenchmark:
         self,
         meter: Meter,
         options: ControllerSettings,
-        *,
-        nodeid: str,
-        name: str,
-        labels: Mapping[str, str],
+        case: CaseIdentity,
         on_result: Callable[[CaseResult], None],
-        progress: Callable[[str], None] | None = None,
-        background: BackgroundCpu | None = None,
-        exclusive: Callable[[], AbstractContextManager[None]] | None = None,
-        trial_probe: TrialProbe | None = None,
-        op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
-        work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None,
-        count_after_trials: bool = True,
-        visits: CaseVisits | None = None,
-        pacer: Pacer | None = None,
-        settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None,
-        conversions: Mapping[str, float] | None = None,
+        features: CaseFeatures | None = None,
     ) -> None:
+        f = features or CaseFeatures()
+        visits = f.visits
         self.visits = visits
-        # the session's gCO2e and price per kWh: the co2_g and cost figures' factors, for
-        # a CI target on them, the case's result and a paired run's gates
-        self.conversions = dict(conversions or {})
-        # waits for the GPUs to cool before the warm-up (--energy-thermal-tolerance)
-        self.settle = settle
+        self.conversions = dict(f.conversions or {})
+        self.settle = f.settle
         self._thermal: ThermalWait | None = None
-        # a paired run's turns: the other session measures between this one's trials
-        self.pacer = pacer
-        # --energy-profile-ops: one more run after the trials, outside every window
-        self.op_profiler = op_profiler
-        # --energy-count-work: the case's work counted in its first warm-up call, unmeasured;
-        # without a warm-up, in one more run after the trials where that may be (asked
-        # for explicitly: by default a case runs exactly warm-up + trials times)
-        self.work_counter = work_counter
-        self.count_after_trials = count_after_trials
+        self.pacer = f.pacer
+        self.op_profiler = f.op_profiler
+        self.work_counter = f.work_counter
+        self.count_after_trials = f.count_after_trials
         self.meter = meter
-        # the GPUs' clock, temperature and throttle reasons around every trial; a trial
-        # throttled by heat or a power brake is kept, left out and repeated, like a
-        # disturbed one
-        self.trial_probe = trial_probe
-        self.background = background  # None: trials are not checked for a busy machine
+        self.trial_probe = f.trial_probe
+        self.background = f.background  # None: trials are not checked for a busy machine
         # held from the warm-up to the last trial: other processes sharing the meter wait
-        self._exclusive = exclusive or contextlib.nullcontext
+        self._exclusive = f.exclusive or contextlib.nullcontext
         self.options = options
-        self.nodeid = nodeid
-        self.name = name
-        self.labels = dict(labels)
+        self.nodeid = case.nodeid
+        self.name = case.name
+        self.labels = dict(case.labels)
         self._on_result = on_result
-        self._progress = progress
+        self._progress = f.progress
         self.result: CaseResult | None = None
         self.calls = 0  # how often the target ran, warm-up included
         # The reference workload's time before the trials, once per visit: the machine's

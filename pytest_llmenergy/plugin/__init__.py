@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..controller.benchmark import EnergyBenchmark
+from ..controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
@@ -423,25 +423,25 @@ def energy_benchmark(
     return EnergyBenchmark(
         energy_meter,
         controller,
-        nodeid=node.nodeid,
-        name=node.name,
-        labels=labels,
-        on_result=config.stash[CASE_RESULTS].add,
-        progress=progress_writer(request, controller),
-        background=(
-            config.stash[METERING].background if controller.max_background is not None else None
+        CaseIdentity(node.nodeid, node.name, labels),
+        config.stash[CASE_RESULTS].add,
+        CaseFeatures(
+            progress=progress_writer(request, controller),
+            background=(
+                config.stash[METERING].background if controller.max_background is not None else None
+            ),
+            exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
+            trial_probe=gpu.probe() if gpu is not None else None,
+            op_profiler=_op_profiler(config, labels),
+            work_counter=_work_counter(config),
+            count_after_trials=_counts_after_trials(config),
+            visits=interleaving.visits_for(node) if interleaving is not None else None,
+            pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
+            if PAIRED_SIDE in config.stash
+            else None,
+            settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
+            conversions=config.stash[CASE_RESULTS].settings.conversions,
         ),
-        exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
-        trial_probe=gpu.probe() if gpu is not None else None,
-        op_profiler=_op_profiler(config, labels),
-        work_counter=_work_counter(config),
-        count_after_trials=_counts_after_trials(config),
-        visits=interleaving.visits_for(node) if interleaving is not None else None,
-        pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
-        if PAIRED_SIDE in config.stash
-        else None,
-        settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
-        conversions=config.stash[CASE_RESULTS].settings.conversions,
     )
 
 
