@@ -274,6 +274,26 @@ def _meter_checks(
     samples: Sequence[meter_probe.Sample],
     idle_s: float,
 ) -> None:
+    """What the recording says of the counter, the power fields and the windows."""
+    _period_checks(proof, a, resolution_s, samples)
+    _power_field_checks(proof, a)
+    _integral_checks(proof, a)
+    _min_time_check(proof, a)
+    proof.notes.setdefault("meter", []).append(
+        f"idle stretch {idle_s:.1f} s; windows of 1-1.5 lengths cut from one recording, "
+        "one every 0.618 lengths; "
+        "counter/instant-1: the counter's joules against the trapezoid integral of the "
+        "instantaneous field on the same window"
+    )
+
+
+def _period_checks(
+    proof: Proof,
+    a: meter_probe.Analysis,
+    resolution_s: float | None,
+    samples: Sequence[meter_probe.Sample],
+) -> None:
+    """The counter's update period as recorded, and the meter's resolution beside it."""
     period = a.counter_period_s
     n = len(samples)
     proof.add(
@@ -302,6 +322,10 @@ def _meter_checks(
             ),
         )
     )
+
+
+def _power_field_checks(proof: Proof, a: meter_probe.Analysis) -> None:
+    """The averaged power reading's window, and whether the instant field is there."""
     window = a.average_window_s
     proof.add(
         Check(
@@ -321,6 +345,10 @@ def _meter_checks(
             "read" if a.instant else "not supported",
         )
     )
+
+
+def _integral_checks(proof: Proof, a: meter_probe.Analysis) -> None:
+    """The counter against the instantaneous integral on the longest windows."""
     longest = max((s.length_s for s in a.spreads), default=0.0)
     for phase in ("idle", "load"):
         rows = [s for s in a.spreads if s.phase == phase and s.length_s == longest]
@@ -339,6 +367,10 @@ def _meter_checks(
                 f"within {meter_probe.TRUST:.0%} passes",
             )
         )
+
+
+def _min_time_check(proof: Proof, a: meter_probe.Analysis) -> None:
+    """A window as long as the default rule's minimum measured time, against its target."""
     trusted = a.smallest_trusted_s()
     rule = RULES["default"]
     min_time = rule.min_time_s
@@ -361,12 +393,6 @@ def _meter_checks(
             f"{meter_probe.TRUST:.0%} (p95) from "
             + ("none of the lengths tried" if trusted is None else f"{trusted:g} s"),
         )
-    )
-    proof.notes.setdefault("meter", []).append(
-        f"idle stretch {idle_s:.1f} s; windows of 1-1.5 lengths cut from one recording, "
-        "one every 0.618 lengths; "
-        "counter/instant-1: the counter's joules against the trapezoid integral of the "
-        "instantaneous field on the same window"
     )
 
 
