@@ -205,8 +205,9 @@ class OpWork:
     calls: int
     flops: float
     bytes: int  # inputs + outputs of each call: an upper bound of memory traffic
-    # Some of ``flops`` comes from the project's estimate, where torch has no formula
-    # (the fused CPU attention kernel), or is missing where its formula refused the shapes.
+    # Some of ``flops`` is a guess: an attention mask the count could not read, an
+    # attention kernel run outside any attention call, or a torch formula that refused
+    # the shapes (its FLOPs are missing).
     estimated: bool = False
 
 

@@ -21,7 +21,7 @@ from pytest_llmenergy.meters import open_meter
 from pytest_llmenergy.meters.nvml import AVERAGED_POWER_S
 from pytest_llmenergy.proof.checks import FAIL, NOT_RUN, PASS, Check, Proof, markdown
 from pytest_llmenergy.proof.meter_probe import Sample, analyse, integral_between
-from pytest_llmenergy.proof.stages import STAGES, _ab_rows, resolution_agrees
+from pytest_llmenergy.proof.stages import STAGES, _ab_rows, resolution_agrees, work_verdict
 from tests.fakes.fake_pynvml import install_fake_pynvml
 from tests.fakes.hopper import COUNTER_PERIOD_S, CpuLoadTrace, make_h100
 from tests.fakes.trace import PowerTrace
@@ -194,6 +194,21 @@ def test_ab_rows_are_read_from_mixed_output() -> None:
     out = f"llmenergy ab: seed\n{table}\nllmenergy: done\n"
     assert _ab_rows(out) == [{"case": "t[m-in8]", "verdict": "ok"}]
     assert _ab_rows("no json here") == []
+
+
+def test_counted_work_passes_on_equal_flops_and_bytes_and_says_how_calls_differ() -> None:
+    """Each device runs its own attention kernels: calls may differ, the work may not."""
+    cpu = {"prefill flops": 1.168e7, "prefill bytes": 9e5, "prefill calls": 300.0}
+    cpu |= {"decode flops": 1.041e7, "decode bytes": 4e6, "decode calls": 2000.0}
+    cuda = cpu | {"prefill calls": 302.0, "decode calls": 2031.0}
+    assert work_verdict(("cuda", "cpu"), cuda, cpu) == (
+        PASS,
+        "operator calls on cuda against cpu: prefill +2, decode +31",
+    )
+    assert work_verdict(("cuda", "cpu"), cpu, cpu) == (PASS, "operator calls equal")
+    verdict, detail = work_verdict(("cuda", "cpu"), cuda | {"prefill flops": 1.272e7}, cpu)
+    assert verdict == FAIL and detail.startswith("differs: prefill flops 1.272e+07 vs 1.168e+07;")
+    assert detail.endswith("prefill +2, decode +31")
 
 
 # -- the command, as a user runs it -----------------------------------------------------------

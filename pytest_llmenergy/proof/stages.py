@@ -823,14 +823,14 @@ def work_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, 
                   "no CUDA here: the CPU's count alone, nothing to hold it against")
         )  # fmt: skip
         return
-    same = counts[0] == counts[1]
+    verdict, detail = work_verdict(devices, counts[0], counts[1])
     proof.add(
         Check(
             "work",
-            f"counted work of {plan.work_model} equal on {' and '.join(devices)}",
-            PASS if same else FAIL,
+            f"counted work of {plan.work_model} equal on {' and '.join(devices)} (FLOPs, bytes)",
+            verdict,
             flops,
-            "" if same else f"differs: {_differences(counts[0], counts[1])}",
+            detail,
         )
     )
 
@@ -841,6 +841,24 @@ def _work_totals(work: Any) -> dict[str, float]:
         for phase in ("prefill", "decode")
         for attr in ("flops", "bytes", "calls")
     }
+
+
+def work_verdict(
+    devices: Sequence[str], a: dict[str, float], b: dict[str, float]
+) -> tuple[str, str]:
+    """FLOPs and bytes must be equal on both devices; operator calls may differ (each
+    device runs its own kernels for one attention call): the detail says by how many."""
+    work = {k: v for k, v in a.items() if not k.endswith("calls")}
+    calls = [k for k in a if k.endswith("calls")]
+    moved = ", ".join(f"{k.split()[0]} {a[k] - b[k]:+.0f}" for k in calls if a[k] != b.get(k))
+    said = (
+        f"operator calls on {devices[0]} against {devices[1]}: {moved}"
+        if moved
+        else "operator calls equal"
+    )
+    if all(v == b.get(k) for k, v in work.items()):
+        return PASS, said
+    return FAIL, f"differs: {_differences(work, b)}; {said}"
 
 
 def _differences(a: dict[str, float], b: dict[str, float]) -> str:
