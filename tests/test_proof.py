@@ -156,12 +156,17 @@ def test_a_window_shorter_than_the_averaging_period_is_flagged(
         assert any("1 s average" in note for note in meter.notes)
         bench = EnergyBenchmark(
             meter,
-            ControllerSettings(rule="research", warmup=0, min_trials=2, max_trials=2),
+            # 2 s measured at most: windows of 1 s (calls until 1 s), shorter than the
+            # 2 x 1 s the averaged reading resolves
+            ControllerSettings(
+                rule="research", warmup=0, min_trials=2, max_trials=2, max_time_s=2.0
+            ),
             CaseIdentity("t.py::test_q[x]", "test_q[x]", {}),
             results.append,
         )
         case = bench(time.sleep, 0.3, input_tokens=8, output_tokens=8)
-    assert not resolved(FIGURES["energy_j"], case)  # 0.3 s < 2 x 1 s: marked, never gated
+    assert all(t.passes == 4 for t in case.trials)  # 4 x 0.3 s: the first past 1 s
+    assert not resolved(FIGURES["energy_j"], case)  # 1.2 s < 2 x 1 s: marked, never gated
     assert not resolved(FIGURES["j_per_token"], case)
     assert resolved(FIGURES["time_s"], case)  # time is not the power reading's
 

@@ -377,7 +377,7 @@ class EnergyBenchmark:
         self._reference: list[float] = visits.reference if visits is not None else []
         # how many calls a trial's window holds (one, unless the meter is coarse), and
         # the random wait before a coarse meter's window opens
-        self._window = WindowPlan(window_target_s(meter.resolution_s, options.targets))
+        self._window = WindowPlan(window_target_s(meter.resolution_s, options))
         self._edge_delay = EdgeDelay(meter.resolution_s)
 
     def __call__(

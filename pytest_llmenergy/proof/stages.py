@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..conditions.isolation import OWN_ROOTS_ENV
-from ..controller.rule import RULES
+from ..controller.rule import RULES, ControllerSettings
 from ..controller.window import WINDOW_ERROR_SHARE, window_target_s
 from ..errors import MeterUnavailable
 from ..figures import value
@@ -260,7 +260,7 @@ def _meter_lengths(plan: Plan, resolution_s: float | None) -> list[float]:
     """The package meter's windows inside the load: the short ones, then one as long as
     the suite's trials where the load leaves room for it (the check reads the longest)."""
     lengths = [w for w in plan.windows_s if w <= plan.load_s / 4]
-    trial_s = window_target_s(resolution_s, RULES["default"].targets)
+    trial_s = window_target_s(resolution_s, ControllerSettings())
     room_s = plan.load_s - min(1.5, plan.load_s / 3) - sum(lengths)
     if trial_s and trial_s <= room_s:
         lengths.append(trial_s)
@@ -400,7 +400,7 @@ def _trial_window_check(proof: Proof, a: meter_probe.Analysis, resolution_s: flo
     """The counter on windows as long as the suite's trials (controller/window.py):
     its p95 error at most what the window's length promises, one refresh's share."""
     targets = RULES["default"].targets
-    window_s = window_target_s(resolution_s, targets)
+    window_s = window_target_s(resolution_s, ControllerSettings())
     promise = WINDOW_ERROR_SHARE * next(t.value for t in targets if t.metric == "energy_j")
     # the recording's windows nearest the trials' length (the meter times its
     # resolution, a little over the counter's period on a busy machine)
