@@ -26,7 +26,7 @@ from typing import Any
 
 from ..conditions.isolation import OWN_ROOTS_ENV
 from ..controller.rule import RULES, ControllerSettings
-from ..controller.window import WINDOW_ERROR_SHARE, window_target_s
+from ..controller.window import window_target_s
 from ..errors import MeterUnavailable
 from ..figures import value
 from ..meters.base import duration_text
@@ -397,21 +397,10 @@ def _min_time_check(proof: Proof, a: meter_probe.Analysis) -> None:
 
 
 def _trial_window_check(proof: Proof, a: meter_probe.Analysis, resolution_s: float | None) -> None:
-    """The counter on windows as long as the suite's trials (controller/window.py):
-    its p95 error at most what the window's length promises, one refresh's share."""
-    targets = RULES["default"].targets
+    """The counter against the integral on windows as long as the suite's trials
+    (controller/window.py), within the proof's trust like the other windows; the share
+    one refresh may take of such a window is said beside it."""
     window_s = window_target_s(resolution_s, ControllerSettings())
-    promise = WINDOW_ERROR_SHARE * next(t.value for t in targets if t.metric == "energy_j")
-    # the recording's windows nearest the trials' length (the meter times its
-    # resolution, a little over the counter's period on a busy machine)
-    rows = [
-        s
-        for s in a.spreads
-        if 0.75 * window_s <= s.length_s <= 1.5 * window_s and s.vs_instant_p95 is not None
-    ]
-    shortest = min(rows, key=lambda s: abs(s.length_s - window_s), default=None)
-    at = [s.vs_instant_p95 for s in rows if shortest and s.length_s == shortest.length_s]
-    worst = max((p for p in at if p is not None), default=None)
     if not window_s:
         proof.add(
             Check(
@@ -424,16 +413,29 @@ def _trial_window_check(proof: Proof, a: meter_probe.Analysis, resolution_s: flo
             )
         )
         return
+    # the recording's windows nearest the trials' length (the meter times its
+    # resolution, a little over the counter's period on a busy machine)
+    near = [
+        s
+        for s in a.spreads
+        if 0.75 * window_s <= s.length_s <= 1.5 * window_s and s.vs_instant_p95 is not None
+    ]
+    nearest = min(near, key=lambda s: abs(s.length_s - window_s), default=None)
+    worst = max(
+        (s.vs_instant_p95 for s in near if nearest and s.length_s == nearest.length_s),
+        default=None,
+    )
+    one_refresh = (resolution_s or 0.0) / window_s
     proof.add(
         Check(
             "meter",
             f"counter vs integral on the trials' windows ({window_s:.3g} s)",
-            NOT_RUN if worst is None else PASS if worst <= promise else FAIL,
+            NOT_RUN if worst is None else PASS if worst <= meter_probe.TRUST else FAIL,
             "—"
-            if worst is None or shortest is None
-            else f"{worst:.1%} p95 at {shortest.length_s:g} s windows",
-            f"a trial's window holds calls until it lasts {window_s:.3g} s, where one "
-            f"refresh is {promise:.1%} of it: the error it may have",
+            if worst is None or nearest is None
+            else f"{worst:.1%} p95 at {nearest.length_s:g} s windows",
+            f"within {meter_probe.TRUST:.0%} passes; a trial's window holds calls until it "
+            f"lasts {window_s:.3g} s, of which one counter refresh is {one_refresh:.1%}",
         )
     )
 
