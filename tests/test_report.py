@@ -471,6 +471,25 @@ def test_a_case_short_of_the_minimum_time_has_its_own_mark_and_one_note() -> Non
     assert HELD_LEGEND not in every.legend  # only ✓< in the table: ✓ is not explained
 
 
+def test_a_narrow_terminal_leaves_out_the_legend_of_the_columns_it_left_out() -> None:
+    """Issue 54: the legend explained the ✓< of a trials column the terminal had left out."""
+    short = make_case("test_x[short]", seconds=[0.028] * 25)
+    (table,) = case_tables([short], group_by=())
+    assert SHORT_LEGEND in table.legend and table.legend_keys[table.legend.index(SHORT_LEGEND)]
+    wide = render([table], width=200)
+    assert SHORT_LEGEND in wide
+    trials = table.keys.index("trials")
+    narrow_width = next(
+        w for w in range(120, 20, -1) if "trials" not in render([table], width=w).splitlines()[1]
+    )
+    narrow = render([table], width=narrow_width).replace("\n  ", " ")
+    left_out = next(line for line in narrow.splitlines() if line.startswith("columns left out"))
+    assert table.headers[trials] in left_out.split(": ", 1)[1].split(", ")
+    assert "\u2713<:" not in narrow
+    # the note on how short the case was stays: it needs no mark
+    assert "test_x[short]: stopped at the trial limit" in narrow
+
+
 def test_a_gated_figure_is_always_a_default_column() -> None:
     assert default_columns() == DEFAULT_COLUMNS
     assert default_columns(("ttft_s", "j_per_token")) == (*DEFAULT_COLUMNS, "ttft_s")
