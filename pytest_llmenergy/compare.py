@@ -1022,9 +1022,12 @@ def comparison_table(c: Comparison) -> Table:
     gated = bool(c.gates)
     keys = ["case", "metric", "baseline", "current", "change", "p_value", "significant"]
     headers = ["case", "figure", "baseline", "current", "change", "p", "significant"]
-    # a narrow terminal drops the means before the evidence a verdict rests on (p), and
-    # the current mean last of the two
-    priorities = [0, 0, 3, 2, 0, 0, 1]
+    # a narrow terminal keeps what a reader looks for first (the case, its means, the
+    # change and the verdict): it drops whether the change is significant (the verdict
+    # says so), then p, then the figure where every row has the same one (the gate
+    # names it), then the gate, and only then folds the case names
+    one_figure = len({d.metric for d in c.deltas}) <= 1
+    priorities = [0, 2 if one_figure else 0, 0, 0, 0, 3, 4]
     if gated:
         keys += ["threshold", "verdict"]
         headers += ["gate", "verdict"]
@@ -1056,7 +1059,7 @@ def comparison_table(c: Comparison) -> Table:
             shown += [gate, verdict]
         rows.append(tuple(raw))
         cells.append(tuple(shown))
-    notes = [
+    legend = (
         "p: sessions compared, not trials (the noise between sessions counted: "
         f"{evidence_text(c)})"
         + (
@@ -1065,8 +1068,9 @@ def comparison_table(c: Comparison) -> Table:
             f"({c.confidence:.0%} confidence)"
             if gated
             else f"; significant: p < {1 - c.confidence:.2g} ({c.confidence:.0%} confidence)"
-        )
-    ]
+        ),
+    )
+    notes = []
     if gated:
         notes.append(
             "a case fails only when it is worse by more than the gate and the change is significant"
@@ -1083,6 +1087,9 @@ def comparison_table(c: Comparison) -> Table:
         cells=tuple(cells),
         notes=tuple(notes),
         priorities=tuple(priorities),
+        legend=legend,
+        legend_keys=(("p_value", "significant"),),  # said only where p is shown
+        wraps=(("case", 16, 0),),
     )
 
 
@@ -1408,4 +1415,5 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         hidden=("nodeid",),  # in csv/json: tells apart same-named tests of two files
         priorities=tuple(priorities),
         legend=lineup.legend,
+        wraps=(("case", 16, 0),),  # folded only once in and out are left out
     )

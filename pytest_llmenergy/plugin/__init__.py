@@ -332,24 +332,35 @@ def _join_torchrun(config: pytest.Config, options: PluginSettings) -> Distribute
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    """A few lines by default (what measures, what the session was asked to do beyond
+    measuring, where the run goes); -v adds the details a newcomer need not read first:
+    each backend's status and the meter's notes, the idle power, the repetition rule,
+    the machine's speed, the counted work."""
     stash = config.stash
     if METERING not in stash:
         return []
+    detailed = config.option.verbose > 0
     lines = [
-        *stash[METERING].header(),
+        *stash[METERING].header(detailed),
         *xdist_header(config, stash[METERING].meter),
         *stash[CASE_RESULTS].header(),
-        *stash[CASE_PLAN].header(),
+        *(stash[CASE_PLAN].header() if detailed else []),
         *(stash[INTERLEAVING].header() if INTERLEAVING in stash else []),
         *(stash[PAIRED_SIDE].header() if PAIRED_SIDE in stash else []),
-        *stash[KEEPER].header(),
+        *stash[KEEPER].header(detailed),
         *(stash[GPU_TUNING].header() if GPU_TUNING in stash else []),
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
         *(stash[SERVING].header() if SERVING in stash else []),
         *_profiling_header(config),
-        *_counting_header(config),
+        *(_counting_header(config) if detailed else []),
     ]
+    if not detailed and lines:
+        lines.append(DETAILS_HINT)
     return header_lines(config, lines)
+
+
+# the default header's last line: where the rest went
+DETAILS_HINT = "-v adds each backend's status, the meter's notes and the repetition rule"
 
 
 def _profiling_header(config: pytest.Config) -> list[str]:

@@ -238,7 +238,7 @@ class CasePlan:
                 f"cases in random order, seed {seed} (repeat with --energy-seed={seed}; "
                 "--energy-shuffle=off keeps the file order)"
             )
-        if config.pluginmanager.hasplugin("randomly"):
+        if config.pluginmanager.hasplugin("randomly") and config.option.verbose > 0:
             lines.append(
                 "pytest-randomly is installed: it orders the other tests; the energy "
                 "benchmark cases run in this plugin's order, "

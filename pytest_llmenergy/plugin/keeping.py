@@ -129,13 +129,15 @@ class Keeper:
         if self.active:
             self._open()
 
-    def header(self) -> list[str]:
+    def header(self, detailed: bool = True) -> list[str]:
+        """Where the run goes and what it is compared with; ``detailed`` (-v) adds the
+        machine's speed."""
         lines = []
         if self.recorder is not None:
             lines.append(f"saving this run to {', '.join(str(p) for p in self.recorder.paths)}")
         if self.baseline is not None:
             lines.append(f"comparing with {self.baseline.path}")
-        if self.reference_start_s is not None:
+        if self.reference_start_s is not None and detailed:
             lines.append(
                 f"machine speed: a reference workload takes {self.reference_start_s * 1e3:.1f}"
                 " ms of CPU (a difference from the baseline's beyond the reference's own noise "

@@ -107,11 +107,15 @@ class Metering:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.open()
 
-    def header(self) -> list[str]:
-        """The session header's lines about the meter (the plugin orders the features')."""
+    def header(self, detailed: bool = True) -> list[str]:
+        """The session header's lines about the meter (the plugin orders the features'):
+        what measures; ``detailed`` (-v) adds the meter's notes (each backend's status)
+        and the idle power."""
         if self.meter is None:
             return []
         lines = [f"backend {self.settings.backend} -> {self.meter.describe()}"]
+        if not detailed:
+            return lines
         lines += [f"  {note}" for note in self.meter.notes]
         if self.meter.idle_power_w:
             idle = ", ".join(f"{d} {w:.2f} W" for d, w in self.meter.idle_power_w.items())
