@@ -105,6 +105,7 @@ UNSTABLE = "rejected: no steady window (ML.ENERGY's rules)"
 # with an edge of its window unsampled (meters/validity.py): shown, never gated.
 INVALID_TELEMETRY = "invalid telemetry"
 OTHER_MODEL = "another model config"
+OTHER_EXECUTION = "another execution"  # eager against compiled (--llm-execution)
 # A paired run's FAIL that fresh processes of both sides did not repeat (llmenergy ab).
 UNCONFIRMED = "not confirmed"
 # A paired run's case whose own pairs still spanned several gates when its limit came: it
@@ -151,6 +152,9 @@ class Delta:
     # The two runs' cases ran models of the same name but another config (see
     # llm.loader.config_hash): shown, never gated.
     other_model: bool = False
+    # The two cases' models generated otherwise: eager against compiled (the case label
+    # ``execution``, absent: eager), which changes time and energy by design.
+    other_execution: bool = False
     # The session-level test behind p_value, and whether the worsening survived the
     # correction for many cases (Benjamini-Hochberg over the comparison's gated deltas).
     test: Test | None = None
@@ -212,7 +216,9 @@ class Delta:
     @property
     def failed(self) -> bool:
         if self.exact:  # the machine's business, speed or meter cannot move it
-            return self.exceeded and not (self.other_model or self.unconfirmed)
+            return self.exceeded and not (
+                self.other_model or self.other_execution or self.unconfirmed
+            )
         return (
             self.exceeded
             and self.significant
@@ -223,6 +229,7 @@ class Delta:
                 or self.invalid_telemetry
                 or self.drifted
                 or self.other_model
+                or self.other_execution
                 or self.unconfirmed
             )
         )
@@ -238,6 +245,8 @@ class Delta:
             return ""
         if self.other_model:
             return OTHER_MODEL
+        if self.other_execution:
+            return OTHER_EXECUTION
         if self.unresolved:
             return UNRESOLVED
         if self.unstable:
@@ -387,6 +396,11 @@ def _other_model(a: CaseResult, b: CaseResult) -> bool:
     """Both cases know their model's config hash, and the hashes differ."""
     ha, hb = a.labels.get("model_config"), b.labels.get("model_config")
     return bool(ha and hb and ha != hb)
+
+
+def _other_execution(a: CaseResult, b: CaseResult) -> bool:
+    """The two cases ran their models in another execution (eager when unlabelled)."""
+    return a.labels.get("execution", "eager") != b.labels.get("execution", "eager")
 
 
 def _exact(gate: Gate) -> bool:
@@ -958,6 +972,7 @@ def _delta(
         invalid_telemetry=bool(base.invalid_telemetry or case.invalid_telemetry),
         drift=o.drift if m.speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
         other_model=_other_model(base, case),
+        other_execution=_other_execution(base, case),
         test=test,
         discovered=correction.discovered,
         detectable=correction.detectable,
@@ -983,6 +998,7 @@ def _exact_delta(m: _Found, name: str, confidence: float) -> Delta:
         confidence=confidence,
         gate=gate,
         other_model=_other_model(m.base, m.case),
+        other_execution=_other_execution(m.base, m.case),
         detectable=(gate.threshold if gate.relative else 0.0) if gate is not None else math.nan,
         exact=True,
     )
@@ -1289,6 +1305,12 @@ def _verdict(c: Comparison) -> str:
     other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
     if other:
         extra += f"; {other} not gated: the model of that name has another config"
+    executions = sum(1 for d in c.deltas if d.verdict == OTHER_EXECUTION)
+    if executions:
+        extra += (
+            f"; {executions} not gated: the models ran in another execution (eager against "
+            "compiled, --llm-execution)"
+        )
     undecided = sorted({d.name for d in c.deltas if d.verdict == UNDECIDED})
     if undecided:
         extra += (

@@ -128,6 +128,8 @@ def run_sessions_now(
             sys.executable,
             "-m",
             "pytest",
+            # injected regressions run eager (llm/compiled.py): the unchanged sessions too
+            "--llm-execution=eager",
             *pytest_args,
             "-q",
             "-p",
@@ -204,6 +206,7 @@ def run_paired_now(
             "--confirm=off",
             *inject,
             "--",
+            "--llm-execution=eager",  # as the injected side runs (llm/compiled.py)
             *pytest_args,
             "-q",
             "-p",

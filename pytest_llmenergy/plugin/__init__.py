@@ -190,7 +190,12 @@ def _features(
     stash, manager = config.stash, config.pluginmanager
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(
-        config, options.controller, options.order, options.llm, options.report.conversions
+        config,
+        options.controller,
+        options.order,
+        options.llm,
+        options.report.conversions,
+        served=options.serve.active,
     )
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
     keeper = Keeper(
@@ -494,6 +499,7 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
         inject_regression=settings.inject_regression,
         inject_work=settings.inject_work,
         kv_cache=settings.kv_cache,
+        execution=pytestconfig.stash[CASE_PLAN].execution(),
     )
     yield pool
     pool.close()

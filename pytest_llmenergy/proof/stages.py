@@ -150,6 +150,9 @@ def pytest_cmd(plan: Plan, files: Sequence[str], *extra: str) -> list[str]:
         "--energy-backend=nvml",
         f"--llm-device={plan.device}",
         f"--llm-dtype={plan.dtype}",
+        # eager, as the proof's stages and caps were measured (compiled execution is
+        # another mode of the suite, with its own checks: docs/guides/gpu.md)
+        "--llm-execution=eager",
         *plan.extra_args,
         *extra,
     ]
@@ -694,6 +697,7 @@ def gate_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, 
         "--energy-backend=nvml",
         f"--llm-device={plan.device}",
         f"--llm-dtype={plan.dtype}",
+        "--llm-execution=eager",  # as pytest_cmd's; injected regressions run eager
         f"--llm-model={same}",
         f"--llm-model={changed}",
         f"--llm-input-tokens={','.join(map(str, plan.gate_input_tokens))}",
