@@ -570,6 +570,58 @@ def _mlenergy(proof: Proof, plan: Plan, cases: Sequence[Any]) -> None:
         )
 
 
+# -- stage 2b: compiled execution beside eager -----------------------------------------------
+def compiled_stage(
+    proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log
+) -> None:
+    """The suite's case at ``plan.compiled_batch`` again with ``--llm-execution=compiled``
+    (a static KV cache and CUDA graphs, compiled outside every window): its decode
+    J/output token beside eager's (the suite stage's) and ML.ENERGY's."""
+    batch = plan.compiled_batch
+    if batch is None:
+        proof.add(
+            Check(
+                "compiled",
+                "compiled execution beside eager",
+                NOT_RUN,
+                "not in this plan",
+                "inductor compiles a model for minutes on a CPU: a GPU plan runs it",
+            )
+        )
+        return
+    path = out / "compiled.json"
+    cmd = pytest_cmd(
+        plan,
+        plan.suite_files,
+        f"--llm-model={plan.model}",
+        f"--llm-input-tokens={plan.input_tokens}",
+        f"--llm-output-tokens={plan.output_tokens}",
+        f"--llm-batch-sizes={batch}",
+        f"--energy-max-time={plan.case_max_time_s:g}",
+        f"--energy-json={path}",
+        "--llm-execution=compiled",  # after pytest_cmd's eager: the last one holds
+    )
+    ran = run(cmd, work, budget.for_stage(plan.caps_s["compiled"]), log)
+    compiled = [c for c in _cases(path) if c.measured and c.queries == batch]
+    eager = [c for c in _cases(out / "suite.json") if c.measured and c.queries == batch]
+    ours = [value(c, "decode_j_per_out_token") for c in compiled]
+    theirs = [value(c, "decode_j_per_out_token") for c in eager]
+    figure = max((o for o in ours if o is not None), default=None)
+    before = max((o for o in theirs if o is not None), default=None)
+    mlenergy = MLENERGY_H100_8B.get(batch) if plan.model == "random-llama-3.1-8b" else None
+    proof.add(
+        Check(
+            "compiled",
+            f"compiled decode J/output token at batch {batch}",
+            PASS if figure is not None and all(c.converged for c in compiled) else FAIL,
+            _ended(ran) if figure is None else f"{figure:.3g} J",
+            (f"eager {before:.3g} J" if before is not None else "eager: not measured")
+            + (f"; ML.ENERGY {mlenergy} J" if mlenergy is not None else "")
+            + "; converged" * bool(compiled and all(c.converged for c in compiled)),
+        )
+    )
+
+
 def _cases(path: Path) -> list[Any]:
     try:
         return list(load(path).cases)
@@ -871,7 +923,7 @@ def _differences(a: dict[str, float], b: dict[str, float]) -> str:
     return ", ".join(f"{k} {a[k]:.4g} vs {b[k]:.4g}" for k in a if a[k] != b.get(k))
 
 
-STAGES = ("meter", "suite", "settings", "work", "gate")  # the longest last
+STAGES = ("meter", "suite", "compiled", "settings", "work", "gate")  # the longest last
 
 
 def run_stage(proof: Proof, name: str, budget: Budget, body: Callable[[], None], log: Log) -> None:
