@@ -25,8 +25,10 @@ from .sampling import PowerSampler, integrate_instant
 
 # Timing the counters' update period at open: every counter GPU is polled in turn in one
 # tight loop, which stops once each has shown this many updates, or after the cap (so
-# opening stays well under a second even with a 100 ms counter on every GPU).
-PERIOD_PROBE_MAX_S = 0.3
+# opening stays well under a second even with a 100 ms counter on every GPU; long enough
+# that a 100 ms counter shows four updates, so one poll delayed by a busy machine cannot
+# make the median interval)
+PERIOD_PROBE_MAX_S = 0.5
 PERIOD_PROBE_INTERVALS = 3
 
 

@@ -432,13 +432,13 @@ def _trial_window_check(proof: Proof, a: meter_probe.Analysis, resolution_s: flo
     proof.add(
         Check(
             "meter",
-            f"counter vs integral on the trials' windows ({window_s:.3g} s)",
+            f"counter vs integral on the trials' windows ({duration_text(window_s)})",
             NOT_RUN if worst is None else PASS if worst <= meter_probe.TRUST else FAIL,
             "—"
             if worst is None or nearest is None
             else f"{worst:.1%} p95 at {nearest.length_s:g} s windows",
             f"within {meter_probe.TRUST:.0%} passes; a trial's window holds calls until it "
-            f"lasts {window_s:.3g} s, of which one counter refresh is {one_refresh:.1%}",
+            f"lasts {duration_text(window_s)}, of which one counter refresh is {one_refresh:.1%}",
         )
     )
 
