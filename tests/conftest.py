@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +37,61 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             config.option.dist = "loadgroup"
 
 
+# The folder of the lock that ``serial`` tests hold alone (made on xdist's controller).
+SERIAL_DIR = pytest.StashKey[str]()
+SERIAL_KEY = "llmenergy_tests_serial_lock"
+
+
 @pytest.hookimpl(optionalhook=True, trylast=True)
 def pytest_configure_node(node: Any) -> None:
-    """This suite's own workers do not take turns.  The plugin makes xdist workers run one
-    test at a time where its meter sees the CPU (a worker's work would disturb another's
-    trials); this suite measures nothing in its own session (its tests start sessions of
-    their own, each with its own meter and lock), so the lock would only serialize it."""
+    """This suite's own workers do not take the plugin's turns, only ``serial`` tests'.
+
+    The plugin makes xdist workers run one test at a time where its meter sees the CPU (a
+    worker's work would disturb another's trials); this suite measures nothing in its own
+    session (its tests start sessions of their own, each with its own meter and lock), so
+    that lock would only serialize it."""
     node.workerinput.pop(LOCK_KEY, None)
+    stash = node.config.stash
+    if SERIAL_DIR not in stash:
+        stash[SERIAL_DIR] = tempfile.mkdtemp(prefix="llmenergy-tests-")
+    node.workerinput[SERIAL_KEY] = os.path.join(stash[SERIAL_DIR], "serial.lock")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if SERIAL_DIR in config.stash:
+        shutil.rmtree(config.stash[SERIAL_DIR], ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _turn(path: str, alone: bool) -> Iterator[None]:
+    """Run beside other workers' tests (a shared lock), or alone (an exclusive one).  A test
+    waiting to run alone holds the gate, so no new test starts meanwhile and it is not
+    starved by the others' shared locks."""
+    with open(path + ".gate", "a+b") as gate, open(path, "a+b") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Under xdist a test marked ``serial`` runs with no other test beside it (setup,
+    call and teardown): it loads the machine itself, or reads its figures off the
+    machine's load; every other test runs beside the other workers' tests."""
+    path = getattr(item.config, "workerinput", {}).get(SERIAL_KEY)
+    if path is None:
+        return (yield)
+    with _turn(path, alone=item.get_closest_marker("serial") is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
