@@ -329,6 +329,7 @@ def two_cpu_hogs() -> Iterator[None]:
             hog.wait()
 
 
+@pytest.mark.serial  # its hogs would slow every test beside it
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
 def test_two_cpu_hogs_are_detected_for_real(project: pytest.Pytester, two_cpu_hogs: None) -> None:
     cpus = os.cpu_count() or 1
@@ -379,6 +380,7 @@ def test_a_regression_the_machine_speed_could_explain_is_inconclusive() -> None:
     assert compare_cases(base, worse_20, CompareOptions(drift=0.0, **quiet)).failed
 
 
+@pytest.mark.serial  # its two sessions' speed readings, and trials' noise, as on a quiet machine
 def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytester) -> None:
     """A saved baseline whose reference workload ran 3x faster than this machine does now
     (beyond the reference's own noise): its cases look 30 % worse, which the machine's

@@ -229,6 +229,7 @@ def test_prefill_decode_split_on_a_counter_meter_is_exact() -> None:
         assert not hasattr(result, gone), gone
 
 
+@pytest.mark.serial  # a sampling thread's readings, timed
 def test_prefill_decode_split_on_a_sampled_meter(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Pascal GPU (no energy counter): the power samples are split at the first token."""
     trace = SwitchTrace(1.0)
