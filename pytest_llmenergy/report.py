@@ -106,6 +106,15 @@ def invalid_note(r: CaseResult, name: str) -> str:
     return f"{name}: invalid telemetry ({len(invalid)} of {len(r.trials)}), not gated: {reason}"
 
 
+def batch_note(r: CaseResult, name: str) -> str | None:
+    """One line where the server's running-requests gauge was set aside in some bursts
+    for the client's count (serving/steady.py): what the gauge read, what the batch is."""
+    noted = [t for t in r.trials if t.steady_batch_note]
+    if not noted:
+        return None
+    return f"{name}: {len(noted)} of {len(r.trials)} bursts: {noted[0].steady_batch_note}"
+
+
 def rejected_note(name: str, rejection: Rejection) -> str:
     """One line: why ML.ENERGY's rules reject the configuration (serving_rules.py)."""
     return f"{name}: rejected, not gated: {rejection.reason}"
@@ -375,6 +384,7 @@ def _build_table(
         rejected_note(names[r.nodeid], rejected[r.nodeid]) for r in results if r.nodeid in rejected
     ]
     notes += [invalid_note(r, names[r.nodeid]) for r in results if r.invalid_telemetry]
+    notes += [n for n in (batch_note(r, names[r.nodeid]) for r in results) if n is not None]
     return Table(
         title=title,
         keys=keys,

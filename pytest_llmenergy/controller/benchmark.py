@@ -136,13 +136,16 @@ class CaseVisits:
         return max(1, math.ceil(max_trials / self.count))
 
 
-def _steadiness(out: Any) -> tuple[int, str, float] | None:
+def _steadiness(out: Any) -> tuple[int, str, float, str] | None:
     """A server burst's steady window (``serving.target.Burst``): the tokens streamed in
-    it, why it is unstable and its mean batch; None for any other target's result."""
+    it, why it is unstable, its mean batch and what that batch rests on when the server's
+    gauge was set aside; None for any other target's result."""
     tokens, unstable = getattr(out, "steady_tokens", None), getattr(out, "unstable", None)
     batch = getattr(out, "steady_batch", 0.0)
+    note = getattr(out, "steady_batch_note", "")
     if isinstance(tokens, int) and isinstance(unstable, str):
-        return tokens, unstable, float(batch) if isinstance(batch, (int, float)) else 0.0
+        batch = float(batch) if isinstance(batch, (int, float)) else 0.0
+        return tokens, unstable, batch, note if isinstance(note, str) else ""
     return None
 
 
@@ -648,7 +651,7 @@ class EnergyBenchmark:
         if not rejected:
             for each in ran.outs:
                 n_in, n_out = self._check_tokens(each, n_in, n_out, target.queries)
-        steady_tokens, unstable, steady_batch = _steadiness(out) or (0, "", 0.0)
+        steady_tokens, unstable, steady_batch, batch_note = _steadiness(out) or (0, "", 0.0, "")
         trial = Trial.from_measurement(
             state.count + 1,
             measurement,
@@ -666,6 +669,7 @@ class EnergyBenchmark:
             steady_tokens=steady_tokens,
             unstable=unstable,
             steady_batch=steady_batch,
+            steady_batch_note=batch_note,
             visit=visit,
             rejected=rejected,
             telemetry=judge(measurement, self.options.max_sample_gap_s),

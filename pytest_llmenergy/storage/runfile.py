@@ -76,7 +76,9 @@ FORMAT = "pytest-llmenergy-run"
 #    "gave_up"; absent: it did not wait); a trial's "steady_tokens" (a server burst's
 #    output tokens streamed in its steady window, the phase "steady") and "unstable" (why
 #    the burst had no steady window worth measuring; absent: it had, or was no burst) and
-#    "steady_batch" (the window's mean batch, requests generating; absent: no window).
+#    "steady_batch" (the window's mean batch, requests generating; absent: no window) and
+#    "steady_batch_note" (why the server's running-requests gauge was set aside for the
+#    client's count: it disagreed with it; absent: the batch is the gauge's, or no gauge).
 #    a trial's gpu "neighbours" (other processes on the measured GPUs: "gpu", "pid", "name").
 #    a trial's "telemetry" (a sampling meter's window judged, meters/validity.Telemetry:
 #    "devices" and "read" lists of domains, "max_gap_s", "covered", "counter_vs_integral"
@@ -215,6 +217,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"steady_tokens": t.steady_tokens} if t.steady_tokens else {}),
         **({"unstable": t.unstable} if t.unstable else {}),
         **({"steady_batch": t.steady_batch} if t.steady_batch else {}),
+        **({"steady_batch_note": t.steady_batch_note} if t.steady_batch_note else {}),
         **({"telemetry": _telemetry_dict(t.telemetry)} if t.telemetry is not None else {}),
     }
 
@@ -651,6 +654,7 @@ def _trial(r: _Reader) -> Trial:
         steady_tokens=r.count("steady_tokens", optional=True) or 0,
         unstable=r.get("unstable", str, optional=True) or "",
         steady_batch=r.amount("steady_batch", optional=True) or 0.0,
+        steady_batch_note=r.get("steady_batch_note", str, optional=True) or "",
         telemetry=_telemetry(r.obj("telemetry", optional=True)),
     )
 
