@@ -447,7 +447,7 @@ CONTROLLER_OPTIONS = Section(
             "min_time_s",
             values.non_negative_seconds,
             "SECONDS",
-            "measured runtime a case needs before it may stop (within --energy-max-trials)",
+            "measured runtime a case needs before it may stop, within its trial limit",
             default_text="the rule's: "
             + ", ".join(f"{r.min_time_s:g} s for {r.name}" for r in RULES.values()),
         ),

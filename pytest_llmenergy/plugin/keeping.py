@@ -464,7 +464,8 @@ KEEP_OPTIONS = Section(
             parse_gates,
             "EXPR",
             "fail the session when a case regresses beyond a gate and significantly, e.g. "
-            f"{GATE_EXAMPLES} (any per-trial figure; repeatable; implies --energy-compare)",
+            f"{GATE_EXAMPLES} (any per-trial figure; repeatable; compares against the "
+            "baseline as --energy-compare does)",
             multiple=True,
         ),
         Option(

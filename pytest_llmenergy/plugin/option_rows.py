@@ -173,7 +173,8 @@ def add_options(parser: pytest.Parser, sections: Sequence[Section]) -> None:
             if option.const is not None:
                 kwargs.update(nargs="?", const=option.const)
             group.addoption(option.flag, **kwargs)
-            parser.addini(option.ini, help=f"{text} (= {option.flag})", default="")
+            # the flag's help says it all once: the ini key only points to it
+            parser.addini(option.ini, help=f"as {option.flag} (see its help)", default="")
 
 
 def _raw(config: pytest.Config, option: Option) -> tuple[str, str] | None:
