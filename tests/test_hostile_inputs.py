@@ -451,3 +451,41 @@ def test_a_routing_profile_of_subnormal_seconds_is_one_line(
         f"llmenergy: error: {profile}:2: seconds is 4.94066e-324; no measurement is that "
         "near zero (between 1e-30 and 1e+15)\n"
     )
+
+
+CTRL_C_IN_IMPORTS = """
+import sys
+
+class CtrlC:  # Ctrl-C lands while the command's modules are imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "pytest_llmenergy.cli":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, CtrlC())
+import runpy
+runpy.run_module("pytest_llmenergy", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_IMPORTS, "list"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130
+    assert done.stderr == "llmenergy: interrupted while starting; nothing was done\n"
+
+
+def test_the_package_imports_nothing_heavy_before_the_command_runs() -> None:
+    """What makes the window above short: ``import pytest_llmenergy`` and the entry point
+    leave pytest, numpy and the command's modules for later."""
+    code = (
+        "import sys, pytest_llmenergy.launch\n"
+        "heavy = {'pytest', 'numpy', 'pytest_llmenergy.cli', 'pytest_llmenergy.meters'}\n"
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "[]\n", done.stderr
