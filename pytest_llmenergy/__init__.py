@@ -87,17 +87,28 @@ _LAZY = {
 }
 # The 0.1 names, until 0.3.0.
 _RENAMED = {"MeterOptions": "MeterSettings", "ControllerOptions": "ControllerSettings"}
-_renamed = renamed_names("pytest_llmenergy", _RENAMED, globals())
+
+
+class _Names(dict):  # type: ignore[type-arg]
+    """The namespace the old names are read from: a public name is imported when asked."""
+
+    def __missing__(self, name: str) -> Any:
+        return _public(name)
+
+
+def _public(name: str) -> Any:
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+_old_name = renamed_names(__name__, _RENAMED, _Names(), stacklevel=3)
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    if name in _RENAMED:
-        __getattr__(_RENAMED[name])  # the new name, into the namespace the old one reads
-    return _renamed(name)
+        return _public(name)
+    return _old_name(name)  # warns, naming the code that used it; or AttributeError
 
 
 def __dir__() -> list[str]:
