@@ -232,6 +232,8 @@ def spoiled(draw: st.DrawFn, document: Any = RICH) -> str:
             parent[path[-1]]
         except (KeyError, IndexError, TypeError):
             continue  # an earlier change took this place away
+        if not isinstance(parent, dict | list):  # a value given twice is text now
+            continue
         how = draw(st.sampled_from(["replace", "remove", "twice"]))
         if how == "replace" or not isinstance(parent, dict):
             parent[path[-1]] = draw(SPOILERS)
