@@ -56,6 +56,7 @@ from .progress import progress_writer
 from .reporting import HTML_REPORTING, HtmlReporting
 from .serving import SERVING, Serving, attribute_server, check_settings
 from .showing import CASE_RESULTS, CaseResults
+from .stopping import SIGTERM_STOP, SigtermStop
 from .torchrun import DISTRIBUTED, Distributed
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
@@ -85,6 +86,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     XDIST_WORKER: ("profile-ops", "count-work", "xdist-worker", "metering", "cases"),
     TORCHRUN_RANK: ("profile-ops", "torchrun", "metering", "cases"),
     CONTROLLER: (
+        # first: its hooks run last, so it puts SIGTERM back after those installed over it
+        "sigterm",
         "profile-ops",
         "count-work",
         "xdist",
@@ -123,6 +126,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in ROLES[role]:
         if features.get(name) is not None:
             config.pluginmanager.register(features[name], f"llmenergy-{name}")
+    if SIGTERM_STOP in config.stash:  # once registered, so that unconfigure takes it back
+        config.stash[SIGTERM_STOP].install()
 
 
 def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed | None]:
@@ -263,6 +268,7 @@ def _features(
     if role != CONTROLLER:
         return features
     results.listeners.append(keeper.on_case)
+    features["sigterm"] = stash[SIGTERM_STOP] = SigtermStop()
     best = BestConfiguration(options.slo, results.results)
     features["best-configuration"] = stash[BEST_CONFIGURATION] = best
     if manager.hasplugin("xdist"):

@@ -46,7 +46,7 @@ from ..storage.store import (
     check_run_name,
 )
 from ..tables import render
-from .measuring import Metering, fail_session, header_lines
+from .measuring import Metering, fail_session, fail_writes, header_lines
 from .option_rows import Option, Section
 
 # What pytest's last line counts a failed gate as: ``2 passed, 1 energy gate failed``.
@@ -151,13 +151,12 @@ class Keeper:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         failed = self.finish(exitstatus)
-        save_failed = bool(self.export_errors) or (
-            self.recorder is not None and bool(self.recorder.errors)
+        unwritten = len(self.export_errors) + (
+            len(self.recorder.errors) if self.recorder is not None else 0
         )
         if failed:
             fail_session(session, self._gate_failure(), GATE_FAILED_OUTCOME)
-        if save_failed:
-            fail_session(session, "a file was not written; see above", "file not written")
+        fail_writes(session, unwritten)
 
     def _gate_failure(self) -> str:
         """The failed gate in a few words (the comparison above names every case)."""
@@ -274,7 +273,11 @@ class Keeper:
         """The latest *complete* run on this hardware: an interrupted, still running (or
         killed) or unreadable run is skipped, and the note says which."""
         skipped: list[str] = []
-        for stored in reversed(storage.runs(self.hardware)):
+        try:
+            stored_runs = storage.runs(self.hardware)
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--energy-compare: {exc}") from None
+        for stored in reversed(stored_runs):
             try:
                 run = load(stored.path)
             except RunFileError as exc:
@@ -296,7 +299,29 @@ class Keeper:
             self.baseline_note = f"baseline: skipped {', '.join(skipped)}{also}"
 
     def finish(self, exitstatus: int) -> bool:
-        """Compare, then write the run's last state; True when an energy gate failed."""
+        """Compare, then write the run's last state; True when an energy gate failed.
+        The exports and the run's last state are written even where the comparison
+        raised (a bug, a baseline it could not take): measured cases are never lost,
+        nor is the run left ``running``."""
+        failed = compared = False
+        try:
+            failed = self._compare()
+            compared = True
+        finally:
+            self._export()
+            if self.recorder is not None:
+                final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
+                if not compared:  # what pytest ends with: an internal error
+                    final = int(pytest.ExitCode.INTERNAL_ERROR)
+                self.recorder.finish(
+                    self.results,
+                    interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
+                    exit_status=final,
+                )
+        return failed
+
+    def _compare(self) -> bool:
+        """The comparison with the baseline; True when an energy gate failed."""
         failed = False
         # A gate is judged even when no case ran: a gate that compared nothing fails.
         if self.baseline is not None and (self.results or self.settings.gates):
@@ -322,14 +347,6 @@ class Keeper:
                 ),
             )
             failed = self.comparison.fails(self.settings.strict)
-        self._export()
-        if self.recorder is not None:
-            final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
-            self.recorder.finish(
-                self.results,
-                interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
-                exit_status=final,
-            )
         return failed
 
     def _history(self) -> dict[str, NoiseEstimate]:
@@ -340,9 +357,12 @@ class Keeper:
         if not self.settings.gates:
             return {}
         metrics = [g.metric for g in self.settings.gates]
-        noise, _ = stored_noise(
-            Storage(self.settings.storage), self.hardware, metrics, exclude=self.saved_paths
-        )
+        try:
+            noise, _ = stored_noise(
+                Storage(self.settings.storage), self.hardware, metrics, exclude=self.saved_paths
+            )
+        except ConfigError:  # no storage folder to learn from (a file there)
+            return {}
         return noise
 
     def _speed_drift(self) -> tuple[float, str]:
