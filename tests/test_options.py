@@ -145,5 +145,5 @@ def test_the_help_lists_at_most_80_option_lines_and_says_each_thing_once(
     lines = done.stdout.lines
     ours = [line for line in lines if re.match(r"^\s+--(energy|llm)-", line)]
     assert len(ours) <= 80, len(ours)
-    at = lines.index(next(line for line in lines if line.strip().startswith("llmenergy_backend")))
+    at = lines.index(next(line for line in lines if line.strip().startswith("llmenergy_backend (")))
     assert lines[at + 1].strip() == "as --energy-backend (see its help)"
