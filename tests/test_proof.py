@@ -252,6 +252,7 @@ def _proof(
     )
 
 
+@pytest.mark.serial  # the stand-in's power follows this process's CPU: no neighbour test
 def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_cache: Path) -> None:
     done = _proof(tmp_path, "--out", "out", "--plan", "smoke", cache=tiny_cache)
     out = tmp_path / "out"
@@ -291,6 +292,7 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     ]
 
 
+@pytest.mark.serial
 def test_the_whole_proof_passes_against_the_basic_stand_in(
     tmp_path: Path, tiny_cache: Path
 ) -> None:
