@@ -192,7 +192,7 @@ def _features(
 ) -> dict[str, object]:
     """Every feature this role runs, built from the resolved options and stashed under
     its key; ``ROLES`` says which of them are registered."""
-    stash, manager = config.stash, config.pluginmanager
+    stash = config.stash
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(
         config,
@@ -217,27 +217,7 @@ def _features(
     )
     stash[SERVING], stash[METERING], stash[CASE_PLAN] = serving, metering, plan
     stash[CASE_RESULTS], stash[KEEPER], stash[ROUTING] = results, keeper, routing
-    if options.gpu.sweeping and ranks is not None:  # every rank stops alike, before NVML is asked
-        raise pytest.UsageError(
-            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
-            "sweep one process, without torchrun"
-        )
-    if options.gpu.thermal_tolerance_c is not None and ranks is not None:
-        raise pytest.UsageError(
-            "--energy-thermal-tolerance does not run under torchrun yet: leave it out"
-        )
-    gpu = GpuTuning(
-        config,
-        options.gpu,
-        options.meter.gpus,
-        results.results,
-        options.route.lam,
-        options.route.plots_dir,
-        system=lambda: keeper.hardware,
-        backend=options.measure.backend,
-        attributed_pids=options.meter.attributed_pids,
-    )
-    stash[GPU_TUNING] = gpu
+    stash[GPU_TUNING] = gpu = _gpu_tuning(config, options, ranks, keeper, results)
     features: dict[str, object] = {
         "metering": metering,
         "cases": plan,
@@ -248,12 +228,59 @@ def _features(
         "serving": serving if options.serve.active else None,
         "torchrun": ranks,
     }
-    if options.measure.profile_ops:  # workers profile too: the profile travels with the case
+    features.update(_work_features(stash, options, ranks, results))
+    if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
+        side = WorkerSide(config, lambda: metering.meter)
+        features["xdist-worker"] = stash[WORKER_SIDE] = side
+        results.listeners.append(lambda cases: side.on_case(cases[-1]))
+    if role == CONTROLLER:
+        features.update(_controller_features(config, options, metering, results, keeper, routing))
+    return features
+
+
+def _gpu_tuning(
+    config: pytest.Config,
+    options: PluginSettings,
+    ranks: Distributed | None,
+    keeper: Keeper,
+    results: CaseResults,
+) -> GpuTuning:
+    """The GPU settings the session sweeps or holds; refused under torchrun where they
+    do not run there yet (every rank stops alike, before NVML is asked)."""
+    if options.gpu.sweeping and ranks is not None:
+        raise pytest.UsageError(
+            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
+            "sweep one process, without torchrun"
+        )
+    if options.gpu.thermal_tolerance_c is not None and ranks is not None:
+        raise pytest.UsageError(
+            "--energy-thermal-tolerance does not run under torchrun yet: leave it out"
+        )
+    return GpuTuning(
+        config,
+        options.gpu,
+        options.meter.gpus,
+        results.results,
+        options.route.lam,
+        options.route.plots_dir,
+        system=lambda: keeper.hardware,
+        backend=options.measure.backend,
+        attributed_pids=options.meter.attributed_pids,
+    )
+
+
+def _work_features(
+    stash: pytest.Stash, options: PluginSettings, ranks: Distributed | None, results: CaseResults
+) -> dict[str, object]:
+    """Profiling the ops and counting the work, where asked: on workers too (what they
+    find travels with the case)."""
+    features: dict[str, object] = {}
+    if options.measure.profile_ops:
         from ..predict.plugin import OP_PROFILING, OpProfiling
 
         features["profile-ops"] = stash[OP_PROFILING] = OpProfiling()
-    # counted on workers too (the work travels with the case); not a server's (it runs
-    # elsewhere); under torchrun every rank counts its own share and rank 0 keeps the job's
+    # not a server's work (it runs elsewhere); under torchrun every rank counts its own
+    # share and rank 0 keeps the job's
     if options.measure.count_work != "off" and not options.serve.active:
         from ..predict.plugin import WORK_COUNTING, WorkCounting
 
@@ -261,13 +288,21 @@ def _features(
         after = options.measure.count_work == "on"
         counting = WorkCounting(gather, lambda: results.results, after_trials=after)
         features["count-work"] = stash[WORK_COUNTING] = counting
-    if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
-        side = WorkerSide(config, lambda: metering.meter)
-        features["xdist-worker"] = stash[WORKER_SIDE] = side
-        results.listeners.append(lambda cases: side.on_case(cases[-1]))
-    if role != CONTROLLER:
-        return features
+    return features
+
+
+def _controller_features(
+    config: pytest.Config,
+    options: PluginSettings,
+    metering: Metering,
+    results: CaseResults,
+    keeper: Keeper,
+    routing: RoutingSection,
+) -> dict[str, object]:
+    """What only the controller runs: it keeps, shows and decides."""
+    stash, manager = config.stash, config.pluginmanager
     results.listeners.append(keeper.on_case)
+    features: dict[str, object] = {}
     features["sigterm"] = stash[SIGTERM_STOP] = SigtermStop()
     best = BestConfiguration(options.slo, results.results)
     features["best-configuration"] = stash[BEST_CONFIGURATION] = best
