@@ -106,6 +106,7 @@ UNSTABLE = "rejected: no steady window (ML.ENERGY's rules)"
 # with an edge of its window unsampled (meters/validity.py): shown, never gated.
 INVALID_TELEMETRY = "invalid telemetry"
 OTHER_MODEL = "another model config"
+OTHER_EXECUTION = "another execution"  # eager against compiled (--llm-execution)
 # A paired run's FAIL that fresh processes of both sides did not repeat (llmenergy ab).
 UNCONFIRMED = "not confirmed"
 # A paired run's case whose own pairs still spanned several gates when its limit came: it
@@ -152,6 +153,9 @@ class Delta:
     # The two runs' cases ran models of the same name but another config (see
     # llm.loader.config_hash): shown, never gated.
     other_model: bool = False
+    # The two cases' models generated otherwise: eager against compiled (the case label
+    # ``execution``, absent: eager), which changes time and energy by design.
+    other_execution: bool = False
     # The session-level test behind p_value, and whether the worsening survived the
     # correction for many cases (Benjamini-Hochberg over the comparison's gated deltas).
     test: Test | None = None
@@ -213,7 +217,9 @@ class Delta:
     @property
     def failed(self) -> bool:
         if self.exact:  # the machine's business, speed or meter cannot move it
-            return self.exceeded and not (self.other_model or self.unconfirmed)
+            return self.exceeded and not (
+                self.other_model or self.other_execution or self.unconfirmed
+            )
         return (
             self.exceeded
             and self.significant
@@ -224,6 +230,7 @@ class Delta:
                 or self.invalid_telemetry
                 or self.drifted
                 or self.other_model
+                or self.other_execution
                 or self.unconfirmed
             )
         )
@@ -239,6 +246,8 @@ class Delta:
             return ""
         if self.other_model:
             return OTHER_MODEL
+        if self.other_execution:
+            return OTHER_EXECUTION
         if self.unresolved:
             return UNRESOLVED
         if self.unstable:
@@ -388,6 +397,11 @@ def _other_model(a: CaseResult, b: CaseResult) -> bool:
     """Both cases know their model's config hash, and the hashes differ."""
     ha, hb = a.labels.get("model_config"), b.labels.get("model_config")
     return bool(ha and hb and ha != hb)
+
+
+def _other_execution(a: CaseResult, b: CaseResult) -> bool:
+    """The two cases ran their models in another execution (eager when unlabelled)."""
+    return a.labels.get("execution", "eager") != b.labels.get("execution", "eager")
 
 
 def _exact(gate: Gate) -> bool:
@@ -1009,6 +1023,7 @@ def _delta(
         invalid_telemetry=bool(base.invalid_telemetry or case.invalid_telemetry),
         drift=o.drift if m.speed == 1.0 else 0.0,  # a normalized figure has the speed taken out
         other_model=_other_model(base, case),
+        other_execution=_other_execution(base, case),
         test=test,
         discovered=correction.discovered,
         detectable=correction.detectable,
@@ -1034,6 +1049,7 @@ def _exact_delta(m: _Found, name: str, confidence: float) -> Delta:
         confidence=confidence,
         gate=gate,
         other_model=_other_model(m.base, m.case),
+        other_execution=_other_execution(m.base, m.case),
         detectable=(gate.threshold if gate.relative else 0.0) if gate is not None else math.nan,
         exact=True,
     )
@@ -1073,9 +1089,12 @@ def comparison_table(c: Comparison) -> Table:
     gated = bool(c.gates)
     keys = ["case", "metric", "baseline", "current", "change", "p_value", "significant"]
     headers = ["case", "figure", "baseline", "current", "change", "p", "significant"]
-    # a narrow terminal drops the means before the evidence a verdict rests on (p), and
-    # the current mean last of the two
-    priorities = [0, 0, 3, 2, 0, 0, 1]
+    # a narrow terminal keeps what a reader looks for first (the case, its means, the
+    # change and the verdict): it drops whether the change is significant (the verdict
+    # says so), then p, then the figure where every row has the same one (the gate
+    # names it), then the gate, and only then folds the case names
+    one_figure = len({d.metric for d in c.deltas}) <= 1
+    priorities = [0, 2 if one_figure else 0, 0, 0, 0, 3, 4]
     if gated:
         keys += ["threshold", "verdict"]
         headers += ["gate", "verdict"]
@@ -1107,7 +1126,7 @@ def comparison_table(c: Comparison) -> Table:
             shown += [gate, verdict]
         rows.append(tuple(raw))
         cells.append(tuple(shown))
-    notes = [
+    legend = (
         "p: sessions compared, not trials (the noise between sessions counted: "
         f"{evidence_text(c)})"
         + (
@@ -1116,8 +1135,9 @@ def comparison_table(c: Comparison) -> Table:
             f"({c.confidence:.0%} confidence)"
             if gated
             else f"; significant: p < {1 - c.confidence:.2g} ({c.confidence:.0%} confidence)"
-        )
-    ]
+        ),
+    )
+    notes = []
     if gated:
         notes.append(
             "a case fails only when it is worse by more than the gate and the change is significant"
@@ -1134,6 +1154,9 @@ def comparison_table(c: Comparison) -> Table:
         cells=tuple(cells),
         notes=tuple(notes),
         priorities=tuple(priorities),
+        legend=legend,
+        legend_keys=(("p_value", "significant"),),  # said only where p is shown
+        wraps=(("case", 16, 0),),
     )
 
 
@@ -1339,6 +1362,12 @@ def _verdict(c: Comparison) -> str:
     other = sum(1 for d in c.deltas if d.verdict == OTHER_MODEL)
     if other:
         extra += f"; {other} not gated: the model of that name has another config"
+    executions = sum(1 for d in c.deltas if d.verdict == OTHER_EXECUTION)
+    if executions:
+        extra += (
+            f"; {executions} not gated: the models ran in another execution (eager against "
+            "compiled, --llm-execution)"
+        )
     undecided = sorted({d.name for d in c.deltas if d.verdict == UNDECIDED})
     if undecided:
         extra += (
@@ -1465,4 +1494,5 @@ def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -
         hidden=("nodeid",),  # in csv/json: tells apart same-named tests of two files
         priorities=tuple(priorities),
         legend=lineup.legend,
+        wraps=(("case", 16, 0),),  # folded only once in and out are left out
     )

@@ -43,10 +43,12 @@ class MeterError(LLMEnergyError):
 
 
 def renamed_names(
-    module: str, renamed: dict[str, str], namespace: dict[str, object]
+    module: str, renamed: dict[str, str], namespace: dict[str, object], stacklevel: int = 2
 ) -> Callable[[str], object]:
     """A module ``__getattr__`` that still answers to names renamed in 0.2.0, with a
-    warning that says the new name: code written for 0.1 keeps importing until 0.3."""
+    warning that says the new name: code written for 0.1 keeps importing until 0.3.
+    ``stacklevel`` 3 where a module's own ``__getattr__`` calls it (the warning names the
+    code that used the old name)."""
     import warnings
 
     def __getattr__(name: str) -> object:
@@ -55,7 +57,7 @@ def renamed_names(
         warnings.warn(
             f"{module}.{name} was renamed {renamed[name]} in 0.2.0; the old name goes in 0.3.0",
             DeprecationWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
         return namespace[renamed[name]]
 

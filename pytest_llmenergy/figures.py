@@ -254,7 +254,10 @@ _COUNTED = (
     "counted in the case's warm-up run, unmeasured (on by default; --energy-count-work=off "
     "skips it): exact, the same in every session with the same code and library versions"
 )
-_FLOPS = "FLOPs by torch's formulas (the fused CPU attention kernel's: an estimate)"
+_FLOPS = (
+    "FLOPs by torch's formulas, attention's by its attended query-key pairs: the same on "
+    "every device and attention backend"
+)
 _BYTES = (
     "bytes of every operator's tensor inputs and outputs: an upper bound of memory "
     "traffic, not cache-aware"

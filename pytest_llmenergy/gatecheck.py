@@ -29,9 +29,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .compare import CompareOptions, Comparison, Gate, compare_cases, detectable
-from .errors import ConfigError
+from .errors import ConfigError, one_line
 from .history import run_sessions
 from .sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, noise_from_runs
 from .storage.pool import pool_runs
@@ -128,6 +129,8 @@ def run_sessions_now(
             sys.executable,
             "-m",
             "pytest",
+            # injected regressions run eager (llm/compiled.py): the unchanged sessions too
+            "--llm-execution=eager",
             *pytest_args,
             "-q",
             "-p",
@@ -204,6 +207,7 @@ def run_paired_now(
             "--confirm=off",
             *inject,
             "--",
+            "--llm-execution=eager",  # as the injected side runs (llm/compiled.py)
             *pytest_args,
             "-q",
             "-p",
@@ -241,40 +245,83 @@ def read_paired(folder: Path) -> list[PairedRun]:
     index = folder / _PAIRED_INDEX
     if not index.exists():
         return []
+    rows = _index_rows(index, "paired runs")
     try:
-        rows = json.loads(index.read_text())
         return [
             PairedRun(
-                str(r["label"]),
-                float(r["injected"]),
-                int(r["round"]),
-                load(folder / r["base"]),
-                load(folder / r["head"]),
-                float(r["seconds"]),
+                _field(index, i, r, "label", str),
+                _field(index, i, r, "injected", float),
+                _field(index, i, r, "round", int),
+                load(folder / _field(index, i, r, "base", Path)),
+                load(folder / _field(index, i, r, "head", Path)),
+                _field(index, i, r, "seconds", float),
             )
-            for r in rows
+            for i, r in enumerate(rows)
         ]
-    except (OSError, ValueError, KeyError, TypeError, RunFileError) as exc:
+    except RunFileError as exc:
         raise ConfigError(f"{index}: not a gatecheck folder's paired runs ({exc})") from None
 
 
 def read_sessions(folder: Path) -> list[Session]:
     """Sessions an earlier gatecheck ran (its --out folder), to judge them again."""
     index = folder / "sessions.json"
+    rows = _index_rows(index, "sessions")
+    sessions = [
+        Session(
+            _field(index, i, r, "label", str),
+            _field(index, i, r, "injected", float),
+            _field(index, i, r, "round", int),
+            load(folder / _field(index, i, r, "file", Path)),
+            _field(index, i, r, "seconds", float),
+        )
+        for i, r in enumerate(rows)
+    ]
+    for r in sorted({s.round for s in sessions}):
+        if not any(s.round == r and s.injected == 0 for s in sessions):
+            raise ConfigError(
+                f"{index}: round {r} has no session of unchanged code (injected 0) to judge "
+                f"the others against; {_RUN_AGAIN}"
+            )
+    return sessions
+
+
+_RUN_AGAIN = "run gatecheck again into a new --out folder, which writes it"
+
+
+def _index_rows(index: Path, what: str) -> list[dict[str, Any]]:
+    """The rows of an index gatecheck wrote: a list of objects, one per session."""
     try:
         rows = json.loads(index.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{index}: not a gatecheck folder ({exc})") from None
-    return [
-        Session(
-            r["label"],
-            float(r["injected"]),
-            int(r["round"]),
-            load(folder / r["file"]),
-            float(r["seconds"]),
-        )
-        for r in rows
-    ]
+    except (OSError, ValueError, RecursionError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"{index}: not a gatecheck folder ({one_line(str(why))})") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ConfigError(f"{index}: not a list of {what}, one object each; {_RUN_AGAIN}")
+    return rows
+
+
+def _field(index: Path, i: int, row: dict[str, Any], key: str, kind: type) -> Any:
+    """One field of an index's row, of its kind: a name, a share or time (a number, not
+    below 0), a round (1 or more), or a file inside the folder."""
+    value = row.get(key)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is float and number and math.isfinite(value) and value >= 0:
+        return float(value)
+    if kind is int and number and value == int(value) and value >= 1:
+        return int(value)
+    if kind is str and isinstance(value, str):
+        return value
+    inside = isinstance(value, str) and value and not Path(value).is_absolute()
+    if kind is Path and inside and ".." not in Path(value).parts:
+        return Path(value)
+    wanted = {
+        float: "a number, not below 0",
+        int: "a whole number, 1 or more",
+        str: "a string",
+        Path: "a file's path inside the folder",
+    }[kind]
+    what = "is missing" if key not in row else f"should be {wanted}, not {json.dumps(value)}"
+    raise ConfigError(one_line(f"{index}: [{i}].{key} {what}; {_RUN_AGAIN}"))
 
 
 def judge(

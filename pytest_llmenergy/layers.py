@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("suite",),  # the built-in benchmark suite, which benchmarks/ imports
     ("proof",),  # llmenergy proof: the suite, the meter and the gate on a real GPU
     ("cli",),  # the llmenergy command: its flags that mean a pytest option use that row
+    ("launch",),  # its entry point: Ctrl-C while the command's imports run
     ("__main__",),
 )
 

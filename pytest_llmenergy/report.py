@@ -45,10 +45,12 @@ ESTIMATED_NOTE = (
 ALL_CASES = "all cases"
 _STATUS_MARKS = {CONVERGED: " \u2713", LIMIT: " \u2717", ROUNDS: ""}
 SHORT_MARK = " \u2713<"  # converged, but at the trial limit short of the minimum time
-TRIALS_LEGEND = (
-    "trials: \u2713 the CI targets held (the precision was reached), \u2717 stopped at the "
-    "trial limit or time budget before they held (the notes say which target)"
+HELD_TEXT = "\u2713 the CI targets held (the precision was reached)"
+LIMIT_TEXT = (
+    "\u2717 stopped at the trial limit or time budget before they held (the notes say which target)"
 )
+TRIALS_LEGEND = f"trials: {HELD_TEXT}, {LIMIT_TEXT}"  # both marks in the table
+HELD_LEGEND = f"trials: {HELD_TEXT}"  # only the first
 SHORT_LEGEND = (
     "\u2713<: the CI targets held, but the case stopped at the trial limit with less than "
     "the minimum measured time (the notes say how much; --energy-max-trials raises the limit)"
@@ -102,6 +104,15 @@ def invalid_note(r: CaseResult, name: str) -> str:
     invalid = r.invalid_telemetry
     reason = invalid[0].telemetry.reason if invalid[0].telemetry is not None else ""
     return f"{name}: invalid telemetry ({len(invalid)} of {len(r.trials)}), not gated: {reason}"
+
+
+def batch_note(r: CaseResult, name: str) -> str | None:
+    """One line where the server's running-requests gauge was set aside in some bursts
+    for the client's count (serving/steady.py): what the gauge read, what the batch is."""
+    noted = [t for t in r.trials if t.steady_batch_note]
+    if not noted:
+        return None
+    return f"{name}: {len(noted)} of {len(r.trials)} bursts: {noted[0].steady_batch_note}"
 
 
 def rejected_note(name: str, rejection: Rejection) -> str:
@@ -230,9 +241,7 @@ def _sorted(results: list[CaseResult], sort: str) -> list[CaseResult]:
 def _note_for(r: CaseResult, name: str) -> str | None:
     if r.measured and r.status == LIMIT and r.reason:
         return f"{name}: \u2717 {r.reason}"
-    if r.measured and r.short_of_time:
-        return f"{name}:{SHORT_MARK} {short_reason(r)}"
-    if r.measured and r.status != OOM:
+    if r.measured and r.status != OOM:  # a short case: one note for all (short_note)
         return None
     if not r.reason and r.disturbed and len(r.rejected) == len(r.disturbed):
         return f"{name}: not measured: every trial was rejected: {r.rejected[0].rejected}"
@@ -241,16 +250,35 @@ def _note_for(r: CaseResult, name: str) -> str | None:
     return f"{name}: {r.reason or 'not measured'}"
 
 
-def short_reason(r: CaseResult) -> str:
-    """How far a short case fell below the minimum time, and the trial limit that would
-    have reached it at its pace."""
+def short_note(results: Sequence[CaseResult], names: Mapping[str, str]) -> str | None:
+    """One line for a table's short cases, however many: how far below the minimum time
+    they fell, and the trial limit that would have reached it for all of them (a line
+    per case repeated the same words on almost every row of a quick session's table)."""
+    short = [r for r in results if r.measured and r.short_of_time]
+    if not short:
+        return None
+    needed = max(_trials_needed(r) for r in short)
+    minimum = {r.options.min_time for r in short}
+    below = f"the {minimum.pop():g} s minimum" if len(minimum) == 1 else "their minimum time"
+    measured = sorted(r.measured_s for r in short)
+    if len(short) == 1:
+        fix = f"; --energy-max-trials={needed} would measure it" if needed else ""
+        return (
+            f"{names[short[0].nodeid]}: stopped at the trial limit with "
+            f"{measured[0]:.2g} s measured, below {below}{fix}"
+        )
+    fix = f"; --energy-max-trials={needed} would measure them all" if needed else ""
+    span = f"{measured[0]:.2g}-{measured[-1]:.2g}"
+    which = f"all {len(short)}" if len(short) == len(results) else f"{len(short)} of {len(results)}"
+    return f"{which} cases stopped at the trial limit with {span} s measured, below {below}{fix}"
+
+
+def _trials_needed(r: CaseResult) -> int:
+    """The trial limit that would have reached the minimum time at the case's pace (0:
+    more trials would not)."""
     per_trial_s = r.measured_s / len(r.trials)
     needed = math.ceil(r.options.min_time / per_trial_s) if per_trial_s > 0 else 0
-    fix = f"; --energy-max-trials={needed} would measure it" if needed > len(r.trials) else ""
-    return (
-        f"stopped at the trial limit with {r.measured_s:.2g} s measured, below the "
-        f"{r.options.min_time:g} s minimum: its intervals held on less time than asked{fix}"
-    )
+    return needed if needed > len(r.trials) else 0
 
 
 def busy_reason(r: CaseResult) -> str:
@@ -309,42 +337,54 @@ def _build_table(
         )
         for r in results
     )
-    legend: list[str] = []
-    with_ci = [FIGURES[k].label for k in shown if FIGURES[k].with_ci]
+    # each legend line with the columns whose marks it explains: a narrow terminal that
+    # leaves those columns out leaves the line out too
+    legend: list[tuple[str, tuple[str, ...]]] = []
+    with_ci = [k for k in shown if FIGURES[k].with_ci]
     if with_ci and results:
         level = results[0].options.confidence
-        legend.append(
-            f"{', '.join(with_ci)}: per query, mean ± half-width of the {level:.0%} "
-            "confidence interval"
+        labels = ", ".join(FIGURES[k].label for k in with_ci)
+        line = f"{labels}: per query, mean ± half-width of the {level:.0%} confidence interval"
+        legend.append((line, tuple(with_ci)))
+    trials = ("trials",) if "trials" in shown else ()
+    marks = [
+        text
+        for shown_mark, text in (
+            (any(r.status == CONVERGED and not r.short_of_time for r in results), HELD_TEXT),
+            (any(r.status == LIMIT for r in results), LIMIT_TEXT),
         )
-    if "trials" in shown and any(r.status in (CONVERGED, LIMIT) for r in results):
-        legend.append(TRIALS_LEGEND)
-    if "trials" in shown and any(r.short_of_time for r in results):
-        legend.append(SHORT_LEGEND)
-    if "trials" in shown and any(r.busy for r in results):
-        legend.append(BUSY_LEGEND)
-    if "trials" in shown and any(r.throttled for r in results):
-        legend.append(THROTTLED_LEGEND)
-    if "trials" in shown and any(r.rejected for r in results):
-        legend.append(REJECTED_LEGEND)
-    if "trials" in shown and any(r.unstable for r in results):
-        legend.append(UNSTABLE_LEGEND)
-    if "trials" in shown and any(r.invalid_telemetry for r in results):
-        legend.append(INVALID_LEGEND)
+        if shown_mark
+    ]
+    for wanted, line in (
+        (bool(marks), f"trials: {', '.join(marks)}"),
+        (any(r.short_of_time for r in results), SHORT_LEGEND),
+        (any(r.busy for r in results), BUSY_LEGEND),
+        (any(r.throttled for r in results), THROTTLED_LEGEND),
+        (any(r.rejected for r in results), REJECTED_LEGEND),
+        (any(r.unstable for r in results), UNSTABLE_LEGEND),
+        (any(r.invalid_telemetry for r in results), INVALID_LEGEND),
+    ):
+        if trials and wanted:
+            legend.append((line, trials))
+    unresolved = [k for k in shown if any(not resolved(FIGURES[k], r) for r in results)]
     coarse = [
         r.resolution_s
         for r in results
         if r.resolution_s is not None and not all(resolved(FIGURES[k], r) for k in shown)
     ]
     if coarse:
-        legend.append(unresolved_legend(max(coarse)))
-    if any(r.estimated for r in results) and any(FIGURES[k].energy for k in shown):
-        legend.append(ESTIMATED_NOTE)
+        legend.append((unresolved_legend(max(coarse)), tuple(unresolved)))
+    energy = tuple(k for k in shown if FIGURES[k].energy)
+    if any(r.estimated for r in results) and energy:
+        legend.append((ESTIMATED_NOTE, energy))
     notes = [n for n in (_note_for(r, names[r.nodeid]) for r in results) if n is not None]
+    short = short_note(results, names)
+    notes += [short] if short else []
     notes += [
         rejected_note(names[r.nodeid], rejected[r.nodeid]) for r in results if r.nodeid in rejected
     ]
     notes += [invalid_note(r, names[r.nodeid]) for r in results if r.invalid_telemetry]
+    notes += [n for n in (batch_note(r, names[r.nodeid]) for r in results) if n is not None]
     return Table(
         title=title,
         keys=keys,
@@ -355,7 +395,8 @@ def _build_table(
         hidden=(*hidden, _ESTIMATED_KEY, _NODEID_KEY),
         # a row's name, when shown, is what a narrow terminal keeps longest
         priorities=(*(0 if f.key == "name" else f.priority for f in figures), 0, 0),
-        legend=tuple(legend),
+        legend=tuple(line for line, _ in legend),
+        legend_keys=tuple(keys for _, keys in legend),
     )
 
 

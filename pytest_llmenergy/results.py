@@ -151,6 +151,9 @@ class Trial:
     # The steady window's mean batch: requests generating, averaged over its time (0: no
     # window).  ML.ENERGY rejects a batch size whose mean stays under 85 % of it.
     steady_batch: float = 0.0
+    # "": that batch is the server's running-requests gauge's (or the server has none);
+    # else how the gauge disagreed with the client's counts, so the batch is the client's.
+    steady_batch_note: str = ""
     # A sampling meter's telemetry of the window, judged (meters/validity.py): every
     # device read, no long hole, the edges covered.  None: the meter does not sample.
     telemetry: Telemetry | None = None
@@ -205,8 +208,9 @@ class OpWork:
     calls: int
     flops: float
     bytes: int  # inputs + outputs of each call: an upper bound of memory traffic
-    # Some of ``flops`` comes from the project's estimate, where torch has no formula
-    # (the fused CPU attention kernel), or is missing where its formula refused the shapes.
+    # Some of ``flops`` is a guess: an attention mask the count could not read, an
+    # attention kernel run outside any attention call, or a torch formula that refused
+    # the shapes (its FLOPs are missing).
     estimated: bool = False
 
 

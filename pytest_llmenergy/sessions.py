@@ -107,7 +107,8 @@ def side_sessions(
             return None
         logs.append(math.log(mean) - offsets.get(key, 0.0))
         var = statistics.variance(values) / len(values) if len(values) > 1 else 0.0
-        within.append(var / (mean * mean))
+        relative = math.sqrt(var) / mean  # not var / mean²: a tiny mean's square is 0
+        within.append(relative * relative)
     return SideSessions(tuple(logs), tuple(within)) if logs else None
 
 

@@ -15,8 +15,8 @@ import math
 import shutil
 import textwrap
 import unicodedata
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import tabulate as tabulate_module
 from tabulate import tabulate
@@ -37,8 +37,13 @@ class Table:
     ``hidden`` lists keys present in ``rows`` and ``cells`` that only csv and json output:
     machine identity or flags that would clutter a terminal.  ``priorities`` (one per key,
     empty: all 0) say which columns a narrow terminal loses first: the highest numbers;
-    priority 0 is never left out.  ``legend`` explains marks and short names, under the
-    table.
+    priority 0 is never left out.  ``wraps`` names text columns a narrow terminal folds
+    onto several lines instead, as (key, narrowest width, priority): at its priority,
+    before the columns of that priority are left out (prose that would push figures off
+    the terminal: priority 1 or more; a case name, which should stay whole while columns
+    can still go: 0).  ``legend`` explains marks and short names, under the table;
+    ``legend_keys`` (one per legend line, empty: all shown) names the columns whose marks
+    each line explains, so that a line about columns a narrow terminal left out goes too.
     """
 
     title: str
@@ -50,6 +55,8 @@ class Table:
     hidden: tuple[str, ...] = ()
     priorities: tuple[int, ...] = ()
     legend: tuple[str, ...] = ()
+    wraps: tuple[tuple[str, int, int], ...] = ()
+    legend_keys: tuple[tuple[str, ...], ...] = ()
 
     def priority(self, index: int) -> int:
         return self.priorities[index] if index < len(self.priorities) else 0
@@ -148,11 +155,20 @@ def _visible(
     return headers, cells, align
 
 
-def _body(table: Table, left_out: Sequence[int] = ()) -> str:
+def _body(
+    table: Table, left_out: Sequence[int] = (), folded: Mapping[int, int] | None = None
+) -> str:
     """tabulate pads every header by two characters; a column as wide as its widest cell
     or header is enough beside the two spaces between columns, and a narrow terminal
-    keeps another column for it."""
+    keeps another column for it.  ``folded`` maps a column's index to the width its cells
+    are folded to (``fold``)."""
     headers, cells, align = _visible(table, left_out)
+    if folded:
+        keep = [i for i, k in enumerate(table.keys) if k not in table.hidden and i not in left_out]
+        for at, index in enumerate(keep):
+            if index in folded:
+                for row in cells:
+                    row[at] = "\n".join(fold(row[at], folded[index]))
     padding = tabulate_module.MIN_PADDING
     tabulate_module.MIN_PADDING = 0
     try:
@@ -161,21 +177,120 @@ def _body(table: Table, left_out: Sequence[int] = ()) -> str:
         tabulate_module.MIN_PADDING = padding
 
 
+def _widest(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def _steps(table: Table) -> list[tuple[str, int, int]]:
+    """What a narrow terminal does, in order: ("fold", index, narrowest width) or
+    ("drop", index, 0); the highest priority first, folding before leaving out."""
+    index = {k: i for i, k in enumerate(table.keys) if k not in table.hidden}
+    steps: list[tuple[int, int, tuple[str, int, int]]] = []
+    for key, narrowest, priority in table.wraps:
+        if key in index:
+            i = index[key]
+            floor = max(narrowest, len(table.headers[i]))
+            steps.append((priority, 1, ("fold", i, floor)))
+    for key, i in index.items():
+        if table.priority(i) > 0 and key not in {w[0] for w in table.wraps}:
+            steps.append((table.priority(i), 0, ("drop", i, 0)))
+    steps.sort(key=lambda s: (-s[0], -s[1], -s[2][1]))
+    return [step for _, _, step in steps]
+
+
 def _narrowed(table: Table, width: int) -> tuple[str, list[int]]:
-    """The body without the fewest lowest-priority columns that make it fit ``width``;
+    """The body without the fewest lowest-priority columns that make it fit ``width``,
+    its text columns folded (``Table.wraps``) first where their priority says so;
     priority-0 columns stay even when the rest cannot make it fit."""
     left_out: list[int] = []
+    floors: dict[int, int] = {}  # folded columns: index -> narrowest width
     body = _body(table)
-    candidates = sorted(
-        (i for i, k in enumerate(table.keys) if k not in table.hidden and table.priority(i) > 0),
-        key=lambda i: (-table.priority(i), -i),
-    )
-    for index in candidates:
-        if max((len(line) for line in body.splitlines()), default=0) <= width:
+    for action, index, floor in _steps(table):
+        if _widest(body) <= width:
             break
-        left_out.append(index)
-        body = _body(table, left_out)
+        if action == "drop":
+            left_out.append(index)
+        else:
+            floors[index] = floor
+        body = _folded(table, left_out, floors, width)
     return body, sorted(left_out)
+
+
+def _folded(table: Table, left_out: Sequence[int], floors: Mapping[int, int], width: int) -> str:
+    """The body with its folded columns as wide as ``width`` leaves them (each at least
+    its floor): the widest folded column gives up a character at a time."""
+    body = _body(table, left_out)
+    if not floors:
+        return body
+    keep = [i for i, k in enumerate(table.keys) if k not in table.hidden and i not in left_out]
+    shown = [i for i in keep if i in floors]
+    widths = {i: _column_width(table, i) for i in shown}
+    excess = _widest(body) - width
+    while excess > 0:
+        wide = [i for i in shown if widths[i] > floors[i]]
+        if not wide:
+            break
+        i = max(wide, key=lambda j: (widths[j], -j))
+        widths[i] -= 1
+        excess -= 1
+    folded = {i: widths[i] for i in shown if widths[i] < _column_width(table, i)}
+    return _body(table, left_out, folded) if folded else body
+
+
+def _column_width(table: Table, index: int) -> int:
+    cells = [printable(row[index]) for row in table.cells]
+    return max([len(printable(table.headers[index])), *(len(c) for c in cells)])
+
+
+_BREAKS = frozenset("-_/[,:.=")  # where a word without spaces (a test id, a path) may break
+
+
+def fold(text: str, width: int) -> list[str]:
+    """A table cell in lines of at most ``width``: at spaces, a word too long for a line
+    after one of ``- _ / [ , : . =`` (a test id's parts, a path's), and only then
+    anywhere."""
+    if len(text) <= width:
+        return [text]
+    pieces: list[tuple[str, str]] = []  # (glue before, text)
+    for word in text.split():
+        glue = " "
+        for part in _parts(word, width):
+            pieces.append((glue, part))
+            glue = ""
+    lines: list[str] = []
+    line = ""
+    for glue, part in pieces:
+        if not line:
+            line = part
+        elif len(line) + len(glue) + len(part) <= width:
+            line += glue + part
+        else:
+            lines.append(line)
+            line = part
+    lines.append(line)
+    return lines
+
+
+def _parts(word: str, width: int) -> list[str]:
+    """A word as pieces no longer than ``width``, cut after break characters (joined
+    again where they fit)."""
+    if len(word) <= width:
+        return [word]
+    pieces, piece = [], ""
+    for c in word:
+        piece += c
+        if c in _BREAKS:
+            pieces.append(piece)
+            piece = ""
+    if piece:
+        pieces.append(piece)
+    out: list[str] = []
+    for piece in pieces:
+        while len(piece) > width:  # no break character within reach: cut
+            out.append(piece[:width])
+            piece = piece[width:]
+        out.append(piece)
+    return out
 
 
 def wrap(text: str, width: int | None, indent: str = "  ") -> list[str]:
@@ -203,13 +318,31 @@ def terminal_width(default: int = 100) -> int:
     return max(40, shutil.get_terminal_size((default, 24)).columns)
 
 
-def _render_text(table: Table, width: int | None = None, narrow_hint: str = "") -> str:
+def _fitted(table: Table, width: int | None) -> tuple[str, list[int], list[str]]:
+    """The body, the columns left out, and the legend lines about the columns shown."""
     if width is None:
-        body, left_out = _body(table), []
-    else:
-        body, left_out = _narrowed(table, width)
+        return _body(table), [], list(table.legend)
+    body, left_out = _narrowed(table, width)
+    gone = {table.keys[i] for i in left_out} | set(table.hidden)
+    legend = [
+        line
+        for n, line in enumerate(table.legend)
+        if n >= len(table.legend_keys)
+        or not table.legend_keys[n]
+        or not set(table.legend_keys[n]) <= gone
+    ]
+    return body, left_out, legend
+
+
+def _render_text(
+    table: Table,
+    width: int | None,
+    narrow_hint: str,
+    fitted: tuple[str, list[int], list[str]],
+) -> str:
+    body, left_out, legend = fitted
     lines = [*wrap(table.title, width), body]
-    extra = list(table.legend)
+    extra = list(legend)
     if left_out:
         names = ", ".join(table.headers[i] for i in left_out)
         note = f"columns left out to fit {width} characters: {names}"
@@ -303,16 +436,16 @@ def render(
 
 
 def _render_texts(tables: Sequence[Table], width: int | None, narrow_hint: str) -> str:
+    fitted = [_fitted(t, width) for t in tables]
+    shown = [legend for _, _, legend in fitted]
     shared = [
         line
-        for line in dict.fromkeys(line for t in tables for line in t.legend)
-        if sum(line in t.legend for t in tables) > 1
+        for line in dict.fromkeys(line for legend in shown for line in legend)
+        if sum(line in legend for legend in shown) > 1
     ]
     parts = [
-        _render_text(
-            replace(t, legend=tuple(x for x in t.legend if x not in shared)), width, narrow_hint
-        )
-        for t in tables
+        _render_text(t, width, narrow_hint, (body, gone, [x for x in legend if x not in shared]))
+        for t, (body, gone, legend) in zip(tables, fitted)
     ]
     text = "\n\n".join(parts)
     if shared:

@@ -27,7 +27,7 @@ from pytest_llmenergy.compare import (
     unlike_meters,
     verdict_line,
 )
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
 from pytest_llmenergy.plugin.showing import busy_line
@@ -136,11 +136,9 @@ def run_case(shares: list[float], **options: Any) -> CaseResult:
     bench = EnergyBenchmark(
         TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
         ControllerSettings(**{"rule": "research", "warmup": 0, **options}),
-        nodeid="t.py::test_case[x]",
-        name="test_case[x]",
-        labels={},
-        on_result=results.append,
-        background=ScriptedBackground(shares),  # type: ignore[arg-type]
+        CaseIdentity("t.py::test_case[x]", "test_case[x]", {}),
+        results.append,
+        CaseFeatures(background=ScriptedBackground(shares)),
     )
     return bench(time.sleep, 0.002, input_tokens=8, output_tokens=4)
 
@@ -151,11 +149,9 @@ def test_the_check_reads_the_machine_once_per_trial() -> None:
     bench = EnergyBenchmark(
         TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
         ControllerSettings(min_trials=4, max_trials=4, warmup=1),
-        nodeid="t",
-        name="t",
-        labels={},
-        on_result=lambda r: None,
-        background=background,  # type: ignore[arg-type]
+        CaseIdentity("t", "t", {}),
+        lambda r: None,
+        CaseFeatures(background=background),
     )
     assert len(bench(time.sleep, 0.002, input_tokens=8, output_tokens=4).trials) == 4
     assert background.t_s == 1 + 1 + 4  # before the warm-up, before trial 1, each trial's end
@@ -333,6 +329,7 @@ def two_cpu_hogs() -> Iterator[None]:
             hog.wait()
 
 
+@pytest.mark.serial  # its hogs would slow every test beside it
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
 def test_two_cpu_hogs_are_detected_for_real(project: pytest.Pytester, two_cpu_hogs: None) -> None:
     cpus = os.cpu_count() or 1
@@ -383,6 +380,7 @@ def test_a_regression_the_machine_speed_could_explain_is_inconclusive() -> None:
     assert compare_cases(base, worse_20, CompareOptions(drift=0.0, **quiet)).failed
 
 
+@pytest.mark.serial  # its two sessions' speed readings, and trials' noise, as on a quiet machine
 def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytester) -> None:
     """A saved baseline whose reference workload ran 3x faster than this machine does now
     (beyond the reference's own noise): its cases look 30 % worse, which the machine's

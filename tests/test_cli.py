@@ -504,8 +504,9 @@ TIGHT = [0.100, 0.101, 0.099, 0.100, 0.1005]
 
 
 def test_gate_fails_on_a_significant_regression(
-    root: Path, capsys: pytest.CaptureFixture[str]
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("COLUMNS")  # as a CI log gets it: no terminal, each line whole
     gate_runs(root, TIGHT, [2.0 * s for s in TIGHT])
     code, out, _ = cli(
         capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "j_per_token:5%"
@@ -550,7 +551,10 @@ def test_noisy_regression_is_not_significant(
     assert "energy gate passed" in out and "1 over the threshold but not significant" in out
 
 
-def test_equal_runs_pass_the_gate(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_equal_runs_pass_the_gate(
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS")  # as a CI log gets it: no terminal, each line whole
     gate_runs(root, TIGHT, TIGHT)
     code, out, _ = cli(
         capsys, "--storage", root, "compare", "main", "pr", "--fail-on", "energy_j:5%"
@@ -564,8 +568,9 @@ def test_equal_runs_pass_the_gate(root: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_old_gate_and_metric_names_warn_on_stderr_and_still_gate(
-    root: Path, capsys: pytest.CaptureFixture[str]
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("COLUMNS")  # as a CI log gets it: no terminal, each line whole
     gate_runs(root, TIGHT, [2.0 * s for s in TIGHT])
     argv = ("--storage", root, "compare", "main", "pr", "--fail-on", "energy_per_token:5%")
     code, out, err = cli(capsys, *argv, "--metric", "joules")
@@ -768,11 +773,12 @@ def test_python_dash_m_exits_1_on_a_failed_gate(root: Path, tmp_path: Path) -> N
 
 
 def test_every_gate_entry_point_fails_a_gate_that_compared_nothing(
-    root: Path, tmp_path: Path
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 33: against a run sharing no case, ``compare --fail-on`` said "nothing
     compared" and exited 0.  It exits 1 with the reason; ``--strict`` also fails on a case
     in one run only, listed; ``report --gate`` shows the same verdict and exits 1 too."""
+    monkeypatch.delenv("COLUMNS")  # as a CI log gets it: no terminal, each line whole
     save(root, [make_case(TIGHT)], name="main")
     save(root, [make_case(TIGHT, model="renamed")], name="pr")
     gate = ("--fail-on", "j_per_token:5%")

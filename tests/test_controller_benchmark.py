@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy import mark_phase, open_meter
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.controller.targets import parse_ci_targets
 from pytest_llmenergy.errors import ConfigError, LLMEnergyError
@@ -35,11 +35,9 @@ def make_bench(meter: Any, **options: Any) -> tuple[EnergyBenchmark, list[CaseRe
     bench = EnergyBenchmark(
         meter,
         ControllerSettings(**options),
-        nodeid="t.py::test_case[x]",
-        name="test_case[x]",
-        labels={"model": "m"},
-        on_result=results.append,
-        progress=lines.append,
+        CaseIdentity("t.py::test_case[x]", "test_case[x]", {"model": "m"}),
+        results.append,
+        CaseFeatures(progress=lines.append),
     )
     return bench, results, lines
 
@@ -231,6 +229,7 @@ def test_prefill_decode_split_on_a_counter_meter_is_exact() -> None:
         assert not hasattr(result, gone), gone
 
 
+@pytest.mark.serial  # a sampling thread's readings, timed
 def test_prefill_decode_split_on_a_sampled_meter(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Pascal GPU (no energy counter): the power samples are split at the first token."""
     trace = SwitchTrace(1.0)

@@ -300,6 +300,7 @@ def test_every_flag_that_exits_1_has_its_row() -> None:
     assert promised == {row for row in table_rows() if row[1] == 1 and "llmenergy" in row[0]}
 
 
+@pytest.mark.serial  # a gate on sleeps' energies
 @pytest.mark.parametrize("row", sorted(PYTEST_SCENARIOS))
 def test_pytest_sessions_exit_as_the_table_says(
     row: tuple[str, int], pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch

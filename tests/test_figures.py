@@ -226,6 +226,7 @@ def pytest_llmenergy_meters(config):
 """
 
 
+@pytest.mark.serial  # a gate on sleeps' energies
 def test_a_gate_on_the_gpus_energy_alone(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

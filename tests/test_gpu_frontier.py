@@ -105,6 +105,7 @@ SWEEP = (
 )
 
 
+@pytest.mark.serial  # sleeps' energies ranked to a few percent
 def test_the_sweep_finds_the_true_frontier_and_gives_the_gpu_back(
     pytester: pytest.Pytester, gpu: Any
 ) -> None:

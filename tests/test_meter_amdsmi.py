@@ -168,6 +168,7 @@ def test_counter_wrapping_at_32_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert m.by_domain["gpu:0"] == pytest.approx(400.0 * m.seconds, rel=0.02)
 
 
+@pytest.mark.serial  # a counter's period, timed from sleeps
 def test_counter_resolution_is_its_measured_update_period(monkeypatch: pytest.MonkeyPatch) -> None:
     gpus = [
         mi300x(0, PowerTrace([(60, 300.0)]), counter_period_s=0.02),

@@ -65,6 +65,7 @@ def test_gpu_from_nvml_and_cpu_from_rapl(tmp_path: Path, monkeypatch: pytest.Mon
     meter.close()
 
 
+@pytest.mark.serial  # a counter's period, timed from sleeps
 def test_resolution_is_the_coarsest_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 20 ms GPU counter next to 1 ms RAPL counters: the window resolves 20 ms."""
     gpu = FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, PowerTrace([(60, 100.0)]))

@@ -147,6 +147,7 @@ def test_counter_is_quantized_to_its_refresh_period(monkeypatch: pytest.MonkeyPa
 # -- resolution ------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a counter's period, timed from sleeps
 def test_counter_resolution_is_its_measured_update_period(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two counters refreshed every 100 ms and 20 ms: each is timed, the meter is the coarser."""
     gpus = [make_gpu(0, counter_period_s=0.1), make_gpu(1, counter_period_s=0.02)]
@@ -169,6 +170,7 @@ def test_counter_resolution_is_its_measured_update_period(monkeypatch: pytest.Mo
             assert f"{device.name}: counter (NVML total energy, mJ), updates every {period}" in line
 
 
+@pytest.mark.serial  # a counter's period, timed from sleeps
 def test_a_fast_counter_is_timed_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 5 ms counter needs only a few updates: opening does not wait for the cap."""
     install_fake_pynvml(monkeypatch, [make_gpu(0, counter_period_s=0.005)])
@@ -189,6 +191,7 @@ def test_a_counter_that_never_moves_has_no_known_resolution(
         assert "update period unknown" in meter.describe()
 
 
+@pytest.mark.serial  # a counter's period, timed from sleeps
 def test_sampled_resolution_is_the_sampling_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     gpus = [make_gpu(0, NVML_DEVICE_ARCH_PASCAL), make_gpu(1, counter_period_s=0.02)]
     install_fake_pynvml(monkeypatch, gpus)

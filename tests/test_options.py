@@ -132,3 +132,18 @@ def test_a_hostile_option_value_is_one_usage_line(
 
     pytester.makepyfile("def test_x(): pass")
     assert_one_line_usage_error(pytester.runpytest(*args), *needles)
+
+
+def test_the_help_lists_at_most_80_option_lines_and_says_each_thing_once(
+    pytester: pytest.Pytester,
+) -> None:
+    """Each option earns its place in ``pytest --help`` (issue 55): at most 80 lines start
+    with one of ours, and an ini key points to its flag instead of repeating its help."""
+    import re
+
+    done = pytester.runpytest_subprocess("--help", "-p", "no:randomly")
+    lines = done.stdout.lines
+    ours = [line for line in lines if re.match(r"^\s+--(energy|llm)-", line)]
+    assert len(ours) <= 80, len(ours)
+    at = lines.index(next(line for line in lines if line.strip().startswith("llmenergy_backend (")))
+    assert lines[at + 1].strip() == "as --energy-backend (see its help)"

@@ -869,7 +869,7 @@ class _NoRestart(_ScriptedPacer):
 def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -> None:
     """The other side's turn is not a busy machine: the span a trial is judged over
     starts at its own turn.  Each later turn starts with one unmeasured call."""
-    from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+    from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
     from pytest_llmenergy.controller.rule import ControllerSettings
     from pytest_llmenergy.meters.background import BackgroundCpu
     from tests.fakes.scripted import TraceMeter
@@ -899,12 +899,9 @@ def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -
         return EnergyBenchmark(
             TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
             ControllerSettings(min_trials=3, max_trials=25, warmup=1),
-            nodeid="t",
-            name="t",
-            labels={},
-            on_result=lambda r: None,
-            background=background,
-            pacer=pacer,
+            CaseIdentity("t", "t", {}),
+            lambda r: None,
+            CaseFeatures(background=background, pacer=pacer),
         )
 
     result = bench(_ScriptedPacer(machine))(call, input_tokens=1, output_tokens=1)
@@ -982,7 +979,12 @@ def test_an_undecided_case_is_reported_so_and_strict_fails_on_it() -> None:
 def test_a_side_says_its_conversions_with_each_turn() -> None:
     """The coordinator computes a gated co2_g or cost from the side's trials: the side's
     gCO2e and price per kWh come with its turns, and stay with its case."""
-    from pytest_llmenergy.controller.benchmark import EnergyBenchmark, PacerStop
+    from pytest_llmenergy.controller.benchmark import (
+        CaseFeatures,
+        CaseIdentity,
+        EnergyBenchmark,
+        PacerStop,
+    )
     from pytest_llmenergy.controller.rule import ControllerSettings
     from tests.fakes.scripted import TraceMeter
     from tests.fakes.trace import PowerTrace
@@ -1003,12 +1005,9 @@ def test_a_side_says_its_conversions_with_each_turn() -> None:
     bench = EnergyBenchmark(
         TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
         ControllerSettings(max_background=None),
-        nodeid="t",
-        name="t",
-        labels={},
-        on_result=lambda r: None,
-        pacer=Pacer(),
-        conversions=conversions,
+        CaseIdentity("t", "t", {}),
+        lambda r: None,
+        CaseFeatures(pacer=Pacer(), conversions=conversions),
     )
     result = bench(lambda: time.sleep(0.001), input_tokens=1, output_tokens=1)
     assert all(m["conversions"] == conversions for m in metas) and len(result.trials) == 3

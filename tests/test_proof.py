@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.figures import FIGURES, resolved
 from pytest_llmenergy.meters import open_meter
 from pytest_llmenergy.meters.nvml import AVERAGED_POWER_S
 from pytest_llmenergy.proof.checks import FAIL, NOT_RUN, PASS, Check, Proof, markdown
 from pytest_llmenergy.proof.meter_probe import Sample, analyse, integral_between
-from pytest_llmenergy.proof.stages import STAGES, _ab_rows, resolution_agrees
+from pytest_llmenergy.proof.stages import STAGES, _ab_rows, resolution_agrees, work_verdict
 from tests.fakes.fake_pynvml import install_fake_pynvml
 from tests.fakes.hopper import COUNTER_PERIOD_S, CpuLoadTrace, make_h100
 from tests.fakes.trace import PowerTrace
@@ -156,14 +156,17 @@ def test_a_window_shorter_than_the_averaging_period_is_flagged(
         assert any("1 s average" in note for note in meter.notes)
         bench = EnergyBenchmark(
             meter,
-            ControllerSettings(rule="research", warmup=0, min_trials=2, max_trials=2),
-            nodeid="t.py::test_q[x]",
-            name="test_q[x]",
-            labels={},
-            on_result=results.append,
+            # 2 s measured at most: windows of 1 s (calls until 1 s), shorter than the
+            # 2 x 1 s the averaged reading resolves
+            ControllerSettings(
+                rule="research", warmup=0, min_trials=2, max_trials=2, max_time_s=2.0
+            ),
+            CaseIdentity("t.py::test_q[x]", "test_q[x]", {}),
+            results.append,
         )
         case = bench(time.sleep, 0.3, input_tokens=8, output_tokens=8)
-    assert not resolved(FIGURES["energy_j"], case)  # 0.3 s < 2 x 1 s: marked, never gated
+    assert all(t.passes == 4 for t in case.trials)  # 4 x 0.3 s: the first past 1 s
+    assert not resolved(FIGURES["energy_j"], case)  # 1.2 s < 2 x 1 s: marked, never gated
     assert not resolved(FIGURES["j_per_token"], case)
     assert resolved(FIGURES["time_s"], case)  # time is not the power reading's
 
@@ -196,6 +199,21 @@ def test_ab_rows_are_read_from_mixed_output() -> None:
     out = f"llmenergy ab: seed\n{table}\nllmenergy: done\n"
     assert _ab_rows(out) == [{"case": "t[m-in8]", "verdict": "ok"}]
     assert _ab_rows("no json here") == []
+
+
+def test_counted_work_passes_on_equal_flops_and_bytes_and_says_how_calls_differ() -> None:
+    """Each device runs its own attention kernels: calls may differ, the work may not."""
+    cpu = {"prefill flops": 1.168e7, "prefill bytes": 9e5, "prefill calls": 300.0}
+    cpu |= {"decode flops": 1.041e7, "decode bytes": 4e6, "decode calls": 2000.0}
+    cuda = cpu | {"prefill calls": 302.0, "decode calls": 2031.0}
+    assert work_verdict(("cuda", "cpu"), cuda, cpu) == (
+        PASS,
+        "operator calls on cuda against cpu: prefill +2, decode +31",
+    )
+    assert work_verdict(("cuda", "cpu"), cpu, cpu) == (PASS, "operator calls equal")
+    verdict, detail = work_verdict(("cuda", "cpu"), cuda | {"prefill flops": 1.272e7}, cpu)
+    assert verdict == FAIL and detail.startswith("differs: prefill flops 1.272e+07 vs 1.168e+07;")
+    assert detail.endswith("prefill +2, decode +31")
 
 
 # -- the command, as a user runs it -----------------------------------------------------------
@@ -234,6 +252,7 @@ def _proof(
     )
 
 
+@pytest.mark.serial  # the stand-in's power follows this process's CPU: no neighbour test
 def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_cache: Path) -> None:
     done = _proof(tmp_path, "--out", "out", "--plan", "smoke", cache=tiny_cache)
     out = tmp_path / "out"
@@ -273,6 +292,7 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     ]
 
 
+@pytest.mark.serial
 def test_the_whole_proof_passes_against_the_basic_stand_in(
     tmp_path: Path, tiny_cache: Path
 ) -> None:

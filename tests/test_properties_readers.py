@@ -35,7 +35,9 @@ from hypothesis import strategies as st
 
 from pytest_llmenergy import report
 from pytest_llmenergy.cli import main
+from pytest_llmenergy.compare import CompareOptions, compare_cases, comparison_table, parse_gates
 from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.export import EXPORT_FORMATS, export_text
 from pytest_llmenergy.figures import FIGURES
 from pytest_llmenergy.meters.validity import Telemetry
 from pytest_llmenergy.plugin import option_rows
@@ -46,6 +48,7 @@ from pytest_llmenergy.storage.research import _NEEDED, read_rows, system_runs
 from pytest_llmenergy.storage.runfile import (
     COMPLETE,
     MAX_MAGNITUDE,
+    MIN_MAGNITUDE,
     Run,
     RunFileError,
     case_dict,
@@ -210,6 +213,8 @@ PLACES = list(places(RICH))[1:]
 SPOILERS = st.one_of(
     SCALARS,
     st.sampled_from([-1, -1e-9, -1e308, 1e308, 10**19 - 1, 0, "", [], {}, True]),
+    # subnormal and tiny: a square of them underflows to 0, which statistics divide by
+    st.sampled_from([5e-324, -5e-324, 2.2e-308, 1e-200, 1e-31, 1e-30, -1e-30]),
     st.builds(nested, SCALARS, st.integers(30, 40)),
 )
 
@@ -227,6 +232,8 @@ def spoiled(draw: st.DrawFn, document: Any = RICH) -> str:
             parent[path[-1]]
         except (KeyError, IndexError, TypeError):
             continue  # an earlier change took this place away
+        if not isinstance(parent, dict | list):  # a value given twice is text now
+            continue
         how = draw(st.sampled_from(["replace", "remove", "twice"]))
         if how == "replace" or not isinstance(parent, dict):
             parent[path[-1]] = draw(SPOILERS)
@@ -245,6 +252,7 @@ def check_read(run: Run) -> None:
         for t in (*case.trials, *case.disturbed, *case.prefill_passes):
             numbers = [t.seconds, t.joules, t.net_joules, *t.joules_by_domain.values()]
             assert all(math.isfinite(n) and abs(n) <= MAX_MAGNITUDE for n in numbers)
+            assert all(n == 0 or abs(n) >= MIN_MAGNITUDE for n in numbers)
             if not t.rejected:
                 assert (
                     t.seconds >= 0
@@ -264,6 +272,8 @@ def check_read(run: Run) -> None:
     render(report.case_tables(run.cases), "table")
     counted = [k for k, f in FIGURES.items() if f.exact]  # figures of the counted work
     render(report.case_tables(run.cases, columns=counted, group_by=()), "csv")
+    for fmt in EXPORT_FORMATS:  # strict JSON: no figure of a read run makes an inf
+        export_text(list(run.cases), fmt)
     again = loads(dumps(run), "again.json")
     assert replace(again, schema_version=run.schema_version) == run  # written as the newest
 
@@ -291,6 +301,37 @@ def test_any_text_is_a_run_or_one_line(text: str) -> None:
 @given(spoiled())
 def test_a_spoiled_run_file_is_read_safely_or_refused_in_one_line(text: str) -> None:
     read_or_refuse(text)
+
+
+def every_figure(value: float) -> str:
+    """The rich run with every trial's seconds and joules set to ``value``."""
+    data = json.loads(json.dumps(RICH))
+    for case in data["cases"]:
+        for trial in (*case["trials"], *case["prefill_passes"]):
+            trial.update(seconds=value, joules=value, net_joules=value, phases={})
+            trial["joules_by_domain"] = dict.fromkeys(trial["joules_by_domain"], value)
+            trial["net_joules_by_domain"] = dict.fromkeys(trial["net_joules_by_domain"], value)
+    return emit(data)
+
+
+@bounded(60)
+@given(
+    st.one_of(
+        st.floats(min_value=0, max_value=2e15, allow_subnormal=True),
+        st.sampled_from([5e-324, 1e-320, 2.2e-308, 1e-160, 1e-31, 1e-30, 1e15]),
+    )
+)
+def test_a_run_of_tiny_or_huge_figures_is_refused_or_safe_for_statistics(value: float) -> None:
+    """Issue 54: 5e-324 joules passed the reader, then a mean's square underflowed to 0
+    and the statistics divided by it (report, exports, a gated comparison)."""
+    run = read_or_refuse(every_figure(value))
+    if run is None:
+        assert 0 < value < MIN_MAGNITUDE or value > MAX_MAGNITUDE
+        return
+    gates = parse_gates("j_per_token:5%,time_s:5%")
+    for baseline, current in ((run, run), (loads(every_figure(0.5), "b.json"), run)):
+        comparison = compare_cases(baseline.cases, current.cases, CompareOptions(gates=gates))
+        render([comparison_table(comparison)], "table")
 
 
 @contextlib.contextmanager

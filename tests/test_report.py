@@ -19,6 +19,7 @@ from pytest_llmenergy.meters.resources import ResourceUsage
 from pytest_llmenergy.report import (
     BUSY_LEGEND,
     ESTIMATED_NOTE,
+    HELD_LEGEND,
     REJECTED_LEGEND,
     SHORT_LEGEND,
     THROTTLED_LEGEND,
@@ -425,15 +426,19 @@ def test_estimated_cases_are_marked_and_noted() -> None:
 def test_measured_cases_carry_no_estimate_note() -> None:
     (table,) = case_tables([make_case()])
     assert ESTIMATED_NOTE not in table.legend
-    assert table.legend == (CI_LEGEND, TRIALS_LEGEND)  # ± and ✓ explained under the table
+    # ± and ✓ explained under the table; no ✗ in it, so none explained
+    assert table.legend == (CI_LEGEND, HELD_LEGEND)
     assert table.notes == ()  # notes are for cases that were not measured
     assert not any("~" in text for row in table.cells for text in row)
     # pedantic rounds: no ✓ or ✗ to explain
     (rounds,) = case_tables([make_case(status=ROUNDS)])
-    assert TRIALS_LEGEND not in rounds.legend
+    assert not any(line.startswith("trials:") for line in rounds.legend)
+    # a case stopped at the limit besides: both marks, both explained
+    (both,) = case_tables([make_case("test_x[a]"), make_case("test_x[b]", status=LIMIT)])
+    assert TRIALS_LEGEND in both.legend
 
 
-def test_a_case_short_of_the_minimum_time_has_its_own_mark_and_note() -> None:
+def test_a_case_short_of_the_minimum_time_has_its_own_mark_and_one_note() -> None:
     # 25 trials of 28 ms: the intervals held, but 0.7 s is below the rule's 1 s minimum
     short = make_case("test_x[short]", seconds=[0.028] * 25)
     enough = make_case("test_x[enough]", seconds=[0.05] * 25)  # 1.25 s
@@ -446,14 +451,43 @@ def test_a_case_short_of_the_minimum_time_has_its_own_mark_and_note() -> None:
     (table,) = case_tables([short, enough], group_by=())
     trials = {row[0]: row[table.keys.index("trials")] for row in table.cells}
     assert trials == {"short": "25 \u2713<", "enough": "25 \u2713"}
-    assert table.legend[-1] == SHORT_LEGEND and TRIALS_LEGEND in table.legend
+    assert table.legend[-1] == SHORT_LEGEND and HELD_LEGEND in table.legend
     assert table.notes == (
-        "short: \u2713< stopped at the trial limit with 0.7 s measured, below the 1 s "
-        "minimum: its intervals held on less time than asked; --energy-max-trials=36 would "
-        "measure it",
+        "short: stopped at the trial limit with 0.7 s measured, below the 1 s minimum; "
+        "--energy-max-trials=36 would measure it",
     )
     (plain,) = case_tables([enough], group_by=())
     assert SHORT_LEGEND not in plain.legend and plain.notes == ()
+    # Issue 54: a quick session's cases are mostly short; one line says it for all of
+    # them, with the trial limit that measures the slowest, not three lines per case
+    shorter = make_case("test_x[shorter]", seconds=[0.014] * 25)  # 0.35 s: 72 trials
+    (table,) = case_tables([short, enough, shorter], group_by=())
+    assert table.notes == (
+        "2 of 3 cases stopped at the trial limit with 0.35-0.7 s measured, below the 1 s "
+        "minimum; --energy-max-trials=72 would measure them all",
+    )
+    (every,) = case_tables([short, shorter], group_by=())
+    assert every.notes[0].startswith("all 2 cases stopped at the trial limit")
+    assert HELD_LEGEND not in every.legend  # only ✓< in the table: ✓ is not explained
+
+
+def test_a_narrow_terminal_leaves_out_the_legend_of_the_columns_it_left_out() -> None:
+    """Issue 54: the legend explained the ✓< of a trials column the terminal had left out."""
+    short = make_case("test_x[short]", seconds=[0.028] * 25)
+    (table,) = case_tables([short], group_by=())
+    assert SHORT_LEGEND in table.legend and table.legend_keys[table.legend.index(SHORT_LEGEND)]
+    wide = render([table], width=200)
+    assert SHORT_LEGEND in wide
+    trials = table.keys.index("trials")
+    narrow_width = next(
+        w for w in range(120, 20, -1) if "trials" not in render([table], width=w).splitlines()[1]
+    )
+    narrow = render([table], width=narrow_width).replace("\n  ", " ")
+    left_out = next(line for line in narrow.splitlines() if line.startswith("columns left out"))
+    assert table.headers[trials] in left_out.split(": ", 1)[1].split(", ")
+    assert "\u2713<:" not in narrow
+    # the note on how short the case was stays: it needs no mark
+    assert "test_x[short]: stopped at the trial limit" in narrow
 
 
 def test_a_gated_figure_is_always_a_default_column() -> None:
@@ -584,8 +618,8 @@ def test_render_table() -> None:
 
 def test_a_legend_shared_by_tables_is_printed_once_after_the_last() -> None:
     lines = render(two_tables()).splitlines()
-    assert lines.count(CI_LEGEND) == 1 and lines.count(TRIALS_LEGEND) == 1
-    assert lines[-2:] == [CI_LEGEND, TRIALS_LEGEND]
+    assert lines.count(CI_LEGEND) == 1 and lines.count(HELD_LEGEND) == 1
+    assert lines[-2:] == [CI_LEGEND, HELD_LEGEND]
     # the estimate note belongs to the second table only: right under it
     assert lines.index(ESTIMATED_NOTE) < lines.index(CI_LEGEND)
     assert lines.index("sweep output · model m") < lines.index(ESTIMATED_NOTE)

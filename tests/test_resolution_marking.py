@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy.compare import UNRESOLVED, CompareOptions, compare_cases, parse_gates
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.figures import FIGURES, PASS_WINDOW_MULTIPLE, resolved, value
 from pytest_llmenergy.meters import mark_phase, open_meter
@@ -58,10 +58,8 @@ def case(monkeypatch: pytest.MonkeyPatch) -> CaseResult:
         bench = EnergyBenchmark(
             meter,
             ControllerSettings(rule="research", warmup=0, min_trials=2, max_trials=2),
-            nodeid="t.py::test_q[x]",
-            name="test_q[x]",
-            labels={},
-            on_result=results.append,
+            CaseIdentity("t.py::test_q[x]", "test_q[x]", {}),
+            results.append,
         )
         return bench(generate, input_tokens=100, output_tokens=8, prefill_pass=prefill_pass)
 

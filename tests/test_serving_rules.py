@@ -11,6 +11,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ from pytest_llmenergy.serving.steady import (
 from pytest_llmenergy.serving.target import ServerTarget
 from pytest_llmenergy.serving_rules import rejections
 from pytest_llmenergy.storage.runfile import loads
-from tests.fakes.fake_openai_server import FakeServer
+from tests.fakes.fake_openai_server import FakeServer, StaleGauge
 from tests.test_plugin import assert_one_line_usage_error
 from tests.test_serving import Prompts, served  # noqa: F401 - the fixture
 from tests.test_serving_steady import IDLE_W, PER_REQUEST_W, TraceMeter, powered
@@ -103,18 +104,58 @@ def test_any_metrics_page_reads_as_a_count_or_none(text: str) -> None:
     assert got is None or (math.isfinite(got) and got >= 0)
 
 
-def test_the_sampler_averages_the_readings_inside_the_window() -> None:
-    readings = iter([0.0, 1.0, 2.0, 2.0, 2.0, 1.0, 0.0] + [0.0] * 1000)
-    ticks = iter(range(1000))
-    sampler = BatchSampler(lambda: next(readings), interval_s=0.001, clock=lambda: next(ticks))
+def test_the_sampler_weighs_each_reading_by_how_long_it_held() -> None:
+    """Each reading stands at its HTTP request's midpoint and holds until the next: a
+    gauge read at uneven moments is averaged over time, not over readings."""
+    values = iter([0.0, 2.0, 2.0, 1.0, 0.0] + [0.0] * 1000)
+    # (asked, answered) per reading: midpoints 0, 1, 1.5, 4, 5; then far later
+    moments = iter([0.0, 0.0, 0.8, 1.2, 1.5, 1.5, 3.0, 5.0, 5.0, 5.0, *range(100, 2100)])
+    sampler = BatchSampler(lambda: next(values), interval_s=0.001, clock=lambda: next(moments))
     with sampler:
         deadline = time.monotonic() + 10.0  # a busy machine may schedule the thread late
-        while len(sampler.samples) < 7 and time.monotonic() < deadline:
+        while len(sampler.samples) < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert [v for _, v in sampler.samples[:7]] == [0.0, 1.0, 2.0, 2.0, 2.0, 1.0, 0.0]
-    assert sampler.mean(2, 4) == 2.0  # the readings at ticks 2, 3 and 4
-    assert sampler.mean(1, 5) == pytest.approx(1.6)
-    assert sampler.mean(2, 2) is None  # one reading is no mean
+    assert sampler.samples[:5] == [(0.0, 0.0), (1.0, 2.0), (1.5, 2.0), (4.0, 1.0), (5.0, 0.0)]
+    # 2 from t=1 to 4, then 1 to 5: (3 x 2 + 1 x 1) / 4; a plain mean would say 1.25
+    assert sampler.mean(1, 5) == pytest.approx(7 / 4)
+    # the reading before the window holds into it: 0 from 0.5 to 1, then as above to 4.5
+    assert sampler.mean(0.5, 4.5) == pytest.approx((0 * 0.5 + 2 * 3 + 1 * 0.5) / 4)
+    assert sampler.mean(2, 3.9) is None  # no reading inside: no mean
+    assert sampler.mean(3, 4.5) is None  # one reading is no mean either
+
+
+def test_a_gauge_outside_the_clients_counts_is_set_aside_for_the_clients_count() -> None:
+    """Concurrency 2, 6 requests on a scripted clock: the client streams from 2 all
+    through the window (t=1 to 4, closed by the 3rd finish), 2 in flight.  A gauge within
+    GAUGE_SLACK of that is the batch; one that reads 0 (stale) or 4 (another client's
+    requests) is not."""
+
+    def watched() -> BurstWatch:
+        t = iter([0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0])
+        watch = BurstWatch(2, clock=lambda: next(t), requests=6)
+        watch.sent(), watch.sent()  # 0, 0
+        watch.first_token(), watch.first_token()  # 1, 1: the window opens
+        watch.finished(), watch.sent(), watch.first_token()  # 2: refilled at once
+        watch.finished(), watch.sent(), watch.first_token()  # 3
+        watch.finished()  # 4: the 3rd finish closes it (6 - 2 - 1)
+        assert watch.window == (1.0, 4.0)
+        return watch
+
+    assert watched().result(0.5, min_batch_fill=0.85).batch == pytest.approx(2.0)
+    agree = watched().result(0.5, min_batch_fill=0.85, server_batch=1.6)
+    assert (agree.batch, agree.batch_source, agree.batch_note) == (1.6, SERVER_GAUGE, "")
+    stale = watched().result(0.5, min_batch_fill=0.85, server_batch=0.0)
+    assert stale.batch == pytest.approx(2.0) and stale.batch_source == CLIENT_COUNT
+    assert stale.batch_note.startswith("the server's running-requests gauge read 0, under ")
+    assert stale.batch_note.endswith(": the batch is the client's count, 2")
+    assert stale.unstable == ""  # the client's 2 of 2 is a full batch
+    crowded = watched().result(0.5, min_batch_fill=0.85, server_batch=4.0)
+    assert "over the 2 requests the client had in flight" in crowded.batch_note
+    assert crowded.batch == pytest.approx(2.0)
+    # a gauge set aside still names itself where the client's count rejects the burst
+    low = watched().result(0.5, min_batch_fill=1.5, server_batch=0.0)
+    assert "(100%; requests past their first token, as the client sees them; the " in low.unstable
+    assert "gauge read 0, under the 2 requests" in low.unstable
 
 
 # -- against a server whose power follows its batch ------------------------------------------
@@ -155,20 +196,41 @@ def test_a_queue_that_keeps_the_batch_full_is_accepted_and_measured_at_full_powe
     assert steady.joules / steady.seconds == pytest.approx(IDLE_W + 3 * PER_REQUEST_W, rel=0.06)
 
 
-def test_the_servers_own_gauge_is_the_batch_where_it_publishes_one() -> None:
-    """A server whose /metrics gauge says half the requests it generates: the steady
-    window's batch is the gauge's, not the client's count, and the rule judges it."""
+@pytest.mark.parametrize(
+    ("gauge", "rests_on_gauge", "named"),
+    [
+        (lambda server: 3.5, True, ""),  # prefills counted, a reading between: the batch
+        (lambda server: server.generating / 2, False, "under the"),  # half of the batch
+        (StaleGauge(60.0), False, "gauge read 0, under the"),  # never refreshed in time
+        (lambda server: server.generating + 5, False, "over the"),  # another client's
+    ],
+    ids=["within", "half", "stale", "crowded"],
+)
+def test_the_servers_gauge_is_the_batch_where_it_agrees_with_the_client(
+    gauge: Any, rests_on_gauge: bool, named: str
+) -> None:
+    """Issue 54, item 6: vLLM's gauge read 0 of 1 while the client streamed from one
+    request all through the window, and every concurrency was rejected.  A server whose
+    gauge strays from the client's counts (half, stale at 0, or more than it sent) has
+    its batch from the client's count instead, and the burst names what the gauge read."""
     behaviour, _ = powered(prefill_s=0.002, token_s=0.004)
-    behaviour.running_gauge = lambda server: server.generating / 2
+    behaviour.running_gauge = gauge
     with FakeServer(behaviour) as server:
         target = ServerTarget(
             Endpoint(server.url, "fake-model"), Prompts(), min_steady_s=0.05, requests=12
         )
         target.probe()
         assert target.batch_gauge
-        burst = target.run(8, 40, 4)
-    assert 1.6 < burst.steady_batch < 2.1  # the gauge's half of 4
-    assert "(4" not in burst.unstable and "the server's running-requests gauge" in burst.unstable
+        burst = target.run(8, 100, 4)  # a window of ~0.8 s: readings every 0.1 s
+    assert burst.unstable == "", burst.unstable
+    if rests_on_gauge:
+        assert (burst.steady_batch, burst.steady_batch_note) == (3.5, "")
+    else:
+        assert burst.steady_batch > 0.85 * 4  # the client's count: four streaming
+        assert named in burst.steady_batch_note
+        assert burst.steady_batch_note.endswith(
+            f"the batch is the client's count, {burst.steady_batch:.3g}"
+        )
 
 
 # -- whole configurations: the group rule ----------------------------------------------------
@@ -282,6 +344,59 @@ def test_a_sweep_rejects_the_concurrency_its_server_cannot_hold(
     assert all(t.queries == 10 for c in run.cases for t in c.trials)
     raw = json.loads((served.path / "run.json").read_text())
     assert raw["options"]["requests"] == 10 and raw["options"]["min_batch_fill"] == 0.85
+
+
+def test_a_sweep_against_a_stale_gauge_rests_on_the_clients_count_and_says_so(
+    served: pytest.Pytester,  # noqa: F811 - test_serving's fixture
+) -> None:
+    """Issue 54, item 6, the way users run it: the same sweep against a server holding 2
+    whose gauge is never refreshed within a burst (it reads 0, as vLLM's read 0 of 1 and
+    0 of 2 in the failing tier).  Concurrency 1 and 2 are accepted on the client's count,
+    4 is rejected on it; every burst's note names the gauge's reading, in the table's
+    notes and the run file."""
+    behaviour, _ = powered(model="tiny", max_num_seqs=2, prefill_s=0.003, token_s=0.003)
+    behaviour.running_gauge = StaleGauge(3600.0)
+    with FakeServer(behaviour) as s:
+        result = served.runpytest_subprocess(
+            f"--llm-endpoint={s.url}",
+            "--llm-model=tiny-llama",
+            "--llm-input-tokens=16",
+            "--llm-concurrency=1,2,4",
+            "--llm-requests=10",
+            "--llm-min-steady=20ms",
+            "--energy-backend=estimate",
+            "--energy-max-trials=3",
+            "--energy-json=run.json",
+            "-p",
+            "no:randomly",
+        )
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    result.stdout.fnmatch_lines(
+        [
+            "*gauge on /metrics), checked against the client's counts: where it strays from*",
+            "*in16-out32-c4*: rejected, not gated: * bursts: its mean batch was * of 4 "
+            "requests (*; requests past their first token, as the client sees them*",
+        ]
+    )
+    for name in ("in16-out32", "in16-out32-c2"):  # concurrency 1's name has no suffix
+        result.stdout.fnmatch_lines(
+            [
+                f"*-{name}: * of 3 bursts: the server's running-requests gauge read 0, under "
+                "the * requests the client was streaming tokens from: the batch is the "
+                "client's count, *"
+            ]
+        )
+        assert f"-{name}: rejected" not in out
+    run = loads((served.path / "run.json").read_text(), served.path / "run.json")
+    by = {c.labels.get("concurrency", "1"): c for c in run.cases}
+    assert by["4"].unstable and not by["2"].unstable and not by["1"].unstable
+    assert 1.6 < value(by["2"], "steady_batch") <= 2.05
+    # a window too short for two readings has no gauge to judge: the client's, unnamed
+    notes = {n: [t.steady_batch_note for t in c.trials] for n, c in by.items()}
+    assert all(any(case) for case in notes.values()), notes
+    assert all(n.startswith("the server's running-requests gauge read 0, under ")
+               for case in notes.values() for n in case if n)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,12 @@ from pytest_llmenergy.compare import (
     parse_gates,
     session_speeds,
 )
-from pytest_llmenergy.controller.benchmark import CaseVisits, EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import (
+    CaseFeatures,
+    CaseIdentity,
+    CaseVisits,
+    EnergyBenchmark,
+)
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.llm.loader import load_model
 from pytest_llmenergy.meters.reference import case_reference_s
@@ -215,7 +220,7 @@ def counting_bench(
     meter = TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])})
     options = ControllerSettings(min_trials=6, max_trials=6, warmup=1)
     bench = EnergyBenchmark(
-        meter, options, nodeid="t", name="t", labels={}, on_result=lambda r: None, visits=visits
+        meter, options, CaseIdentity("t", "t", {}), lambda r: None, CaseFeatures(visits=visits)
     )
     return bench, readings
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from pytest_llmenergy.stats import Summary
-from pytest_llmenergy.tables import Table, fmt_mean_ci, render, terminal_width, wrap
+from pytest_llmenergy.tables import Table, fmt_mean_ci, fold, render, terminal_width, wrap
 
 
 def wide_table(**kwargs: object) -> Table:
@@ -185,3 +186,73 @@ def test_a_mean_is_rounded_where_its_interval_is(mean: float, half_width: float,
 
 def test_a_lone_trial_has_no_interval() -> None:
     assert fmt_mean_ci(Summary(1, 2.5, float("nan"), float("inf"), 0.95)) == "2.5"
+
+
+# -- issue 54: folding, and a legend that follows its columns ---------------------------------
+def test_fold_breaks_at_spaces_then_inside_a_test_id() -> None:
+    prose = "no RAPL zones under /sys/class/powercap (not a Linux machine with Intel/AMD RAPL)"
+    lines = fold(prose, 30)
+    assert all(len(line) <= 30 for line in lines) and " ".join(lines) == prose
+    name = "test_input_tokens[tiny-llama-in256-out32]"
+    lines = fold(name, 24)
+    assert lines == ["test_input_tokens[tiny-", "llama-in256-out32]"]
+    assert fold("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]  # no break: cut
+    assert fold(name, 60) == [name]
+
+
+def reasons_table(wraps: tuple[tuple[str, int, int], ...]) -> Table:
+    why = "the amdsmi Python package is not installed: install the one that comes with ROCm"
+    return Table(
+        "meters",
+        ("backend", "why", "res", "idle"),
+        ("backend", "why not", "resolution", "idle W"),
+        (("amdsmi", why, None, None), ("estimate", "reads the CPU time", 1e-3, 0.5)),
+        (("amdsmi", why, "—", "—"), ("estimate", "reads the CPU time", "1 ms", "0.5")),
+        priorities=(0, 0, 1, 1),
+        wraps=wraps,
+    )
+
+
+def test_prose_folds_before_the_figures_beside_it_are_left_out() -> None:
+    plain = render([reasons_table(())], width=60).splitlines()
+    assert "left out" in plain[-1]  # without folding, the figures went
+    text = render([reasons_table((("why", 20, 1),))], width=60)
+    lines = text.splitlines()
+    assert all(len(line) <= 60 for line in lines), text
+    assert "left out" not in text and "resolution  idle W" in lines[1]
+    assert lines[3].startswith("amdsmi    the amdsmi Python") and lines[4].startswith(" " * 10)
+    # too narrow for even the folded column's floor: the figures go after all
+    narrow = render([reasons_table((("why", 30, 1),))], width=50)
+    assert "left out to fit 50 characters: resolution, idle W" in narrow.replace("\n  ", " ")
+    assert all(len(line) <= 50 for line in narrow.splitlines())  # the reasons fill the room
+
+
+def test_a_name_folds_only_once_the_other_columns_are_gone() -> None:
+    name = "test_output_tokens[tiny-llama-in32-out128]"
+    table = Table(
+        "t",
+        ("case", "p", "verdict"),
+        ("case", "p", "verdict"),
+        ((name, 0.5, "ok"),),
+        ((name, "0.5", "ok"),),
+        priorities=(0, 1, 0),
+        wraps=(("case", 16, 0),),
+    )
+    assert render([table], width=52).splitlines()[1].split() == ["case", "verdict"]
+    lines = render([table], width=40).splitlines()
+    assert all(len(line) <= 40 for line in lines)
+    folded = [line[: lines[2].index(" ")].strip() for line in lines[3:5]]
+    assert "".join(folded) == name
+
+
+def test_a_legend_line_goes_with_the_columns_it_explains() -> None:
+    legend = ("A: the mark of col1", "B: the mark of col5 or col6", "C: always")
+    table = wide_table(title="t", legend=legend)
+    keyed = dataclasses.replace(table, legend_keys=(("k1",), ("k5", "k6"), ()))
+    full = render([keyed], width=200)
+    assert all(line in full for line in legend)
+    text = render([keyed], width=60)  # col4, col5, col6 and col7 left out
+    assert "A: the mark of col1" in text and "C: always" in text
+    assert "B: the mark" not in text
+    # csv, json and markdown keep every column, and so every legend line
+    assert "B: the mark" in render([keyed], "markdown") and "B: the mark" in render([keyed], "json")

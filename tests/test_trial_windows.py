@@ -14,11 +14,12 @@ import pytest
 
 from pytest_llmenergy import mark_phase
 from pytest_llmenergy.controller import window as window_mod
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.controller.targets import CITarget
 from pytest_llmenergy.controller.window import (
     MAX_WINDOW_CALLS,
+    MAX_WINDOW_S,
     WINDOW_ERROR_SHARE,
     EdgeDelay,
     WindowPlan,
@@ -70,28 +71,33 @@ def bench_for(meter: Any, **options: Any) -> tuple[EnergyBenchmark, list[CaseRes
     bench = EnergyBenchmark(
         meter,
         ControllerSettings(**options),
-        nodeid="t.py::test_w[x]",
-        name="test_w[x]",
-        labels={"model": "m"},
-        on_result=results.append,
+        CaseIdentity("t.py::test_w[x]", "test_w[x]", {"model": "m"}),
+        results.append,
     )
     return bench, results
 
 
 # -- the plan --------------------------------------------------------------------------------
 def test_the_window_follows_the_resolution_and_the_energy_target() -> None:
-    default = ControllerSettings().targets
+    default = ControllerSettings()
     # a 100 ms counter under the default 10 % energy target: one refresh is a third of it
     assert window_target_s(0.1, default) == pytest.approx(0.1 / (WINDOW_ERROR_SHARE * 0.10))
     assert window_target_s(0.1, default) == pytest.approx(3.0)
     # a tighter target asks for a longer window
-    tight = (CITarget("energy_j", 0.05, True),)
+    tight = ControllerSettings(targets=(CITarget("energy_j", 0.05, True),), max_time_s=0)
     assert window_target_s(0.1, tight) == pytest.approx(6.0)
     # a meter of microsecond resolution (or unknown) keeps one call a trial
     assert window_target_s(1e-6, default) == 0.0
     assert window_target_s(None, default) == 0.0
     # a rule without a relative energy target takes the default rule's
-    assert window_target_s(0.01, (CITarget("time_s", 0.5),)) == pytest.approx(0.3)
+    assert window_target_s(0.01, ControllerSettings(rule="research")) == pytest.approx(0.3)
+
+
+def test_the_window_fits_the_cases_budget_and_a_bound() -> None:
+    # a 1 s power average: 30 s by the target, but three trials must fit 15 s measured
+    assert window_target_s(1.0, ControllerSettings()) == pytest.approx(5.0)
+    # no measured-time budget: at most MAX_WINDOW_S
+    assert window_target_s(1.0, ControllerSettings(rule="research")) == MAX_WINDOW_S
 
 
 def test_the_plan_asks_for_calls_until_the_window_is_long_enough() -> None:
@@ -121,7 +127,7 @@ def test_a_coarse_counter_gets_windows_of_calls_whose_figures_are_per_call() -> 
         return Gen(8, 4)
 
     result = bench(target, input_tokens=8, output_tokens=4)
-    target_s = window_target_s(period_s, ControllerSettings().targets)  # 0.3 s
+    target_s = window_target_s(period_s, ControllerSettings(rule="research"))  # 0.3 s
     assert len(result.trials) == 4
     assert sum(t.passes for t in result.trials) + 1 == len(calls) == bench.calls
     for trial in result.trials:

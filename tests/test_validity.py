@@ -17,7 +17,7 @@ import pytest
 
 from pytest_llmenergy import open_meter
 from pytest_llmenergy.compare import INVALID_TELEMETRY, CompareOptions, compare_cases, parse_gates
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES
@@ -241,10 +241,8 @@ def test_the_controller_judges_every_trial(monkeypatch: pytest.MonkeyPatch) -> N
         bench = EnergyBenchmark(
             meter,
             ControllerSettings(warmup=0, min_trials=2, max_trials=2, max_sample_gap_s=0.05),
-            nodeid="t.py::test_q",
-            name="test_q",
-            labels={},
-            on_result=results.append,
+            CaseIdentity("t.py::test_q", "test_q", {}),
+            results.append,
         )
         case = bench(lambda: time.sleep(0.05), input_tokens=1, output_tokens=1)
     assert [t.telemetry is not None and t.telemetry.valid for t in case.trials] == [True, True]

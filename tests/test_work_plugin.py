@@ -29,8 +29,8 @@ GATES = "flops_per_token:0%,decode_bytes_per_output_token:0%"
 
 
 def test_counted_work_is_kept_and_its_gate_is_exact(suite: pytest.Pytester) -> None:  # noqa: F811
-    first = suite.runpytest_subprocess(
-        *COMMON, "--energy-json=base.json", "--energy-columns=tokens_in,flops_per_token"
+    first = suite.runpytest_subprocess(  # -v: the header's details
+        *COMMON, "--energy-json=base.json", "--energy-columns=tokens_in,flops_per_token", "-v"
     )
     first.assert_outcomes(passed=1, deselected=1)
     first.stdout.fnmatch_lines(
@@ -134,7 +134,7 @@ def test_by_default_a_case_is_counted_in_its_warm_up_and_runs_no_more_than_asked
     monkeypatch.setenv("PYTHONPATH", str(REPO), prepend=os.pathsep)
     pytester.makeconftest(TRACE_CONFTEST)
     pytester.makepyfile(test_calls=CALLS_TEST)
-    args = ["--energy-backend=trace", "--energy-max-trials=3", "-p", "no:randomly"]
+    args = ["--energy-backend=trace", "--energy-max-trials=3", "-p", "no:randomly", "-v"]
     result = pytester.runpytest_subprocess(*args, *([option] if option else []))
     result.assert_outcomes(passed=2)
     rows = {r["name"]: r for r in map(json.loads, calls.read_text().splitlines())}

@@ -29,10 +29,10 @@ from ..predict.predict_cli import COMMANDS as PREDICT_COMMANDS
 from ..proof.proof_cli import COMMANDS as PROOF_COMMANDS
 from ..storage.research import COMMANDS as IMPORT_COMMANDS
 from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage, check_output
-from ..tables import FORMATS
+from ..tables import FORMATS, wrap
 from .ab_cli import COMMANDS as AB_COMMANDS
 from .check_cli import COMMANDS as CHECK_COMMANDS
-from .cli_args import DATA_FORMATS, checked
+from .cli_args import DATA_FORMATS, checked, line_width
 from .compare_cli import COMMANDS as COMPARE_COMMANDS
 from .route_cli import COMMANDS as ROUTE_COMMANDS
 from .runs_cli import COMMANDS as RUNS_COMMANDS
@@ -154,6 +154,12 @@ def _emit(text: str) -> None:
             os.close(devnull)
 
 
+def _fitted(lines: Sequence[str], stream: Any) -> list[str]:
+    """Each line wrapped to the terminal ``stream`` shows it on, continued indented."""
+    width = line_width(stream)
+    return [part for line in lines for part in wrap(line, width)]
+
+
 def _error(message: str) -> int:
     text = " ".join(message.splitlines())
     print(f"llmenergy: error: {text}", file=sys.stderr)
@@ -225,12 +231,13 @@ def _main(argv: Sequence[str] | None) -> int:
     out, verdicts = outcome.out, outcome.verdicts
     data = getattr(args, "format", None) in DATA_FORMATS  # report has no --format
     if verdicts and not data:
-        out = out.rstrip("\n") + "\n" + "\n".join(verdicts)
+        out = out.rstrip("\n") + "\n" + "\n".join(_fitted(verdicts, sys.stdout))
     _emit(out)
-    for line in outcome.notes:  # what was written where: stderr, so stdout stays data
-        print(f"llmenergy: {line}", file=sys.stderr)
+    # what was written where: stderr, so stdout stays data
+    for line in _fitted([f"llmenergy: {line}" for line in outcome.notes], sys.stderr):
+        print(line, file=sys.stderr)
     if verdicts and data:
-        for line in verdicts:  # stdout stays data; CI logs still say why it failed
+        for line in _fitted(verdicts, sys.stderr):  # CI logs still say why it failed
             print(line, file=sys.stderr)
     if outcome.exit_code is not None:
         return outcome.exit_code

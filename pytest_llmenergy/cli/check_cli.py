@@ -78,6 +78,8 @@ def meters_table(report: Report) -> Table:
             "follows CPU time, not power)",
         ),
         priorities=(0, 0, 0, 1, 1),
+        # the reasons are prose: folded before the figures beside them are left out
+        wraps=(("reads_or_why_not", 30, 1),),
     )
 
 

@@ -72,6 +72,21 @@ def table_width(fmt: str) -> int | None:
     return terminal_width()
 
 
+def line_width(stream: Any) -> int | None:
+    """The width prose lines are wrapped to: the terminal's (or COLUMNS) where ``stream``
+    is one; a file or a pipe (a CI log, grep) gets each line whole."""
+    if not (_is_terminal(stream) or "COLUMNS" in os.environ):
+        return None
+    return terminal_width()
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
 def counted(runs: Sequence[Run]) -> str:
     """``2 runs, 4 cases``: the runs, and the distinct cases among them (a case measured
     in both runs is one case)."""

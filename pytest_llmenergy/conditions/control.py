@@ -20,7 +20,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,12 @@ class StateFile:
             ) from None
         if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
             raise GpuControlError(f"{self.path} is not a GPU state file of pytest-llmenergy")
+        problem = _state_problem(data)
+        if problem:
+            raise GpuControlError(
+                f"the GPU state file {self.path} is damaged: {one_line(problem)}; restore the "
+                "GPUs by hand (nvidia-smi -pl / -rgc, amd-smi reset --power-cap), then delete it"
+            )
         return data
 
     def write(self, originals: Sequence[Original]) -> None:
@@ -138,6 +144,38 @@ class StateFile:
     @staticmethod
     def originals(data: dict[str, Any]) -> list[Original]:
         return [Original(**g) for g in data.get("gpus", [])]
+
+
+def _state_problem(data: dict[str, Any]) -> str:
+    """What in a state file is not as ``StateFile.write`` writes it; "" when nothing."""
+    pid = data.get("pid", 0)
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+        return f"pid should be a process id, not {json.dumps(pid)}"
+    gpus = data.get("gpus", [])
+    if not isinstance(gpus, list):
+        return f"gpus should be a list of GPUs, not {json.dumps(gpus)}"
+    kinds: dict[str, tuple[type, ...]] = {
+        "uuid": (str,),
+        "domain": (str,),
+        "name": (str,),
+        "power_limit_mw": (int, type(None)),
+        "clocks_locked": (bool,),
+        "vendor": (str,),
+    }
+    required = {f.name for f in fields(Original) if f.default is MISSING}
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, dict):
+            return f"gpus[{i}] should be an object, not {json.dumps(gpu)}"
+        for key, value in gpu.items():
+            if key not in kinds:
+                return f"gpus[{i}] has an unknown field {json.dumps(key)}"
+            wanted = kinds[key]
+            if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+                return f"gpus[{i}].{key} is {json.dumps(value)}"
+        missing = sorted(required - gpu.keys())
+        if missing:
+            return f"gpus[{i}] lacks {', '.join(missing)}"
+    return ""
 
 
 class GpuControl:

@@ -136,13 +136,16 @@ class CaseVisits:
         return max(1, math.ceil(max_trials / self.count))
 
 
-def _steadiness(out: Any) -> tuple[int, str, float] | None:
+def _steadiness(out: Any) -> tuple[int, str, float, str] | None:
     """A server burst's steady window (``serving.target.Burst``): the tokens streamed in
-    it, why it is unstable and its mean batch; None for any other target's result."""
+    it, why it is unstable, its mean batch and what that batch rests on when the server's
+    gauge was set aside; None for any other target's result."""
     tokens, unstable = getattr(out, "steady_tokens", None), getattr(out, "unstable", None)
     batch = getattr(out, "steady_batch", 0.0)
+    note = getattr(out, "steady_batch_note", "")
     if isinstance(tokens, int) and isinstance(unstable, str):
-        return tokens, unstable, float(batch) if isinstance(batch, (int, float)) else 0.0
+        batch = float(batch) if isinstance(batch, (int, float)) else 0.0
+        return tokens, unstable, batch, note if isinstance(note, str) else ""
     return None
 
 
@@ -296,6 +299,47 @@ class _Outcome:
     paused: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class CaseIdentity:
+    """Which case a benchmark measures: its pytest node id, name and labels (model,
+    tokens, the axes) as the run file keeps them."""
+
+    nodeid: str
+    name: str
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseFeatures:
+    """What the session's features lend a case, each filling in its own field (None, or
+    the default: the feature is not in use).  A new feature adds a field here and fills
+    it in where the fixture builds this, not another parameter of the benchmark."""
+
+    # each trial's live line (``plugin/progress.py``)
+    progress: Callable[[str], None] | None = None
+    # the rest of the machine's CPU use around each trial: a busy trial is repeated
+    background: BackgroundCpu | None = None
+    # held from the warm-up to the last trial (xdist workers sharing one meter)
+    exclusive: Callable[[], AbstractContextManager[None]] | None = None
+    # the GPUs' clock, temperature and throttle reasons around every trial; a throttled
+    # trial is kept, left out and repeated, like a disturbed one
+    trial_probe: TrialProbe | None = None
+    # --energy-profile-ops: one more run after the trials, outside every window
+    op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None
+    # --energy-count-work: the work counted in the first warm-up call, unmeasured;
+    # without a warm-up, in one more run after the trials when ``count_after_trials``
+    work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None
+    count_after_trials: bool = True
+    # --energy-interleave: the case's visits so far
+    visits: CaseVisits | None = None
+    # llmenergy ab: the other session measures between this one's trials
+    pacer: Pacer | None = None
+    # --energy-thermal-tolerance: waits for the GPUs to cool before the warm-up
+    settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None
+    # the session's gCO2e and price per kWh (the co2_g and cost figures' factors)
+    conversions: Mapping[str, float] | None = None
+
+
 class EnergyBenchmark:
     """Call it once per test: ``energy_benchmark(fn, *args, input_tokens=, output_tokens=)``."""
 
@@ -303,53 +347,31 @@ class EnergyBenchmark:
         self,
         meter: Meter,
         options: ControllerSettings,
-        *,
-        nodeid: str,
-        name: str,
-        labels: Mapping[str, str],
+        case: CaseIdentity,
         on_result: Callable[[CaseResult], None],
-        progress: Callable[[str], None] | None = None,
-        background: BackgroundCpu | None = None,
-        exclusive: Callable[[], AbstractContextManager[None]] | None = None,
-        trial_probe: TrialProbe | None = None,
-        op_profiler: Callable[[Callable[[], Any]], Mapping[str, Any]] | None = None,
-        work_counter: Callable[[Callable[[], Any]], CountedWork | None] | None = None,
-        count_after_trials: bool = True,
-        visits: CaseVisits | None = None,
-        pacer: Pacer | None = None,
-        settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None,
-        conversions: Mapping[str, float] | None = None,
+        features: CaseFeatures | None = None,
     ) -> None:
+        f = features or CaseFeatures()
+        visits = f.visits
         self.visits = visits
-        # the session's gCO2e and price per kWh: the co2_g and cost figures' factors, for
-        # a CI target on them, the case's result and a paired run's gates
-        self.conversions = dict(conversions or {})
-        # waits for the GPUs to cool before the warm-up (--energy-thermal-tolerance)
-        self.settle = settle
+        self.conversions = dict(f.conversions or {})
+        self.settle = f.settle
         self._thermal: ThermalWait | None = None
-        # a paired run's turns: the other session measures between this one's trials
-        self.pacer = pacer
-        # --energy-profile-ops: one more run after the trials, outside every window
-        self.op_profiler = op_profiler
-        # --energy-count-work: the case's work counted in its first warm-up call, unmeasured;
-        # without a warm-up, in one more run after the trials where that may be (asked
-        # for explicitly: by default a case runs exactly warm-up + trials times)
-        self.work_counter = work_counter
-        self.count_after_trials = count_after_trials
+        self.pacer = f.pacer
+        self.op_profiler = f.op_profiler
+        self.work_counter = f.work_counter
+        self.count_after_trials = f.count_after_trials
         self.meter = meter
-        # the GPUs' clock, temperature and throttle reasons around every trial; a trial
-        # throttled by heat or a power brake is kept, left out and repeated, like a
-        # disturbed one
-        self.trial_probe = trial_probe
-        self.background = background  # None: trials are not checked for a busy machine
+        self.trial_probe = f.trial_probe
+        self.background = f.background  # None: trials are not checked for a busy machine
         # held from the warm-up to the last trial: other processes sharing the meter wait
-        self._exclusive = exclusive or contextlib.nullcontext
+        self._exclusive = f.exclusive or contextlib.nullcontext
         self.options = options
-        self.nodeid = nodeid
-        self.name = name
-        self.labels = dict(labels)
+        self.nodeid = case.nodeid
+        self.name = case.name
+        self.labels = dict(case.labels)
         self._on_result = on_result
-        self._progress = progress
+        self._progress = f.progress
         self.result: CaseResult | None = None
         self.calls = 0  # how often the target ran, warm-up included
         # The reference workload's time before the trials, once per visit: the machine's
@@ -358,7 +380,7 @@ class EnergyBenchmark:
         self._reference: list[float] = visits.reference if visits is not None else []
         # how many calls a trial's window holds (one, unless the meter is coarse), and
         # the random wait before a coarse meter's window opens
-        self._window = WindowPlan(window_target_s(meter.resolution_s, options.targets))
+        self._window = WindowPlan(window_target_s(meter.resolution_s, options))
         self._edge_delay = EdgeDelay(meter.resolution_s)
 
     def __call__(
@@ -629,7 +651,7 @@ class EnergyBenchmark:
         if not rejected:
             for each in ran.outs:
                 n_in, n_out = self._check_tokens(each, n_in, n_out, target.queries)
-        steady_tokens, unstable, steady_batch = _steadiness(out) or (0, "", 0.0)
+        steady_tokens, unstable, steady_batch, batch_note = _steadiness(out) or (0, "", 0.0, "")
         trial = Trial.from_measurement(
             state.count + 1,
             measurement,
@@ -647,6 +669,7 @@ class EnergyBenchmark:
             steady_tokens=steady_tokens,
             unstable=unstable,
             steady_batch=steady_batch,
+            steady_batch_note=batch_note,
             visit=visit,
             rejected=rejected,
             telemetry=judge(measurement, self.options.max_sample_gap_s),
@@ -718,7 +741,10 @@ class EnergyBenchmark:
     def _show(self, state: _CaseTrials, step: _Step, decision: StopDecision) -> None:
         """The live status after a trial (``-v``), with why it is repeated."""
         if self._progress is not None:
-            self._progress(progress_line(self.options, len(state.kept), decision) + step.note())
+            repeated = len(state.disturbed)
+            so_far = f" [{repeated} trial(s) repeated so far]" if repeated else ""
+            line = progress_line(self.options, len(state.kept), decision)
+            self._progress(line + (step.note() or so_far))
 
     # -- after the trials ----------------------------------------------------------------
     def _out_of_memory(self, target: _Target, state: _CaseTrials) -> NoReturn:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..figures import FIGURES
 from ..meters.base import Measurement
 from ..results import PhaseRecord
-from .targets import CITarget
+from .rule import ControllerSettings
 
 # One refresh of the meter is at most this share of the relative energy CI target.
 WINDOW_ERROR_SHARE = 1 / 3
@@ -37,17 +37,27 @@ WINDOW_ERROR_SHARE = 1 / 3
 DEFAULT_ENERGY_TARGET = 0.10
 # A bound on the calls of one window (a 10 µs target on a 1 s counter).
 MAX_WINDOW_CALLS = 10_000
+# A bound on a window's length, whatever the meter (optimum-benchmark's 10 s).
+MAX_WINDOW_S = 10.0
 # Meters finer than this need no window of several calls, nor a random delay.
 FINE_RESOLUTION_S = 1e-4
 
 
-def window_target_s(resolution_s: float | None, targets: Sequence[CITarget]) -> float:
-    """How long a trial's window must last for this meter; 0: one call is enough."""
+def window_target_s(resolution_s: float | None, options: ControllerSettings) -> float:
+    """How long a trial's window must last for this meter; 0: one call is enough.
+
+    At most ``MAX_WINDOW_S`` (optimum-benchmark's energy window), and short enough that
+    the case's minimum trials fit its measured-time budget: a meter as coarse as a 1 s
+    power average gets 5 s windows under the default rule, not 30."""
     if resolution_s is None or resolution_s < FINE_RESOLUTION_S:
         return 0.0
+    targets = options.targets
     relative = [t.value for t in targets if t.relative and FIGURES[t.metric].energy]
     target = min(relative) if relative else DEFAULT_ENERGY_TARGET
-    return resolution_s / (WINDOW_ERROR_SHARE * target)
+    window_s = min(resolution_s / (WINDOW_ERROR_SHARE * target), MAX_WINDOW_S)
+    if options.max_time:
+        window_s = min(window_s, options.max_time / options.min_trials)
+    return window_s
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..compare import Comparison, Delta
 from ..figures import FIGURES, Figure
-from ..report import cell, invalid_note, rejected_note
+from ..report import batch_note, cell, invalid_note, rejected_note
 from ..results import CONVERGED, LIMIT, CaseResult
 from ..scale import scale_of
 from ..serving_rules import rejections
@@ -218,6 +218,8 @@ def case_table(runs: Sequence[tuple[str, Sequence[CaseResult]]]) -> CaseTable:
             found = [invalid_note(case, case_name(case))] if case.invalid_telemetry else []
             if case.nodeid in rejected:
                 found.append(rejected_note(case_name(case), rejected[case.nodeid]))
+            if (note := batch_note(case, case_name(case))) is not None:
+                found.append(note)
             notes += [f"{label}: {note}" if several else note for note in found]
     return CaseTable(tuple(columns), tuple(rows), tuple(notes))
 

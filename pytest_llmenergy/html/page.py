@@ -301,6 +301,90 @@ def _charts_html(charts: list[DrawnChart]) -> str:
     return f'<div class="charts">{divs}</div>'
 
 
+def _head_html(title: str) -> list[str]:
+    """The page's head (its policy, style and the Vega bundle) and its title."""
+    return [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{escape(title)}</title><style>{_STYLE}</style>",
+        f"<!-- {escape(vega.versions())} --><script>{vega.bundle()}</script>",
+        "</head><body>",
+        f"<h1>{escape(title)}</h1>",
+    ]
+
+
+def _runs_html(runs: Sequence[Run], names: Sequence[str]) -> str:
+    headers = "".join(
+        f"<section><h3>{escape(name)}</h3>{_header_html(run_header(run, name))}</section>"
+        for run, name in zip(runs, names)
+    )
+    return f'<h2>Runs</h2><div class="runs">{headers}</div>'
+
+
+def _comparisons_html(comparisons: Sequence[Comparison], ratios: list[DrawnChart]) -> list[str]:
+    """Each comparison with its own ratio charts; nothing without comparisons."""
+    if not comparisons:
+        return []
+    return ["<h2>Comparison</h2>"] + [
+        _comparison_html(i, c, [r for r in ratios if r.key.startswith(f"ratio-{i}-")])
+        for i, c in enumerate(comparisons)
+    ]
+
+
+def _studies_html(frontier: Section, slo: Section, routing: Section, scale: Section) -> list[str]:
+    """The sections of runs that vary a setting: each says when it has nothing to show."""
+    return [
+        _section_html(
+            "Time-energy frontier",
+            "frontier",
+            frontier,
+            "cases measured at several GPU settings (llmenergy frontier)",
+        ),
+        _section_html(
+            "The best configuration under a latency limit",
+            "slo",
+            slo,
+            "cases measured in several configurations (batch size, concurrency, GPU "
+            "setting): the time-energy front, and the least energy per output token that "
+            "meets the run's --llm-slo",
+        ),
+        _section_html(
+            "Routing",
+            "routing",
+            routing,
+            "which queries of the workload go to which system (llmenergy route)",
+        ),
+        _section_html(
+            "Scale", "scale", scale, "the same cases at several scales (llmenergy scale)"
+        ),
+    ]
+
+
+def _cases_html(table: CaseTable) -> str:
+    return (
+        f'<h2>Cases</h2><p class="note">{len(table.rows)} row(s); click a header to sort, '
+        "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
+        "✓ converged, ✓< converged but stopped at the trial limit short of the minimum "
+        "measured time, ✗ stopped at the trial limit, (Ni) N trials with invalid power "
+        "telemetry: never gated, the notes below say why</p>\n" + _case_table_html(table)
+    )
+
+
+def _tail_html(charts: Sequence[DrawnChart]) -> list[str]:
+    """The footer, every chart's spec (drawn by the page's script), and that script."""
+    return [
+        f"<footer>pytest-llmenergy {escape(_version())}; charts: "
+        f"{escape(vega.versions())}</footer>",
+        '<script type="application/json" id="llmenergy-specs">',
+        _script_json({c.key: c.spec for c in charts}),
+        "</script>",
+        f"<script>{_SCRIPT}</script>",
+        "</body></html>",
+    ]
+
+
 def render_report(
     runs: Sequence[Run],
     labels: Sequence[str] | None = None,
@@ -327,81 +411,23 @@ def render_report(
     routing = routing_section(routed_between(runs) if routed is None else routed)
     scale = scale_section(runs, names)
     history = history_section(histories)
-    headers = "".join(
-        f"<section><h3>{escape(name)}</h3>{_header_html(run_header(run, name))}</section>"
-        for run, name in zip(runs, names)
-    )
     title = f"pytest-llmenergy report: {', '.join(names)}"
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{escape(title)}</title><style>{_STYLE}</style>",
-        f"<!-- {escape(vega.versions())} --><script>{vega.bundle()}</script>",
-        "</head><body>",
-        f"<h1>{escape(title)}</h1>",
-        f'<h2>Runs</h2><div class="runs">{headers}</div>',
-    ]
-    if comparisons:
-        parts.append("<h2>Comparison</h2>")
-        parts += [
-            _comparison_html(i, c, [r for r in ratios if r.key.startswith(f"ratio-{i}-")])
-            for i, c in enumerate(comparisons)
-        ]
-    parts.append(
+        *_head_html(title),
+        _runs_html(runs, names),
+        *_comparisons_html(comparisons, ratios),
         _section_html(
             "History",
             "history",
             history,
             "the figure per commit on the branch, and where it changed (llmenergy report "
             "--history)",
-        )
-    )
-    parts += [
+        ),
         "<h2>Charts</h2>",
         _charts_html(charts),
-        _section_html(
-            "Time-energy frontier",
-            "frontier",
-            frontier,
-            "cases measured at several GPU settings (llmenergy frontier)",
-        ),
-        _section_html(
-            "The best configuration under a latency limit",
-            "slo",
-            slo,
-            "cases measured in several configurations (batch size, concurrency, GPU "
-            "setting): the time-energy front, and the least energy per output token that "
-            "meets the run's --llm-slo",
-        ),
-        _section_html(
-            "Routing",
-            "routing",
-            routing,
-            "which queries of the workload go to which system (llmenergy route)",
-        ),
-        _section_html(
-            "Scale", "scale", scale, "the same cases at several scales (llmenergy scale)"
-        ),
-        f'<h2>Cases</h2><p class="note">{len(table.rows)} row(s); click a header to sort, '
-        "hover one for the figure's meaning; ~ estimated, † below the meter's resolution, "
-        "✓ converged, ✓< converged but stopped at the trial limit short of the minimum "
-        "measured time, ✗ stopped at the trial limit, (Ni) N trials with invalid power "
-        "telemetry: never gated, the notes below say why</p>",
-        _case_table_html(table),
-        f"<footer>pytest-llmenergy {escape(_version())}; charts: "
-        f"{escape(vega.versions())}</footer>",
-        '<script type="application/json" id="llmenergy-specs">',
-        _script_json(
-            {
-                c.key: c.spec
-                for c in (*history.charts, *charts, *ratios, *frontier.charts, *routing.charts)
-            }
-        ),
-        "</script>",
-        f"<script>{_SCRIPT}</script>",
-        "</body></html>",
+        *_studies_html(frontier, slo, routing, scale),
+        _cases_html(table),
+        *_tail_html((*history.charts, *charts, *ratios, *frontier.charts, *routing.charts)),
     ]
     return "\n".join(parts)
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..figures import FIGURES
+from ..figures import FIGURES, Figure
 from ..history import BETTER, BranchHistory, Change
 from ..results import distinct_names
 from ..tables import DASH, Table, clean, fmt_mean_ci
@@ -76,8 +76,8 @@ def history_data(h: BranchHistory) -> list[Record]:
     return data
 
 
-def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
-    f = FIGURES[h.gate.metric]
+def _history_axes(f: Figure) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The x (commits) and y (the figure) encodings every layer of a panel shares."""
     # Orders by numbers, never by a list of names: Vega-Lite compiles a sort list into an
     # expression, and a name with U+2028 in it stops Vega's expression parser.
     x = {
@@ -89,7 +89,11 @@ def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
     }
     unit = f" [{f.unit}]" if f.unit and f.unit not in f.label else ""
     y = {"field": "y", "type": "quantitative", "scale": {"zero": False}, "title": f.label + unit}
-    tooltip = [
+    return x, y
+
+
+def _history_tooltip(f: Figure) -> list[dict[str, Any]]:
+    return [
         {"field": "panel", "title": "case"},
         {"field": "commit", "title": "commit"},
         {"field": "time", "title": "commit time"},
@@ -100,11 +104,23 @@ def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
         {"field": "trials", "title": "trials"},
         {"field": "size", "title": "change"},
     ]
+
+
+def _history_layers(h: BranchHistory, f: Figure, intervals: bool) -> list[dict[str, Any]]:
+    """A panel's layers: the interval bars (where the figure has intervals), the line,
+    the commits, and the changes the gate saw as diamonds with their size."""
+    x, y = _history_axes(f)
+    tooltip = _history_tooltip(f)
     colour = {
         "field": "change",
         "type": "nominal",
         "title": f"changed ({h.gate})",
         "scale": {"domain": list(_COLOURS), "range": list(_COLOURS.values())},
+    }
+    bars = {
+        "transform": [{"filter": "datum.lo != null"}],
+        "mark": {"type": "rule", "strokeWidth": 1.5, "color": "#5d6d7e"},
+        "encoding": {"x": x, "y": {**y, "field": "lo"}, "y2": {"field": "hi"}},
     }
     layers: list[dict[str, Any]] = [
         {
@@ -139,24 +155,26 @@ def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
             },
         },
     ]
-    notes = []
-    if any(r["lo"] is not None for r in data):
-        layers.insert(
-            0,
-            {
-                "transform": [{"filter": "datum.lo != null"}],
-                "mark": {"type": "rule", "strokeWidth": 1.5, "color": "#5d6d7e"},
-                "encoding": {"x": x, "y": {**y, "field": "lo"}, "y2": {"field": "hi"}},
-            },
-        )
-        notes.append(
+    return [bars, *layers] if intervals else layers
+
+
+def _history_notes(h: BranchHistory, f: Figure, data: list[Record], intervals: bool) -> str:
+    """The subtitle's second line: what the bars and hollow points mean."""
+    if intervals:
+        notes = [
             f"bars: the {h.confidence:.0%} interval of the mean of the commit's trials "
             "(the test also counts the noise between sessions)"
-        )
+        ]
     else:
-        notes.append(f"{f.key} is counted, not measured: exact, no interval")
+        notes = [f"{f.key} is counted, not measured: exact, no interval"]
     if any(r["dirty"] for r in data):
         notes.append("hollow: a run with uncommitted changes (+)")
+    return "; ".join(notes)
+
+
+def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
+    f = FIGURES[h.gate.metric]
+    intervals = any(r["lo"] is not None for r in data)
     return {
         "title": {
             "text": f"{f.label} per commit on {h.branch}",
@@ -164,7 +182,7 @@ def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
                 f"{f.key} on {h.hardware}, in commit-time order; diamonds: where the gate "
                 f"{h.gate} saw a change from the commit before (red worse, green better), "
                 "with its size and the ratio's interval",
-                "; ".join(notes),
+                _history_notes(h, f, data, intervals),
             ],
             "anchor": "start",
         },
@@ -177,7 +195,11 @@ def history_spec(h: BranchHistory, data: list[Record]) -> dict[str, Any]:
             "header": {"labelLimit": HISTORY_WIDTH_PX + 60, "labelFontSize": 9},
         },
         "columns": HISTORY_COLUMNS,
-        "spec": {"width": HISTORY_WIDTH_PX, "height": HISTORY_HEIGHT_PX, "layer": layers},
+        "spec": {
+            "width": HISTORY_WIDTH_PX,
+            "height": HISTORY_HEIGHT_PX,
+            "layer": _history_layers(h, f, intervals),
+        },
         "resolve": {"scale": {"y": "independent"}},
         "config": {"title": {"subtitleFontSize": 10, "subtitleColor": "#555"}},
     }

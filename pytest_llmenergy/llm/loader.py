@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..meters.base import mark_phase, mark_token
+from .compiled import COMPILED, EAGER, CompiledDecode, resolve_execution
 from .tiny import (
     SAMPLE_TEXT,
     TINY_MODELS,
@@ -117,7 +118,10 @@ class LoadedModel:
     # Generate with a KV cache (transformers' default); off, every decoded token runs the
     # model over the whole sequence again, as the research's scripts did.
     kv_cache: bool = True
+    # eager, or compiled: a static KV cache and the decode step compiled (llm/compiled.py)
+    execution: str = EAGER
     _text_ids: list[int] | None = field(default=None, init=False, repr=False)
+    _compiled: CompiledDecode | None = field(default=None, init=False, repr=False)
     _start: list[int] | None = field(default=None, init=False, repr=False)
 
     def prompt_ids(self, n: int, batch_size: int = 1) -> Any:
@@ -165,13 +169,12 @@ class LoadedModel:
         """Greedily generate exactly ``output_tokens`` new tokens after ``input_ids``.
 
         EOS cannot end it early (it is masked at every step) and every call starts from
-        a new, empty KV cache, so repeated cases cost the same.  The first output token
+        an empty KV cache (a new one; compiled, the shape's static one emptied), so
+        repeated cases cost the same.  The first output token
         marks the ``decode`` phase of the innermost open measurement window (a window
         that sees several calls is split at the first one only).  On MPS transformers
         streams tokens one step late, so there the mark comes one decode step late.
         """
-        import torch
-
         if input_ids.dim() != 2:
             raise ValueError(
                 f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}"
@@ -185,20 +188,52 @@ class LoadedModel:
                 f"positions of model {self.name!r}; {self._beyond_context_fix()}"
             )
         input_ids = input_ids.to(self.device)
-        streamer = _streamer_class()(self._synchronize, output_tokens)
+        if self.execution == COMPILED:
+            return self._compiled_decode().generate(
+                input_ids, output_tokens, self._generation_config(output_tokens), self._run
+            )
+        cache = self._cache_kwargs() if self.kv_cache else {}
+        return self._run(input_ids, output_tokens, self._generation_config(output_tokens), cache)
+
+    def prepare(self, input_ids: Any, output_tokens: int) -> None:
+        """Get ready, unmeasured, for ``generate(input_ids, output_tokens)``: compiled,
+        the static cache of this shape and its decode step compiled and captured (two
+        generations); eager, nothing.  Call it before the measured window: a compiled
+        model's first generation of a shape inside a window fails rather than measure
+        the compiler (outside any window, ``generate`` prepares by itself)."""
+        if self.execution == COMPILED:
+            self._compiled_decode().prepare(
+                input_ids.to(self.device),
+                output_tokens,
+                self._generation_config(output_tokens),
+                self._run,
+            )
+
+    def _run(
+        self,
+        input_ids: Any,
+        output_tokens: int,
+        generation_config: Any,
+        cache_kwargs: dict[str, Any],
+        quiet: bool = False,
+    ) -> Generation:
+        """One greedy generation; ``quiet``: a warm-up's, whose tokens mark nothing."""
+        import torch
+
+        streamer = _streamer_class()(self._synchronize, output_tokens, quiet)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
-                generation_config=self._generation_config(output_tokens),
+                generation_config=generation_config,
                 streamer=streamer,
-                **(self._cache_kwargs() if self.kv_cache else {}),
+                **cache_kwargs,
             )
         self._synchronize()
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         return Generation(
-            input_tokens=n_in,
-            output_tokens=int(sequences.shape[1]) - n_in,
+            input_tokens=int(input_ids.shape[1]),
+            output_tokens=int(sequences.shape[1]) - int(input_ids.shape[1]),
             first_token_at=streamer.first_token_at,
             queries=int(sequences.shape[0]),
         )
@@ -210,12 +245,13 @@ class LoadedModel:
         import torch
 
         input_ids = input_ids.to(self.device)
+        static = self._compiled.prefill_cache(input_ids) if self._compiled is not None else None
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 use_cache=True,
-                **self._cache_kwargs(),
+                **(static or self._cache_kwargs()),
             )
             out.logits[:, -1, :].argmax(dim=-1)
         self._synchronize()
@@ -294,6 +330,11 @@ class LoadedModel:
             cache = DynamicCache()
         return {_cache_keyword(type(self.model)): cache}
 
+    def _compiled_decode(self) -> CompiledDecode:
+        if self._compiled is None:
+            self._compiled = CompiledDecode(self.model, self.name, _cache_keyword(type(self.model)))
+        return self._compiled
+
     def _synchronize(self) -> None:
         """Wait for queued GPU work so that time and energy land in the right phase."""
         import torch
@@ -327,14 +368,19 @@ def _streamer_class() -> type:
         """``put`` receives the prompt first, then each new token; each put is marked
         (``mark_token``: the prompt is token 0 of ``output_tokens``) for counted work."""
 
-        def __init__(self, synchronize: Callable[[], None], output_tokens: int) -> None:
+        def __init__(
+            self, synchronize: Callable[[], None], output_tokens: int, quiet: bool = False
+        ) -> None:
             self._synchronize = synchronize
             self._output_tokens = output_tokens
+            self._quiet = quiet  # a warm-up's tokens: no counter hears them
             self._puts = 0
             self.first_token_at: float | None = None
 
         def put(self, value: Any) -> None:
             self._puts += 1
+            if self._quiet:
+                return
             mark_token(self._puts - 1, self._output_tokens)
             if self._puts == 2:  # the first put after the prompt
                 self._synchronize()
@@ -503,8 +549,10 @@ class ModelPool:
         inject_regression: float | Mapping[str, float] = 0.0,
         inject_work: tuple[str, ...] = (),
         kv_cache: bool = True,
+        execution: str = "auto",
     ) -> None:
         self.dtype = dtype
+        self.execution = execution  # auto, eager or compiled (llm/compiled.py)
         self.inject_work = inject_work  # llm/inject.py: does a failed gate say why?
         self.kv_cache = kv_cache
         self.inject_regression = inject_regression  # llm/inject.py: the gate's self-check
@@ -546,6 +594,14 @@ class ModelPool:
 
             inject_work(self._current.model, self.inject_work)
         self._current.kv_cache = self.kv_cache
+        self._current.execution = resolve_execution(
+            self.execution,
+            self.device,
+            kv_cache=self.kv_cache,
+            parallel=self.parallel,
+            # any model injected makes the session eager: its cases compare as alike
+            injected=bool(self.inject_regression) or bool(self.inject_work),
+        )
         if self.on_load is not None:
             self.on_load(self._current)
         return self._current

@@ -35,11 +35,19 @@ from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any
 
-from ..errors import ConfigError, MeterError, MeterUnavailable
+from ..errors import MeterError, MeterUnavailable
 from ..gpu.amd import POWER_FIELDS, AmdLibrary, visibility_text, visible_indices, watts
 from ..gpu.device import GpuDeviceError, one_line, vendor_named
 from .base import Domain, Method, Reading, _frozen
-from .gpu_meter import GpuMeter, period_s, period_text, probe_counters, sync_torch_gpus, unavailable
+from .gpu_meter import (
+    GpuMeter,
+    period_s,
+    probe_counters,
+    select_gpus,
+    sync_torch_gpus,
+    unavailable,
+    with_period,
+)
 from .meter_settings import MeterSettings
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
@@ -177,6 +185,73 @@ def _sampled_note(
     return f"{domain} {name}: sampled ({why}; {source})"
 
 
+@dataclass(frozen=True)
+class _Opened:
+    """One measured GPU while the meter opens: its description, and what judging its
+    counter needs (the counter's µJ per count, None once sampled; its power reader and
+    field, None where it reports no power; what its board adds to its note)."""
+
+    device: AmdGpu
+    uj_per_count: float | None
+    reader: Callable[[], float] | None
+    field: str | None
+    board: str
+
+
+def _visible_ordinals(count: int) -> list[int]:
+    """The amdsmi index of each GPU HIP sees, in HIP's order; none is no meter."""
+    ordinals = visible_indices(count)
+    if not ordinals:
+        shown = visibility_text()
+        if count and shown:
+            raise MeterUnavailable(BACKEND, f"{shown} hides all GPUs; {FALLBACK_HINT}")
+        raise MeterUnavailable(BACKEND, f"amdsmi found no AMD GPU; {FALLBACK_HINT}")
+    return ordinals
+
+
+def _boards(
+    ordinals: Sequence[int], selected: Sequence[int], silent: set[int]
+) -> list[tuple[int, list[int], str]]:
+    """One domain per board, in HIP's order: ``(amdsmi index read, HIP ordinals it
+    measures, what its note says of its board)``; the silent second die of an MI250 is
+    read through its first."""
+    boards: dict[int, list[int]] = {}
+    for ordinal in selected:
+        index = ordinals[ordinal]
+        boards.setdefault(index - 1 if index in silent else index, []).append(ordinal)
+    return [
+        (index, served, _board_text(served, ordinals[served[0]] == index))
+        if index + 1 in silent
+        else (index, served, "")
+        for index, served in sorted(boards.items(), key=lambda kv: kv[1][0])
+    ]
+
+
+def _judged(
+    opened: _Opened,
+    seen: Sequence[tuple[float, int]],
+    w_before: float | None,
+    probed_s: float,
+    interval_s: float,
+) -> _Opened:
+    """A counter GPU after the probe: its counter's period in its note, or its power
+    sampled instead when its counter does not follow that power."""
+    known = [w for w in (w_before, _power_or_none(opened.reader)) if w is not None]
+    power_w = sum(known) / len(known) if known else None
+    assert opened.uj_per_count is not None  # only counter GPUs are probed
+    problem = counter_problem(seen, opened.uj_per_count, power_w, probed_s)
+    device = opened.device
+    if problem is None:
+        timed = with_period(device, COUNTER_TEXT, period_s([t for t, _ in seen]))
+        return replace(opened, device=timed)
+    assert opened.reader is not None  # counter_problem needs a power reading to find one
+    note = _sampled_note(device.domain, device.name, problem, opened.field, interval_s)
+    sampled = replace(
+        device, method=Method.SAMPLED, note=note + opened.board, resolution_s=interval_s
+    )
+    return replace(opened, device=sampled, uj_per_count=None)
+
+
 class AmdSmiMeter(GpuMeter):
     """Energy of AMD GPUs: the energy accumulator where it works, sampled power elsewhere."""
 
@@ -207,115 +282,80 @@ class AmdSmiMeter(GpuMeter):
 
     # -- opening -------------------------------------------------------------------------
     def _open(self, options: MeterSettings) -> None:
-        smi = self._smi
-        handles = list(smi.amdsmi_get_processor_handles())
-        ordinals = visible_indices(len(handles))
-        if not ordinals:
-            shown = visibility_text()
-            if handles and shown:
-                raise MeterUnavailable(BACKEND, f"{shown} hides all GPUs; {FALLBACK_HINT}")
-            raise MeterUnavailable(BACKEND, f"amdsmi found no AMD GPU; {FALLBACK_HINT}")
-        selected = list(range(len(ordinals)))
-        if options.gpus is not None:
-            bad = [i for i in options.gpus if i >= len(ordinals)]
-            if bad:
-                shown = visibility_text()
-                where = f" with {shown}" if shown else ""
-                raise ConfigError(
-                    f"--energy-gpus names GPU {bad[0]}, but {len(ordinals)} GPU(s) are "
-                    f"visible{where} (valid: 0..{len(ordinals) - 1})"
-                )
-            selected = sorted(set(options.gpus))
+        handles = list(self._smi.amdsmi_get_processor_handles())
+        ordinals = _visible_ordinals(len(handles))
+        shown = visibility_text()
+        selected = select_gpus(options.gpus, len(ordinals), f" with {shown}" if shown else "")
         self._hip_ordinals: tuple[int, ...] = tuple(selected)
 
         names = [self._name(h) for h in handles]
-        # One domain per board: the silent second die of an MI250 is read through its first.
-        silent = {
+        silent = self._silent_dies(handles, names)
+        interval_s = options.interval_s(DEFAULT_INTERVAL_S)
+        opened = [
+            self._describe(handles[index], index, served, names[index], interval_s, board)
+            for index, served, board in _boards(ordinals, selected, silent)
+        ]
+        checked = self._checked(opened, handles, interval_s)
+        devices = [o.device for o in checked]
+        self._measure(devices)
+
+        self.devices: tuple[AmdGpu, ...] = tuple(devices)
+        kept = [o for o in checked if o.uj_per_count is not None]
+        self._counter_names = tuple(o.device.domain for o in kept)
+        self._counter_handles = tuple(handles[o.device.index] for o in kept)
+        self._uj_per_count = tuple(o.uj_per_count for o in kept)
+        sampled = [(o.device.domain, o.reader) for o in checked if o.uj_per_count is None]
+        self._sample(sampled, interval_s, SAMPLER_THREAD_NAME)
+
+    def _silent_dies(self, handles: Sequence[Any], names: Sequence[str]) -> set[int]:
+        """The amdsmi indices of MI250 second dies that report no power of their own."""
+        return {
             i
             for i in range(1, len(handles))
             if self._second_die(names, i) and self._power_field(handles[i]) is None
         }
-        boards: dict[int, list[int]] = {}  # amdsmi index read -> HIP ordinals it measures
-        for ordinal in selected:
-            index = ordinals[ordinal]
-            boards.setdefault(index - 1 if index in silent else index, []).append(ordinal)
 
-        interval_s = options.interval_s(DEFAULT_INTERVAL_S)
-        devices: list[AmdGpu] = []
-        counters: list[tuple[int, float]] = []  # position in devices, µJ per count
-        readers: dict[str, Callable[[], float]] = {}
-        power_readers: list[Callable[[], float] | None] = []
-        fields: list[str | None] = []
-        boards_text: list[str] = []
-        for index, served in sorted(boards.items(), key=lambda kv: kv[1][0]):
-            handle = handles[index]
-            domain = f"gpu:{served[0]}"
-            name = names[index]
-            field = self._power_field(handle)
-            uj_per_count, why_not = self._counter(handle)
-            if field is None and uj_per_count is None:
-                raise MeterUnavailable(
-                    BACKEND,
-                    f"{domain} {name} reports neither an energy counter ({why_not}) nor power; "
-                    f"{FALLBACK_HINT}",
-                )
-            reader = self._power_reader(handle, field) if field is not None else None
-            board = _board_text(served, ordinals[served[0]] == index) if index + 1 in silent else ""
-            if uj_per_count is not None:
-                counters.append((len(devices), uj_per_count))
-                note = f"{domain} {name}: {COUNTER_TEXT}{board}"
-                devices.append(AmdGpu(domain, index, name, Method.COUNTER, note))
-            else:
-                assert reader is not None
-                readers[domain] = reader
-                note = _sampled_note(domain, name, why_not, field, interval_s) + board
-                devices.append(AmdGpu(domain, index, name, Method.SAMPLED, note, interval_s))
-            power_readers.append(reader)
-            fields.append(field)
-            boards_text.append(board)
-
-        # Time the counters, and leave aside any that does not move with the GPU's power.
-        before = [_power_or_none(power_readers[i]) for i, _ in counters]
-        started = perf_counter()
-        changes = probe_counters(self._count, [handles[devices[i].index] for i, _ in counters])
-        probed_s = perf_counter() - started
-        kept: list[tuple[str, Any, float]] = []
-        for (i, uj), seen, w_before in zip(counters, changes, before):
-            device = devices[i]
-            reader = power_readers[i]
-            known = [w for w in (w_before, _power_or_none(reader)) if w is not None]
-            power_w = sum(known) / len(known) if known else None
-            problem = counter_problem(seen, uj, power_w, probed_s)
-            if problem is None:
-                period = period_s([t for t, _ in seen])
-                note = device.note.replace(
-                    COUNTER_TEXT, f"{COUNTER_TEXT}, {period_text(period)}", 1
-                )
-                devices[i] = replace(device, note=note, resolution_s=period)
-                kept.append((device.domain, handles[device.index], uj))
-                continue
-            assert reader is not None  # counter_problem needs a power reading to find one
-            note = _sampled_note(device.domain, device.name, problem, fields[i], interval_s)
-            devices[i] = replace(
-                device,
-                method=Method.SAMPLED,
-                note=note + boards_text[i],
-                resolution_s=interval_s,
+    def _describe(
+        self,
+        handle: Any,
+        index: int,
+        served: Sequence[int],
+        name: str,
+        interval_s: float,
+        board: str,
+    ) -> _Opened:
+        """One board's GPU as opened: its counter where it has one, else its power sampled."""
+        domain = f"gpu:{served[0]}"
+        field = self._power_field(handle)
+        uj_per_count, why_not = self._counter(handle)
+        if field is None and uj_per_count is None:
+            raise MeterUnavailable(
+                BACKEND,
+                f"{domain} {name} reports neither an energy counter ({why_not}) nor power; "
+                f"{FALLBACK_HINT}",
             )
-            readers[device.domain] = reader
-        self.notes.extend(d.note for d in devices)
-        # The coarsest GPU sets what the meter resolves; one unknown makes it unknown.
-        known_s = [d.resolution_s for d in devices if d.resolution_s is not None]
-        self._resolution_s = max(known_s) if len(known_s) == len(devices) else None
+        reader = self._power_reader(handle, field) if field is not None else None
+        if uj_per_count is not None:
+            note = f"{domain} {name}: {COUNTER_TEXT}{board}"
+            device = AmdGpu(domain, index, name, Method.COUNTER, note)
+        else:
+            note = _sampled_note(domain, name, why_not, field, interval_s) + board
+            device = AmdGpu(domain, index, name, Method.SAMPLED, note, interval_s)
+        return _Opened(device, uj_per_count, reader, field, board)
 
-        self.devices: tuple[AmdGpu, ...] = tuple(devices)
-        self._domains = {d.domain: Domain(d.domain, d.method) for d in devices}
-        self._names = tuple(self._domains)
-        self._counter_names = tuple(d for d, _, _ in kept)
-        self._counter_handles = tuple(h for _, h, _ in kept)
-        self._uj_per_count = tuple(uj for _, _, uj in kept)
-        sampled = [(d.domain, readers[d.domain]) for d in devices if d.domain in readers]
-        self._sample(sampled, interval_s, SAMPLER_THREAD_NAME)
+    def _checked(
+        self, opened: Sequence[_Opened], handles: Sequence[Any], interval_s: float
+    ) -> list[_Opened]:
+        """Time the counters, and leave aside any that does not move with the GPU's power."""
+        counted = [i for i, o in enumerate(opened) if o.uj_per_count is not None]
+        before = [_power_or_none(opened[i].reader) for i in counted]
+        started = perf_counter()
+        changes = probe_counters(self._count, [handles[opened[i].device.index] for i in counted])
+        probed_s = perf_counter() - started
+        checked = list(opened)
+        for i, seen, w_before in zip(counted, changes, before):
+            checked[i] = _judged(opened[i], seen, w_before, probed_s, interval_s)
+        return checked
 
     def _name(self, handle: Any) -> str:
         try:

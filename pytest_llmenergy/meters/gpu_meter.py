@@ -3,8 +3,10 @@ power sampled in a thread for the GPUs without a usable counter, and each counte
 update period, timed when the meter opens (a window shorter than the period sees a
 whole period's energy or none, so the period is what the meter resolves).
 
-A vendor's meter subclasses ``GpuMeter``: it opens its library, reads its counters in
-``_read`` and turns two readings into joules in ``_counter_energy_j``; the sampler, the
+A vendor's meter subclasses ``GpuMeter``: it opens its library, describes each GPU it
+measures, reads its counters in ``_read`` and turns two readings into joules in
+``_counter_energy_j``; the choice of GPUs (``--energy-gpus``), a counter's period in its
+GPU's note, the domains, notes and resolution the descriptions make, the sampler, the
 merging of sampled and counted GPUs, the window bookkeeping and closing live here.
 """
 
@@ -15,19 +17,40 @@ import statistics
 import sys
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from time import perf_counter
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
+from ..errors import ConfigError
 from ..gpu.device import GpuDeviceError
 from ..gpu.device import one_line as one_line  # the GPU meters' messages
-from .base import Meter, PowerSample, Reading, duration_text
+from .base import Domain, Meter, Method, PowerSample, Reading, duration_text
 from .sampling import PowerSampler, integrate_instant
 
 # Timing the counters' update period at open: every counter GPU is polled in turn in one
 # tight loop, which stops once each has shown this many updates, or after the cap (so
-# opening stays well under a second even with a 100 ms counter on every GPU).
-PERIOD_PROBE_MAX_S = 0.3
+# opening stays well under a second even with a 100 ms counter on every GPU; long enough
+# that a 100 ms counter shows four updates, so one poll delayed by a busy machine cannot
+# make the median interval)
+PERIOD_PROBE_MAX_S = 0.5
 PERIOD_PROBE_INTERVALS = 3
+
+
+class MeasuredGpu(Protocol):
+    """What a vendor's description of one measured GPU (a frozen dataclass) gives the
+    bookkeeping shared here."""
+
+    @property
+    def domain(self) -> str: ...
+    @property
+    def method(self) -> Method: ...
+    @property
+    def note(self) -> str: ...
+    @property
+    def resolution_s(self) -> float | None: ...
+
+
+GpuT = TypeVar("GpuT", bound=MeasuredGpu)
 
 
 def unavailable(exc: GpuDeviceError, fallback: str) -> str:
@@ -35,6 +58,20 @@ def unavailable(exc: GpuDeviceError, fallback: str) -> str:
     ``fallback`` (what to use instead) unless the library is missing, whose install line
     is what to do."""
     return str(exc) if exc.missing else f"{exc}; {fallback}"
+
+
+def select_gpus(gpus: Sequence[int] | None, visible: int, where: str) -> list[int]:
+    """The positions among the ``visible`` GPUs that are measured: all, or the ones
+    ``--energy-gpus`` names; ``where``: what makes them visible, for the message."""
+    if gpus is None:
+        return list(range(visible))
+    bad = [i for i in gpus if i >= visible]
+    if bad:
+        raise ConfigError(
+            f"--energy-gpus names GPU {bad[0]}, but {visible} GPU(s) are "
+            f"visible{where} (valid: 0..{visible - 1})"
+        )
+    return sorted(set(gpus))
 
 
 def probe_counters(
@@ -79,6 +116,13 @@ def period_text(period: float | None) -> str:
     return f"updates every {duration_text(period)}"
 
 
+def with_period(device: GpuT, counter_text: str, period: float | None) -> GpuT:
+    """A counter GPU once its counter's period is timed: the period follows
+    ``counter_text`` in its note and is its resolution."""
+    note = device.note.replace(counter_text, f"{counter_text}, {period_text(period)}", 1)
+    return replace(device, note=note, resolution_s=period)
+
+
 def sync_torch_gpus(ordinals: Sequence[int], api: str = "cuda") -> None:
     """Let queued kernels finish, so their energy lands inside the window they ran in;
     ``api``: the torch module of the vendor's GPUs (its ``Vendor.torch``: torch on ROCm
@@ -106,6 +150,15 @@ class GpuMeter(Meter):
         self._names: tuple[str, ...] = ()  # every domain, in order
         self._counter_names: tuple[str, ...] = ()
         self._sampled_names: tuple[str, ...] = ()
+
+    def _measure(self, devices: Sequence[MeasuredGpu]) -> None:
+        """The domains, notes and resolution of the GPUs measured, in order."""
+        self.notes.extend(d.note for d in devices)
+        # The coarsest GPU sets what the meter resolves; one unknown makes it unknown.
+        known_s = [d.resolution_s for d in devices if d.resolution_s is not None]
+        self._resolution_s = max(known_s) if len(known_s) == len(devices) else None
+        self._domains: dict[str, Domain] = {d.domain: Domain(d.domain, d.method) for d in devices}
+        self._names = tuple(self._domains)
 
     def _sample(
         self,

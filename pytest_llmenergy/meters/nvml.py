@@ -18,11 +18,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from ..errors import ConfigError, MeterError, MeterUnavailable
+from ..errors import MeterError, MeterUnavailable
 from ..gpu.device import GpuDeviceError, SmSample, vendor_named
 from ..gpu.nvidia import CudaVisible, NvidiaGpu, NvidiaLibrary, text
 from .base import Domain, Method, Reading, _frozen
@@ -32,10 +32,11 @@ from .gpu_meter import (
     GpuMeter,
     one_line,
     period_s,
-    period_text,
     probe_counters,
+    select_gpus,
     sync_torch_gpus,
     unavailable,
+    with_period,
 )
 from .meter_settings import MeterSettings
 from .process_tree import tree_pids
@@ -51,6 +52,7 @@ DEFAULT_INTERVAL_S = VENDOR.interval_s
 AVERAGED_POWER_S = 1.0
 FALLBACK_HINT = "use --energy-backend=auto or estimate"
 SAMPLER_THREAD_NAME = "llmenergy-nvml-sampler"
+COUNTER_TEXT = "counter (NVML total energy, mJ)"
 
 # Fallbacks for the pynvml constants we use, in case an old nvidia-ml-py lacks one.
 _ARCH_VOLTA = 5
@@ -126,6 +128,37 @@ def sm_share(samples: Sequence[SmSample], ours: set[int], until_us: int) -> floa
     return sum(sm for pid, sm in used if pid in ours) / total
 
 
+def _visible_ordinals(visible: CudaVisible, spec: str | None) -> list[int]:
+    """The NVML index of each GPU CUDA sees, in CUDA's order; none is no meter."""
+    ordinals = visible.resolve(spec)
+    if not ordinals:
+        if spec is not None:
+            raise MeterUnavailable(
+                BACKEND, f"CUDA_VISIBLE_DEVICES={spec!r} hides all GPUs; {FALLBACK_HINT}"
+            )
+        raise MeterUnavailable(BACKEND, f"NVML found no NVIDIA GPU; {FALLBACK_HINT}")
+    return ordinals
+
+
+def _physical_gpus(ordinals: Sequence[int], selected: Sequence[int]) -> list[tuple[int, int]]:
+    """One domain per physical GPU, named after its first selected CUDA ordinal:
+    ``(NVML index, CUDA ordinal)``, in CUDA's order."""
+    first_ordinal: dict[int, int] = {}
+    for ordinal in selected:
+        first_ordinal.setdefault(ordinals[ordinal], ordinal)
+    return sorted(first_ordinal.items(), key=lambda kv: kv[1])
+
+
+def _mig_text(visible: CudaVisible, index: int) -> str:
+    """What a GPU's note adds when CUDA sees it through MIG devices."""
+    if index not in visible.mig_entries:
+        return ""
+    return (
+        f"; CUDA sees MIG device(s) {', '.join(visible.mig_entries[index])} of it, "
+        "but the energy is the whole GPU's, other MIG instances' work included"
+    )
+
+
 def create(options: MeterSettings) -> NvmlMeter:
     """Registry entry point: open NVML on the GPUs CUDA sees (or ``options.gpus`` of them)."""
     return NvmlMeter(options)
@@ -160,80 +193,20 @@ class NvmlMeter(GpuMeter):
     def _open(self, options: MeterSettings) -> None:
         nvml = self._nvml
         spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-        count = int(nvml.nvmlDeviceGetCount())
-        visible = CudaVisible(nvml, count)
-        ordinals = visible.resolve(spec)
-        if not ordinals:
-            if spec is not None:
-                raise MeterUnavailable(
-                    BACKEND, f"CUDA_VISIBLE_DEVICES={spec!r} hides all GPUs; {FALLBACK_HINT}"
-                )
-            raise MeterUnavailable(BACKEND, f"NVML found no NVIDIA GPU; {FALLBACK_HINT}")
-
-        selected = list(range(len(ordinals)))
-        if options.gpus is not None:
-            bad = [i for i in options.gpus if i >= len(ordinals)]
-            if bad:
-                where = "" if spec is None else f" with CUDA_VISIBLE_DEVICES={spec!r}"
-                raise ConfigError(
-                    f"--energy-gpus names GPU {bad[0]}, but {len(ordinals)} GPU(s) are "
-                    f"visible{where} (valid: 0..{len(ordinals) - 1})"
-                )
-            selected = sorted(set(options.gpus))
-
-        # One domain per physical GPU, named after its first selected CUDA ordinal.
-        first_ordinal: dict[int, int] = {}
-        for ordinal in selected:
-            first_ordinal.setdefault(ordinals[ordinal], ordinal)
+        visible = CudaVisible(nvml, int(nvml.nvmlDeviceGetCount()))
+        ordinals = _visible_ordinals(visible, spec)
+        where = "" if spec is None else f" with CUDA_VISIBLE_DEVICES={spec!r}"
+        selected = select_gpus(options.gpus, len(ordinals), where)
         self._cuda_ordinals: tuple[int, ...] = tuple(selected)
 
         interval_s = options.interval_s(DEFAULT_INTERVAL_S)
-        devices: list[NvmlGpu] = []
-        counter_handles: list[Any] = []
-        counter_names: list[str] = []
-        readers: list[tuple[str, Callable[[], float]]] = []
-        for index, ordinal in sorted(first_ordinal.items(), key=lambda kv: kv[1]):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            domain = f"gpu:{ordinal}"
-            name = text(nvml.nvmlDeviceGetName(handle))
-            uuid = text(nvml.nvmlDeviceGetUUID(handle))
-            why_sampled = self._counter_problem(handle)
-            resolution_s: float | None
-            if why_sampled is None:
-                method = Method.COUNTER
-                note = f"{domain} {name}: counter (NVML total energy, mJ)"
-                counter_handles.append(handle)
-                counter_names.append(domain)
-                resolution_s = None  # timed below, with the other counters
-            else:
-                method = Method.SAMPLED
-                read, source, averaged_s = self._power_reader(handle, domain, name)
-                note = f"{domain} {name}: sampled ({why_sampled}; {source} every {interval_s:g} s)"
-                readers.append((domain, read))
-                resolution_s = max(interval_s, averaged_s)
-            if index in visible.mig_entries:
-                note += (
-                    f"; CUDA sees MIG device(s) {', '.join(visible.mig_entries[index])} of it, "
-                    "but the energy is the whole GPU's, other MIG instances' work included"
-                )
-            devices.append(NvmlGpu(domain, index, uuid, name, method, note, resolution_s))
-
-        periods = counter_periods_s(nvml.nvmlDeviceGetTotalEnergyConsumption, counter_handles)
-        period_of = dict(zip(counter_names, periods))
-        for i, device in enumerate(devices):
-            if device.domain in period_of:
-                period_s = period_of[device.domain]
-                note = device.note.replace(
-                    "counter (NVML total energy, mJ)",
-                    f"counter (NVML total energy, mJ), {period_text(period_s)}",
-                    1,
-                )
-                devices[i] = replace(device, note=note, resolution_s=period_s)
-            self.notes.append(devices[i].note)
-        # The coarsest GPU sets what the meter resolves; one unknown makes it unknown.
-        known_s = [d.resolution_s for d in devices if d.resolution_s is not None]
-        self._resolution_s = max(known_s) if len(known_s) == len(devices) else None
-
+        described = [
+            self._describe(index, ordinal, interval_s, visible)
+            for index, ordinal in _physical_gpus(ordinals, selected)
+        ]
+        counted = [(d.domain, handle) for d, handle, read in described if read is None]
+        devices = self._timed([d for d, _, _ in described], counted)
+        self._measure(devices)
         names = {d.name for d in devices}
         if len(names) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
             self.notes.append(
@@ -242,14 +215,47 @@ class NvmlMeter(GpuMeter):
             )
 
         self.devices: tuple[NvmlGpu, ...] = tuple(devices)
-        self._domains = {d.domain: Domain(d.domain, d.method) for d in devices}
-        self._names = tuple(self._domains)
-        self._counter_handles = tuple(counter_handles)
-        self._counter_names = tuple(counter_names)
+        self._counter_handles = tuple(handle for _, handle in counted)
+        self._counter_names = tuple(domain for domain, _ in counted)
         self._energy_mj = nvml.nvmlDeviceGetTotalEnergyConsumption
+        readers = [(d.domain, read) for d, _, read in described if read is not None]
         self._sample(readers, interval_s, SAMPLER_THREAD_NAME, skipped=(nvml.NVMLError,))
-        # gpu:process where the driver keeps per-process SM utilization (counted=False:
-        # a share of the GPUs' joules, beside them, as RAPL's cpu:process)
+        self._attribute(options, devices)
+
+    def _describe(
+        self, index: int, ordinal: int, interval_s: float, visible: CudaVisible
+    ) -> tuple[NvmlGpu, Any, Callable[[], float] | None]:
+        """One GPU: its description, its handle, and its power reader where it is sampled
+        (None: its counter is read, and its resolution timed with the other counters)."""
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        domain = f"gpu:{ordinal}"
+        name = text(nvml.nvmlDeviceGetName(handle))
+        uuid = text(nvml.nvmlDeviceGetUUID(handle))
+        why_sampled = self._counter_problem(handle)
+        mig = _mig_text(visible, index)
+        if why_sampled is None:
+            note = f"{domain} {name}: {COUNTER_TEXT}{mig}"
+            return NvmlGpu(domain, index, uuid, name, Method.COUNTER, note), handle, None
+        read, source, averaged_s = self._power_reader(handle, domain, name)
+        note = f"{domain} {name}: sampled ({why_sampled}; {source} every {interval_s:g} s){mig}"
+        resolution_s = max(interval_s, averaged_s)
+        return NvmlGpu(domain, index, uuid, name, Method.SAMPLED, note, resolution_s), handle, read
+
+    def _timed(self, devices: list[NvmlGpu], counted: Sequence[tuple[str, Any]]) -> list[NvmlGpu]:
+        """The GPUs with their counters' update periods, timed together, in their notes."""
+        read_mj = self._nvml.nvmlDeviceGetTotalEnergyConsumption
+        periods = counter_periods_s(read_mj, [handle for _, handle in counted])
+        period_of = dict(zip((domain for domain, _ in counted), periods))
+        return [
+            with_period(d, COUNTER_TEXT, period_of[d.domain]) if d.domain in period_of else d
+            for d in devices
+        ]
+
+    def _attribute(self, options: MeterSettings, devices: Sequence[NvmlGpu]) -> None:
+        """gpu:process where the driver keeps per-process SM utilization (counted=False:
+        a share of the GPUs' joules, beside them, as RAPL's cpu:process)."""
+        nvml = self._nvml
         self._roots = (os.getpid(), *options.attributed_pids)
         gpus = [
             NvidiaGpu(self._library, nvml.nvmlDeviceGetHandleByIndex(d.index), *d.identity())

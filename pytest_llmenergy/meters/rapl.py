@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..errors import MeterUnavailable
+from ..errors import MeterError, MeterUnavailable, one_line
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .meter_settings import MeterSettings
 from .process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
@@ -87,11 +87,15 @@ def discover_zones(root: str) -> list[Zone]:
             parent = _read_text(os.path.join(root, f"intel-rapl:{top}", "name"))
             socket = parent.split("-", 1)[1] if parent.startswith("package-") else str(top)
             domain = _sub_domain(name, socket)
+        range_path = os.path.join(path, "max_energy_range_uj")
+        max_range_uj = int(_read_text(range_path))
+        if max_range_uj <= 0:
+            raise ValueError(f"{range_path} is {max_range_uj}, not a counter's range")
         zones.append(
             Zone(
                 domain=domain,
                 energy_path=os.path.join(path, "energy_uj"),
-                max_range_uj=int(_read_text(os.path.join(path, "max_energy_range_uj"))),
+                max_range_uj=max_range_uj,
                 max_power_w=_max_power_w(path),
             )
         )
@@ -126,8 +130,19 @@ def _read_text(path: str) -> str:
 
 
 def _read_int(path: str) -> int:
+    """A counter's value; a file that holds no whole number (empty, garbage: not a
+    powercap counter) is a MeterError naming it."""
     with open(path, "rb") as f:
-        return int(f.read())
+        raw = f.read()
+    try:
+        return int(raw)
+    except ValueError:
+        text = one_line(raw[:40].decode("utf-8", "replace").strip())
+        held = repr(text) if text else "nothing"
+        raise MeterError(
+            f"{path} holds {held}, not a counter in microjoules (a whole number); "
+            "point LLMENERGY_POWERCAP_ROOT at the real powercap tree (/sys/class/powercap)"
+        ) from None
 
 
 def guard_interval_s(zones: list[Zone], requested_s: float | None) -> float:
@@ -247,6 +262,12 @@ def create(options: MeterSettings) -> RaplMeter:
             raise MeterUnavailable(
                 BACKEND, f"cannot read {zone.energy_path}: {PERMISSION_HINT}"
             ) from exc
+        except OSError as exc:
+            raise MeterUnavailable(
+                BACKEND, f"cannot read {zone.energy_path}: {exc.strerror or exc}"
+            ) from exc
+        except MeterError as exc:
+            raise MeterUnavailable(BACKEND, str(exc)) from exc
     meter = RaplMeter(
         zones,
         guard_interval_s(zones, options.sample_interval_s),

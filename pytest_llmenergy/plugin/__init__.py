@@ -30,17 +30,14 @@ through its typed stash key (``config.stash[KEEPER]``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..controller.benchmark import EnergyBenchmark
+from ..controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
@@ -54,9 +51,12 @@ from .keeping import KEEPER, Keeper
 from .measuring import METERING, Metering, header_lines
 from .options import PluginSettings, add_options, check_outputs, marker_help, read_options
 from .pairing import PAIRED_SIDE, PairedSide
+from .progress import LiveStatus as LiveStatus
+from .progress import progress_writer
 from .reporting import HTML_REPORTING, HtmlReporting
 from .serving import SERVING, Serving, attribute_server, check_settings
 from .showing import CASE_RESULTS, CaseResults
+from .stopping import SIGTERM_STOP, SigtermStop
 from .torchrun import DISTRIBUTED, Distributed
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
@@ -86,6 +86,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     XDIST_WORKER: ("profile-ops", "count-work", "xdist-worker", "metering", "cases"),
     TORCHRUN_RANK: ("profile-ops", "torchrun", "metering", "cases"),
     CONTROLLER: (
+        # first: its hooks run last, so it puts SIGTERM back after those installed over it
+        "sigterm",
         "profile-ops",
         "count-work",
         "xdist",
@@ -124,6 +126,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in ROLES[role]:
         if features.get(name) is not None:
             config.pluginmanager.register(features[name], f"llmenergy-{name}")
+    if SIGTERM_STOP in config.stash:  # once registered, so that unconfigure takes it back
+        config.stash[SIGTERM_STOP].install()
 
 
 def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed | None]:
@@ -188,10 +192,15 @@ def _features(
 ) -> dict[str, object]:
     """Every feature this role runs, built from the resolved options and stashed under
     its key; ``ROLES`` says which of them are registered."""
-    stash, manager = config.stash, config.pluginmanager
+    stash = config.stash
     metering = Metering(config, options.measure, options.meter)
     plan = CasePlan(
-        config, options.controller, options.order, options.llm, options.report.conversions
+        config,
+        options.controller,
+        options.order,
+        options.llm,
+        options.report.conversions,
+        served=options.serve.active,
     )
     results = CaseResults(options.report, gated=[g.metric for g in options.keep.gates])
     keeper = Keeper(
@@ -208,27 +217,7 @@ def _features(
     )
     stash[SERVING], stash[METERING], stash[CASE_PLAN] = serving, metering, plan
     stash[CASE_RESULTS], stash[KEEPER], stash[ROUTING] = results, keeper, routing
-    if options.gpu.sweeping and ranks is not None:  # every rank stops alike, before NVML is asked
-        raise pytest.UsageError(
-            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
-            "sweep one process, without torchrun"
-        )
-    if options.gpu.thermal_tolerance_c is not None and ranks is not None:
-        raise pytest.UsageError(
-            "--energy-thermal-tolerance does not run under torchrun yet: leave it out"
-        )
-    gpu = GpuTuning(
-        config,
-        options.gpu,
-        options.meter.gpus,
-        results.results,
-        options.route.lam,
-        options.route.plots_dir,
-        system=lambda: keeper.hardware,
-        backend=options.measure.backend,
-        attributed_pids=options.meter.attributed_pids,
-    )
-    stash[GPU_TUNING] = gpu
+    stash[GPU_TUNING] = gpu = _gpu_tuning(config, options, ranks, keeper, results)
     features: dict[str, object] = {
         "metering": metering,
         "cases": plan,
@@ -239,12 +228,59 @@ def _features(
         "serving": serving if options.serve.active else None,
         "torchrun": ranks,
     }
-    if options.measure.profile_ops:  # workers profile too: the profile travels with the case
+    features.update(_work_features(stash, options, ranks, results))
+    if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
+        side = WorkerSide(config, lambda: metering.meter)
+        features["xdist-worker"] = stash[WORKER_SIDE] = side
+        results.listeners.append(lambda cases: side.on_case(cases[-1]))
+    if role == CONTROLLER:
+        features.update(_controller_features(config, options, metering, results, keeper, routing))
+    return features
+
+
+def _gpu_tuning(
+    config: pytest.Config,
+    options: PluginSettings,
+    ranks: Distributed | None,
+    keeper: Keeper,
+    results: CaseResults,
+) -> GpuTuning:
+    """The GPU settings the session sweeps or holds; refused under torchrun where they
+    do not run there yet (every rank stops alike, before NVML is asked)."""
+    if options.gpu.sweeping and ranks is not None:
+        raise pytest.UsageError(
+            "--energy-gpu-power-limits/--energy-gpu-clocks do not run under torchrun yet: "
+            "sweep one process, without torchrun"
+        )
+    if options.gpu.thermal_tolerance_c is not None and ranks is not None:
+        raise pytest.UsageError(
+            "--energy-thermal-tolerance does not run under torchrun yet: leave it out"
+        )
+    return GpuTuning(
+        config,
+        options.gpu,
+        options.meter.gpus,
+        results.results,
+        options.route.lam,
+        options.route.plots_dir,
+        system=lambda: keeper.hardware,
+        backend=options.measure.backend,
+        attributed_pids=options.meter.attributed_pids,
+    )
+
+
+def _work_features(
+    stash: pytest.Stash, options: PluginSettings, ranks: Distributed | None, results: CaseResults
+) -> dict[str, object]:
+    """Profiling the ops and counting the work, where asked: on workers too (what they
+    find travels with the case)."""
+    features: dict[str, object] = {}
+    if options.measure.profile_ops:
         from ..predict.plugin import OP_PROFILING, OpProfiling
 
         features["profile-ops"] = stash[OP_PROFILING] = OpProfiling()
-    # counted on workers too (the work travels with the case); not a server's (it runs
-    # elsewhere); under torchrun every rank counts its own share and rank 0 keeps the job's
+    # not a server's work (it runs elsewhere); under torchrun every rank counts its own
+    # share and rank 0 keeps the job's
     if options.measure.count_work != "off" and not options.serve.active:
         from ..predict.plugin import WORK_COUNTING, WorkCounting
 
@@ -252,13 +288,22 @@ def _features(
         after = options.measure.count_work == "on"
         counting = WorkCounting(gather, lambda: results.results, after_trials=after)
         features["count-work"] = stash[WORK_COUNTING] = counting
-    if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
-        side = WorkerSide(config, lambda: metering.meter)
-        features["xdist-worker"] = stash[WORKER_SIDE] = side
-        results.listeners.append(lambda cases: side.on_case(cases[-1]))
-    if role != CONTROLLER:
-        return features
+    return features
+
+
+def _controller_features(
+    config: pytest.Config,
+    options: PluginSettings,
+    metering: Metering,
+    results: CaseResults,
+    keeper: Keeper,
+    routing: RoutingSection,
+) -> dict[str, object]:
+    """What only the controller runs: it keeps, shows and decides."""
+    stash, manager = config.stash, config.pluginmanager
     results.listeners.append(keeper.on_case)
+    features: dict[str, object] = {}
+    features["sigterm"] = stash[SIGTERM_STOP] = SigtermStop()
     best = BestConfiguration(options.slo, results.results)
     features["best-configuration"] = stash[BEST_CONFIGURATION] = best
     if manager.hasplugin("xdist"):
@@ -333,24 +378,35 @@ def _join_torchrun(config: pytest.Config, options: PluginSettings) -> Distribute
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    """A few lines by default (what measures, what the session was asked to do beyond
+    measuring, where the run goes); -v adds the details a newcomer need not read first:
+    each backend's status and the meter's notes, the idle power, the repetition rule,
+    the machine's speed, the counted work."""
     stash = config.stash
     if METERING not in stash:
         return []
+    detailed = config.option.verbose > 0
     lines = [
-        *stash[METERING].header(),
+        *stash[METERING].header(detailed),
         *xdist_header(config, stash[METERING].meter),
         *stash[CASE_RESULTS].header(),
-        *stash[CASE_PLAN].header(),
+        *(stash[CASE_PLAN].header() if detailed else []),
         *(stash[INTERLEAVING].header() if INTERLEAVING in stash else []),
         *(stash[PAIRED_SIDE].header() if PAIRED_SIDE in stash else []),
-        *stash[KEEPER].header(),
+        *stash[KEEPER].header(detailed),
         *(stash[GPU_TUNING].header() if GPU_TUNING in stash else []),
         *(stash[DISTRIBUTED].header() if DISTRIBUTED in stash else []),
         *(stash[SERVING].header() if SERVING in stash else []),
         *_profiling_header(config),
-        *_counting_header(config),
+        *(_counting_header(config) if detailed else []),
     ]
+    if not detailed and lines:
+        lines.append(DETAILS_HINT)
     return header_lines(config, lines)
+
+
+# the default header's last line: where the rest went
+DETAILS_HINT = "-v adds each backend's status, the meter's notes and the repetition rule"
 
 
 def _profiling_header(config: pytest.Config) -> list[str]:
@@ -402,76 +458,6 @@ def energy_meter(pytestconfig: pytest.Config) -> Iterator[Meter]:
     yield meter
 
 
-def _progress_writer(request: pytest.FixtureRequest) -> Callable[[str], None] | None:
-    """With ``-v``, each trial's line goes straight to the terminal, past output capture.
-    Without it, on an interactive terminal, a case running for a while shows its trials
-    after its dot, erased when it ends; a log (not a terminal) gets nothing extra."""
-    config = request.config
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:
-        return None
-    uncaptured = (
-        capture.global_and_fixture_disabled if capture is not None else contextlib.nullcontext
-    )
-    if config.get_verbosity() < 1:
-        with uncaptured():  # under capture, the output is a file, not the terminal
-            interactive = _interactive(reporter)
-        if not interactive:
-            return None
-        tw = reporter._tw
-        # what is left of the terminal's line, so the status never wraps (and can be erased)
-        return LiveStatus(uncaptured, room=lambda: tw.fullwidth - tw.width_of_current_line - 1)
-    name = request.node.name
-
-    def write(line: str) -> None:
-        if line:  # an empty line means the case is done
-            with uncaptured():
-                reporter.write_line(f"    {name}: {line}")
-
-    return write
-
-
-def _interactive(reporter: pytest.TerminalReporter) -> bool:
-    file = getattr(reporter._tw, "_file", None)  # the terminal pytest writes to
-    isatty = getattr(file, "isatty", None)
-    return bool(isatty and isatty() and os.environ.get("TERM") != "dumb")
-
-
-class LiveStatus:
-    """The latest trial's line, written after the test's dot and erased (backspaces, so
-    the terminal reporter's own line is left as it was); shown once a case has run for
-    ``after_s``, so short cases never flicker."""
-
-    def __init__(
-        self,
-        uncaptured: Callable[[], contextlib.AbstractContextManager[object]],
-        after_s: float = 2.0,
-        room: Callable[[], int] = lambda: 60,
-    ) -> None:
-        self._uncaptured = uncaptured
-        self._room = room
-        self._start = time.monotonic()
-        self._after_s = after_s
-        self._shown = 0
-
-    def __call__(self, line: str) -> None:
-        if not line:
-            self._show("")
-        elif time.monotonic() - self._start >= self._after_s:
-            text, room = f" {line}", max(self._room(), 2)
-            self._show(text if len(text) <= room else text[: room - 1] + "…")
-
-    def _show(self, text: str) -> None:
-        if not text and not self._shown:
-            return
-        erase = "\b" * self._shown + " " * self._shown + "\b" * self._shown
-        with self._uncaptured():
-            sys.stdout.write(erase + text)
-            sys.stdout.flush()
-        self._shown = len(text)
-
-
 @pytest.fixture
 def energy_gpu_setting(request: pytest.FixtureRequest) -> GpuSetting | None:
     """The case's GPU setting (``--energy-gpu-power-limits``, ``--energy-gpu-clocks``),
@@ -494,25 +480,25 @@ def energy_benchmark(
     return EnergyBenchmark(
         energy_meter,
         controller,
-        nodeid=node.nodeid,
-        name=node.name,
-        labels=labels,
-        on_result=config.stash[CASE_RESULTS].add,
-        progress=_progress_writer(request),
-        background=(
-            config.stash[METERING].background if controller.max_background is not None else None
+        CaseIdentity(node.nodeid, node.name, labels),
+        config.stash[CASE_RESULTS].add,
+        CaseFeatures(
+            progress=progress_writer(request, controller),
+            background=(
+                config.stash[METERING].background if controller.max_background is not None else None
+            ),
+            exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
+            trial_probe=gpu.probe() if gpu is not None else None,
+            op_profiler=_op_profiler(config, labels),
+            work_counter=_work_counter(config),
+            count_after_trials=_counts_after_trials(config),
+            visits=interleaving.visits_for(node) if interleaving is not None else None,
+            pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
+            if PAIRED_SIDE in config.stash
+            else None,
+            settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
+            conversions=config.stash[CASE_RESULTS].settings.conversions,
         ),
-        exclusive=config.stash[WORKER_SIDE].exclusive if WORKER_SIDE in config.stash else None,
-        trial_probe=gpu.probe() if gpu is not None else None,
-        op_profiler=_op_profiler(config, labels),
-        work_counter=_work_counter(config),
-        count_after_trials=_counts_after_trials(config),
-        visits=interleaving.visits_for(node) if interleaving is not None else None,
-        pacer=config.stash[PAIRED_SIDE].pacer_for(node.nodeid, energy_meter.resolution_s)
-        if PAIRED_SIDE in config.stash
-        else None,
-        settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
-        conversions=config.stash[CASE_RESULTS].settings.conversions,
     )
 
 
@@ -554,6 +540,7 @@ def llm_pool(pytestconfig: pytest.Config) -> Iterator[ModelPool]:
         inject_regression=settings.inject_regression,
         inject_work=settings.inject_work,
         kv_cache=settings.kv_cache,
+        execution=pytestconfig.stash[CASE_PLAN].execution(),
     )
     yield pool
     pool.close()

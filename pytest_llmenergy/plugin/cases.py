@@ -31,10 +31,12 @@ from ..controller.rule import (
 from ..controller.targets import EXAMPLES as CI_TARGET_EXAMPLES
 from ..controller.targets import check_conversions, parse_ci_targets
 from ..errors import ConfigError
+from ..llm.compiled import COMPILED, describe_execution, execution_label
 from ..llm.grid import CASE_AXES, INPUT_SWEEP, OUTPUT_SWEEP, PARALLEL_AXIS, LLMCase
 from .generating import LLMSettings
 from .measuring import header_lines
 from .option_rows import Option, Section
+from .torchrun import DISTRIBUTED
 from .workers import SHARD_KEY, is_worker
 
 if TYPE_CHECKING:
@@ -143,9 +145,13 @@ class CasePlan:
         order: OrderSettings,
         llm: LLMSettings,
         conversions: Mapping[str, float] | None = None,
+        *,
+        served: bool = False,
     ) -> None:
         self.config = config
         self.controller = controller
+        self.served = served  # a server generates (--llm-endpoint, --llm-serve), not llm_pool
+        self._execution: str | None = None
         # the session's factors per kWh: a CI target on co2_g or cost needs its own
         self.conversions = dict(conversions or {})
         _check_conversions(controller, self.conversions, "--energy-ci-target")
@@ -168,7 +174,27 @@ class CasePlan:
             labels["model_config"] = config
         if case is not None and not self.llm.kv_cache:
             labels["kv_cache"] = "off"  # as the research's cases (predict.calibrate reads it)
+        uses_models = case is not None or "llm_pool" in getattr(item, "fixturenames", ())
+        if uses_models and not self.served and self.execution() == COMPILED:
+            # compare.py does not gate a compiled case against an eager one (no label)
+            labels["execution"] = execution_label(COMPILED)
         return labels
+
+    def execution(self) -> str:
+        """How this session's models generate, ``auto`` resolved: ``eager`` or
+        ``compiled`` (what ``llm_pool`` loads them with)."""
+        if self._execution is None:
+            from ..llm.compiled import resolve_execution
+
+            llm = self.llm
+            self._execution = resolve_execution(
+                llm.execution,
+                llm.device,
+                kv_cache=llm.kv_cache,
+                parallel=llm.parallel if DISTRIBUTED in self.config.stash else "none",
+                injected=bool(llm.inject_regression) or bool(llm.inject_work),
+            )
+        return self._execution
 
     def controller_for(self, item: pytest.Item) -> ControllerSettings:
         return self._controllers.get(item.nodeid, self.controller)
@@ -230,6 +256,8 @@ class CasePlan:
         lines = []
         if self.n_llm_cases:
             lines.append(self.llm.grid.describe())
+            if not self.served:
+                lines.append(describe_execution(self.execution(), self.llm.execution))
         if self.shard_note:
             lines.append(self.shard_note)
         if self.shuffled:
@@ -238,7 +266,7 @@ class CasePlan:
                 f"cases in random order, seed {seed} (repeat with --energy-seed={seed}; "
                 "--energy-shuffle=off keeps the file order)"
             )
-        if config.pluginmanager.hasplugin("randomly"):
+        if config.pluginmanager.hasplugin("randomly") and config.option.verbose > 0:
             lines.append(
                 "pytest-randomly is installed: it orders the other tests; the energy "
                 "benchmark cases run in this plugin's order, "
@@ -419,7 +447,7 @@ CONTROLLER_OPTIONS = Section(
             "min_time_s",
             values.non_negative_seconds,
             "SECONDS",
-            "measured runtime a case needs before it may stop (within --energy-max-trials)",
+            "measured runtime a case needs before it may stop, within its trial limit",
             default_text="the rule's: "
             + ", ".join(f"{r.min_time_s:g} s for {r.name}" for r in RULES.values()),
         ),

@@ -14,6 +14,7 @@ from typing import Any
 from .. import values
 from ..axes import Axis, parse_axis_choices
 from ..errors import ConfigError
+from ..llm.compiled import EXECUTIONS, execution_conflict
 from ..llm.grid import (
     BATCH_AXIS,
     CONCURRENCY_AXIS,
@@ -48,6 +49,8 @@ class LLMSettings:
     # Changes of a known kind to every linear layer (llm/inject.py's WORK_INJECTIONS).
     inject_work: tuple[str, ...] = ()
     kv_cache: bool = True  # off: generate without a KV cache, as the research did
+    # auto (compiled on a CUDA GPU, else eager), eager, or compiled (llm/compiled.py)
+    execution: str = "auto"
     # (I, N): run the I-th of N parts of the session's cases (a job array's task)
     shard: tuple[int, int] | None = None
     # --llm-axis NAME=VALUES: values of the axes conftests add (pytest_llmenergy_axes)
@@ -57,6 +60,15 @@ class LLMSettings:
     grid: Grid = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
+        conflict = execution_conflict(
+            self.execution,
+            kv_cache=self.kv_cache,
+            parallel=self.parallel,
+            device=self.device,
+            injected=bool(self.inject_regression) or bool(self.inject_work),
+        )
+        if conflict:
+            raise ConfigError(conflict)
         grid = make_grid(
             self.grid_name,
             self.models,
@@ -245,6 +257,19 @@ LLM_OPTIONS = Section(
             "token runs the model over the whole sequence again, as the research's scripts "
             "did; its labels record kv_cache=off)",
             default_text="on",
+        ),
+        Option(
+            "--llm-execution",
+            "execution",
+            values.choice(EXECUTIONS),
+            "MODE",
+            "how models generate: compiled (a static KV cache of each case's size and the "
+            "decode step compiled with torch.compile mode=reduce-overhead, CUDA graphs on a "
+            "GPU, compiled unmeasured before each case's first window), eager (transformers' "
+            "generate loop as it comes), or auto: compiled where the model runs on a CUDA GPU, "
+            "eager elsewhere; cases run compiled are labelled execution=compiled; "
+            "choices: {choices}",
+            choices=lambda: EXECUTIONS,
         ),
         Option(
             "--llm-parallel",

@@ -46,7 +46,7 @@ from ..storage.store import (
     check_run_name,
 )
 from ..tables import render
-from .measuring import Metering, fail_session, header_lines
+from .measuring import Metering, fail_session, fail_writes, header_lines
 from .option_rows import Option, Section
 
 # What pytest's last line counts a failed gate as: ``2 passed, 1 energy gate failed``.
@@ -129,13 +129,15 @@ class Keeper:
         if self.active:
             self._open()
 
-    def header(self) -> list[str]:
+    def header(self, detailed: bool = True) -> list[str]:
+        """Where the run goes and what it is compared with; ``detailed`` (-v) adds the
+        machine's speed."""
         lines = []
         if self.recorder is not None:
             lines.append(f"saving this run to {', '.join(str(p) for p in self.recorder.paths)}")
         if self.baseline is not None:
             lines.append(f"comparing with {self.baseline.path}")
-        if self.reference_start_s is not None:
+        if self.reference_start_s is not None and detailed:
             lines.append(
                 f"machine speed: a reference workload takes {self.reference_start_s * 1e3:.1f}"
                 " ms of CPU (a difference from the baseline's beyond the reference's own noise "
@@ -149,13 +151,12 @@ class Keeper:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         failed = self.finish(exitstatus)
-        save_failed = bool(self.export_errors) or (
-            self.recorder is not None and bool(self.recorder.errors)
+        unwritten = len(self.export_errors) + (
+            len(self.recorder.errors) if self.recorder is not None else 0
         )
         if failed:
             fail_session(session, self._gate_failure(), GATE_FAILED_OUTCOME)
-        if save_failed:
-            fail_session(session, "a file was not written; see above", "file not written")
+        fail_writes(session, unwritten)
 
     def _gate_failure(self) -> str:
         """The failed gate in a few words (the comparison above names every case)."""
@@ -272,7 +273,11 @@ class Keeper:
         """The latest *complete* run on this hardware: an interrupted, still running (or
         killed) or unreadable run is skipped, and the note says which."""
         skipped: list[str] = []
-        for stored in reversed(storage.runs(self.hardware)):
+        try:
+            stored_runs = storage.runs(self.hardware)
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--energy-compare: {exc}") from None
+        for stored in reversed(stored_runs):
             try:
                 run = load(stored.path)
             except RunFileError as exc:
@@ -294,7 +299,29 @@ class Keeper:
             self.baseline_note = f"baseline: skipped {', '.join(skipped)}{also}"
 
     def finish(self, exitstatus: int) -> bool:
-        """Compare, then write the run's last state; True when an energy gate failed."""
+        """Compare, then write the run's last state; True when an energy gate failed.
+        The exports and the run's last state are written even where the comparison
+        raised (a bug, a baseline it could not take): measured cases are never lost,
+        nor is the run left ``running``."""
+        failed = compared = False
+        try:
+            failed = self._compare()
+            compared = True
+        finally:
+            self._export()
+            if self.recorder is not None:
+                final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
+                if not compared:  # what pytest ends with: an internal error
+                    final = int(pytest.ExitCode.INTERNAL_ERROR)
+                self.recorder.finish(
+                    self.results,
+                    interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
+                    exit_status=final,
+                )
+        return failed
+
+    def _compare(self) -> bool:
+        """The comparison with the baseline; True when an energy gate failed."""
         failed = False
         # A gate is judged even when no case ran: a gate that compared nothing fails.
         if self.baseline is not None and (self.results or self.settings.gates):
@@ -320,14 +347,6 @@ class Keeper:
                 ),
             )
             failed = self.comparison.fails(self.settings.strict)
-        self._export()
-        if self.recorder is not None:
-            final = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if failed else 0)
-            self.recorder.finish(
-                self.results,
-                interrupted=exitstatus == pytest.ExitCode.INTERRUPTED,
-                exit_status=final,
-            )
         return failed
 
     def _history(self) -> dict[str, NoiseEstimate]:
@@ -338,9 +357,12 @@ class Keeper:
         if not self.settings.gates:
             return {}
         metrics = [g.metric for g in self.settings.gates]
-        noise, _ = stored_noise(
-            Storage(self.settings.storage), self.hardware, metrics, exclude=self.saved_paths
-        )
+        try:
+            noise, _ = stored_noise(
+                Storage(self.settings.storage), self.hardware, metrics, exclude=self.saved_paths
+            )
+        except ConfigError:  # no storage folder to learn from (a file there)
+            return {}
         return noise
 
     def _speed_drift(self) -> tuple[float, str]:
@@ -462,7 +484,8 @@ KEEP_OPTIONS = Section(
             parse_gates,
             "EXPR",
             "fail the session when a case regresses beyond a gate and significantly, e.g. "
-            f"{GATE_EXAMPLES} (any per-trial figure; repeatable; implies --energy-compare)",
+            f"{GATE_EXAMPLES} (any per-trial figure; repeatable; compares against the "
+            "baseline as --energy-compare does)",
             multiple=True,
         ),
         Option(

@@ -54,6 +54,25 @@ def fail_session(session: pytest.Session, why: str, outcome: str) -> None:
         reporter.stats.setdefault(outcome, []).append(SessionOutcome(why))
 
 
+# What pytest's last line counts files that could not be written as: one, or several.
+NOT_WRITTEN = ("file not written", "files not written")
+
+
+def fail_writes(session: pytest.Session, count: int) -> None:
+    """Exit 1 with ``count`` more files counted as not written on pytest's last line
+    (``2 passed, 3 files not written``): one count however many features failed to
+    write (the run file, --energy-json, the exports, the report)."""
+    if count <= 0:
+        return
+    fail_session(session, "a file was not written; see above", NOT_WRITTEN[0])
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    entries = [e for key in NOT_WRITTEN for e in reporter.stats.pop(key, [])]
+    entries += [SessionOutcome("a file was not written")] * (count - 1)
+    reporter.stats[NOT_WRITTEN[len(entries) > 1]] = entries
+
+
 @dataclass(frozen=True)
 class SessionOutcome:
     """An entry of the terminal's outcome counts that is no test's report: plugins that
@@ -107,11 +126,15 @@ class Metering:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.open()
 
-    def header(self) -> list[str]:
-        """The session header's lines about the meter (the plugin orders the features')."""
+    def header(self, detailed: bool = True) -> list[str]:
+        """The session header's lines about the meter (the plugin orders the features'):
+        what measures; ``detailed`` (-v) adds the meter's notes (each backend's status)
+        and the idle power."""
         if self.meter is None:
             return []
         lines = [f"backend {self.settings.backend} -> {self.meter.describe()}"]
+        if not detailed:
+            return lines
         lines += [f"  {note}" for note in self.meter.notes]
         if self.meter.idle_power_w:
             idle = ", ".join(f"{d} {w:.2f} W" for d, w in self.meter.idle_power_w.items())

@@ -15,6 +15,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -173,7 +174,8 @@ def add_options(parser: pytest.Parser, sections: Sequence[Section]) -> None:
             if option.const is not None:
                 kwargs.update(nargs="?", const=option.const)
             group.addoption(option.flag, **kwargs)
-            parser.addini(option.ini, help=f"{text} (= {option.flag})", default="")
+            # the flag's help says it all once: the ini key only points to it
+            parser.addini(option.ini, help=f"as {option.flag} (see its help)", default="")
 
 
 def _raw(config: pytest.Config, option: Option) -> tuple[str, str] | None:
@@ -183,12 +185,35 @@ def _raw(config: pytest.Config, option: Option) -> tuple[str, str] | None:
         value = ",".join(value)
     if value is not None:
         return str(value), f"{option.flag}={value}"
-    ini = config.getini(option.ini)
-    if isinstance(ini, list):
-        ini = ",".join(ini)
+    ini = _ini_text(option, config.getini(option.ini), config.inipath)
     if ini not in ("", None):
-        return str(ini).strip(), f"{option.ini} = {ini} (ini)"
+        return ini.strip(), f"{option.ini} = {ini} (ini)"
     return None
+
+
+def _ini_text(option: Option, value: Any, inipath: Path | None) -> str | None:
+    """An ini value as the option's text.  A list of strings is joined with commas; a
+    list of anything else is refused in one line (``llmenergy_gpus = [0, 1]``).  pytest
+    hands a TOML file's true and false over as "True" and "False" (Python's text of a
+    boolean, never what anyone types): a switch takes them as on and off, any other
+    option refuses them (``llmenergy_save = true`` would save a run named "True")."""
+    if isinstance(value, list):
+        if all(isinstance(v, str) for v in value):
+            return ",".join(value)
+        example = ",".join(str(v) for v in value)
+        raise pytest.UsageError(
+            one_line(
+                f"{option.ini} = {value!r} (ini): a list of strings or one string, "
+                f'e.g. {option.ini} = "{example}"'
+            )
+        )
+    toml = inipath is not None and inipath.suffix == ".toml"
+    if not (toml and value in ("True", "False")) or option.parse is values.switch:
+        return None if value is None else str(value)
+    raise pytest.UsageError(
+        f"{option.ini} = {str(value).lower()} (ini): true or false is not a {option.metavar} "
+        f'here; give one as a string, e.g. {option.ini} = "{option.metavar}"'
+    )
 
 
 def _parse(option: Option, text: str, origin: str) -> Any:

@@ -19,7 +19,7 @@ from ..storage.recorder import utc_now
 from ..storage.runfile import COMPLETE, INTERRUPTED, Run
 from .deciding import RoutingSection
 from .keeping import Keeper
-from .measuring import header_lines
+from .measuring import fail_writes, header_lines
 
 
 class HtmlReporting:
@@ -51,9 +51,16 @@ class HtmlReporting:
         self, session: pytest.Session, exitstatus: int
     ) -> Generator[None, None, None]:
         yield
-        self._write(exitstatus)
-        if self.error and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        try:
+            self._write(exitstatus)
+        except KeyboardInterrupt:  # Ctrl-C while it is made: the run is saved already
+            self.error = (
+                f"the HTML report {self.path} was not written: interrupted (Ctrl-C) while it "
+                "was made; `llmenergy report RUN --out PATH` makes it from the saved run"
+            )
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+        if self.error:
+            fail_writes(session, 1)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         lines: list[tuple[str, bool]] = []

@@ -217,7 +217,9 @@ class Serving:
                 "concurrency rejects the configuration (and its group's larger ones): "
                 "shown, never gated; the batch is "
                 + (
-                    "the server's own (its running-requests gauge on /metrics)"
+                    "the server's own (its running-requests gauge on /metrics), checked "
+                    "against the client's counts: where it strays from them, the client's "
+                    "count (the notes say where)"
                     if self.target.batch_gauge
                     else "counted by the client (the server publishes no running-requests "
                     "gauge): requests past their first token, so prefill is left out"

@@ -12,12 +12,35 @@ parts (``aten::t`` + ``aten::mm``), as ``FlopCounterMode`` does, and only they c
 nothing is counted twice.  Per call:
 
 - FLOPs: torch's own formula (``torch.utils.flop_counter``'s registry) where it has
-  one; the fused CPU attention kernel has none, so its FLOPs are ``op_profile``'s
-  estimate (causal: half the query-key pairs), and its rows are marked ``estimated``;
+  one; elementwise operators have none and count no FLOPs;
 - bytes: the element bytes of the call's tensor inputs and outputs (in place: read and
   written).  An upper bound of memory traffic, blind to caches, to broadcasts read once
-  and to kernels that read an operand twice; views move nothing and count none;
+  and to kernels that read an operand twice; views move nothing and count none; a copy
+  between devices (``.to("cuda")``, ``.cpu()``) moves its bytes over the bus, not through
+  either memory, and counts none (on the CPU the same ``.cpu()`` is no operator at all);
 - calls: every operator that runs a kernel, views included (each costs a dispatch).
+
+The same work on every device.  Some calls run other kernels on each device or
+backend: attention (PyTorch's scaled-dot-product attention picks a fused kernel by
+device, dtype and shapes, or decomposes into products and a softmax; transformers'
+``eager`` attention is matmul, softmax, matmul) and ``F.rms_norm`` (one fused kernel on
+CUDA, five elementwise operators on the CPU).  Such a call is counted whole, by what it
+computes, never by how: its kernels still count as calls (under their own names, so
+calls may differ between devices) but no FLOPs or bytes; a row of its own
+(``attention``, ``aten::rms_norm``; no calls) holds its work.  Attention: FLOPs
+``2 * (d_k + d_v)`` per attended query-key pair and query head (the products Q·Kᵀ and
+P·V; softmax and scaling count none, like every elementwise operator); a pair is
+attended when the mask allows it, else, without a mask, every pair of a causal call up
+to its diagonal (queries aligned at the top left, as PyTorch's ``is_causal``) or of any
+other call; bytes: Q, K and V as given (grouped-query K and V at their own heads,
+before any repetition) and the output; the mask is read by some kernels and not
+others, and counts none.  Whole are: every ``F.scaled_dot_product_attention`` call
+(seen at the torch function level, above the dispatcher, whatever the grad mode), and
+every attention function transformers' models pick (``AttentionInterface``: eager,
+sdpa, flash, ...; wrapped while counting, so eager and sdpa count alike, GQA repetition
+inside them included), whose mask builders (eager materializes a mask where sdpa
+passes ``is_causal``) count calls only.  Attention written out in a model's own code
+(Falcon's eager path) is counted operator by operator.
 
 Classes are ``op_profile``'s, but at this level ``aten::matmul`` is gone: a linear layer
 arrives as ``aten::mm``/``aten::addmm`` (its weight is 2-d), so a batched product
@@ -48,6 +71,9 @@ compares derived and full counts on the grids' shapes, other architectures and b
 from __future__ import annotations
 
 import contextlib
+import math
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from fractions import Fraction
@@ -55,12 +81,18 @@ from typing import Any
 
 from ..meters.base import phase_listener, token_listener
 from ..results import DECODE, PREFILL, CountedWork, OpWork
-from .features import ATTENTION, ELEMENTWISE
+from .features import ATTENTION, ELEMENTWISE, OTHER
 from .op_profile import _FLASH, _flash_flops, op_class
 
 _BATCHED = {"aten::bmm": 0, "aten::baddbmm": 1}  # the index of the first factor
 # Operators whose class or FLOPs need their inputs' shapes (the others' are read once).
 _SHAPED = {*_BATCHED, "aten::matmul", _FLASH}
+# The row of every attention call counted whole, whatever ran it (eager, sdpa, flash).
+ATTENTION_CALL = "attention"
+# Copies that may cross devices: their bytes count only when they do not.
+_COPIES = frozenset(
+    {"aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize"}
+)
 
 
 def count_work(fn: Callable[[], Any], *, sample: bool = True) -> CountedWork:
@@ -81,15 +113,19 @@ def count_work(fn: Callable[[], Any], *, sample: bool = True) -> CountedWork:
 
 
 def _count(fn: Callable[[], Any], sample: bool) -> CountedWork:
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     tally = _Tally()
+    whole = _whole_functions()
 
     class _Counting(TorchDispatchMode):
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
         ) -> Any:
             kwargs = kwargs or {}
+            if tally.quiet:
+                return func(*args, **kwargs)
             if tally.composite(func):  # split here, its parts dispatched to this mode
                 with self:
                     return func.decompose(*args, **kwargs)
@@ -97,11 +133,28 @@ def _count(fn: Callable[[], Any], sample: bool) -> CountedWork:
             tally.add(func, args, kwargs, out)
             return out
 
-    steps = _Steps(tally, _Counting()) if sample else None
+    class _Whole(TorchFunctionMode):
+        """Sees torch's functions before the dispatcher splits them by device."""
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            how = whole.get(func)
+            if how is None or tally.quiet:
+                return func(*args, **kwargs)
+            with tally.whole(how[0]) as outer:
+                out = func(*args, **kwargs)
+            if outer:
+                how[1](tally, args, kwargs)
+            return out
+
+    modes = _Modes(tally, _Counting(), _Whole())
+    steps = _Steps(tally, modes) if sample else None
     start = time.perf_counter()
-    with phase_listener(tally.mark):
+    with phase_listener(tally.mark), _attention_functions(tally):
         if steps is None:
-            with _Counting():
+            with modes:
                 fn()
         else:
             with token_listener(steps.token), steps.counting():
@@ -110,6 +163,165 @@ def _count(fn: Callable[[], Any], sample: bool) -> CountedWork:
     if steps is not None:
         steps.settle()
     return tally.result(seconds, steps.derived if steps else 0, steps.why if steps else "")
+
+
+class _Modes:
+    """The dispatch mode and the function mode, switched on and off together."""
+
+    def __init__(self, tally: _Tally, dispatch: Any, function: Any) -> None:
+        self.tally, self.dispatch, self.function = tally, dispatch, function
+
+    def __enter__(self) -> None:
+        self.function.__enter__()
+        self.dispatch.__enter__()
+        self.tally.on = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.tally.on = False
+        self.dispatch.__exit__(None, None, None)
+        self.function.__exit__(None, None, None)
+
+
+def _arg(args: tuple[Any, ...], kwargs: Any, index: int, name: str, default: Any = None) -> Any:
+    """An argument given by position or by name."""
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+def _whole_functions() -> dict[Any, tuple[str, Callable[[_Tally, tuple[Any, ...], Any], None]]]:
+    """Torch functions counted whole (see the module's docstring): the class of their
+    kernels, and what adds their work."""
+    import torch
+    import torch.nn.functional as F
+
+    def sdpa(tally: _Tally, args: tuple[Any, ...], kwargs: Any) -> None:
+        q, k, v = (_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
+        mask = _arg(args, kwargs, 3, "attn_mask")
+        tally.attention(q, k, v, mask, bool(_arg(args, kwargs, 5, "is_causal", False)))
+
+    def rms_norm(tally: _Tally, args: tuple[Any, ...], kwargs: Any) -> None:
+        x, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "weight")
+        parts = [t for t in (x, weight, x) if isinstance(t, torch.Tensor)]  # the output: x's
+        tally.add_whole("aten::rms_norm", ELEMENTWISE, 0.0, _bytes(parts), False)
+
+    found: dict[Any, tuple[str, Callable[[_Tally, tuple[Any, ...], Any], None]]] = {
+        F.scaled_dot_product_attention: (ATTENTION, sdpa)
+    }
+    for f in (getattr(F, "rms_norm", None), getattr(torch, "rms_norm", None)):
+        if f is not None:
+            found[f] = (ELEMENTWISE, rms_norm)
+    return found
+
+
+def _bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@contextlib.contextmanager
+def _attention_functions(tally: _Tally) -> Iterator[None]:
+    """While counting, every attention function transformers' models pick is counted
+    whole (eager, sdpa, flash alike: ``AttentionInterface.get_interface`` returns it
+    wrapped), and the attention mask each builds (``AttentionMaskInterface``: eager
+    materializes one where sdpa passes ``is_causal``) counts as calls, with no work: the
+    mask's work is the pairs it leaves.  Without transformers loaded, nothing is."""
+    utils = sys.modules.get("transformers.modeling_utils")
+    masks = sys.modules.get("transformers.masking_utils")
+    with contextlib.ExitStack() as stack:
+        functions = getattr(utils, "AttentionInterface", None)
+        if functions is not None and hasattr(functions, "get_interface"):
+            pick = functions.get_interface
+
+            def get_interface(self: Any, implementation: Any, default: Any) -> Any:
+                return _counted_attention(tally, pick(self, implementation, default))
+
+            stack.enter_context(_replaced(functions, "get_interface", get_interface))
+        builders = getattr(masks, "AttentionMaskInterface", None)
+        if builders is not None:
+            look_up = builders.__getitem__
+
+            def get_mask(self: Any, key: Any) -> Any:
+                return _uncounted(tally, look_up(self, key))
+
+            stack.enter_context(_replaced(builders, "__getitem__", get_mask))
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(owner: type, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside, as it was after (inherited or its own)."""
+    own = name in vars(owner)
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if own:
+            setattr(owner, name, before)
+        else:
+            delattr(owner, name)
+
+
+def _uncounted(tally: _Tally, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``'s kernels count as calls of attention, its work not at all."""
+
+    def uncounted(*args: Any, **kwargs: Any) -> Any:
+        if not tally.on or threading.get_ident() != tally.thread:
+            return fn(*args, **kwargs)
+        with tally.whole(ATTENTION):
+            return fn(*args, **kwargs)
+
+    return uncounted
+
+
+def _counted_attention(tally: _Tally, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A transformers attention function, ``fn(module, query, key, value,
+    attention_mask, ...)``, counted whole when it runs while counting."""
+    import torch
+
+    def attention(*args: Any, **kwargs: Any) -> Any:
+        if not tally.on or tally.depth or threading.get_ident() != tally.thread:
+            return fn(*args, **kwargs)
+        q, k, v = (_arg(args, kwargs, i, n) for i, n in ((1, "query"), (2, "key"), (3, "value")))
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+            return fn(*args, **kwargs)  # not the layout of the interface: op by op
+        with tally.whole(ATTENTION):
+            out = fn(*args, **kwargs)
+        causal = kwargs.get("is_causal")
+        if causal is None:
+            causal = getattr(_arg(args, kwargs, 0, "module"), "is_causal", True)
+        # transformers' causal calls take one query without a mask as attending every key
+        causal = bool(causal) and q.shape[-2] > 1
+        tally.attention(q, k, v, _arg(args, kwargs, 4, "attention_mask"), causal)
+        return out
+
+    return attention
+
+
+def attended_pairs(query: Any, keys: int, mask: Any, causal: bool) -> tuple[int, bool]:
+    """The query-key pairs an attention call attends, over all its batches and query
+    heads, and whether that is a guess (a mask of a kind not read).  A mask decides
+    where there is one (boolean: True attends; additive: everything above half the
+    dtype's lowest value); without one a causal call attends up to its diagonal, its
+    queries aligned at the top left (PyTorch's ``is_causal``), any other every pair."""
+    import torch
+
+    slices, n = math.prod(query.shape[:-2]), int(query.shape[-2])
+    if mask is None:
+        if not causal:
+            return slices * n * keys, False
+        if n <= keys:
+            return slices * n * (n + 1) // 2, False
+        return slices * (keys * (keys + 1) // 2 + (n - keys) * keys), False
+    target = (*query.shape[:-2], n, keys)
+    tensor = isinstance(mask, torch.Tensor)
+    if tensor and mask.numel() and (mask.is_floating_point() or mask.dtype == torch.bool):
+        try:
+            fits = tuple(torch.broadcast_shapes(mask.shape, target)) == target
+        except RuntimeError:
+            fits = False
+        if fits:
+            allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+            return int(torch.count_nonzero(allowed)) * (math.prod(target) // mask.numel()), False
+    return attended_pairs(query, keys, None, causal)[0], True
 
 
 def sampled_steps(total: int) -> frozenset[int]:
@@ -259,6 +471,11 @@ class _Tally:
         self._composite: dict[Any, bool] = {}
         self._composite_key = torch._C.DispatchKey.CompositeImplicitAutograd
         self._has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+        self.on = False  # the counting modes are on
+        self.depth = 0  # inside a call counted whole (how deep)
+        self.inner = OTHER  # the class of the kernels of the call counted whole
+        self.quiet = False  # the count's own operators (reading a mask): not counted
+        self.thread = threading.get_ident()  # the counting modes are this thread's
         self.phase = PREFILL
         self.marked = False
         self.rows: dict[str, dict[tuple[str, str], list[Any]]] = {PREFILL: {}, DECODE: {}}
@@ -281,6 +498,43 @@ class _Tally:
             row[1] += flops
             row[2] += moved
             row[3] = row[3] or estimated
+
+    @contextlib.contextmanager
+    def whole(self, cls: str) -> Iterator[bool]:
+        """Inside: one call counted whole, its kernels as calls of class ``cls`` and no
+        work.  Yields whether it is the outermost (only that one adds its work)."""
+        outer = not self.depth
+        if outer:
+            self.inner = cls
+        self.depth += 1
+        try:
+            yield outer
+        finally:
+            self.depth -= 1
+
+    def add_whole(self, name: str, cls: str, flops: float, moved: int, estimated: bool) -> None:
+        """The work of one call counted whole: a row with no calls of its own (its
+        kernels are counted as calls)."""
+        row = self.sink.setdefault((name, cls), [0, 0.0, 0, False])
+        row[1] += flops
+        row[2] += moved
+        row[3] = row[3] or estimated
+
+    def attention(self, q: Any, k: Any, v: Any, mask: Any, causal: bool) -> None:
+        """One attention call by what it computes (see the module's docstring)."""
+        import torch
+
+        if not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in (q, k, v)):
+            self.add_whole(ATTENTION_CALL, ATTENTION, 0.0, 0, True)
+            return
+        self.quiet = True  # reading the mask runs operators of its own
+        try:
+            pairs, guess = attended_pairs(q, int(k.shape[-2]), mask, causal)
+        finally:
+            self.quiet = False
+        flops = 2.0 * pairs * (int(q.shape[-1]) + int(v.shape[-1]))
+        out = math.prod(q.shape[:-1]) * int(v.shape[-1]) * q.element_size()
+        self.add_whole(ATTENTION_CALL, ATTENTION, flops, _bytes((q, k, v)) + out, guess)
 
     def composite(self, func: Any) -> bool:
         """Made of other operators (``aten::linear``, ``aten::scaled_dot_product_attention``):
@@ -308,6 +562,10 @@ class _Tally:
             known = (name, self._formulas.get(func._overloadpacket), func.is_view, fixed)
             self._known[func] = known
         name, formula, is_view, cls = known
+        if self.depth:  # a kernel of a call counted whole: a call, its work counted whole
+            row = self.sink.setdefault((name, self.inner), [0, 0.0, 0, False])
+            row[0] += 1
+            return
         tensor = self._tensor
         inputs = _tensors(args, tensor)
         if kwargs:
@@ -326,7 +584,9 @@ class _Tally:
         moved = 0
         if not is_view:
             outputs = _tensors((out,), tensor)
-            moved = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
+            moved = _bytes((*inputs, *outputs))
+            if name in _COPIES and len({t.device for t in (*inputs, *outputs)}) > 1:
+                moved = 0  # between devices: over the bus (see the module's docstring)
         row = self.sink.setdefault((name, cls), [0, 0.0, 0, False])
         row[0] += 1
         row[1] += flops

@@ -282,16 +282,6 @@ class Load:
         self._thread.join()
 
 
-@dataclass(frozen=True)
-class MeterWindow:
-    """The package's meter over one window, beside the recording's integral of it."""
-
-    seconds: float
-    meter_j: float
-    instant_j: float | None
-    average_j: float
-
-
 def meter_windows(
     meter: Any, domain: str, recorder: Recorder, lengths_s: Sequence[float]
 ) -> list[tuple[float, float, float]]:

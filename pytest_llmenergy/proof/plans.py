@@ -33,6 +33,8 @@ class Plan:
     gate_output_tokens: int
     work_model: str
     caps_s: dict[str, float]
+    # the suite's case at this batch again in compiled execution (None: not run)
+    compiled_batch: int | None = None
     # every pytest session's further options (a stand-in run on a shared CPU: keep the
     # trials another process disturbed, bound the trials) and llmenergy ab's own
     extra_args: tuple[str, ...] = ()
@@ -62,7 +64,11 @@ H100 = Plan(
     gate_batch_sizes=(1, 8),
     gate_output_tokens=16,
     work_model="tiny-llama",
-    caps_s={"suite": 110.0, "settings": 60.0, "gate": 420.0, "work": 40.0},
+    caps_s={"suite": 110.0, "compiled": 150.0, "settings": 60.0, "gate": 420.0, "work": 40.0},
+    compiled_batch=8,
+    # one process pair: on a GPU counter the processes hardly differ, and a second pair
+    # would double the campaign (24 cases x 2 sides x 3-4 pairs of 3 s windows)
+    ab_args=("--processes", "1", "--confirm", "off"),
     suite_files=("benchmarks/test_output_tokens.py",),
 )
 
@@ -75,7 +81,7 @@ SMOKE = Plan(
     input_tokens=16,
     output_tokens=8,
     case_max_time_s=15.0,  # the default rule's
-    idle_s=2.0,
+    idle_s=5.0,  # room for idle windows of 3 s
     load_s=8.0,  # room for the trials' 3 s windows on the stand-in's 100 ms counter
     windows_s=(0.05, 0.2, 1.0, 3.0),
     power_limits="70%",
@@ -87,7 +93,7 @@ SMOKE = Plan(
     gate_batch_sizes=(1,),
     gate_output_tokens=32,
     work_model="tiny-llama",
-    caps_s={"suite": 120.0, "settings": 90.0, "gate": 240.0, "work": 60.0},
+    caps_s={"suite": 120.0, "compiled": 0.0, "settings": 90.0, "gate": 240.0, "work": 120.0},
     extra_args=("--energy-max-background=off", "--energy-max-trials=6", "--energy-warmup=0"),
     ab_args=("--processes", "1", "--confirm", "off"),
     gate_args=(

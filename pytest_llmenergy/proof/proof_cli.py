@@ -99,6 +99,7 @@ def _run(args: argparse.Namespace, storage: object) -> Outcome:
         bodies = {
             "meter": lambda: stages.meter_stage(proof, plan, nvml, handle, log),
             "suite": lambda: stages.suite_stage(proof, plan, work, out, budget, log),
+            "compiled": lambda: stages.compiled_stage(proof, plan, work, out, budget, log),
             "settings": lambda: stages.settings_stage(
                 proof, plan, nvml, handle, work, out, budget, log
             ),

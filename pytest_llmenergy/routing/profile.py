@@ -22,7 +22,7 @@ from pathlib import Path
 from ..conditions.settings import GPU_LABELS, SETTING_LABEL
 from ..errors import ConfigError
 from ..results import CaseResult
-from ..storage.runfile import Run
+from ..storage.runfile import MAX_MAGNITUDE, MIN_MAGNITUDE, Run
 
 CSV_COLUMNS = ("system", "model", "input_tokens", "output_tokens", "seconds", "joules")
 ALL_MODELS = "all"
@@ -112,6 +112,12 @@ def _positive(text: str, column: str, where: str) -> float:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise ProfileError(f"{where}: {column} should be a number > 0, got {text!r}")
+    if not MIN_MAGNITUDE <= value <= MAX_MAGNITUDE:  # as a run file's figures
+        raise ProfileError(
+            f"{where}: {column} is {value:g}; no measurement is that "
+            f"{'large' if value > 1 else 'near zero'} (between {MIN_MAGNITUDE:g} and "
+            f"{MAX_MAGNITUDE:g})"
+        )
     return value
 
 

@@ -23,11 +23,29 @@ once (its batch limit, its KV cache), or the responses were not streamed.
 
 The mean batch is the server's own where it publishes one, as ML.ENERGY reads it: its
 running-requests gauge (vLLM's ``vllm:num_requests_running`` on ``/metrics``), sampled
-through the burst (``BatchSampler``) and averaged over the window.  Elsewhere the client
-counts the requests past their first token and not finished, averaged over the window's
-time: that leaves out each request's prefill, so it reads low where prefill is a large
-part of a request (on vLLM's CPU build at concurrency 1, well under the gauge in a busy
-session: docs/evidence.md).
+through the burst (``BatchSampler``) and averaged over the window's time.  When vLLM
+updates it (V1 engine, read in vLLM 0.32's source): the scheduler's stats are made at the
+end of every engine step (``Scheduler.make_stats``: ``len(self.running)`` once the step's
+finished requests are out) and ride with that step's outputs to the API server, whose
+output handler sets the Prometheus gauge after it has passed the step's tokens on
+(``AsyncLLM``'s ``output_handler`` -> ``PrometheusStatLogger.record``).  So the gauge has
+no refresh period of its own: it changes once per engine step, holds its value through a
+long step and while idle, and a request enters it with the step that streams its first
+token (a prompt prefilled in one step), as the client counts it.  A reading is the gauge
+at some moment of its HTTP request, which a busy frontend may answer a good part of a
+second late; it stands at the request's midpoint and holds until the next reading.
+
+The client counts the requests past their first token and not finished, averaged over
+the window's time: that leaves out each request's prefill, so it reads low where prefill
+is a large part of a request (on vLLM's CPU build at concurrency 1, well under the gauge
+in a busy session: docs/evidence.md).
+
+The two are checked against each other over the same window: the server cannot run
+fewer of the burst's requests than the client is streaming tokens from, nor more than the
+client has in flight (sent, not finished).  A gauge outside those two counts by more than
+``GAUGE_SLACK`` of the concurrency measures something else (a stale or lagging gauge,
+another client's requests): the batch then rests on the client's count, and the burst
+says so (``Steadiness.batch_note``, kept in the run and shown in the notes).
 """
 
 from __future__ import annotations
@@ -43,6 +61,10 @@ Mark = Callable[[str, str], None]  # (phase, ending): a window's mark
 # ML.ENERGY's thresholds (the benchmark's run validation, as its leaderboard applies it)
 DEFAULT_MIN_STEADY_S = 20.0
 DEFAULT_MIN_BATCH_FILL = 0.85
+# How far (a share of the concurrency) the gauge's mean may fall outside the client's two
+# counts before it is judged to measure something else: the counts lag the server's by a
+# token's delivery at each end, and the gauge's readings are samples of a step function.
+GAUGE_SLACK = 0.25
 
 
 @dataclass(frozen=True)
@@ -55,10 +77,30 @@ class Steadiness:
     unstable: str
     batch: float = 0.0  # requests generating, averaged over the window (0: no window)
     batch_source: str = ""  # SERVER_GAUGE or CLIENT_COUNT
+    # "": the batch is the gauge's, or the server has none; else how the gauge disagreed
+    # with the client's counts, so that the batch is the client's
+    batch_note: str = ""
 
 
 SERVER_GAUGE = "the server's running-requests gauge"
 CLIENT_COUNT = "requests past their first token, as the client sees them"
+
+
+def gauge_disagreement(gauge: float, streaming: float, in_flight: float, concurrency: int) -> str:
+    """How the gauge's mean over a window strays from the client's counts over it ("":
+    within ``GAUGE_SLACK`` of the concurrency of [streaming, in flight])."""
+    slack = GAUGE_SLACK * concurrency
+    if gauge < streaming - slack:
+        return (
+            f"the server's running-requests gauge read {gauge:.3g}, under the {streaming:.3g} "
+            "requests the client was streaming tokens from"
+        )
+    if gauge > in_flight + slack:
+        return (
+            f"the server's running-requests gauge read {gauge:.3g}, over the {in_flight:.3g} "
+            "requests the client had in flight (another client's requests?)"
+        )
+    return ""
 
 
 def close_at(requests: int, concurrency: int) -> int:
@@ -83,12 +125,14 @@ class BurstWatch:
         self._mark = mark
         self._clock = clock
         self._lock = threading.Lock()
+        self._sent = 0  # requests sent (in flight until finished)
         self._started = 0  # requests past their first token
         self._finished = 0
         self._opened: float | None = None  # the steady window, on ``clock``
         self._closed: float | None = None
         self._tokens = 0
         self._area = 0.0  # requests generating x seconds, inside the window
+        self._flight_area = 0.0  # requests in flight x seconds, inside the window
         self._since = 0.0  # when the count of requests generating last changed
 
     @property
@@ -99,7 +143,14 @@ class BurstWatch:
         """Add the stretch since the last change to the window's request-seconds."""
         if self._opened is not None and self._closed is None:
             self._area += self._generating * (now - self._since)
+            self._flight_area += (self._sent - self._finished) * (now - self._since)
         self._since = now
+
+    def sent(self) -> None:
+        """A request about to be sent (counted in flight until it finishes)."""
+        with self._lock:
+            self._count_area(self._clock())
+            self._sent += 1
 
     def first_token(self) -> None:
         with self._lock:
@@ -160,9 +211,15 @@ class BurstWatch:
             )
         seconds = self._closed - self._opened
         batch = self._area / seconds if seconds > 0 else float(n)
-        source = CLIENT_COUNT
+        source, disagreement, note = CLIENT_COUNT, "", ""
         if server_batch is not None:
-            batch, source = server_batch, SERVER_GAUGE
+            # a watch told of no sends (``sent``) takes every request as sent at once
+            flight = self._flight_area / seconds if self._sent and seconds > 0 else float(n)
+            disagreement = gauge_disagreement(server_batch, batch, flight, n)
+            if disagreement:
+                note = f"{disagreement}: the batch is the client's count, {batch:.3g}"
+            else:
+                batch, source = server_batch, SERVER_GAUGE
         why = []
         if seconds < min_steady_s:
             why.append(
@@ -172,17 +229,22 @@ class BurstWatch:
             )
         if batch < min_batch_fill * n:
             why.append(
-                f"its mean batch was {batch:.3g} of {n} requests ({batch / n:.0%}; {source}), "
+                f"its mean batch was {batch:.3g} of {n} requests ({batch / n:.0%}; {source}"
+                + (f"; {disagreement}" if disagreement else "")
+                + "), "
                 f"under --llm-min-batch-fill={min_batch_fill:.0%}: the server holds fewer at "
                 "once (its batch limit, e.g. vLLM's --max-num-seqs, or its KV cache), so "
                 "this concurrency is out of its reach"
             )
-        return Steadiness(seconds, self._tokens, "; and ".join(why), batch, source)
+        return Steadiness(seconds, self._tokens, "; and ".join(why), batch, source, note)
 
 
 class BatchSampler:
     """Reads the server's running-requests gauge (``read``) every ``interval_s`` from a
-    thread while a burst runs; ``mean(start, end)`` averages the readings in a window."""
+    thread while a burst runs; ``mean(start, end)`` is its time-weighted mean over a
+    window.  A reading stands at the midpoint of its HTTP request (the gauge was read at
+    some moment of it) and holds until the next, as the gauge itself holds between the
+    engine steps that set it."""
 
     def __init__(
         self,
@@ -199,9 +261,10 @@ class BatchSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            asked = self._clock()
             value = self._read()
             if value is not None:
-                self.samples.append((self._clock(), value))
+                self.samples.append(((asked + self._clock()) / 2, value))
             self._stop.wait(self._interval_s)
 
     def __enter__(self) -> BatchSampler:
@@ -213,6 +276,17 @@ class BatchSampler:
         self._thread.join()
 
     def mean(self, start: float, end: float) -> float | None:
-        """The readings' mean within [start, end]; None with fewer than two there."""
-        inside = [v for t, v in self.samples if start <= t <= end]
-        return sum(inside) / len(inside) if len(inside) >= 2 else None
+        """The gauge's time-weighted mean over [start, end]: each reading holds until the
+        next (the last one before ``start`` from ``start``); None with fewer than two
+        readings inside, too few to say what the gauge did there."""
+        readings = sorted(self.samples)
+        inside = [(t, v) for t, v in readings if start <= t <= end]
+        if len(inside) < 2:
+            return None
+        before = [(start, v) for t, v in readings if t < start][-1:]
+        steps = before + inside
+        edges = [t for t, _ in steps[1:]] + [end]
+        span = end - steps[0][0]
+        if span <= 0:
+            return sum(v for _, v in inside) / len(inside)
+        return sum(v * (e - t) for (t, v), e in zip(steps, edges)) / span

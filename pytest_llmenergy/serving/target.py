@@ -43,6 +43,9 @@ class Burst:
     steady_tokens: int = 0
     unstable: str = ""
     steady_batch: float = 0.0
+    # "": the batch is the server's gauge's (or the server has none); else why the gauge
+    # was set aside for the client's count (Steadiness.batch_note)
+    steady_batch_note: str = ""
 
 
 class ServerTarget:
@@ -112,6 +115,7 @@ class ServerTarget:
             prompt = self._prompt(input_tokens, rows[i])
             if watch is None:
                 return self.endpoint.complete(prompt, output_tokens, on_first_token=hook)
+            watch.sent()
             done = self.endpoint.complete(
                 prompt, output_tokens, on_first_token=watch.first_token, on_token=watch.token
             )
@@ -146,6 +150,7 @@ class ServerTarget:
             steady_tokens=steady.tokens if steady is not None else 0,
             unstable=steady.unstable if steady is not None else "",
             steady_batch=steady.batch if steady is not None else 0.0,
+            steady_batch_note=steady.batch_note if steady is not None else "",
         )
 
     # -- prompts ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import replace
 from ..errors import ConfigError
 from ..results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult, Trial
 from .recorder import utc_now
-from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run
+from .runfile import ABANDONED, COMPLETE, INTERRUPTED, RUNNING, Run
 
 # How a pooled case ended: the least settled of its parts.
 _STATUS_ORDER = (OOM, LIMIT, ROUNDS, CONVERGED)
@@ -277,6 +277,6 @@ def join_shards(
 def _unfinished(run: Run) -> str:
     """How a part ended before its end, as its run file says: a session killed outright
     (``scancel``, a time limit, an out-of-memory kill) leaves its last write, ``running``."""
-    if run.status == RUNNING:
+    if run.status in (RUNNING, ABANDONED):  # abandoned: its writer is known to be gone
         return f"{run.label} still says running: killed or cancelled"
     return f"{run.label} is {run.status}"

@@ -2,7 +2,9 @@
 
 The run file is rewritten (atomically) after every finished case with status
 ``running``, and once more at the end with ``complete`` or ``interrupted``.  A session
-killed outright leaves its last write: every case it finished, marked ``running``.
+killed outright leaves its last write: every case it finished, marked ``running``; the
+file names its writer (host, pid, start time), so a reader on that host shows it as
+``abandoned`` once that process is gone.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results import CaseResult
-from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run, dumps, encode_case
+from .runfile import COMPLETE, INTERRUPTED, RUNNING, Run, dumps, encode_case, this_writer
 from .store import AtomicFile, Storage
 
 
@@ -185,6 +187,7 @@ def new_run(
         meter=meter,
         command=tuple(command),
         path=None,
+        writer=this_writer(),
     )
 
 

@@ -11,7 +11,9 @@ What a reader refuses, whoever wrote the file (one line naming the file and the 
   twice, a string with half of a UTF-16 surrogate pair, NaN or Infinity, a number
   beyond a double's range (``1e400``) and an integer of more than 19 digits;
 - a figure beyond 10^15 either way (``1e300`` seconds: no trial measures that much, and
-  the statistics of such numbers would leave a double's range);
+  the statistics of such numbers would leave a double's range), and one other than 0
+  nearer zero than 10^-30 (``5e-324`` joules: no meter resolves that, and a square or a
+  product of such numbers underflows to 0, which the statistics then divide by);
 - a physical quantity below zero: seconds, joules, watts, bytes, token counts,
   GPU clocks and times, a trial's busy-machine share, a case's meter resolution and
   speed reference.  Two figures may be negative: net joules (gross minus idle power x
@@ -76,16 +78,23 @@ FORMAT = "pytest-llmenergy-run"
 #    "gave_up"; absent: it did not wait); a trial's "steady_tokens" (a server burst's
 #    output tokens streamed in its steady window, the phase "steady") and "unstable" (why
 #    the burst had no steady window worth measuring; absent: it had, or was no burst) and
-#    "steady_batch" (the window's mean batch, requests generating; absent: no window).
+#    "steady_batch" (the window's mean batch, requests generating; absent: no window) and
+#    "steady_batch_note" (why the server's running-requests gauge was set aside for the
+#    client's count: it disagreed with it; absent: the batch is the gauge's, or no gauge).
 #    a trial's gpu "neighbours" (other processes on the measured GPUs: "gpu", "pid", "name").
 #    a trial's "telemetry" (a sampling meter's window judged, meters/validity.Telemetry:
 #    "devices" and "read" lists of domains, "max_gap_s", "covered", "counter_vs_integral"
 #    (null: no counter beside samples, or unbounded), "reason" ("": valid); absent: the
 #    meter does not sample, or the run predates it) and the controller's "max_sample_gap_s".
+#    the run's "writer" (the process writing it: "host", "pid", and "started", its start
+#    in seconds since the epoch; absent: not recorded, and "running" is taken as said).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
 RUNNING, COMPLETE, INTERRUPTED = "running", "complete", "interrupted"
+# What a reader on the writer's host makes of ``running`` once the writer's process is
+# gone: it was killed outright (SIGKILL, out of memory, a power cut) and never finishes.
+ABANDONED = "abandoned"
 
 
 class RunFileError(LLMEnergyError):
@@ -105,7 +114,7 @@ class Run:
     run_id: str  # "0003" in the storage folder; "" for a file saved elsewhere
     name: str
     created: str  # ISO 8601, UTC
-    status: str  # RUNNING, COMPLETE or INTERRUPTED
+    status: str  # RUNNING, COMPLETE or INTERRUPTED (ABANDONED: read so, never written)
     hardware: str  # the storage folder's name: CPU, GPUs, meter
     machine: Mapping[str, Any]
     commit: Mapping[str, Any]
@@ -120,6 +129,9 @@ class Run:
     pairing: Mapping[str, str] = field(default_factory=dict)
     path: Path | None = field(default=None, compare=False)
     schema_version: int = SCHEMA_VERSION
+    # The process writing the run ({"host", "pid", "started"}): a reader on that host
+    # tells a run still being written from one whose writer was killed (ABANDONED).
+    writer: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def confidence(self) -> float | None:
@@ -215,6 +227,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"steady_tokens": t.steady_tokens} if t.steady_tokens else {}),
         **({"unstable": t.unstable} if t.unstable else {}),
         **({"steady_batch": t.steady_batch} if t.steady_batch else {}),
+        **({"steady_batch_note": t.steady_batch_note} if t.steady_batch_note else {}),
         **({"telemetry": _telemetry_dict(t.telemetry)} if t.telemetry is not None else {}),
     }
 
@@ -343,6 +356,7 @@ def run_dict(run: Run) -> dict[str, Any]:
             "hardware": run.hardware,
             "command": list(run.command),
             **({"pairing": dict(run.pairing)} if run.pairing else {}),
+            **({"writer": dict(run.writer)} if run.writer else {}),
         },
         "machine": dict(run.machine),
         "commit": dict(run.commit),
@@ -386,6 +400,9 @@ _MAX_INT_DIGITS = 19
 # No figure of a trial comes near it (10**15 s is 30 million years, 10**15 J 280 GWh), and
 # below it the statistics' squares and sums never leave a double's range.
 MAX_MAGNITUDE = 1e15
+# Nothing measured is nearer zero than this but 0 itself (a meter's resolution is 1e-9 at
+# best), and above it no product of a few figures underflows (a subnormal's square is 0).
+MIN_MAGNITUDE = 1e-30
 
 
 class _Hostile(ValueError):
@@ -502,6 +519,16 @@ def _shown(key: object) -> str:
 
 
 _TOO_LARGE = f"no measurement is that large (at most {MAX_MAGNITUDE:g} either way)"
+_TOO_SMALL = f"no measurement is that near zero (0, or at least {MIN_MAGNITUDE:g} either way)"
+
+
+def _magnitude_problem(value: float) -> str:
+    """Why a figure is out of the range a measurement can take; "" when it is not."""
+    if abs(value) > MAX_MAGNITUDE:
+        return f"{value:g}; {_TOO_LARGE}"
+    if value and abs(value) < MIN_MAGNITUDE:
+        return f"{value:g}; {_TOO_SMALL}"
+    return ""
 
 
 class _Bad(Exception):
@@ -546,8 +573,8 @@ class _Reader:
             raise _Bad(f"{self._at(key)} should be {_kind_name(wanted)}")
         if least is not None and isinstance(value, int | float) and value < least:
             raise _Bad(f"{self._at(key)} is {value!r}; it cannot be below {least:g}")
-        if isinstance(value, float) and abs(value) > MAX_MAGNITUDE:
-            raise _Bad(f"{self._at(key)} is {value:g}; {_TOO_LARGE}")
+        if isinstance(value, float) and (problem := _magnitude_problem(value)):
+            raise _Bad(f"{self._at(key)} is {problem}")
         return value
 
     def amount(self, key: str, *, optional: bool = False, signed: bool = False) -> Any:
@@ -576,8 +603,8 @@ class _Reader:
                 raise _Bad(f"{self._at(key)}.{_shown(name)} should be a number")
             if not signed and value < 0:
                 raise _Bad(f"{self._at(key)}.{_shown(name)} is {value!r}; it cannot be below 0")
-            if abs(value) > MAX_MAGNITUDE:
-                raise _Bad(f"{self._at(key)}.{_shown(name)} is {value:g}; {_TOO_LARGE}")
+            if problem := _magnitude_problem(float(value)):
+                raise _Bad(f"{self._at(key)}.{_shown(name)} is {problem}")
             out[str(name)] = float(value)
         return out
 
@@ -651,6 +678,7 @@ def _trial(r: _Reader) -> Trial:
         steady_tokens=r.count("steady_tokens", optional=True) or 0,
         unstable=r.get("unstable", str, optional=True) or "",
         steady_batch=r.amount("steady_batch", optional=True) or 0.0,
+        steady_batch_note=r.get("steady_batch_note", str, optional=True) or "",
         telemetry=_telemetry(r.obj("telemetry", optional=True)),
     )
 
@@ -771,7 +799,7 @@ def _thermal(r: _Reader | None) -> ThermalWait | None:
         out: list[float | None] = []
         for v in r.get(key, list):
             number = isinstance(v, int | float) and not isinstance(v, bool)
-            if v is not None and not (number and abs(v) <= MAX_MAGNITUDE):
+            if v is not None and not (number and not _magnitude_problem(float(v))):
                 raise _Bad(f"{r.where}.{key} should hold numbers (°C) or null")
             out.append(None if v is None else float(v))
         return tuple(out)
@@ -869,7 +897,7 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
     try:
         top = _Reader(data, "")
         run = _must(top.obj("run"))
-        return Run(
+        found = Run(
             run_id=run.get("id", str),
             name=run.get("name", str),
             created=run.get("created", str),
@@ -879,6 +907,7 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
             hardware=run.get("hardware", str),
             command=tuple(str(a) for a in run.get("command", list)),
             pairing=run.strings("pairing") if "pairing" in run.data else {},
+            writer=_writer(run.obj("writer", optional=True)),
             machine=top.get("machine", dict),
             commit=top.get("commit", dict),
             options=top.get("options", dict),
@@ -891,6 +920,51 @@ def loads(text: str, path: str | os.PathLike[str]) -> Run:
         raise RunFileError(
             path, f"corrupt run file: {exc}; re-run the benchmarks or delete the file"
         ) from None
+    if found.status == RUNNING and writer_gone(found.writer):
+        return replace(found, status=ABANDONED)
+    return found
+
+
+def _writer(r: _Reader | None) -> dict[str, Any]:
+    if r is None:
+        return {}
+    return {
+        "host": r.get("host", str),
+        "pid": r.count("pid", least=1),
+        "started": r.amount("started"),
+    }
+
+
+def this_writer() -> dict[str, Any]:
+    """This process, as a run file's ``writer``."""
+    import socket
+
+    import psutil
+
+    try:
+        started = psutil.Process().create_time()
+    except psutil.Error:
+        return {}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": started}
+
+
+def writer_gone(writer: Mapping[str, Any]) -> bool:
+    """Is the process that writes a run known to have ended?  Only a reader on its host
+    can tell: its pid is free, or taken by a process started at another time (a recycled
+    pid).  What it cannot tell (another host, no record, no permission): not gone."""
+    import socket
+
+    import psutil
+
+    if not writer or writer.get("host") != socket.gethostname():
+        return False
+    try:
+        started = psutil.Process(int(writer["pid"])).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, OverflowError, ValueError):
+        return False
+    return abs(started - float(writer["started"])) > 1.0
 
 
 def load(path: str | os.PathLike[str]) -> Run:

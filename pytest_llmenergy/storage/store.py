@@ -15,8 +15,9 @@ import itertools
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -27,7 +28,8 @@ DEFAULT_STORAGE = ".llmenergy"
 STORAGE_HELP = f"storage folder of saved runs (default: {DEFAULT_STORAGE})"
 _RUN_FILE = re.compile(r"^(\d{4,})_(.*)\.json$")
 _CLAIM = re.compile(r"^\.(\d{4,})\.claimed$")
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+# fullmatch, never ``$``: ``$`` also matches before a final newline ("abc\n")
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 MAX_RUN_NAME = 200  # characters: NNNN_<name>.json must fit in one file name (255)
@@ -36,9 +38,10 @@ MAX_RUN_NAME = 200  # characters: NNNN_<name>.json must fit in one file name (25
 def check_run_name(name: str) -> str:
     """Run names become file names: letters, digits, '.', '_' and '-' only, and short
     enough for one (checked when the option is read, before a number is claimed)."""
-    if not _NAME.match(name) or name in (".", ".."):
+    if not _NAME.fullmatch(name) or name in (".", ".."):
         raise ConfigError(
-            f"bad run name {name!r}: use letters, digits, '.', '_' and '-' only, e.g. baseline"
+            f"bad run name {shown(name)!r}: use letters, digits, '.', '_' and '-' only, "
+            "e.g. baseline"
         )
     if len(name) > MAX_RUN_NAME:
         raise ConfigError(
@@ -74,6 +77,7 @@ class StoredRun:
     hardware: str
     number: int
     name: str
+    shared: bool = False  # another run file in its folder has the same number
 
     @property
     def run_id(self) -> str:
@@ -81,8 +85,9 @@ class StoredRun:
 
     @property
     def ref(self) -> str:
-        """The shortest unambiguous way to name it anywhere: ``<hardware>/<number>``."""
-        return f"{self.hardware}/{self.run_id}"
+        """The shortest unambiguous way to name it anywhere: ``<hardware>/<number>``, or
+        ``<hardware>/<file name>`` where its number is not its own (files copied in)."""
+        return f"{self.hardware}/{self.path.stem if self.shared else self.run_id}"
 
     def load(self) -> Run:
         return load(self.path)
@@ -125,13 +130,20 @@ class AtomicFile:
             sweep_temps(self.path.parent, self.path.name[:_TEMP_STEM])
             self._swept = True
         data = text.encode("utf-8")
-        if AtomicFile.unnamed:
-            try:
-                self._write(data, unnamed=True)
-                return
-            except _CannotName:
-                AtomicFile.unnamed = False
-        self._write(data, unnamed=False)
+        try:
+            if AtomicFile.unnamed:
+                try:
+                    self._write(data, unnamed=True)
+                    return
+                except _CannotName:
+                    AtomicFile.unnamed = False
+            self._write(data, unnamed=False)
+        except OSError as exc:
+            if exc.filename is not None:
+                raise
+            # a full disk says only "No space left on device": say where (the errno keeps
+            # the error's class, FileExistsError included)
+            raise OSError(exc.errno, exc.strerror or str(exc), os.fspath(self.path)) from None
 
     def _write(self, data: bytes, *, unnamed: bool) -> None:
         fd, named = _open_temp(self, unnamed)
@@ -292,6 +304,11 @@ class Storage:
 
     def runs(self, hardware: str | None = None) -> list[StoredRun]:
         """Every run file, by hardware then number; names only, nothing is read."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(
+                f"storage {self.root} is a file, not a folder of saved runs; give the folder "
+                f"(default {DEFAULT_STORAGE})"
+            )
         if hardware is not None:
             check_hardware_key(hardware)
             folders = [self.root / hardware]
@@ -307,7 +324,9 @@ class Storage:
                 match = _RUN_FILE.match(path.name)
                 if match and path.is_file():
                     found.append(StoredRun(path, folder.name, int(match[1]), match[2]))
-        return sorted(found, key=lambda r: (r.hardware, r.number, r.name))
+        counts = Counter((r.hardware, r.number) for r in found)
+        found = [replace(r, shared=counts[r.hardware, r.number] > 1) for r in found]
+        return sorted(found, key=lambda r: (r.hardware, r.number, r.path.name))
 
     def claim(self, hardware: str, name: str) -> AtomicFile:
         """Reserve the next number in ``hardware``'s folder for a run called ``name``."""
@@ -381,6 +400,13 @@ class Storage:
         if len(folders) > 1:
             refs = ", ".join(f"{h}/{key}" for h in folders)
             raise ConfigError(f"run {spec!r} exists for several machines; say which: {refs}")
+        if key.isdigit() and len(candidates) > 1:  # one number, several files: copied in
+            names = ", ".join(r.path.name for r in candidates)
+            raise ConfigError(
+                f"run {spec!r} is ambiguous: {len(candidates)} files in "
+                f"{self.root / folders[0]} have that number ({names}); name one by its file "
+                f"name, e.g. {candidates[0].path.stem}"
+            )
         return candidates[-1].path
 
     def _saved_text(self, shown: int = 5) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import EnergyBenchmark, is_out_of_memory
 from pytest_llmenergy.llm.grid import LLMCase
 from pytest_llmenergy.llm.loader import ModelPool
 from pytest_llmenergy.results import CaseResult
@@ -41,6 +41,14 @@ def run_case(
         model = llm_pool.get(case.model)
         # a batch of distinct prompts of exactly the case's tokens (--llm-batch-sizes)
         prompt = model.prompt_ids(case.input_tokens, case.batch_size)
+        # compiled execution (--llm-execution): this shape compiled and captured now,
+        # before any window; out of memory, the benchmark's warm-up meets it again and
+        # keeps the case as out of memory
+        try:
+            model.prepare(prompt, case.output_tokens)
+        except BaseException as exc:
+            if not is_out_of_memory(exc):
+                raise
         return energy_benchmark(
             model.generate,
             prompt,

@@ -24,6 +24,9 @@ What the exactness check and the request metrics depend on behaves as in real en
   at a time (so a burst's requests start generating one after another), and
   ``max_num_seqs`` (vLLM's flag) lets at most that many generate at once, the others
   waiting for a slot;
+* ``running_gauge`` publishes vLLM's running-requests gauge on ``/metrics``;
+  ``StaleGauge(period_s)`` is one that refreshes only every ``period_s`` (reading 0 until
+  its first refresh), as a gauge that lags the batch or is read between its updates;
 * with ``power`` (a ``SwitchTrace``), the server's GPU draws ``idle_w`` plus
   ``w_per_request`` for every request generating, switched the moment that number
   changes: the true energy of any stretch of a burst is known.
@@ -86,6 +89,22 @@ class Behaviour:
             "extra_token_every": 10,
         }
         return cls(**{**quirks, **kwargs})
+
+
+class StaleGauge:
+    """A running-requests gauge that takes the server's count only every ``period_s`` and
+    reads its last value between (0 before its first refresh, a period after it starts)."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self._value = 0.0
+        self._at = time.monotonic()
+
+    def __call__(self, server: Any) -> float:
+        now = time.monotonic()
+        if now - self._at >= self.period_s:
+            self._value, self._at = float(server.generating), now
+        return self._value
 
 
 class _Server(ThreadingHTTPServer):

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy import open_meter
-from pytest_llmenergy.controller.benchmark import EnergyBenchmark
+from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.llm.loader import load_model
 from pytest_llmenergy.meters.background import BackgroundCpu
@@ -92,11 +92,9 @@ def test_harness_overhead_per_trial(
         bench = EnergyBenchmark(
             meter,
             options,
-            nodeid="perf",
-            name="perf",
-            labels={},
-            on_result=lambda r: None,
-            background=background,
+            CaseIdentity("perf", "perf", {}),
+            lambda r: None,
+            CaseFeatures(background=background),
         )
         result = bench(model.generate, ids, n_out, input_tokens=n_in, output_tokens=n_out)
         harness_s.append((time.perf_counter() - t0) / TRIALS_PER_ROUND)
