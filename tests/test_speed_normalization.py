@@ -141,8 +141,10 @@ def test_a_few_disturbed_trials_do_not_blind_the_gate() -> None:
 
 
 def test_llmenergy_compare_normalizes_on_the_same_hardware_only(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # a log's lines, whole (not wrapped)
+
     def write(name: str, hardware: str, cases: list[CaseResult]) -> Path:
         run = Run("", name, "2026-01-01T00:00:00Z", "complete", hardware, {}, {}, {}, {})
         path = tmp_path / f"{name}.json"

@@ -178,8 +178,10 @@ def test_the_phases_of_a_window_are_its_calls_phases_summed_per_call() -> None:
         pre, dec = trial.phases["prefill"], trial.phases["decode"]
         # per call: each call's prefill lasted >= 3 ms at 50 W, its decode >= 5 ms at 10 W
         assert 0.003 <= pre.seconds < 0.008 and 0.005 <= dec.seconds < 0.012
-        assert pre.joules == pytest.approx(50.0 * pre.seconds, rel=0.02)
-        assert dec.joules == pytest.approx(10.0 * dec.seconds, rel=0.02)
+        # the power switches a few microseconds away from each call's mark: 5 % (a split
+        # misplaced by a phase would be off by 5x)
+        assert pre.joules == pytest.approx(50.0 * pre.seconds, rel=0.05)
+        assert dec.joules == pytest.approx(10.0 * dec.seconds, rel=0.05)
         # the calls' phases lie inside the trial's window
         assert pre.seconds + dec.seconds <= trial.seconds + 1e-9
     ttft = FIGURES["ttft_s"]

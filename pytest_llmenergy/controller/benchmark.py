@@ -338,6 +338,9 @@ class CaseFeatures:
     settle: Callable[[Callable[[str], None] | None], ThermalWait | None] | None = None
     # the session's gCO2e and price per kWh (the co2_g and cost figures' factors)
     conversions: Mapping[str, float] | None = None
+    # whether a coarse meter's trial may hold several calls: not under torchrun, whose
+    # ranks must run the same calls in lockstep (each would time its own window)
+    windows: bool = True
 
 
 class EnergyBenchmark:
@@ -380,7 +383,9 @@ class EnergyBenchmark:
         self._reference: list[float] = visits.reference if visits is not None else []
         # how many calls a trial's window holds (one, unless the meter is coarse), and
         # the random wait before a coarse meter's window opens
-        self._window = WindowPlan(window_target_s(meter.resolution_s, options))
+        self._window = WindowPlan(
+            window_target_s(meter.resolution_s, options) if f.windows else 0.0
+        )
         self._edge_delay = EdgeDelay(meter.resolution_s)
 
     def __call__(

@@ -274,12 +274,14 @@ def _counting() -> bool:
 
 @contextlib.contextmanager
 def _outside_counting() -> Iterator[None]:
-    """Run with no dispatch mode on: a work count around the first call of a shape counts
-    the measured generation, not the warm-up's two."""
+    """Run with no dispatch mode and no function mode on: a work count around the first
+    call of a shape counts the measured generation, not the warm-up's two (the count's
+    whole-attention hooks see no dispatch mode, and count nothing either)."""
+    import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     if not _counting():
         yield
         return
-    with _disable_current_modes():
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
         yield

@@ -498,6 +498,7 @@ def energy_benchmark(
             else None,
             settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
             conversions=config.stash[CASE_RESULTS].settings.conversions,
+            windows=DISTRIBUTED not in config.stash,
         ),
     )
 

@@ -276,9 +276,12 @@ def _counted_attention(tally: _Tally, fn: Callable[..., Any]) -> Callable[..., A
     """A transformers attention function, ``fn(module, query, key, value,
     attention_mask, ...)``, counted whole when it runs while counting."""
     import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     def attention(*args: Any, **kwargs: Any) -> Any:
         if not tally.on or tally.depth or threading.get_ident() != tally.thread:
+            return fn(*args, **kwargs)
+        if _get_current_dispatch_mode() is None:  # the count set aside (a warm-up's call)
             return fn(*args, **kwargs)
         q, k, v = (_arg(args, kwargs, i, n) for i, n in ((1, "query"), (2, "key"), (3, "value")))
         if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
