@@ -394,7 +394,8 @@ def test_a_sweep_against_a_stale_gauge_rests_on_the_clients_count_and_says_so(
     assert 1.6 < value(by["2"], "steady_batch") <= 2.05
     # a window too short for two readings has no gauge to judge: the client's, unnamed
     notes = {n: [t.steady_batch_note for t in c.trials] for n, c in by.items()}
-    assert all(any(case) for case in notes.values()), notes
+    # (concurrency 4's bursts, rejected for their fill, may all be that short)
+    assert any(notes["1"]) and any(notes["2"]), notes
     assert all(n.startswith("the server's running-requests gauge read 0, under ")
                for case in notes.values() for n in case if n)  # fmt: skip
 
