@@ -458,18 +458,24 @@ def _meter_window_checks(
 
 
 # -- stage 2: the suite ---------------------------------------------------------------------
-def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log) -> None:
-    path = out / "suite.json"
-    cmd = pytest_cmd(
+def _suite_cmd(plan: Plan, batch_sizes: Sequence[int], path: Path, *extra: str) -> list[str]:
+    """The suite stage's session (and the compiled stage's, at one batch size)."""
+    return pytest_cmd(
         plan,
         plan.suite_files,
         f"--llm-model={plan.model}",
         f"--llm-input-tokens={plan.input_tokens}",
         f"--llm-output-tokens={plan.output_tokens}",
-        f"--llm-batch-sizes={','.join(map(str, plan.batch_sizes))}",
+        f"--llm-batch-sizes={','.join(map(str, batch_sizes))}",
         f"--energy-max-time={plan.case_max_time_s:g}",
         f"--energy-json={path}",
+        *extra,
     )
+
+
+def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log) -> None:
+    path = out / "suite.json"
+    cmd = _suite_cmd(plan, plan.batch_sizes, path)
     ran = run(cmd, work, budget.for_stage(plan.caps_s["suite"]), log)
     cases = _cases(path)
     if not cases:
@@ -574,17 +580,8 @@ def compiled_stage(
         )
         return
     path = out / "compiled.json"
-    cmd = pytest_cmd(
-        plan,
-        plan.suite_files,
-        f"--llm-model={plan.model}",
-        f"--llm-input-tokens={plan.input_tokens}",
-        f"--llm-output-tokens={plan.output_tokens}",
-        f"--llm-batch-sizes={batch}",
-        f"--energy-max-time={plan.case_max_time_s:g}",
-        f"--energy-json={path}",
-        "--llm-execution=compiled",  # after pytest_cmd's eager: the last one holds
-    )
+    # after pytest_cmd's eager: the last one holds
+    cmd = _suite_cmd(plan, (batch,), path, "--llm-execution=compiled")
     ran = run(cmd, work, budget.for_stage(plan.caps_s["compiled"]), log)
     compiled = [c for c in _cases(path) if c.measured and c.queries == batch]
     eager = [c for c in _cases(out / "suite.json") if c.measured and c.queries == batch]
