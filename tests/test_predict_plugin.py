@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch  # noqa: F401  # imported before any in-process run (see test_plugin_suite)
@@ -41,7 +42,7 @@ def test_profile_ops_keeps_an_operator_trace_per_case_outside_the_trials(
         assert profile["top_level_ops"] > 100
         assert len(case["trials"]) == 3  # the profiled run is not a trial
     calibrate = suite.run(
-        "python", "-m", "pytest_llmenergy", "calibrate", "run.json", "--out", "cal.json"
+        sys.executable, "-m", "pytest_llmenergy", "calibrate", "run.json", "--out", "cal.json"
     )
     assert calibrate.ret == 2  # two cases are too few, and it says what to measure
     assert "measure more token sizes" in calibrate.stderr.str()

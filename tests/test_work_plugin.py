@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch  # noqa: F401  # imported before any in-process run (see test_plugin_suite)
@@ -65,7 +66,7 @@ def test_counted_work_is_kept_and_its_gate_is_exact(suite: pytest.Pytester) -> N
         op["flops"] = op["flops"] / 2
     (suite.path / "less.json").write_text(json.dumps(data))
     compared = suite.run(
-        "python", "-m", "pytest_llmenergy", "compare", "less.json", "head.json",
+        sys.executable, "-m", "pytest_llmenergy", "compare", "less.json", "head.json",
         "--fail-on", GATES,
     )  # fmt: skip
     assert compared.ret == 1, compared.stdout.str() + compared.stderr.str()
