@@ -37,6 +37,20 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             config.option.dist = "loadgroup"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``python -m pytest`` (the whole suite, no file named) leaves out the ``slow`` tier:
+    minutes-long runs of whole commands, which ``python -m pytest -m slow`` runs after it
+    (``.ci/run`` does both).  A file named on the command line runs all of its tests."""
+    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS:
+        return
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
 # The folder of the lock that ``serial`` tests hold alone (made on xdist's controller).
 SERIAL_DIR = pytest.StashKey[str]()
 SERIAL_KEY = "llmenergy_tests_serial_lock"

@@ -56,6 +56,7 @@ def test_bad_session_count_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert len(err) == 1 and "--sessions 1" in err[0] and "Traceback" not in err[0]
 
 
+@pytest.mark.slow  # three sessions of the suite
 @pytest.mark.serial  # its sessions judge trials by the machine's load, as a user's do
 def test_check_on_this_machine_the_way_a_user_runs_it(tmp_path: Path, tiny_cache: Path) -> None:
     """The whole command, in a fresh process: here only the estimate opens, and two

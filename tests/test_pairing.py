@@ -500,6 +500,7 @@ COMMON = (
 )
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
     base = _project(tmp_path, "base")
     head = _project(tmp_path, "head")
@@ -546,6 +547,7 @@ def test_ab_passes_unchanged_code_and_saves_both_sides(tmp_path: Path) -> None:
     assert "pairs of trials measured side by side" in again.stdout
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_fails_a_regressed_case_and_not_the_unchanged_one(tmp_path: Path) -> None:
     base = _project(tmp_path, "base")
     head = _project(tmp_path, "head", extra="\nSLOWER = 0.3\n")
@@ -574,6 +576,7 @@ def test_products(energy_benchmark):
 """
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_says_why_a_case_failed_from_both_sides_counted_work(tmp_path: Path) -> None:
     """The sides count their work in the first process pair by default (no option asks for
     it), while the other waits: a head that computes twice the products fails, and the
@@ -601,6 +604,7 @@ def _slower_in_its_first_process(tmp_path: Path) -> Path:
     return _project(tmp_path, "head", extra=extra)
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_a_process_offset_does_not_fail_when_cases_are_tested_on_processes(
     tmp_path: Path,
 ) -> None:
@@ -620,6 +624,7 @@ def test_ab_a_process_offset_does_not_fail_when_cases_are_tested_on_processes(
     assert done.returncode == 1, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_chooses_its_process_pairs_from_the_first_and_says_so(tmp_path: Path) -> None:
     """``--processes auto`` (the default): after the first process pair the log says how
     far processes differ beyond their pairs' noise and what it chose, and the run has
@@ -644,6 +649,7 @@ def test_ab_chooses_its_process_pairs_from_the_first_and_says_so(tmp_path: Path)
     assert "energy gate passed" in done.stdout
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_a_fail_that_fresh_processes_do_not_repeat_is_not_a_fail(tmp_path: Path) -> None:
     """One process pair (``--processes 1``): the second pass measures the failing cases
     again in fresh processes, and they pass."""
@@ -660,6 +666,7 @@ def test_ab_a_fail_that_fresh_processes_do_not_repeat_is_not_a_fail(tmp_path: Pa
     assert "(again):" in done.stdout + done.stderr  # the second pass is saved too
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_lists_one_sided_cases_and_strict_fails_on_them(tmp_path: Path) -> None:
     base = _project(tmp_path, "base")
     extra = (
@@ -693,6 +700,7 @@ def test_ab_refuses_what_cannot_work_in_one_line(
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_a_side_that_fails_stops_the_other_and_says_which(tmp_path: Path) -> None:
     base = _project(tmp_path, "base")
     done = _ab(tmp_path, str(base), str(base), "--head-arg=--energy-backend=nosuch", *COMMON)
@@ -702,6 +710,7 @@ def test_ab_a_side_that_fails_stops_the_other_and_says_which(tmp_path: Path) -> 
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_interrupted_keeps_both_sides_finished_cases(tmp_path: Path) -> None:
     slow = (
         "\nimport time as _t\n\n\ndef test_zz_slow(energy_benchmark):\n"
@@ -796,6 +805,7 @@ def test_a_case_with_few_pairs_borrows_the_pooled_variance_of_earlier_cases() ->
     assert helped.decided  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # two sessions of the suite, side by side
 def test_ab_killed_leaves_no_side_running_and_keeps_their_cases(tmp_path: Path) -> None:
     """SIGKILL gives llmenergy ab no chance to stop its sides: they find the coordinator
     gone at their next turn, stop, and keep what they finished."""

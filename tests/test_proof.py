@@ -301,6 +301,7 @@ def test_a_case_is_excused_for_the_machines_speed_never_for_the_meters(tmp_path:
     assert len(blamed) == 1 and blamed[0].startswith("meter:"), blamed
 
 
+@pytest.mark.slow  # every stage of the proof: minutes
 @pytest.mark.serial  # the stand-in's power follows this process's CPU: no neighbour test
 def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_cache: Path) -> None:
     done = _proof(tmp_path, "--out", "out", "--plan", "smoke", cache=tiny_cache)
@@ -340,6 +341,7 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     assert not _failed_checks(data, out), _failed_checks(data, out)
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_the_whole_proof_passes_against_the_basic_stand_in(
     tmp_path: Path, tiny_cache: Path
