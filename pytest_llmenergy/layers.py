@@ -14,7 +14,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
     ("figures", "explain", "serving_rules"),
     (
-        "report",
+        "case_tables",
         "compare",
         "controller",
         "llm",

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pytest_llmenergy.case_tables import case_tables
 from pytest_llmenergy.compare import (
     BUSY,
     FAIL,
@@ -30,8 +31,7 @@ from pytest_llmenergy.compare import (
 from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
-from pytest_llmenergy.plugin.showing import busy_line
-from pytest_llmenergy.report import case_tables
+from pytest_llmenergy.plugin.session_tables import busy_line
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import Run, dumps, loads
 from pytest_llmenergy.tables import render

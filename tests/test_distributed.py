@@ -241,7 +241,7 @@ def test_tensor_parallel_needs_a_plan_and_a_grid_leaves_out_its_models_without_o
     """transformers cannot split Falcon: named, it is one line; from the grid's defaults,
     it is left out and the header says so."""
     from pytest_llmenergy.llm.tiny import ensure_tiny_model
-    from pytest_llmenergy.plugin.generating import LLMSettings
+    from pytest_llmenergy.plugin.models import LLMSettings
     from pytest_llmenergy.plugin.options import PluginSettings
     from pytest_llmenergy.plugin.torchrun import check_layout
 

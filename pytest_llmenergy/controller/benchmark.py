@@ -58,7 +58,7 @@ class PacerStop:
 class Pacer(Protocol):
     """Who may measure next, when two sessions take turns (``llmenergy ab``): asked
     before every measured trial, told every trial; it, not the stopping rule, ends the
-    case.  The plugin's side of a paired run (``plugin/pairing.py``) is one.
+    case.  The plugin's side of a paired run (``plugin/ab_side.py``) is one.
 
     ``began`` is true when the last ``turn`` started a new turn: the other side may have
     run just before, so what the rest of the machine did is judged from there on (the

@@ -46,8 +46,9 @@ from ..storage.store import (
     check_run_name,
 )
 from ..tables import render
-from .measuring import Metering, fail_session, fail_writes, header_lines
+from .meter import Metering
 from .option_rows import Option, Section
+from .session import fail_session, fail_writes, header_lines
 
 # What pytest's last line counts a failed gate as: ``2 passed, 1 energy gate failed``.
 GATE_FAILED_OUTCOME = "energy gate failed"
