@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "hookspec",
         "leaderboards",
     ),
-    ("storage", "serving", "export"),
+    ("storage", "serving", "export", "comparison_text"),
     ("routing", "history"),
     ("frontier", "scale", "predict", "gatecheck", "pairing", "check"),
     ("html",),  # the report draws the frontier, routing and scale analyses

@@ -20,14 +20,8 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy.case_tables import case_tables
-from pytest_llmenergy.compare import (
-    BUSY,
-    FAIL,
-    CompareOptions,
-    compare_cases,
-    unlike_meters,
-    verdict_line,
-)
+from pytest_llmenergy.compare import BUSY, FAIL, CompareOptions, compare_cases, unlike_meters
+from pytest_llmenergy.comparison_text import verdict_line
 from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity

@@ -19,10 +19,10 @@ from pytest_llmenergy.compare import (
     MIN_SPEED_CASES,
     CompareOptions,
     compare_cases,
-    evidence_line,
     parse_gates,
     session_speeds,
 )
+from pytest_llmenergy.comparison_text import evidence_line
 from pytest_llmenergy.controller.benchmark import (
     CaseFeatures,
     CaseIdentity,

@@ -30,15 +30,9 @@ from typing import Any
 
 from .. import values
 from ..commandline import Command, Outcome
-from ..compare import (
-    CompareOptions,
-    Comparison,
-    compare_cases,
-    comparison_table,
-    first_process_pair,
-    parse_gates,
-)
-from ..compare import verdict_lines as gate_verdict_lines
+from ..compare import CompareOptions, Comparison, compare_cases, first_process_pair, parse_gates
+from ..comparison_text import comparison_table
+from ..comparison_text import verdict_lines as gate_verdict_lines
 from ..errors import ConfigError
 from ..figures import FIGURES
 from ..pairing.channel import BASE, ENV, HEAD, SIDES

@@ -22,14 +22,11 @@ from ..compare import (
     Comparison,
     Gate,
     compare_cases,
-    comparison_table,
-    evidence_line,
     other_hardware,
     parse_gates,
     unlike_meters,
-    verdict_line,
-    why_lines,
 )
+from ..comparison_text import comparison_table, evidence_line, verdict_line, why_lines
 from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, export_text, parse_exports
 from ..meters.reference import reference_s, speed_drift
