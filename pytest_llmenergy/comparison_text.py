@@ -284,6 +284,21 @@ def _verdict(c: Comparison) -> str:
             f"energy gate FAILED ({gates}): {len(failures)} significant regression(s) in "
             f"{len(cases)} case(s): {', '.join(cases)}{unjudged}"
         )
+    extra = _not_gated(c, unjudged)
+    inconclusive = _inconclusive(c)
+    if inconclusive:
+        return (
+            f"energy gate inconclusive ({gates}): {inconclusive} "
+            f"(--energy-strict fails the session on this){extra}{_one_sided(c)}"
+        )
+    return f"energy gate passed ({gates}): no significant regression{extra}{_one_sided(c)}"
+
+
+def _not_gated(c: Comparison, unjudged: str) -> str:
+    """What a passing gate left out, and why: figures over the threshold but not
+    significant or too few to test, cases below resolution, rejected, of another model
+    or execution, undecided or unconfirmed (each ``; ...``, empty if none); ``unjudged``
+    where the meters differ, after the resolution's."""
     below = sum(1 for d in c.deltas if d.verdict == UNRESOLVED)
     noise = sum(1 for d in c.deltas if d.verdict == NOT_SIGNIFICANT)
     untested = sum(1 for d in c.deltas if d.verdict == TOO_FEW)
@@ -327,6 +342,12 @@ def _verdict(c: Comparison) -> str:
             f"; {len(unconfirmed)} failed at first but not again in fresh processes: "
             f"{_listed(unconfirmed)}"
         )
+    return extra
+
+
+def _inconclusive(c: Comparison) -> str:
+    """Why cases that look worse were not judged: a busy machine, or its speed's drift
+    (empty if none)."""
     busy = sorted({d.name for d in c.inconclusive if d.busy})
     drifted = sorted({d.name for d in c.inconclusive if not d.busy})
     if busy or drifted:
@@ -343,11 +364,8 @@ def _verdict(c: Comparison) -> str:
                 f"{', '.join(drifted)}; compare runs made in one job (the example "
                 "workflow alternates them)"
             )
-        return (
-            f"energy gate inconclusive ({gates}): {'; '.join(why)} "
-            f"(--energy-strict fails the session on this){extra}{_one_sided(c)}"
-        )
-    return f"energy gate passed ({gates}): no significant regression{extra}{_one_sided(c)}"
+        return "; ".join(why)
+    return ""
 
 
 # -- several runs, side by side (e.g. across hardware) ------------------------------------
