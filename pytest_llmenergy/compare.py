@@ -143,7 +143,7 @@ class Delta:
     # Either side's power telemetry was not valid (meters/validity.py): shown, never gated.
     invalid_telemetry: bool = False
     # How much the machine's own speed differed beyond its reference's noise (a
-    # fraction, see meters/reference.py): a regression within the gate plus this is one
+    # fraction, see probes/reference.py): a regression within the gate plus this is one
     # the machine could explain.
     drift: float = 0.0
     # The two runs' cases ran models of the same name but another config (see
@@ -318,7 +318,7 @@ MIN_SPEED_CASES = 5
 
 
 def session_speeds(cases: Iterable[CaseResult]) -> dict[int, float]:
-    """Per session, the log of the machine-speed reference (meters/reference.py): the
+    """Per session, the log of the machine-speed reference (probes/reference.py): the
     median over the cases of their reading in that session.  Sessions of unchanged code
     differ here mostly by a factor common to all cases, and the reference follows it
     (correlation 0.86-0.95 in A/A runs; docs/evidence.md)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "layers"),
-    ("gpu",),  # the vendor layer: pynvml, amdsmi and the others, below whatever reads a GPU
+    # vendor libraries (pynvml, amdsmi, ...), and the machine's probes: below any meter
+    ("gpu", "probes"),
     ("values", "stats", "meters"),
     ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
     ("figures", "explain", "serving_rules"),

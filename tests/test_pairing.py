@@ -871,7 +871,7 @@ def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -
     starts at its own turn.  Each later turn starts with one unmeasured call."""
     from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
     from pytest_llmenergy.controller.rule import ControllerSettings
-    from pytest_llmenergy.meters.background import BackgroundCpu
+    from pytest_llmenergy.probes.background import BackgroundCpu
     from tests.fakes.scripted import TraceMeter
     from tests.fakes.trace import PowerTrace
 

@@ -32,7 +32,7 @@ from pytest_llmenergy.case_tables import (
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import DEFAULT_COLUMNS, FIGURES, DeprecatedName
-from pytest_llmenergy.meters.resources import ResourceUsage
+from pytest_llmenergy.probes.resources import ResourceUsage
 from pytest_llmenergy.results import (
     CONVERGED,
     LIMIT,

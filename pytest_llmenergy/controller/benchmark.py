@@ -24,11 +24,11 @@ import pytest
 
 from ..errors import LLMEnergyError, TrialRejected
 from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
-from ..meters.background import BackgroundCpu, CpuActivity
 from ..meters.base import Measurement, Meter
-from ..meters.reference import case_reference_s
-from ..meters.resources import ResourceProbe
 from ..meters.validity import judge
+from ..probes.background import BackgroundCpu, CpuActivity
+from ..probes.reference import case_reference_s
+from ..probes.resources import ResourceProbe
 from ..results import (
     CONVERGED,
     LIMIT,
@@ -948,7 +948,7 @@ class EnergyBenchmark:
         """The case's result; ``keep`` False: a visit's share, shown to the test but not
         kept (the last visit keeps the whole case)."""
         domains = self.meter.domains
-        # the machine's speed at the trials (meters/reference.py), over the visits
+        # the machine's speed at the trials (probes/reference.py), over the visits
         speed_s = statistics.fmean(self._reference) if self._reference else None
         if speed_s is not None:  # on every trial: it stays with them when runs are pooled
             trials = [dataclasses.replace(t, reference_s=speed_s) for t in trials]

@@ -17,10 +17,10 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import MeterUnavailable
+from ..probes.process_tree import attributed_note, cpu_reader
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .cpu_tdp import TdpLookup, cpu_brand, resolve_tdp
 from .meter_settings import MeterSettings
-from .process_tree import attributed_note, cpu_reader
 
 DOMAIN = PROCESS_DOMAIN
 

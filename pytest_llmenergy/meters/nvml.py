@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import MeterError, MeterUnavailable
 from ..gpu.device import GpuDeviceError, SmSample, vendor_named
 from ..gpu.nvidia import CudaVisible, NvidiaGpu, NvidiaLibrary, text
+from ..probes.process_tree import tree_pids
 from .base import Domain, Method, Reading, _frozen
 from .gpu_meter import (
     PERIOD_PROBE_INTERVALS,
@@ -39,7 +40,6 @@ from .gpu_meter import (
     with_period,
 )
 from .meter_settings import MeterSettings
-from .process_tree import tree_pids
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "nvml"

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import MeterError, MeterUnavailable, one_line
+from ..probes.process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
 from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
 from .meter_settings import MeterSettings
-from .process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
 from .sampling import PeriodicThread
 
 BACKEND = "rapl"

@@ -29,7 +29,7 @@ from ..compare import (
 from ..comparison_text import comparison_table, evidence_line, verdict_line, why_lines
 from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, export_text, parse_exports
-from ..meters.reference import reference_s, speed_drift
+from ..probes.reference import reference_s, speed_drift
 from ..results import CaseResult
 from ..sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, parse_session_noise
 from ..storage.recorder import RunRecorder, autosave_name, new_run
@@ -417,7 +417,7 @@ def thread_settings() -> dict[str, object]:
 
 
 KEEPER = pytest.StashKey[Keeper]()
-# Where a run file keeps the machine's speed at the session's start (meters/reference.py).
+# Where a run file keeps the machine's speed at the session's start (probes/reference.py).
 SPEED_KEY = "speed_reference_s"
 
 

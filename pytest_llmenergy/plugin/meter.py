@@ -22,8 +22,8 @@ from ..meters import (
     open_meter,
     sample_interval_defaults,
 )
-from ..meters.background import BackgroundCpu
-from ..meters.process_tree import ProcessTrees
+from ..probes.background import BackgroundCpu
+from ..probes.process_tree import ProcessTrees
 from .option_rows import Option, Section
 
 # --energy-count-work's values: count in the warm-up only (the default), also in one
