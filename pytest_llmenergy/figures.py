@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .conversions import G_PER_KWH, J_PER_KWH, PRICE_PER_KWH
 from .errors import ConfigError
-from .meters.base import PROCESS_DOMAIN
+from .meters.readings import PROCESS_DOMAIN
 from .results import (
     DECODE,
     PREFILL,

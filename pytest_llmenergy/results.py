@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .meters.base import Measurement
+from .meters.readings import Measurement
 from .meters.validity import Telemetry
 from .stats import Summary, summarize
 

@@ -27,7 +27,7 @@ from pytest_llmenergy.distributed import (
     qualified,
 )
 from pytest_llmenergy.llm.loader import occupied_gpus, tensor_parallel_problem, unmetered_gpus
-from pytest_llmenergy.meters.base import mark_phase
+from pytest_llmenergy.meters.marks import mark_phase
 from tests.fakes.fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, fake_uuid, install_fake_pynvml
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace

@@ -23,7 +23,7 @@ from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES
 from pytest_llmenergy.html import render_report
-from pytest_llmenergy.meters.base import Domain, Measurement, Method, PowerSample
+from pytest_llmenergy.meters.readings import Domain, Measurement, Method, PowerSample
 from pytest_llmenergy.meters.validity import Telemetry, judge
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import RunFileError, case_dict, decode_trial, dumps, loads

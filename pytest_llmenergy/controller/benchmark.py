@@ -24,7 +24,8 @@ import pytest
 
 from ..errors import LLMEnergyError, TrialRejected
 from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
-from ..meters.base import Measurement, Meter
+from ..meters.base import Meter
+from ..meters.readings import Measurement
 from ..meters.validity import judge
 from ..probes.background import BackgroundCpu, CpuActivity
 from ..probes.reference import case_reference_s

@@ -26,7 +26,6 @@ from ..errors import MeterError, MeterUnavailable
 from ..gpu.device import GpuDeviceError, SmSample, vendor_named
 from ..gpu.nvidia import CudaVisible, NvidiaGpu, NvidiaLibrary, text
 from ..probes.process_tree import tree_pids
-from .base import Domain, Method, Reading, _frozen
 from .gpu_meter import (
     PERIOD_PROBE_INTERVALS,
     PERIOD_PROBE_MAX_S,
@@ -39,7 +38,9 @@ from .gpu_meter import (
     unavailable,
     with_period,
 )
+from .marks import _frozen
 from .meter_settings import MeterSettings
+from .readings import Domain, Method, Reading
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "nvml"

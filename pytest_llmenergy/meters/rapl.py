@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from ..errors import MeterError, MeterUnavailable, one_line
 from ..probes.process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
-from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
+from .base import Meter
 from .meter_settings import MeterSettings
+from .readings import PROCESS_DOMAIN, Domain, Method, Reading
 from .sampling import PeriodicThread
 
 BACKEND = "rapl"
