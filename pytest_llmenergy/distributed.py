@@ -30,16 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, LLMEnergyError
-from .meters.base import (
-    PROCESS_DOMAIN,
-    Domain,
-    MeasuredShortcuts,
-    Measurement,
-    Meter,
-    Method,
-    Phase,
-    Reading,
-)
+from .meters.base import Meter
+from .meters.marks import MeasuredShortcuts
+from .meters.readings import PROCESS_DOMAIN, Domain, Measurement, Method, Phase, Reading
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 DEFAULT_TIMEOUT_S = 300.0

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .case_tables import case_tables
 from .errors import ConfigError
 from .figures import FIGURES
 from .leaderboards import ai_energy_score, mlenergy_records
-from .report import case_tables
 from .results import CaseResult
 from .tables import fmt_number, render
 

@@ -1,6 +1,6 @@
 """The figures: every quantity a case yields, under one name, with its unit and meaning.
 
-Table columns (``report``), gate metrics (``compare``), CI targets
+Table columns (``case_tables``), gate metrics (``compare``), CI targets
 (``controller.targets``), ``llmenergy show --columns``, ``llmenergy metrics``, the
 figures' data and exports all draw from ``FIGURES``, so a new figure is one row here.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .conversions import G_PER_KWH, J_PER_KWH, PRICE_PER_KWH
 from .errors import ConfigError
-from .meters.base import PROCESS_DOMAIN
+from .meters.readings import PROCESS_DOMAIN
 from .results import (
     DECODE,
     PREFILL,

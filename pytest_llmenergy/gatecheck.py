@@ -386,26 +386,32 @@ def judge(
             heads = [next(s for s in sessions if s.round == r and s.label == label) for r in rounds]
             results[key][label].append(cmp(base, pool_runs([s.run for s in heads], name="head")))
     if paired:
-        results[PAIRED] = {k: [] for k in labels}
-        for run in paired:
-            results[PAIRED].setdefault(run.label, []).append(
-                compare_cases(
-                    run.base.cases,
-                    run.head.cases,
-                    CompareOptions(
-                        gates=gates,
-                        confidence=confidence,
-                        normalize=False,
-                        paired=run.base.paired_with(run.head),
-                    ),
-                )
-            )
+        results[PAIRED] = _paired_results(paired, gates, confidence, labels)
     outcomes = {p: {k: outcome(v) for k, v in by.items()} for p, by in results.items()}
     times = {"single": 2 * seconds, "single+history": 5 * seconds}
     if paired:
         times[PAIRED] = statistics.fmean(run.seconds for run in paired)
     times.update({p: 2 * len(rounds) * seconds for p in outcomes if p.endswith("rounds")})
     return outcomes, times
+
+
+def _paired_results(
+    paired: Sequence[PairedRun], gates: Sequence[Gate], confidence: float, labels: list[str]
+) -> dict[str, list[Comparison]]:
+    """Each paired run's comparison of its two sides, by label: pairs measured side by
+    side need no speed normalization."""
+    results: dict[str, list[Comparison]] = {k: [] for k in labels}
+    for run in paired:
+        options = CompareOptions(
+            gates=gates,
+            confidence=confidence,
+            normalize=False,
+            paired=run.base.paired_with(run.head),
+        )
+        results.setdefault(run.label, []).append(
+            compare_cases(run.base.cases, run.head.cases, options)
+        )
+    return results
 
 
 def _share_of(label: str) -> float:

@@ -33,7 +33,7 @@ from .compare import (
 )
 from .errors import ConfigError
 from .figures import figure
-from .meters.reference import speed_drift
+from .probes.reference import speed_drift
 from .sessions import (
     DEFAULT_SESSION_NOISE,
     NoiseEstimate,

@@ -28,7 +28,7 @@ def pytest_llmenergy_meters(config: pytest.Config) -> Mapping[str, MeterFactory]
 
         import time
         from pytest_llmenergy import Domain, Meter, Method
-        from pytest_llmenergy.meters.base import Reading
+        from pytest_llmenergy.meters.readings import Reading
 
         class WallPlugMeter(Meter):
             backend = "wallplug"

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "layers"),
-    ("gpu",),  # the vendor layer: pynvml, amdsmi and the others, below whatever reads a GPU
+    # vendor libraries (pynvml, amdsmi, ...), and the machine's probes: below any meter
+    ("gpu", "probes"),
     ("values", "stats", "meters"),
     ("tables", "results", "conversions", "plotting", "sessions", "axes", "commandline"),
     ("figures", "explain", "serving_rules"),
     (
-        "report",
+        "case_tables",
         "compare",
         "controller",
         "llm",
@@ -23,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "hookspec",
         "leaderboards",
     ),
-    ("storage", "serving", "export"),
+    ("storage", "serving", "export", "comparison_text"),
     ("routing", "history"),
     ("frontier", "scale", "predict", "gatecheck", "pairing", "check"),
     ("html",),  # the report draws the frontier, routing and scale analyses

@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .meters.base import Measurement
+from .meters.readings import Measurement
 from .meters.validity import Telemetry
 from .stats import Summary, summarize
 
 if TYPE_CHECKING:
-    from .meters.resources import ResourceUsage
+    from .probes.resources import ResourceUsage
 
 PREFILL, DECODE = "prefill", "decode"
 # A burst of concurrent requests to a server, split where its batch is full: filling up,
@@ -138,7 +138,7 @@ class Trial:
     # every case several times, in a new random order each time); 0: not interleaved.
     visit: int = 0
     # The reference workload's time around the case's trials in this trial's session
-    # (meters/reference.py): the machine's speed then; None where it was not read.
+    # (probes/reference.py): the machine's speed then; None where it was not read.
     reference_s: float | None = None
     # Which pair of a paired run (``llmenergy ab``) it belongs to: the other side's trial
     # of the same number ran next to it in time.  0: not paired.
@@ -324,7 +324,7 @@ class CaseResult:
     # The work one more unmeasured run dispatched, counted (--energy-count-work): FLOPs,
     # bytes and operator calls per phase.  None: not counted.
     work: CountedWork | None = None
-    # The reference workload's CPU seconds around the trials (meters/reference.py): how
+    # The reference workload's CPU seconds around the trials (probes/reference.py): how
     # fast the machine ran while this case did.  None: not read.
     reference_s: float | None = None
     # How it waited for the GPUs to cool before it began (--energy-thermal-tolerance);

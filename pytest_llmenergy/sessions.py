@@ -514,22 +514,8 @@ def plan_processes(
     below what two process pairs could find significant at ``fail_alpha``), nor those
     that fail even allowing its upper bound (one-sided at ``fail_alpha`` over the number
     of cases)."""
-    keys = sorted(k for k, c in cases.items() if c.half_contrast() is not None)
+    keys, apart = _usual_cases(cases)
     spread, noise = _spreads([cases[k] for k in keys])
-    # a changed case far outside what its own noise and the offsets allow is set apart
-    # (a few such cases would widen the spread as offsets would), then read again
-    offset_var = max(0.0, spread * spread - noise * noise)
-    middle = statistics.median(cases[k].centre for k in keys) if keys else 0.0
-    usual = [
-        k
-        for k in keys
-        if abs(cases[k].centre - middle) <= CHANGED_SDS * math.sqrt(cases[k].variance + offset_var)
-    ]
-    apart = 0
-    if len(usual) >= 3 and len(usual) < len(keys):
-        apart = len(keys) - len(usual)
-        keys = usual
-        spread, noise = _spreads([cases[k] for k in keys])
     m = len(keys)
     critical = math.exp(_NORMAL.inv_cdf(DIFFER_LEVEL) * SPREAD_RATIO_SD / math.sqrt(max(m, 1)))
     ratio = spread / noise if noise > 0 else (math.inf if spread > 0 else 1.0)
@@ -547,6 +533,49 @@ def plan_processes(
             m,
             apart,
         )
+    second, fails = _second_pairs(cases, ratio, critical, noise, m, pass_level, fail_alpha)
+    return ProcessPlan(
+        False,
+        math.sqrt(offset_var),
+        noise,
+        ratio,
+        critical,
+        frozenset(second),
+        frozenset(fails),
+        m,
+        apart,
+    )
+
+
+def _usual_cases(cases: Mapping[str, FirstPair]) -> tuple[list[str], int]:
+    """The cases the offsets' spread is read from, and how many were set apart: a
+    changed case far outside what its own noise and the offsets allow (a few such cases
+    would widen the spread as offsets would)."""
+    keys = sorted(k for k, c in cases.items() if c.half_contrast() is not None)
+    spread, noise = _spreads([cases[k] for k in keys])
+    offset_var = max(0.0, spread * spread - noise * noise)
+    middle = statistics.median(cases[k].centre for k in keys) if keys else 0.0
+    usual = [
+        k
+        for k in keys
+        if abs(cases[k].centre - middle) <= CHANGED_SDS * math.sqrt(cases[k].variance + offset_var)
+    ]
+    if len(usual) >= 3 and len(usual) < len(keys):
+        return usual, len(keys) - len(usual)
+    return keys, 0
+
+
+def _second_pairs(
+    cases: Mapping[str, FirstPair],
+    ratio: float,
+    critical: float,
+    noise: float,
+    m: int,
+    pass_level: float,
+    fail_alpha: float,
+) -> tuple[set[str], set[str]]:
+    """Where processes do not differ significantly: the cases a typical offset could
+    turn (a second process pair), and those that fail even allowing its upper bound."""
     # the upper bound from a ratio no lower than 1: a spread that reads below the noise
     # by chance says nothing about how small the offsets are
     bound = max(ratio, 1.0) * math.exp(
@@ -575,17 +604,7 @@ def plan_processes(
             fails.add(key)
             continue
         second.add(key)
-    return ProcessPlan(
-        False,
-        math.sqrt(offset_var),
-        noise,
-        ratio,
-        critical,
-        frozenset(second),
-        frozenset(fails),
-        m,
-        apart,
-    )
+    return second, fails
 
 
 def _spreads(cases: Sequence[FirstPair]) -> tuple[float, float]:

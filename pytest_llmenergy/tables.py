@@ -2,7 +2,7 @@
 
 A ``Table`` keeps two views of every row: raw values for machines (csv, json) and
 formatted cells for people (terminal, markdown), so that a figure is rounded only where
-it is shown.  Case tables (``report``), comparisons (``compare``), routing tables and
+it is shown.  Case tables (``case_tables``), comparisons (``compare``), routing tables and
 ``llmenergy list`` all build ``Table`` objects and hand them to ``render``.
 """
 

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 
 from pytest_llmenergy.controller.rule import ControllerSettings
-from pytest_llmenergy.meters.resources import ResourceUsage
+from pytest_llmenergy.probes.resources import ResourceUsage
 from pytest_llmenergy.results import CONVERGED, CaseResult, PhaseRecord, Trial
 from pytest_llmenergy.storage.recorder import new_run
 from pytest_llmenergy.storage.runfile import COMPLETE, Run

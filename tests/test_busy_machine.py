@@ -19,19 +19,13 @@ from typing import Any
 
 import pytest
 
-from pytest_llmenergy.compare import (
-    BUSY,
-    FAIL,
-    CompareOptions,
-    compare_cases,
-    unlike_meters,
-    verdict_line,
-)
+from pytest_llmenergy.case_tables import case_tables
+from pytest_llmenergy.compare import BUSY, FAIL, CompareOptions, compare_cases, unlike_meters
+from pytest_llmenergy.comparison_text import verdict_line
 from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
-from pytest_llmenergy.meters.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
-from pytest_llmenergy.plugin.showing import busy_line
-from pytest_llmenergy.report import case_tables
+from pytest_llmenergy.plugin.session_tables import busy_line
+from pytest_llmenergy.probes.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import Run, dumps, loads
 from pytest_llmenergy.tables import render
@@ -351,7 +345,7 @@ def test_two_cpu_hogs_are_detected_for_real(project: pytest.Pytester, two_cpu_ho
 
 # -- the machine's own speed -------------------------------------------------------------
 def test_speed_drift_is_the_largest_relative_difference() -> None:
-    from pytest_llmenergy.meters.reference import reference_s, speed_drift
+    from pytest_llmenergy.probes.reference import reference_s, speed_drift
 
     assert speed_drift(None, None, None, noise=0) == 0.0
     assert speed_drift(0.010, 0.012, 0.012, noise=0) == pytest.approx(0.2)

@@ -15,15 +15,12 @@ from pytest_llmenergy.compare import (
     TOO_FEW,
     CompareOptions,
     Gate,
-    Lineup,
     compare_cases,
-    comparison_table,
     delta,
     parse_gate,
     parse_gates,
-    side_by_side,
-    verdict_line,
 )
+from pytest_llmenergy.comparison_text import Lineup, comparison_table, side_by_side, verdict_line
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import DeprecatedName
 from pytest_llmenergy.stats import welch_t_test

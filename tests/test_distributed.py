@@ -27,7 +27,7 @@ from pytest_llmenergy.distributed import (
     qualified,
 )
 from pytest_llmenergy.llm.loader import occupied_gpus, tensor_parallel_problem, unmetered_gpus
-from pytest_llmenergy.meters.base import mark_phase
+from pytest_llmenergy.meters.marks import mark_phase
 from tests.fakes.fake_pynvml import NVML_DEVICE_ARCH_AMPERE, FakeGPU, fake_uuid, install_fake_pynvml
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace
@@ -241,7 +241,7 @@ def test_tensor_parallel_needs_a_plan_and_a_grid_leaves_out_its_models_without_o
     """transformers cannot split Falcon: named, it is one line; from the grid's defaults,
     it is left out and the header says so."""
     from pytest_llmenergy.llm.tiny import ensure_tiny_model
-    from pytest_llmenergy.plugin.generating import LLMSettings
+    from pytest_llmenergy.plugin.models import LLMSettings
     from pytest_llmenergy.plugin.options import PluginSettings
     from pytest_llmenergy.plugin.torchrun import check_layout
 

@@ -9,13 +9,8 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import (
-    CompareOptions,
-    compare_cases,
-    parse_gate,
-    verdict_lines,
-    why_lines,
-)
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gate
+from pytest_llmenergy.comparison_text import verdict_lines, why_lines
 from pytest_llmenergy.explain import NOT_COUNTED, explain, explain_tables, work_changed
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.results import CaseResult, CountedWork, OpWork

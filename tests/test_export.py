@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_llmenergy.case_tables import case_tables
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.export import (
     DASHBOARD_FIGURES,
@@ -19,7 +20,6 @@ from pytest_llmenergy.export import (
     parse_exports,
 )
 from pytest_llmenergy.figures import FIGURES, value
-from pytest_llmenergy.report import case_tables
 from tests.casefactory import make_case
 from tests.test_cli import cli, save
 from tests.test_plugin_keep import project, run  # noqa: F401  (the pytester project fixture)

@@ -13,8 +13,8 @@ import pytest
 
 from pytest_llmenergy import Method, open_meter
 from pytest_llmenergy.gpu.device import SmSample
-from pytest_llmenergy.meters.base import Domain
 from pytest_llmenergy.meters.nvml import sm_share
+from pytest_llmenergy.meters.readings import Domain
 from pytest_llmenergy.storage.runfile import loads
 from tests.fakes.fake_pynvml import (
     NVML_DEVICE_ARCH_AMPERE,

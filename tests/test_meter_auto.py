@@ -10,7 +10,7 @@ import pytest
 
 from pytest_llmenergy import Method, open_meter
 from pytest_llmenergy.meters.auto import CompositeMeter
-from pytest_llmenergy.meters.base import duration_text
+from pytest_llmenergy.meters.readings import duration_text
 from tests.fakes.fake_amdsmi import install_fake_amdsmi, mi300x
 from tests.fakes.fake_pynvml import (
     NVML_DEVICE_ARCH_AMPERE,

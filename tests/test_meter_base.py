@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pytest_llmenergy import Method
-from pytest_llmenergy.meters.base import Measurement, Phase, duration_text
+from pytest_llmenergy.meters.readings import Measurement, Phase, duration_text
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace
 

@@ -19,7 +19,6 @@ from pytest_llmenergy import (
     Method,
     open_meter,
 )
-from pytest_llmenergy.meters.base import duration_text
 from pytest_llmenergy.meters.nvml import (
     PERIOD_PROBE_MAX_S,
     SAMPLER_THREAD_NAME,
@@ -27,6 +26,7 @@ from pytest_llmenergy.meters.nvml import (
     counter_periods_s,
     create,
 )
+from pytest_llmenergy.meters.readings import duration_text
 from tests.fakes.fake_pynvml import (
     NVML_DEVICE_ARCH_AMPERE,
     NVML_DEVICE_ARCH_HOPPER,

@@ -22,7 +22,6 @@ import pytest
 
 from pytest_llmenergy.errors import MeterError, MeterUnavailable
 from pytest_llmenergy.meters import open_meter
-from pytest_llmenergy.meters.base import Reading
 from pytest_llmenergy.meters.powermetrics import (
     CPU_ALL,
     CPU_PROCESS,
@@ -36,6 +35,7 @@ from pytest_llmenergy.meters.powermetrics import (
     parse_sample,
     powermetrics_args,
 )
+from pytest_llmenergy.meters.readings import Reading
 
 HERE = Path(__file__).resolve().parent
 RECORDING = HERE / "data" / "powermetrics" / "m1pro_200ms.plist-stream"

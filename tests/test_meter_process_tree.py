@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_llmenergy.meters import open_meter
-from pytest_llmenergy.meters.process_tree import ProcessTreeCpu, machine_busy_cpu_seconds
+from pytest_llmenergy.probes.process_tree import ProcessTreeCpu, machine_busy_cpu_seconds
 
 # spin until this process has used S CPU-seconds, then sleep T seconds (alive, idle)
 _SPIN = (
@@ -153,7 +153,7 @@ def test_the_no_children_shortcut_sees_children_of_any_thread_and_zombies() -> N
 
     import psutil
 
-    from pytest_llmenergy.meters.process_tree import _descendants, _has_no_children
+    from pytest_llmenergy.probes.process_tree import _descendants, _has_no_children
 
     started: list[subprocess.Popen[bytes]] = []
     thread = threading.Thread(
@@ -174,7 +174,7 @@ def test_the_no_children_shortcut_sees_children_of_any_thread_and_zombies() -> N
         child.wait()
     # and a process with no child at all takes the shortcut
     code = (
-        "from pytest_llmenergy.meters.process_tree import _has_no_children as f; "
+        "from pytest_llmenergy.probes.process_tree import _has_no_children as f; "
         "import subprocess, sys; a = f(); subprocess.run([sys.executable, '-c', '']); "
         "print(a, f())"
     )

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_llmenergy.meters import resources
-from pytest_llmenergy.meters.resources import ResourceProbe, ResourceUsage
+from pytest_llmenergy.probes import resources
+from pytest_llmenergy.probes.resources import ResourceProbe, ResourceUsage
 
 MB = 1024 * 1024
 ALLOC_BYTES = 200 * MB

@@ -318,7 +318,7 @@ def test_paired_comparison_uses_the_pairs_and_says_so() -> None:
     unpaired = compare_cases([base], [head], CompareOptions(gates=gates, normalize=False))
     assert paired.paired_trials and not unpaired.paired_trials
     assert paired.failed and not unpaired.failed  # +8 % under +-30 % drift: only pairs see it
-    from pytest_llmenergy.compare import evidence_text
+    from pytest_llmenergy.comparison_text import evidence_text
 
     assert "side by side" in evidence_text(paired)
 
@@ -756,7 +756,7 @@ def test_ab_interrupted_keeps_both_sides_finished_cases(tmp_path: Path) -> None:
 def test_one_session_gate_says_when_it_is_not_normalized_and_points_to_ab() -> None:
     import dataclasses
 
-    from pytest_llmenergy.compare import evidence_line
+    from pytest_llmenergy.comparison_text import evidence_line
     from tests.casefactory import make_case
 
     def cpu_case(seconds: list[float], n: int) -> object:  # measured on the CPU alone
@@ -881,7 +881,7 @@ def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -
     starts at its own turn.  Each later turn starts with one unmeasured call."""
     from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
     from pytest_llmenergy.controller.rule import ControllerSettings
-    from pytest_llmenergy.meters.background import BackgroundCpu
+    from pytest_llmenergy.probes.background import BackgroundCpu
     from tests.fakes.scripted import TraceMeter
     from tests.fakes.trace import PowerTrace
 
@@ -971,7 +971,8 @@ def test_two_pairs_of_noise_never_pass_a_case_on_borrowed_noise() -> None:
 def test_an_undecided_case_is_reported_so_and_strict_fails_on_it() -> None:
     import dataclasses
 
-    from pytest_llmenergy.compare import UNDECIDED, verdict_lines
+    from pytest_llmenergy.compare import UNDECIDED
+    from pytest_llmenergy.comparison_text import verdict_lines
     from tests.casefactory import make_case
 
     base, head = make_case([1.0, 1.3, 0.8]), make_case([0.7, 1.2, 0.9])

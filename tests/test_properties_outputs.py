@@ -20,17 +20,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from pytest_llmenergy.case_tables import case_tables
 from pytest_llmenergy.cli import runs_cli
-from pytest_llmenergy.compare import (
-    CompareOptions,
-    Lineup,
-    compare_cases,
-    comparison_table,
-    parse_gates,
-    side_by_side,
-)
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
+from pytest_llmenergy.comparison_text import Lineup, comparison_table, side_by_side
 from pytest_llmenergy.export import CSV, GITHUB_ACTION_BENCHMARK, export_text
-from pytest_llmenergy.report import case_tables
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import Run
 from pytest_llmenergy.tables import printable, render

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 
 from pytest_llmenergy import report
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import CompareOptions, compare_cases, comparison_table, parse_gates
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
+from pytest_llmenergy.comparison_text import comparison_table
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.export import EXPORT_FORMATS, export_text
 from pytest_llmenergy.figures import FIGURES

@@ -12,11 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from pytest_llmenergy.controller.rule import ControllerSettings
-from pytest_llmenergy.errors import ConfigError
-from pytest_llmenergy.figures import DEFAULT_COLUMNS, FIGURES, DeprecatedName
-from pytest_llmenergy.meters.resources import ResourceUsage
-from pytest_llmenergy.report import (
+from pytest_llmenergy.case_tables import (
     BUSY_LEGEND,
     ESTIMATED_NOTE,
     HELD_LEGEND,
@@ -33,6 +29,10 @@ from pytest_llmenergy.report import (
     parse_sort,
     unresolved_legend,
 )
+from pytest_llmenergy.controller.rule import ControllerSettings
+from pytest_llmenergy.errors import ConfigError
+from pytest_llmenergy.figures import DEFAULT_COLUMNS, FIGURES, DeprecatedName
+from pytest_llmenergy.probes.resources import ResourceUsage
 from pytest_llmenergy.results import (
     CONVERGED,
     LIMIT,

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from pytest_llmenergy.case_tables import case_tables
 from pytest_llmenergy.compare import UNRESOLVED, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.figures import FIGURES, PASS_WINDOW_MULTIPLE, resolved, value
 from pytest_llmenergy.meters import mark_phase, open_meter
-from pytest_llmenergy.report import case_tables
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import Run, dumps, loads
 from pytest_llmenergy.tables import render

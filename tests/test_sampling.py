@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pytest_llmenergy.errors import MeterError
-from pytest_llmenergy.meters.base import PowerSample
+from pytest_llmenergy.meters.readings import PowerSample
 from pytest_llmenergy.meters.sampling import (
     PeriodicThread,
     PowerSampler,

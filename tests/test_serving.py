@@ -16,7 +16,7 @@ import pytest
 
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import percentile, value
-from pytest_llmenergy.meters.process_tree import ProcessTrees
+from pytest_llmenergy.probes.process_tree import ProcessTrees
 from pytest_llmenergy.results import CaseResult, RequestRecord, Trial
 from pytest_llmenergy.serving import engine as engine_module
 from pytest_llmenergy.serving.client import CountMismatch, Endpoint, ServerError, check

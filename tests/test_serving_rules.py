@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_llmenergy.case_tables import case_tables
 from pytest_llmenergy.compare import UNSTABLE, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.html.casedata import case_table
-from pytest_llmenergy.report import case_tables
 from pytest_llmenergy.results import STEADY, CaseResult, PhaseRecord, Trial
 from pytest_llmenergy.serving.client import Endpoint, running_from_metrics
 from pytest_llmenergy.serving.steady import (

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from pytest_llmenergy.case_tables import case_tables, cell
 from pytest_llmenergy.compare import UNSTABLE, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.figures import FIGURES, value
-from pytest_llmenergy.meters.base import Domain, Meter, Method, Reading
-from pytest_llmenergy.report import case_tables, cell
+from pytest_llmenergy.meters.base import Meter
+from pytest_llmenergy.meters.readings import Domain, Method, Reading
 from pytest_llmenergy.results import DRAIN, RAMP_UP, STEADY, CaseResult, PhaseRecord, Trial
 from pytest_llmenergy.serving.client import Endpoint
 from pytest_llmenergy.serving.steady import BurstWatch

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates, verdict_lines
+from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
+from pytest_llmenergy.comparison_text import verdict_lines
 from pytest_llmenergy.history import learned_noise
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.sessions import (
@@ -145,7 +146,7 @@ def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() 
     """Saves minutes apart agree more than sessions on other days: on a user's 2-case
     suite they agreed within 3 % and unchanged code then FAILed 2 of 8 sessions.  Their
     noise is floored at the assumed one, and the verdict says so."""
-    from pytest_llmenergy.compare import evidence_text
+    from pytest_llmenergy.comparison_text import evidence_text
 
     rng = random.Random(5)
     back_to_back = [saved_at(run_of(session(rng, 0.01), f"b{i}"), 24, i) for i in range(3)]
@@ -156,7 +157,7 @@ def test_noise_learned_from_back_to_back_saves_is_not_trusted_below_the_prior() 
     assert not c.failed
     assert all(d.test is not None and d.test.floored for d in c.deltas)
     assert "back to back" in evidence_text(c)
-    from pytest_llmenergy.compare import evidence_line
+    from pytest_llmenergy.comparison_text import evidence_line
 
     assert "hours apart" in evidence_line(c)  # not "save it three times" again
     # the same noise learned over days is trusted as it is

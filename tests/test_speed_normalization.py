@@ -19,10 +19,10 @@ from pytest_llmenergy.compare import (
     MIN_SPEED_CASES,
     CompareOptions,
     compare_cases,
-    evidence_line,
     parse_gates,
     session_speeds,
 )
+from pytest_llmenergy.comparison_text import evidence_line
 from pytest_llmenergy.controller.benchmark import (
     CaseFeatures,
     CaseIdentity,
@@ -31,7 +31,7 @@ from pytest_llmenergy.controller.benchmark import (
 )
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.llm.loader import load_model
-from pytest_llmenergy.meters.reference import case_reference_s
+from pytest_llmenergy.probes.reference import case_reference_s
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.pool import pool_cases
 from pytest_llmenergy.storage.runfile import Run, dumps
@@ -164,13 +164,13 @@ def test_llmenergy_compare_normalizes_on_the_same_hardware_only(
     assert "other hardware: hw against other-hw, so what changed includes the machine" in said
 
 
-# -- the readings themselves (meters/reference.py) ----------------------------------------
+# -- the readings themselves (probes/reference.py) ----------------------------------------
 def test_a_case_reading_strides_over_the_whole_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """A case times every 20th iteration of the full loop and scales by 20, so it keeps
     the loop's mix of one- and two-digit integers (a shorter range read about 10 % low)
     and a run read either way compares.  How close the two readings come in time is a
     speed figure, checked in tests/perf/test_reference_reading.py."""
-    import pytest_llmenergy.meters.reference as reference
+    import pytest_llmenergy.probes.reference as reference
 
     seen: list[tuple[int, int]] = []
     real = reference._fixed_work

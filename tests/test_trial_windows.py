@@ -26,7 +26,7 @@ from pytest_llmenergy.controller.window import (
     window_target_s,
 )
 from pytest_llmenergy.figures import FIGURES, resolved
-from pytest_llmenergy.meters.base import Reading
+from pytest_llmenergy.meters.readings import Reading
 from pytest_llmenergy.results import CaseResult
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace, SwitchTrace

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy import open_meter
+from pytest_llmenergy.case_tables import case_tables, cell
 from pytest_llmenergy.compare import INVALID_TELEMETRY, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES
 from pytest_llmenergy.html import render_report
-from pytest_llmenergy.meters.base import Domain, Measurement, Method, PowerSample
+from pytest_llmenergy.meters.readings import Domain, Measurement, Method, PowerSample
 from pytest_llmenergy.meters.validity import Telemetry, judge
-from pytest_llmenergy.report import case_tables, cell
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import RunFileError, case_dict, decode_trial, dumps, loads
 from tests.casefactory import make_case

@@ -9,16 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_llmenergy.cli import main
-from pytest_llmenergy.compare import (
-    FAIL,
-    OK,
-    CompareOptions,
-    compare_cases,
-    comparison_table,
-    evidence_line,
-    parse_gate,
-    verdict_line,
-)
+from pytest_llmenergy.compare import FAIL, OK, CompareOptions, compare_cases, parse_gate
+from pytest_llmenergy.comparison_text import comparison_table, evidence_line, verdict_line
 from pytest_llmenergy.controller.targets import parse_ci_target
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES, value

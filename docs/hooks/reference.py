@@ -451,7 +451,7 @@ def _schema_classes() -> dict[str, type]:
     """Which dataclass a path of the run file is written from (its fields' comments)."""
     from pytest_llmenergy import results
     from pytest_llmenergy.controller.rule import ControllerSettings
-    from pytest_llmenergy.meters.resources import ResourceUsage
+    from pytest_llmenergy.probes.resources import ResourceUsage
     from pytest_llmenergy.storage.runfile import Run
 
     trial = results.Trial

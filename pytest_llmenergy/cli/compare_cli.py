@@ -12,15 +12,8 @@ from typing import Any
 
 from .. import values
 from ..commandline import Command, Outcome
-from ..compare import (
-    Comparison,
-    Gate,
-    Lineup,
-    comparison_table,
-    parse_gates,
-    side_by_side,
-    verdict_lines,
-)
+from ..compare import Comparison, Gate, parse_gates
+from ..comparison_text import Lineup, comparison_table, side_by_side, verdict_lines
 from ..errors import ConfigError
 from ..figures import (
     DEFAULT_GATE_METRIC,

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import report
+from .. import case_tables
 from ..commandline import Command, Outcome
 from ..errors import ConfigError
 from ..export import EXPORT_FORMATS, export_text
@@ -194,7 +194,7 @@ def _gpu_text(gpu: Mapping[str, Any]) -> str:
 
 
 def _show(run: Run, args: argparse.Namespace) -> str:
-    tables = report.case_tables(
+    tables = case_tables.case_tables(
         run.cases, columns=args.columns, group_by=args.group_by, sort=args.sort
     )
     body = render(

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 
 from ..gpu.device import GpuDevice, GpuDeviceError
-from ..meters.process_tree import tree_pids
+from ..probes.process_tree import tree_pids
 from ..results import GpuNeighbour
 
 MODES = ("warn", "error", "off")

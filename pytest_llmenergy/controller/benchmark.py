@@ -24,11 +24,12 @@ import pytest
 
 from ..errors import LLMEnergyError, TrialRejected
 from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
-from ..meters.background import BackgroundCpu, CpuActivity
-from ..meters.base import Measurement, Meter
-from ..meters.reference import case_reference_s
-from ..meters.resources import ResourceProbe
+from ..meters.base import Meter
+from ..meters.readings import Measurement
 from ..meters.validity import judge
+from ..probes.background import BackgroundCpu, CpuActivity
+from ..probes.reference import case_reference_s
+from ..probes.resources import ResourceProbe
 from ..results import (
     CONVERGED,
     LIMIT,
@@ -58,7 +59,7 @@ class PacerStop:
 class Pacer(Protocol):
     """Who may measure next, when two sessions take turns (``llmenergy ab``): asked
     before every measured trial, told every trial; it, not the stopping rule, ends the
-    case.  The plugin's side of a paired run (``plugin/pairing.py``) is one.
+    case.  The plugin's side of a paired run (``plugin/ab_side.py``) is one.
 
     ``began`` is true when the last ``turn`` started a new turn: the other side may have
     run just before, so what the rest of the machine did is judged from there on (the
@@ -948,7 +949,7 @@ class EnergyBenchmark:
         """The case's result; ``keep`` False: a visit's share, shown to the test but not
         kept (the last visit keeps the whole case)."""
         domains = self.meter.domains
-        # the machine's speed at the trials (meters/reference.py), over the visits
+        # the machine's speed at the trials (probes/reference.py), over the visits
         speed_s = statistics.fmean(self._reference) if self._reference else None
         if speed_s is not None:  # on every trial: it stays with them when runs are pooled
             trials = [dataclasses.replace(t, reference_s=speed_s) for t in trials]

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..figures import FIGURES
-from ..meters.base import Measurement
+from ..meters.readings import Measurement
 from ..results import PhaseRecord
 from .rule import ControllerSettings
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import values
+from ..case_tables import busy_reason
 from ..conditions.settings import GPU_LABELS, SETTING_LABEL
 from ..errors import ConfigError
 from ..figures import FIGURES
 from ..llm.grid import BATCH_AXIS, CONCURRENCY_AXIS
-from ..report import busy_reason
 from ..results import CaseResult
 from ..serving_rules import Rejection, group_key, label_count, rejections
 from ..tables import DASH, Table, fmt_number

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..case_tables import batch_note, cell, invalid_note, rejected_note
 from ..compare import Comparison, Delta
 from ..figures import FIGURES, Figure
-from ..report import batch_note, cell, invalid_note, rejected_note
 from ..results import CONVERGED, LIMIT, CaseResult
 from ..scale import scale_of
 from ..serving_rules import rejections

@@ -16,7 +16,8 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..compare import Comparison, verdict_line
+from ..compare import Comparison
+from ..comparison_text import verdict_line
 from ..errors import ConfigError
 from ..storage.runfile import Run
 from ..tables import Table

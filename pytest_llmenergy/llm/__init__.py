@@ -6,7 +6,7 @@ Importing this package imports torch and transformers lazily, on first use; the 
 
 from __future__ import annotations
 
-from ..meters.resources import ResourceProbe, ResourceUsage
+from ..probes.resources import ResourceProbe, ResourceUsage
 from .loader import Generation, LoadedModel, ModelPool, load_model
 from .tiny import TINY_MODELS, ensure_tiny_model, is_tiny
 

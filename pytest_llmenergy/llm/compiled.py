@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import ConfigError, LLMEnergyError
-from ..meters.base import current_window
+from ..meters.marks import current_window
 
 EAGER, COMPILED, AUTO = "eager", "compiled", "auto"
 EXECUTIONS = (AUTO, EAGER, COMPILED)

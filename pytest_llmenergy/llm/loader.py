@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..meters.base import mark_phase, mark_token
+from ..meters.marks import mark_phase, mark_token
 from .compiled import COMPILED, EAGER, CompiledDecode, resolve_execution
 from .tiny import (
     SAMPLE_TEXT,

@@ -14,8 +14,10 @@ from typing import Any
 
 from ..errors import ConfigError, renamed_names
 from ..gpu.device import VENDORS
-from .base import Domain, Measurement, Meter, Method, Phase, PowerSample, Window, mark_phase
+from .base import Meter
+from .marks import Window, mark_phase
 from .meter_settings import MeterSettings
+from .readings import Domain, Measurement, Method, Phase, PowerSample
 
 MeterFactory = Callable[[MeterSettings], Meter]
 

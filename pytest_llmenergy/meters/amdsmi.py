@@ -38,7 +38,6 @@ from typing import Any
 from ..errors import MeterError, MeterUnavailable
 from ..gpu.amd import POWER_FIELDS, AmdLibrary, visibility_text, visible_indices, watts
 from ..gpu.device import GpuDeviceError, one_line, vendor_named
-from .base import Domain, Method, Reading, _frozen
 from .gpu_meter import (
     GpuMeter,
     period_s,
@@ -48,7 +47,9 @@ from .gpu_meter import (
     unavailable,
     with_period,
 )
+from .marks import _frozen
 from .meter_settings import MeterSettings
+from .readings import Domain, Method, Reading
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "amdsmi"

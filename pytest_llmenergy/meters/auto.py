@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from ..errors import MeterUnavailable
 from ..gpu.device import VENDORS
-from .base import Domain, Meter, PowerSample, Reading
+from .base import Meter
 from .meter_settings import MeterSettings
+from .readings import Domain, PowerSample, Reading
 
 GPU_ORDER = tuple(v.backend for v in VENDORS)  # the device layer's registry, in order
 CPU_ORDER = ("rapl", "pyjoules", "powermetrics", "estimate")

@@ -16,9 +16,10 @@ from time import perf_counter
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
 from ..gpu.device import GpuDevice, GpuDeviceError, GpuLibrary, open_library, vendor_named
-from .base import Domain, Method, Reading, _frozen
 from .gpu_meter import GpuMeter, period_s, period_text, probe_counters, sync_torch_gpus, unavailable
+from .marks import _frozen
 from .meter_settings import MeterSettings
+from .readings import Domain, Method, Reading
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 FALLBACK_HINT = "use --energy-backend=auto or estimate"

@@ -17,10 +17,11 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import MeterUnavailable
-from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
+from ..probes.process_tree import attributed_note, cpu_reader
+from .base import Meter
 from .cpu_tdp import TdpLookup, cpu_brand, resolve_tdp
 from .meter_settings import MeterSettings
-from .process_tree import attributed_note, cpu_reader
+from .readings import PROCESS_DOMAIN, Domain, Method, Reading
 
 DOMAIN = PROCESS_DOMAIN
 

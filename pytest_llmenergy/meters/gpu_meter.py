@@ -24,7 +24,8 @@ from typing import Any, Protocol, TypeVar
 from ..errors import ConfigError
 from ..gpu.device import GpuDeviceError
 from ..gpu.device import one_line as one_line  # the GPU meters' messages
-from .base import Domain, Meter, Method, PowerSample, Reading, duration_text
+from .base import Meter
+from .readings import Domain, Method, PowerSample, Reading, duration_text
 from .sampling import PowerSampler, integrate_instant
 
 # Timing the counters' update period at open: every counter GPU is polled in turn in one

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import MeterError, MeterUnavailable
 from ..gpu.device import GpuDeviceError, SmSample, vendor_named
 from ..gpu.nvidia import CudaVisible, NvidiaGpu, NvidiaLibrary, text
-from .base import Domain, Method, Reading, _frozen
+from ..probes.process_tree import tree_pids
 from .gpu_meter import (
     PERIOD_PROBE_INTERVALS,
     PERIOD_PROBE_MAX_S,
@@ -38,8 +38,9 @@ from .gpu_meter import (
     unavailable,
     with_period,
 )
+from .marks import _frozen
 from .meter_settings import MeterSettings
-from .process_tree import tree_pids
+from .readings import Domain, Method, Reading
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "nvml"

@@ -35,8 +35,9 @@ from typing import Any
 import psutil
 
 from ..errors import MeterError, MeterUnavailable
-from .base import PROCESS_DOMAIN, Domain, Meter, Method, PowerSample, Reading
+from .base import Meter
 from .meter_settings import MeterSettings
+from .readings import PROCESS_DOMAIN, Domain, Method, PowerSample, Reading
 from .sampling import SampleBuffer, integrate_intervals
 
 backend = "powermetrics"

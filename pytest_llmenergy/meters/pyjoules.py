@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import MeterError, MeterUnavailable
-from .base import Domain, Meter, Method, Reading
+from .base import Meter
 from .meter_settings import MeterSettings
 from .rapl import PERMISSION_HINT
+from .readings import Domain, Method, Reading
 
 BACKEND = "pyjoules"
 # What pyJoules' counters resolve: RAPL registers update about every 1 ms; NVML's GPU

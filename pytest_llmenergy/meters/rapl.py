@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import MeterError, MeterUnavailable, one_line
-from .base import PROCESS_DOMAIN, Domain, Meter, Method, Reading
+from ..probes.process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
+from .base import Meter
 from .meter_settings import MeterSettings
-from .process_tree import attributed_note, cpu_reader, machine_busy_cpu_seconds
+from .readings import PROCESS_DOMAIN, Domain, Method, Reading
 from .sampling import PeriodicThread
 
 BACKEND = "rapl"

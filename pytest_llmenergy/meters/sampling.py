@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import MeterError
-from .base import PowerSample
+from .readings import PowerSample
 
 Clock = Callable[[], float]
 

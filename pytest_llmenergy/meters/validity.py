@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .base import Measurement, Method, PowerSample
+from .readings import Measurement, Method, PowerSample
 from .sampling import integrate_instant
 
 # The longest stretch of a window no sample may see (--energy-max-sample-gap's default).

@@ -11,6 +11,7 @@ interval of its head/base ratio decides against the gate.
   (pure functions);
 - ``channel``: the one-line JSON messages between a side and the coordinator;
 - ``coordinator``: the side of the ``llmenergy ab`` process that decides who runs;
-- ``ab_cli``: the command: starts the sides, prints progress, the verdict, saves.
-The side of each pytest session is ``plugin/pairing.py``.
+- ``supervision``: the sides' processes: started, served, stopped, signals forwarded;
+- ``cli/ab_cli.py``: the command: what each pass measures, progress, the verdict, saves.
+The side of each pytest session is ``plugin/ab_side.py``.
 """

@@ -1,6 +1,6 @@
 """The coordinator of a paired run: one side runs at a time, trials alternate in blocks.
 
-Each side (a pytest session, ``plugin/pairing.py``) holds one connection and asks
+Each side (a pytest session, ``plugin/ab_side.py``) holds one connection and asks
 before anything that matters: at collection (``hello``: its cases), before each
 measured trial (``turn``), and after each case (``case_end``, with the finished case).
 It waits for the answer; while it waits, it does nothing.  The coordinator answers one

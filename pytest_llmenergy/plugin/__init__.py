@@ -5,21 +5,26 @@ Registered through the ``pytest11`` entry point as ``llmenergy``; disable it wit
 features, each owning its state, its hooks, its terminal-summary section, and its
 options (a ``Section`` of rows beside its code, collected by ``options.py``):
 
-- ``measuring.Metering``: the meter (opened at session start) and its header lines;
+- ``meter.Metering``: the meter (opened at session start) and its header lines;
 - ``cases.CasePlan``: parametrization over the grid, markers, models, case order;
-- ``showing.CaseResults``: the measured cases and the energy-per-token tables;
+- ``session_tables.CaseResults``: the measured cases and the energy-per-token tables;
 - ``keeping.Keeper``: the run file, the baseline, the comparison and gates;
-- ``deciding.RoutingSection``: routing between two systems, and figures;
-- ``choosing.BestConfiguration``: the time-energy front over a sweep's configurations,
+- ``routing.RoutingSection``: routing between two systems, and figures;
+- ``frontier.BestConfiguration``: the time-energy front over a sweep's configurations,
   and the best one under ``--llm-slo``;
-- ``reporting.HtmlReporting`` (``--energy-report``): the HTML report, written last;
+- ``html_report.HtmlReporting`` (``--energy-report``): the HTML report, written last;
 - ``benchmark_energy.BenchmarkEnergy`` (with pytest-benchmark): the joules of its tests;
 - ``workers.Workers`` / ``workers.WorkerSide`` (with pytest-xdist): the controller hands
   out the seed and the meter's lock and keeps what the workers measured;
 - ``gpu_settings.GpuTuning``: GPU power limits and clocks as axes, telemetry per
   trial, restoring the GPUs, and the time-energy frontier.
 - ``torchrun.Distributed`` (under torchrun): joins the process group, takes rank 0's
-  seed, meters every rank's share in lockstep windows; rank 0 alone keeps and shows.
+  seed, meters every rank's share in lockstep windows; rank 0 alone keeps and shows;
+- ``server_target.Serving``: a server or an engine started for the session as the target;
+- ``ab_side.PairedSide`` (under ``llmenergy ab``): one side of a paired run.
+
+``session.py`` holds what every feature shares: header lines fitted to the terminal and a
+session failed with its reason counted on pytest's last line.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
 meter opens before the keeper claims the run file, and the energy tables print before
@@ -42,20 +47,21 @@ from ..errors import ConfigError, LLMEnergyError
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
+from .ab_side import PAIRED_SIDE, PairedSide
 from .cases import CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
-from .choosing import BEST_CONFIGURATION, BestConfiguration
-from .deciding import ROUTING, RoutingSection
+from .frontier import BEST_CONFIGURATION, BestConfiguration
 from .gpu_settings import GPU_TUNING, GpuTuning, setting_fixture
+from .html_report import HTML_REPORTING, HtmlReporting
 from .interleaving import INTERLEAVING, Interleaving
 from .keeping import KEEPER, Keeper
-from .measuring import METERING, Metering, header_lines
+from .meter import METERING, Metering
 from .options import PluginSettings, add_options, check_outputs, marker_help, read_options
-from .pairing import PAIRED_SIDE, PairedSide
 from .progress import LiveStatus as LiveStatus
 from .progress import progress_writer
-from .reporting import HTML_REPORTING, HtmlReporting
-from .serving import SERVING, Serving, attribute_server, check_settings
-from .showing import CASE_RESULTS, CaseResults
+from .routing import ROUTING, RoutingSection
+from .server_target import SERVING, Serving, attribute_server, check_settings
+from .session import header_lines
+from .session_tables import CASE_RESULTS, CaseResults
 from .stopping import SIGTERM_STOP, SigtermStop
 from .torchrun import DISTRIBUTED, Distributed
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header

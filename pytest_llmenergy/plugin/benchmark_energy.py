@@ -17,7 +17,7 @@ import pytest
 
 from ..meters import Meter
 from .cases import uses_energy_benchmark
-from .measuring import Metering
+from .meter import Metering
 
 BENCHMARK_FIXTURE = "benchmark"  # pytest-benchmark's
 _ONLY_REASON = "--benchmark-only"  # in the reason of the skip marker it adds to other tests

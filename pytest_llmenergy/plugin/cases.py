@@ -33,9 +33,9 @@ from ..controller.targets import check_conversions, parse_ci_targets
 from ..errors import ConfigError
 from ..llm.compiled import COMPILED, describe_execution, execution_label
 from ..llm.grid import CASE_AXES, INPUT_SWEEP, OUTPUT_SWEEP, PARALLEL_AXIS, LLMCase
-from .generating import LLMSettings
-from .measuring import header_lines
+from .models import LLMSettings
 from .option_rows import Option, Section
+from .session import header_lines
 from .torchrun import DISTRIBUTED
 from .workers import SHARD_KEY, is_worker
 

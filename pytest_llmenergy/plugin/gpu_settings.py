@@ -56,8 +56,8 @@ from ..results import CaseResult, ThermalWait
 from ..storage.store import NEW_FILE, AtomicFile
 from ..tables import render
 from .cases import BENCHMARK_FIXTURE
-from .measuring import header_lines
 from .option_rows import Option, Section
+from .session import header_lines
 
 SECTION = "llmenergy: GPU settings and the time-energy frontier"
 SETTING_FIXTURE = "energy_gpu_setting"

@@ -22,17 +22,14 @@ from ..compare import (
     Comparison,
     Gate,
     compare_cases,
-    comparison_table,
-    evidence_line,
     other_hardware,
     parse_gates,
     unlike_meters,
-    verdict_line,
-    why_lines,
 )
+from ..comparison_text import comparison_table, evidence_line, verdict_line, why_lines
 from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, export_text, parse_exports
-from ..meters.reference import reference_s, speed_drift
+from ..probes.reference import reference_s, speed_drift
 from ..results import CaseResult
 from ..sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, parse_session_noise
 from ..storage.recorder import RunRecorder, autosave_name, new_run
@@ -46,8 +43,9 @@ from ..storage.store import (
     check_run_name,
 )
 from ..tables import render
-from .measuring import Metering, fail_session, fail_writes, header_lines
+from .meter import Metering
 from .option_rows import Option, Section
+from .session import fail_session, fail_writes, header_lines
 
 # What pytest's last line counts a failed gate as: ``2 passed, 1 energy gate failed``.
 GATE_FAILED_OUTCOME = "energy gate failed"
@@ -419,7 +417,7 @@ def thread_settings() -> dict[str, object]:
 
 
 KEEPER = pytest.StashKey[Keeper]()
-# Where a run file keeps the machine's speed at the session's start (meters/reference.py).
+# Where a run file keeps the machine's speed at the session's start (probes/reference.py).
 SPEED_KEY = "speed_reference_s"
 
 

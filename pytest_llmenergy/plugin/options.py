@@ -22,12 +22,11 @@ from ..meters import MeterSettings
 from ..serving.serve_settings import ServeSettings
 from ..storage.store import FOLDER, check_output
 from .cases import CONTROLLER_OPTIONS, ORDER_OPTIONS, OrderSettings, marker_help
-from .choosing import SLO_OPTIONS, SloSettings
-from .deciding import ROUTE_OPTIONS, RouteSectionSettings
-from .generating import LLM_OPTIONS, LLMSettings
+from .frontier import SLO_OPTIONS, SloSettings
 from .gpu_settings import GPU_OPTIONS, GpuSettings
 from .keeping import KEEP_OPTIONS, KeepSettings
-from .measuring import MEASURE_OPTIONS, METER_OPTIONS, MeasureSettings
+from .meter import MEASURE_OPTIONS, METER_OPTIONS, MeasureSettings
+from .models import LLM_OPTIONS, LLMSettings
 from .option_rows import (
     INI_PREFIX,
     Option,
@@ -37,8 +36,9 @@ from .option_rows import (
     sections_record,
 )
 from .option_rows import add_options as add_section_options
-from .serving import SERVE_OPTIONS
-from .showing import REPORT_OPTIONS, ReportSettings
+from .routing import ROUTE_OPTIONS, RouteSectionSettings
+from .server_target import SERVE_OPTIONS
+from .session_tables import REPORT_OPTIONS, ReportSettings
 
 __all__ = ["INI_PREFIX", "OPTIONS", "SECTIONS", "Option", "PluginSettings", "marker_help"]
 

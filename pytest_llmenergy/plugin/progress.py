@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from ..controller.rule import ControllerSettings
-from ..meters.base import duration_text
+from ..meters.readings import duration_text
 
 # A case in a log says where it is once it has run this long, then each time its time
 # doubles (1, 2, 4, 8 minutes ...): a few lines for a case that runs long, none for most.

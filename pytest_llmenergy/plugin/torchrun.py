@@ -40,7 +40,7 @@ from ..errors import ConfigError
 from ..gpu.device import gpu_backend
 from ..meters import Meter, MeterFactory, open_meter
 from ..results import CaseResult
-from .measuring import Metering
+from .meter import Metering
 
 if TYPE_CHECKING:
     from .options import PluginSettings
@@ -148,7 +148,7 @@ class Distributed:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """After Metering opened this rank's meter: share it with the other ranks."""
-        from .measuring import METERING
+        from .meter import METERING
 
         metering: Metering = self.config.stash[METERING]
         assert metering.meter is not None
@@ -229,7 +229,7 @@ class Distributed:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
         recorder = self._recorder()
         if recorder is not None and self.meter is not None:
-            from .showing import CASE_RESULTS
+            from .session_tables import CASE_RESULTS
 
             results = self.config.stash[CASE_RESULTS].results
             machine = dict(recorder.run.machine)

@@ -674,7 +674,7 @@ def calibrate_runs(
                 "elem_bytes": min(
                     _DTYPE_BYTES.get(c.labels.get(DTYPE_LABEL, ""), 4) for c in cases
                 ),
-                # the machine's speed when measured (meters/reference.py), to compare with
+                # the machine's speed when measured (probes/reference.py), to compare with
                 # a later run's: a prediction is for the machine as fast as it was then
                 SPEED_KEY: _mean(speeds[(system, setting)])
                 if speeds.get((system, setting))

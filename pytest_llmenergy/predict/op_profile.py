@@ -124,6 +124,41 @@ def _flash_flops(shapes: list[list[int]]) -> float:
     return 4.0 * b * h * pairs * d
 
 
+def _timed_rows(events: Any) -> list[tuple[int, int, int, Any]]:
+    """The operators' events as (thread, start, end, event), each thread's in order of
+    start, an enclosing event before those inside it; user annotations left out."""
+    rows = []
+    for e in events:
+        if getattr(e, "is_user_annotation", lambda: False)():
+            continue
+        start = int(e.start_ns())
+        rows.append((int(e.start_thread_id()), start, start + int(e.duration_ns()), e))
+    rows.sort(key=lambda r: (r[0], r[1], -r[2]))
+    return rows
+
+
+def _op_row(name: str, shapes: list[list[int]], cls: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "shapes": shapes,
+        "class": cls,
+        "calls": 0,
+        "self_cpu_s": 0.0,
+        "flops": 0.0,
+        "bytes": 0.0,
+    }
+
+
+def _moved_bytes(event: Any, shapes: list[list[int]], elem_bytes: int) -> float:
+    """The bytes of an outermost operator's inputs, at its dtypes' sizes."""
+    dtypes = list(event.dtypes()) if hasattr(event, "dtypes") else []
+    moved = 0.0
+    for i, shape in enumerate(shapes):
+        size = _DTYPE_BYTES.get(dtypes[i] if i < len(dtypes) else "", elem_bytes)
+        moved += math.prod(shape) * size if shape else 0
+    return moved
+
+
 def summarize_events(events: Any, elem_bytes: int = 4) -> dict[str, Any]:
     """Per operator (name, input shapes) and per class: calls, self CPU time, FLOPs, bytes.
 
@@ -133,13 +168,7 @@ def summarize_events(events: Any, elem_bytes: int = 4) -> dict[str, Any]:
     parent's self time, and its bytes are the parent's (linear -> addmm) so they count
     once, at the outermost operator.  Anything inside an attention operator is attention.
     """
-    rows = []
-    for e in events:
-        if getattr(e, "is_user_annotation", lambda: False)():
-            continue
-        start = int(e.start_ns())
-        rows.append((int(e.start_thread_id()), start, start + int(e.duration_ns()), e))
-    rows.sort(key=lambda r: (r[0], r[1], -r[2]))
+    rows = _timed_rows(events)
     by_op: dict[tuple[str, str], dict[str, Any]] = {}
     classes = {c: {"calls": 0, "self_cpu_s": 0.0, "flops": 0.0, "bytes": 0.0} for c in CLASSES}
     top_level = 0
@@ -169,28 +198,13 @@ def summarize_events(events: Any, elem_bytes: int = 4) -> dict[str, Any]:
         flops = float(e.flops() or 0)
         if name == _FLASH and not flops:
             flops = _flash_flops(shapes)
-        key = (name, repr(shapes))
-        row = by_op.get(key)
-        if row is None:
-            row = by_op[key] = {
-                "name": name,
-                "shapes": shapes,
-                "class": cls,
-                "calls": 0,
-                "self_cpu_s": 0.0,
-                "flops": 0.0,
-                "bytes": 0.0,
-            }
+        row = by_op.setdefault((name, repr(shapes)), _op_row(name, shapes, cls))
         row["calls"] += 1
         row["flops"] += flops
         classes[cls]["flops"] += flops
         if parent is None:
             top_level += 1
-            dtypes = list(e.dtypes()) if hasattr(e, "dtypes") else []
-            moved = 0.0
-            for i, shape in enumerate(shapes):
-                size = _DTYPE_BYTES.get(dtypes[i] if i < len(dtypes) else "", elem_bytes)
-                moved += math.prod(shape) * size if shape else 0
+            moved = _moved_bytes(e, shapes, elem_bytes)
             row["bytes"] += moved
             classes[cls]["calls"] += 1
             classes[cls]["bytes"] += moved

@@ -48,15 +48,15 @@ arrives as ``aten::mm``/``aten::addmm`` (its weight is 2-d), so a batched produc
 over a contraction of one, an outer product (rotary positions x frequencies), which is
 elementwise work.
 
-Phases: ``llm.loader``'s streamer calls ``meters.base.mark_phase("decode")`` at the
+Phases: ``llm.loader``'s streamer calls ``meters.marks.mark_phase("decode")`` at the
 first output token, which splits a measured window; the count hears the same mark
-through ``meters.base.phase_listener`` (no window is open), so what ran before it is
+through ``meters.marks.phase_listener`` (no window is open), so what ran before it is
 prefill and what ran after is decode.  A run that never marks is all prefill.
 
 Sampled decode steps.  Counting every operator of every decode step costs three times
 the run (each call passes through Python), so a generation's decode steps are counted
 on a sample and the rest derived.  The streamer marks every token
-(``meters.base.mark_token``); the ops between token k and token k+1 are decode step k.
+(``meters.marks.mark_token``); the ops between token k and token k+1 are decode step k.
 A step's shapes differ from the next one's only by the one position the KV cache
 grows, so each operator's calls are the same in every step and its FLOPs and bytes
 affine in k.  Counted in full: everything up to the first output token, everything
@@ -79,7 +79,7 @@ from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import Any
 
-from ..meters.base import phase_listener, token_listener
+from ..meters.marks import phase_listener, token_listener
 from ..results import DECODE, PREFILL, CountedWork, OpWork
 from .features import ATTENTION, ELEMENTWISE, OTHER
 from .op_profile import _FLASH, _flash_flops, op_class

@@ -29,7 +29,7 @@ from ..controller.rule import ControllerSettings
 from ..controller.window import window_target_s
 from ..errors import MeterUnavailable
 from ..figures import value
-from ..meters.base import duration_text
+from ..meters.readings import duration_text
 from ..storage.runfile import RunFileError, load
 from ..suite import FILES
 from . import meter_probe

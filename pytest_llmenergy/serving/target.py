@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, LLMEnergyError
-from ..meters.base import current_window, mark_phase
+from ..meters.marks import current_window, mark_phase
 from ..results import RequestRecord
 from .client import Completion, Endpoint, NoStreamUsage, ServerError, burst, check
 from .steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S, BatchSampler, BurstWatch

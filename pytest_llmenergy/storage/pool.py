@@ -197,6 +197,45 @@ def join_shards(
     a run that is no shard, parts of different splits, another hardware, other values
     of the ``measuring`` options, a part given twice, a case in two parts, and (unless
     ``partial``) a missing part."""
+    total = _one_split(runs, measuring)
+    seen = _parts_by_index(runs, total)
+    missing = ", ".join(f"{i}/{total}" for i in range(1, total + 1) if i not in seen)
+    unfinished = [
+        f"shard {i}/{total} ended early ({_unfinished(run)}; {len(run.cases)} case(s) saved)"
+        for i, run in sorted(seen.items())
+        if run.status != COMPLETE
+    ]
+    lacking = [f"shard {missing} missing"] * bool(missing) + unfinished
+    if lacking and not partial:
+        have = ", ".join(f"{i}/{total}" for i in sorted(seen))
+        raise ConfigError(
+            f"{'; '.join(lacking)} (have {have}); run {'them' if len(lacking) > 1 else 'it'} "
+            "again, or join what there is with --partial"
+        )
+    notes = [f"shard {missing} missing: the joined run lacks its cases"] * bool(missing)
+    notes += [f"{text}: its finished cases are joined" for text in unfinished]
+    ordered = [seen[i] for i in sorted(seen)]
+    first = runs[0]
+    options = {**first.options, "shard": None, "shards": {"of": total, "joined": sorted(seen)}}
+    joined = replace(
+        first,
+        run_id="",
+        name=name,
+        created=min(run.created for run in runs),
+        finished=utc_now(),
+        status=COMPLETE if not lacking else INTERRUPTED,
+        exit_status=max((run.exit_status or 0) for run in runs),
+        options=options,
+        cases=tuple(case for run in ordered for case in run.cases),
+        command=("llmenergy", "merge", *(run.label for run in runs)),
+        path=None,
+    )
+    return joined, notes
+
+
+def _one_split(runs: Sequence[Run], measuring: Collection[str]) -> int:
+    """The number of parts of the one split ``runs`` belong to; refused where a run is
+    no shard, or they differ in split, hardware or measuring options."""
     parts = []
     for run in runs:
         found = shard_of(run)
@@ -228,9 +267,18 @@ def join_shards(
                 f"{run.options.get(k)!r} against {first.options.get(k)!r}"
                 + (f" (and {len(differ) - 1} more)" if len(differ) > 1 else "")
             )
+    return total
+
+
+def _parts_by_index(runs: Sequence[Run], total: int) -> dict[int, Run]:
+    """Each shard's run by its index; refused where a part is given twice or a case is
+    in two parts."""
+    parts = [shard_of(run) for run in runs]
     seen: dict[int, Run] = {}
     owner: dict[str, Run] = {}
-    for run, (i, _) in zip(runs, parts):
+    for run, part in zip(runs, parts):
+        assert part is not None  # _one_split refused runs that are no shard
+        i = part[0]
         if i in seen:
             raise ConfigError(f"shard {i}/{total} is given twice: {seen[i].label} and {run.label}")
         seen[i] = run
@@ -241,37 +289,7 @@ def join_shards(
                     f"{run.label}); a split puts every case in one"
                 )
             owner[case.nodeid] = run
-    missing = ", ".join(f"{i}/{total}" for i in range(1, total + 1) if i not in seen)
-    unfinished = [
-        f"shard {i}/{total} ended early ({_unfinished(run)}; {len(run.cases)} case(s) saved)"
-        for i, run in sorted(seen.items())
-        if run.status != COMPLETE
-    ]
-    lacking = [f"shard {missing} missing"] * bool(missing) + unfinished
-    if lacking and not partial:
-        have = ", ".join(f"{i}/{total}" for i in sorted(seen))
-        raise ConfigError(
-            f"{'; '.join(lacking)} (have {have}); run {'them' if len(lacking) > 1 else 'it'} "
-            "again, or join what there is with --partial"
-        )
-    notes = [f"shard {missing} missing: the joined run lacks its cases"] * bool(missing)
-    notes += [f"{text}: its finished cases are joined" for text in unfinished]
-    ordered = [seen[i] for i in sorted(seen)]
-    options = {**first.options, "shard": None, "shards": {"of": total, "joined": sorted(seen)}}
-    joined = replace(
-        first,
-        run_id="",
-        name=name,
-        created=min(run.created for run in runs),
-        finished=utc_now(),
-        status=COMPLETE if not lacking else INTERRUPTED,
-        exit_status=max((run.exit_status or 0) for run in runs),
-        options=options,
-        cases=tuple(case for run in ordered for case in run.cases),
-        command=("llmenergy", "merge", *(run.label for run in runs)),
-        path=None,
-    )
-    return joined, notes
+    return seen
 
 
 def _unfinished(run: Run) -> str:

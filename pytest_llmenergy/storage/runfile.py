@@ -36,8 +36,8 @@ from typing import Any
 from ..controller.rule import ControllerSettings
 from ..controller.targets import CITarget
 from ..errors import ConfigError, LLMEnergyError, one_line
-from ..meters.resources import ResourceUsage
 from ..meters.validity import DEFAULT_MAX_GAP_S, Telemetry
+from ..probes.resources import ResourceUsage
 from ..results import (
     CaseResult,
     CountedWork,

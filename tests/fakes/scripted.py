@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from pytest_llmenergy.meters.base import Domain, Meter, Method, Reading
+from pytest_llmenergy.meters.base import Meter
+from pytest_llmenergy.meters.readings import Domain, Method, Reading
 
 from .trace import PowerTrace
 

@@ -36,7 +36,7 @@ from pytest_llmenergy import open_meter
 from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.llm.loader import load_model
-from pytest_llmenergy.meters.background import BackgroundCpu
+from pytest_llmenergy.probes.background import BackgroundCpu
 
 TRIALS_PER_ROUND = 5
 ROUNDS = 16

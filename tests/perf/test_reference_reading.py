@@ -1,7 +1,7 @@
 """A case's reading of the machine's speed against the session's full one, in time.
 
 A case times every 20th iteration of the reference loop and scales by 20
-(``meters/reference.case_reference_s``): it must read the same quantity as the full
+(``probes/reference.case_reference_s``): it must read the same quantity as the full
 loop, within 5 %, so that runs read either way compare.  A timing, so it lives here
 beside the other speed figures, not in the default test run (it read 1.054 in CI on a
 slow day, 2026-11-26).  Run with ``pytest tests/perf --benchmark-only``.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from pytest_llmenergy.meters.reference import case_reference_s, reference_s
+from pytest_llmenergy.probes.reference import case_reference_s, reference_s
 
 ROUNDS = 15
 BUDGET = 0.05

@@ -17,9 +17,9 @@ import pytest
 from ..errors import ConfigError, LLMEnergyError
 from ..storage.recorder import utc_now
 from ..storage.runfile import COMPLETE, INTERRUPTED, Run
-from .deciding import RoutingSection
 from .keeping import Keeper
-from .measuring import fail_writes, header_lines
+from .routing import RoutingSection
+from .session import fail_writes, header_lines
 
 
 class HtmlReporting:

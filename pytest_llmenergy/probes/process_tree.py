@@ -10,7 +10,7 @@ Two counters the CPU-based meters and the busy-machine check share:
   the list of live ones, so the sum stays continuous: a child that ran before a window
   and is collected inside it adds only its CPU time since the window opened.
 * :func:`machine_busy_cpu_seconds` is the machine-wide non-idle CPU time; minus the
-  tree's, it is what the rest of the machine did (see ``meters/background.py``).
+  tree's, it is what the rest of the machine did (see ``probes/background.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Showing: the session's measured cases and their energy-per-token tables.
+"""The session's measured cases and their energy-per-token tables.
 
 Every finished case reaches ``CaseResults.add``, which passes it on to the listeners
 (the keeper writes it to disk at once, so a crash keeps it) and prints the tables at the
@@ -13,6 +13,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from ..case_tables import (
+    DEFAULT_GROUP_BY,
+    DEFAULT_SORT,
+    GROUP_CHOICES,
+    case_tables,
+    parse_columns,
+    parse_group_by,
+    parse_sort,
+)
 from ..conversions import (
     G_PER_KWH,
     PRICE_PER_KWH,
@@ -22,19 +31,10 @@ from ..conversions import (
     parse_price,
 )
 from ..figures import FIGURES
-from ..report import (
-    DEFAULT_GROUP_BY,
-    DEFAULT_SORT,
-    GROUP_CHOICES,
-    case_tables,
-    parse_columns,
-    parse_group_by,
-    parse_sort,
-)
 from ..results import CaseResult
 from ..tables import render
-from .measuring import header_lines
 from .option_rows import Option, Section
+from .session import header_lines
 
 SECTION = "llmenergy: energy per token"
 

@@ -1,4 +1,4 @@
-"""Choosing: the time-energy front over a sweep's configurations (batch sizes, concurrent
+"""The time-energy front over a sweep's configurations (batch sizes, concurrent
 requests, GPU settings) and, under ``--llm-slo``, the minimum-energy configuration that
 meets the latency limits (``frontier.slo``), in the terminal summary.  The limits are
 kept in the run file's options (``slo``), so ``llmenergy show`` and the HTML report

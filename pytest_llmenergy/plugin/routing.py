@@ -1,4 +1,4 @@
-"""Deciding: with a baseline from other hardware, which queries should go where; figures.
+"""Routing: with a baseline from other hardware, which queries should go where; figures.
 
 Runs after the keeper has compared (it needs the baseline); a routing question without
 an answer (no model in common, one size only) is a note, never a failure.
@@ -19,8 +19,8 @@ from ..routing import BY_CHOICES, INPUT
 from ..storage.store import FOLDER
 from ..tables import render
 from .keeping import Keeper
-from .measuring import header_lines
 from .option_rows import Option, Section
+from .session import header_lines
 
 if TYPE_CHECKING:
     from ..routing.decide import Routed

@@ -305,22 +305,7 @@ def _build_table(
     explicit: bool,
     rejected: Mapping[str, Rejection],
 ) -> Table:
-    shown = list(chosen)
-    if explicit and not {"name", "tokens_in", "tokens_out"} & set(shown):
-        # the rows' identity, as pytest-benchmark always shows the Name column
-        several = any(r.queries != 1 for r in results)
-        identity = ["tokens_in", "tokens_out", *(["queries"] if several else [])]
-        shown = list(dict.fromkeys([*identity, *shown]))
-    if not explicit:
-        shown = [k for k in shown if any(FIGURES[k].value(r) is not None for r in results)]
-        if all(r.queries == 1 for r in results):  # one query per trial: nothing to say
-            shown = [k for k in shown if k != "queries"]
-        # An LLM case is named by its table's title (model, sweep) and its tokens; any
-        # other row, or rows its tokens do not tell apart, need the test's name.
-        tokens = [(r.input_tokens, r.output_tokens, r.queries) for r in results]
-        unnamed = len(set(tokens)) < len(tokens) or any("model" not in r.labels for r in results)
-        if "name" not in shown and unnamed:
-            shown.insert(0, "name")
+    shown = _shown_columns(results, chosen, explicit)
     hidden = [k for k in ("name",) if k not in shown]
     figures = [FIGURES[k] for k in [*shown, *hidden]]
     keys = (*(f.key for f in figures), _ESTIMATED_KEY, _NODEID_KEY)
@@ -337,8 +322,48 @@ def _build_table(
         )
         for r in results
     )
-    # each legend line with the columns whose marks it explains: a narrow terminal that
-    # leaves those columns out leaves the line out too
+    legend = _legend(results, shown)
+    return Table(
+        title=title,
+        keys=keys,
+        headers=headers,
+        rows=rows,
+        cells=cells,
+        notes=tuple(_notes(results, names, rejected)),
+        hidden=(*hidden, _ESTIMATED_KEY, _NODEID_KEY),
+        # a row's name, when shown, is what a narrow terminal keeps longest
+        priorities=(*(0 if f.key == "name" else f.priority for f in figures), 0, 0),
+        legend=tuple(line for line, _ in legend),
+        legend_keys=tuple(keys for _, keys in legend),
+    )
+
+
+def _shown_columns(results: list[CaseResult], chosen: Sequence[str], explicit: bool) -> list[str]:
+    """The columns a table shows: those asked for, with the rows' identity; by default
+    only figures some row has, and the test's name where title and tokens do not tell
+    the rows apart."""
+    shown = list(chosen)
+    if explicit and not {"name", "tokens_in", "tokens_out"} & set(shown):
+        # the rows' identity, as pytest-benchmark always shows the Name column
+        several = any(r.queries != 1 for r in results)
+        identity = ["tokens_in", "tokens_out", *(["queries"] if several else [])]
+        shown = list(dict.fromkeys([*identity, *shown]))
+    if not explicit:
+        shown = [k for k in shown if any(FIGURES[k].value(r) is not None for r in results)]
+        if all(r.queries == 1 for r in results):  # one query per trial: nothing to say
+            shown = [k for k in shown if k != "queries"]
+        # An LLM case is named by its table's title (model, sweep) and its tokens; any
+        # other row, or rows its tokens do not tell apart, need the test's name.
+        tokens = [(r.input_tokens, r.output_tokens, r.queries) for r in results]
+        unnamed = len(set(tokens)) < len(tokens) or any("model" not in r.labels for r in results)
+        if "name" not in shown and unnamed:
+            shown.insert(0, "name")
+    return shown
+
+
+def _legend(results: list[CaseResult], shown: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """Each legend line with the columns whose marks it explains: a narrow terminal that
+    leaves those columns out leaves the line out too."""
     legend: list[tuple[str, tuple[str, ...]]] = []
     with_ci = [k for k in shown if FIGURES[k].with_ci]
     if with_ci and results:
@@ -377,6 +402,14 @@ def _build_table(
     energy = tuple(k for k in shown if FIGURES[k].energy)
     if any(r.estimated for r in results) and energy:
         legend.append((ESTIMATED_NOTE, energy))
+    return legend
+
+
+def _notes(
+    results: list[CaseResult], names: Mapping[str, str], rejected: Mapping[str, Rejection]
+) -> list[str]:
+    """The notes below a table: why a case did not converge, was short of time,
+    rejected, or read its telemetry or batch wrongly."""
     notes = [n for n in (_note_for(r, names[r.nodeid]) for r in results) if n is not None]
     short = short_note(results, names)
     notes += [short] if short else []
@@ -385,19 +418,7 @@ def _build_table(
     ]
     notes += [invalid_note(r, names[r.nodeid]) for r in results if r.invalid_telemetry]
     notes += [n for n in (batch_note(r, names[r.nodeid]) for r in results) if n is not None]
-    return Table(
-        title=title,
-        keys=keys,
-        headers=headers,
-        rows=rows,
-        cells=cells,
-        notes=tuple(notes),
-        hidden=(*hidden, _ESTIMATED_KEY, _NODEID_KEY),
-        # a row's name, when shown, is what a narrow terminal keeps longest
-        priorities=(*(0 if f.key == "name" else f.priority for f in figures), 0, 0),
-        legend=tuple(line for line, _ in legend),
-        legend_keys=tuple(keys for _, keys in legend),
-    )
+    return notes
 
 
 def default_columns(gated: Sequence[str] = ()) -> tuple[str, ...]:

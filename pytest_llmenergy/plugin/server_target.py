@@ -20,14 +20,14 @@ from ..errors import ConfigError, LLMEnergyError
 from ..serving.engine import ENGINES
 from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
 from ..serving.steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S
-from .generating import LLMSettings
+from .models import LLMSettings
 from .option_rows import Option, Section
 
 if TYPE_CHECKING:
     from ..meters import MeterSettings
     from ..serving.engine import RunningEngine
     from ..serving.target import ServerTarget
-    from .measuring import MeasureSettings
+    from .meter import MeasureSettings
 
 
 def check_settings(serve: ServeSettings, llm: LLMSettings, measure: MeasureSettings) -> None:
