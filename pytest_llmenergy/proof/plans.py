@@ -96,9 +96,7 @@ SMOKE = Plan(
     caps_s={"suite": 120.0, "compiled": 0.0, "settings": 90.0, "gate": 240.0, "work": 120.0},
     # trials enough for a case to converge on a busy CPU (the 15 s budget bounds them)
     extra_args=("--energy-max-background=off", "--energy-max-trials=12", "--energy-warmup=0"),
-    # one process pair, its FAILs measured again in fresh processes (ab's default): on a
-    # shared CPU one process's speed offset failed an unchanged case at +10.6 % (p 0.03)
-    ab_args=("--processes", "1"),
+    ab_args=("--processes", "1", "--confirm", "off"),
     gate_args=(
         "--energy-max-background=off",
         "--energy-max-trials=4",
