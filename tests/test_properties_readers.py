@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmenergy import report
+from pytest_llmenergy import case_tables
 from pytest_llmenergy.cli import main
 from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.comparison_text import comparison_table
@@ -270,9 +270,9 @@ def check_read(run: Run) -> None:
             for o in case.work.ops():
                 assert o.calls >= 0 and o.bytes >= 0 and isinstance(o.estimated, bool)
                 assert math.isfinite(o.flops) and 0 <= o.flops <= MAX_MAGNITUDE
-    render(report.case_tables(run.cases), "table")
+    render(case_tables.case_tables(run.cases), "table")
     counted = [k for k, f in FIGURES.items() if f.exact]  # figures of the counted work
-    render(report.case_tables(run.cases, columns=counted, group_by=()), "csv")
+    render(case_tables.case_tables(run.cases, columns=counted, group_by=()), "csv")
     for fmt in EXPORT_FORMATS:  # strict JSON: no figure of a read run makes an inf
         export_text(list(run.cases), fmt)
     again = loads(dumps(run), "again.json")
