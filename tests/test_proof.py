@@ -117,6 +117,23 @@ def test_the_stand_in_power_follows_cpu_use_and_its_energy_is_exact() -> None:
     assert trace.power_at(4.0) == pytest.approx(300)
 
 
+def test_the_stand_ins_energy_never_reads_less_for_a_moment_it_reported() -> None:
+    """A reading under MIN_STRETCH_S after the last one, of a moment past its stretch,
+    then a stretch closed at another power: the counter read that moment lower the second
+    time, and a trial's phase of -0.00015 J made a run file its own reader refused."""
+    clock = Clock()
+    trace = CpuLoadTrace(idle_w=70, dynamic_w=500, clock=clock, cpu_s=lambda: clock.cpu, cores=1)
+    clock.t, clock.cpu = 1.0, 1.0  # a busy second: 570 W
+    first = trace.energy_until(1.0)
+    clock.t, clock.cpu = 1.0005, 1.0005  # half a millisecond on: the stretch stays open
+    moment = trace.energy_until(1.0005)
+    clock.t = 2.0  # then an idle second closes what follows at 70 W
+    trace.advance()
+    assert trace.energy_until(1.0005) == pytest.approx(moment) and moment > first
+    # the CPU since the last reading (1.0 s to 2.0 s) sets the rest: 70 + 500 x 0.0005 W
+    assert trace.energy_until(2.0) == pytest.approx(moment + 70.25 * 0.9995, rel=1e-6)
+
+
 def test_the_stand_in_has_hoppers_documented_semantics(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     trace = CpuLoadTrace(idle_w=70, dynamic_w=500, clock=clock, cpu_s=lambda: clock.cpu, cores=1)

@@ -58,7 +58,7 @@ class CpuLoadTrace:
         self.clock, self.cpu_s = clock, cpu_s
         self.cores = cores or os.cpu_count() or 1
         self.origin = clock()
-        self._cpu = cpu_s()
+        self._cpu, self._cpu_t = cpu_s(), self.origin  # the last CPU reading, and when
         self._ends = [self.origin]  # stretch k runs from _ends[k] to _ends[k + 1]
         self._watts: list[float] = []
         self._joules = [0.0]  # energy from the origin to _ends[k]
@@ -73,15 +73,18 @@ class CpuLoadTrace:
         """Close the stretch since the last reading at the power its CPU use gives."""
         with self._lock:
             now, cpu = self.clock(), self.cpu_s()
-            dt = now - self._ends[-1]
-            if dt < MIN_STRETCH_S:
+            if now - self._cpu_t < MIN_STRETCH_S:
                 return
-            busy = min(1.0, max(0.0, (cpu - self._cpu) / dt / self.cores))
-            watts = min(self.limit_w(), self.idle_w + self.dynamic_w * busy)
-            self._ends.append(now)
+            busy = min(1.0, max(0.0, (cpu - self._cpu) / (now - self._cpu_t) / self.cores))
+            self._close(now, min(self.limit_w(), self.idle_w + self.dynamic_w * busy))
+            self._cpu, self._cpu_t = cpu, now
+
+    def _close(self, t: float, watts: float) -> None:
+        """End the current stretch at ``t`` (after the last end) at ``watts``."""
+        if t > self._ends[-1]:
+            self._joules.append(self._joules[-1] + watts * (t - self._ends[-1]))
+            self._ends.append(t)
             self._watts.append(watts)
-            self._joules.append(self._joules[-1] + watts * dt)
-            self._cpu = cpu
 
     def power_at(self, t: float) -> float:
         self.advance()
@@ -94,9 +97,12 @@ class CpuLoadTrace:
         self.advance()
         if t <= self.origin:
             return 0.0
-        if t >= self._ends[-1]:
-            last = self._watts[-1] if self._watts else self.idle_w
-            return self._joules[-1] + last * (t - self._ends[-1])
+        if t > self._ends[-1]:
+            # read before the stretch could close (readings under MIN_STRETCH_S apart):
+            # the time up to t is kept at the last power, so a counter never reads less
+            # for a moment it already reported (a real one is monotonic)
+            with self._lock:
+                self._close(t, self._watts[-1] if self._watts else self.idle_w)
         k = self._stretch(t)
         return self._joules[k] + self._watts[k] * (t - self._ends[k])
 
