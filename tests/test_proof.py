@@ -21,6 +21,7 @@ from pytest_llmenergy.meters import open_meter
 from pytest_llmenergy.meters.nvml import AVERAGED_POWER_S
 from pytest_llmenergy.proof.checks import FAIL, NOT_RUN, PASS, Check, Proof, markdown
 from pytest_llmenergy.proof.meter_probe import Sample, analyse, integral_between
+from pytest_llmenergy.proof.plans import SMOKE
 from pytest_llmenergy.proof.stages import STAGES, _ab_rows, resolution_agrees, work_verdict
 from pytest_llmenergy.stats import summarize
 from tests.fakes.fake_pynvml import install_fake_pynvml
@@ -292,7 +293,7 @@ def _machine_bound(out: Path) -> list[str]:
     return blamed
 
 
-def _gate_apart(out: Path, injected: float = 0.5) -> list[str]:
+def _gate_apart(out: Path) -> list[str]:
     """The paired campaign's cases whose change the injection does not explain.
 
     The smoke gate is 5 % on 2 + 2 tiny cases of at most 4 pairs, on a CPU whose speed
@@ -301,12 +302,12 @@ def _gate_apart(out: Path, injected: float = 0.5) -> list[str]:
     changed one not found, is the machine's where every unchanged case still moved by less
     than half the injection and every changed one by more.  Returns each case that did
     not, and how far it moved."""
-    text = (out / "ab.txt").read_text()
-    table, _ = json.JSONDecoder().raw_decode(text[text.index("{") :])  # the verdict follows
-    rows = table["tables"][0]["rows"]
+    injected, changed_model = SMOKE.gate_share, SMOKE.gate_models[1]
+    rows = _ab_rows((out / "ab.txt").read_text())
+    assert rows, "ab.txt holds no comparison: nothing to excuse the gate by"
     wrong = []
     for row in rows:
-        changed = "tiny-mistral" in row["case"]  # the smoke plan injects into tiny-mistral
+        changed = changed_model in row["case"]
         moved = row["change"]
         if (moved <= injected / 2) if changed else (abs(moved) >= injected / 2):
             wrong.append(f"{row['case']}: {moved:+.1%}")
@@ -348,7 +349,8 @@ def test_a_case_is_excused_for_the_machines_speed_never_for_the_meters(tmp_path:
 def test_the_gate_is_excused_only_while_its_cases_fall_apart(tmp_path: Path) -> None:
     def ab_text(changes: dict[str, float]) -> str:
         rows = [{"case": f"t[{c}]", "change": v, "verdict": "ok"} for c, v in changes.items()]
-        return "llmenergy ab: ...\n" + json.dumps({"tables": [{"rows": rows}]}) + "\nFAILED\n"
+        table = json.dumps({"tables": [{"rows": rows}]}, indent=2)
+        return "llmenergy ab: ...\n" + table + "\nenergy gate FAILED\n"
 
     (tmp_path / "ab.txt").write_text(ab_text({"tiny-llama-a": 0.12, "tiny-mistral-a": 0.41}))
     assert _gate_apart(tmp_path) == []

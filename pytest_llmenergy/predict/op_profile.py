@@ -198,7 +198,10 @@ def summarize_events(events: Any, elem_bytes: int = 4) -> dict[str, Any]:
         flops = float(e.flops() or 0)
         if name == _FLASH and not flops:
             flops = _flash_flops(shapes)
-        row = by_op.setdefault((name, repr(shapes)), _op_row(name, shapes, cls))
+        key = (name, repr(shapes))
+        row = by_op.get(key)
+        if row is None:
+            row = by_op[key] = _op_row(name, shapes, cls)
         row["calls"] += 1
         row["flops"] += flops
         classes[cls]["flops"] += flops

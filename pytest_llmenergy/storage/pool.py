@@ -197,8 +197,9 @@ def join_shards(
     a run that is no shard, parts of different splits, another hardware, other values
     of the ``measuring`` options, a part given twice, a case in two parts, and (unless
     ``partial``) a missing part."""
-    total = _one_split(runs, measuring)
-    seen = _parts_by_index(runs, total)
+    parts = _one_split(runs, measuring)
+    total = parts[0][1]
+    seen = _parts_by_index(runs, parts, total)
     missing = ", ".join(f"{i}/{total}" for i in range(1, total + 1) if i not in seen)
     unfinished = [
         f"shard {i}/{total} ended early ({_unfinished(run)}; {len(run.cases)} case(s) saved)"
@@ -233,9 +234,9 @@ def join_shards(
     return joined, notes
 
 
-def _one_split(runs: Sequence[Run], measuring: Collection[str]) -> int:
-    """The number of parts of the one split ``runs`` belong to; refused where a run is
-    no shard, or they differ in split, hardware or measuring options."""
+def _one_split(runs: Sequence[Run], measuring: Collection[str]) -> list[tuple[int, int]]:
+    """Each run's (part, of how many) in the one split ``runs`` belong to; refused where
+    a run is no shard, or they differ in split, hardware or measuring options."""
     parts = []
     for run in runs:
         found = shard_of(run)
@@ -248,7 +249,6 @@ def _one_split(runs: Sequence[Run], measuring: Collection[str]) -> int:
     totals = sorted({n for _, n in parts})
     if len(totals) > 1:
         raise ConfigError(f"these runs are parts of different splits (of {totals}); join one split")
-    total = totals[0]
     hardware = sorted({run.hardware for run in runs})
     if len(hardware) > 1:
         raise ConfigError(
@@ -267,18 +267,17 @@ def _one_split(runs: Sequence[Run], measuring: Collection[str]) -> int:
                 f"{run.options.get(k)!r} against {first.options.get(k)!r}"
                 + (f" (and {len(differ) - 1} more)" if len(differ) > 1 else "")
             )
-    return total
+    return parts
 
 
-def _parts_by_index(runs: Sequence[Run], total: int) -> dict[int, Run]:
+def _parts_by_index(
+    runs: Sequence[Run], parts: Sequence[tuple[int, int]], total: int
+) -> dict[int, Run]:
     """Each shard's run by its index; refused where a part is given twice or a case is
     in two parts."""
-    parts = [shard_of(run) for run in runs]
     seen: dict[int, Run] = {}
     owner: dict[str, Run] = {}
-    for run, part in zip(runs, parts):
-        assert part is not None  # _one_split refused runs that are no shard
-        i = part[0]
+    for run, (i, _) in zip(runs, parts):
         if i in seen:
             raise ConfigError(f"shard {i}/{total} is given twice: {seen[i].label} and {run.label}")
         seen[i] = run
