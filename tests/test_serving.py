@@ -330,6 +330,7 @@ def test_an_endpoint_run_records_every_request_and_checks_counts(served: pytest.
         "prompt": "token ids",
         "streamed": True,
         "batch_gauge": False,  # the fake server publishes no /metrics here
+        "engine_timed": False,
     }
 
 

@@ -22,9 +22,15 @@ from pytest_llmenergy.compare import UNSTABLE, CompareOptions, compare_cases, pa
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.html.casedata import case_table
 from pytest_llmenergy.results import STEADY, CaseResult, PhaseRecord, Trial
-from pytest_llmenergy.serving.client import Endpoint, running_from_metrics
+from pytest_llmenergy.serving.client import (
+    Endpoint,
+    EngineTime,
+    engine_time_from_metrics,
+    running_from_metrics,
+)
 from pytest_llmenergy.serving.steady import (
     CLIENT_COUNT,
+    ENGINE_TIMES,
     SERVER_GAUGE,
     BatchSampler,
     BurstWatch,
@@ -33,7 +39,7 @@ from pytest_llmenergy.serving.steady import (
 from pytest_llmenergy.serving.target import ServerTarget
 from pytest_llmenergy.serving_rules import rejections
 from pytest_llmenergy.storage.runfile import loads
-from tests.fakes.fake_openai_server import FakeServer, StaleGauge
+from tests.fakes.fake_openai_server import FakeServer, StaleGauge, frontend_gauge
 from tests.test_plugin import assert_one_line_usage_error
 from tests.test_serving import Prompts, served  # noqa: F401 - the fixture
 from tests.test_serving_steady import IDLE_W, PER_REQUEST_W, TraceMeter, powered
@@ -104,6 +110,38 @@ def test_any_metrics_page_reads_as_a_count_or_none(text: str) -> None:
     assert got is None or (math.isfinite(got) and got >= 0)
 
 
+ENGINE_PAGE = """\
+vllm:request_inference_time_seconds_sum{engine="0",model_name="m"} 12.5
+vllm:request_inference_time_seconds_sum{engine="1",model_name="m"} 2.5 1732700000000
+vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 30.0
+vllm:request_inference_time_seconds_count{engine="1",model_name="m"} 6.0
+vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 30.0
+vllm:request_inference_time_seconds_sum{engine="2"} NaN
+vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 99.0
+"""
+
+
+def test_the_engines_request_time_is_summed_over_engines_and_hostile_lines_skipped() -> None:
+    assert engine_time_from_metrics(ENGINE_PAGE) == EngineTime(15.0, 36)
+    assert engine_time_from_metrics(PAGE) is None  # a gauge alone: no engine timings
+    no_count = "vllm:request_inference_time_seconds_sum 3\n"
+    assert engine_time_from_metrics(no_count) is None  # a sum without its count says nothing
+    assert (
+        engine_time_from_metrics(no_count + "vllm:request_inference_time_seconds_count 2.5\n")
+        is None
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list('vlm:_nusqrtig{}="0123456789.e+-naNIf \n#'))))
+def test_any_metrics_page_reads_as_engine_time_or_none(text: str) -> None:
+    page = "vllm:request_inference_time_seconds_sum" + text
+    got = engine_time_from_metrics(page + "\nvllm:request_inference_time_seconds_count 1e400")
+    assert got is None  # an infinite count is no count
+    got = engine_time_from_metrics(page + "\nvllm:request_inference_time_seconds_count 3")
+    assert got is None or (math.isfinite(got.seconds) and got.seconds >= 0 and got.requests == 3)
+
+
 def test_the_sampler_weighs_each_reading_by_how_long_it_held() -> None:
     """Each reading stands at its HTTP request's midpoint and holds until the next: a
     gauge read at uneven moments is averaged over time, not over readings."""
@@ -156,6 +194,45 @@ def test_a_gauge_outside_the_clients_counts_is_set_aside_for_the_clients_count()
     low = watched().result(0.5, min_batch_fill=1.5, server_batch=0.0)
     assert "(100%; requests past their first token, as the client sees them; the " in low.unstable
     assert "gauge read 0, under the 2 requests" in low.unstable
+
+
+def test_a_gauge_that_lags_the_engines_timings_is_set_aside_for_them() -> None:
+    """Issue 54, item 6, on a scripted clock: concurrency 2, the client streams from 2
+    and has 2 in flight (t=1 to 4).  Where the server publishes its engine's request
+    times, the engine's batch is the requests in flight x the share of their time the
+    engine ran them (0.9: 1.8 of 2).  A gauge within GAUGE_SLACK of that is the batch; a
+    gauge that reads half of it (set by a frontend behind its engine) is set aside for
+    it, named; and the client's own count never decides where the engine's times exist."""
+
+    def watched() -> BurstWatch:
+        t = iter([0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0])
+        watch = BurstWatch(2, clock=lambda: next(t), requests=6)
+        watch.sent(), watch.sent()
+        watch.first_token(), watch.first_token()
+        watch.finished(), watch.sent(), watch.first_token()
+        watch.finished(), watch.sent(), watch.first_token()
+        watch.finished()
+        return watch
+
+    agree = watched().result(0.5, min_batch_fill=0.85, server_batch=1.7, engine_share=0.9)
+    assert (agree.batch, agree.batch_source, agree.batch_note) == (1.7, SERVER_GAUGE, "")
+    lagging = watched().result(0.5, min_batch_fill=0.85, server_batch=0.9, engine_share=0.9)
+    assert lagging.batch == pytest.approx(1.8) and lagging.batch_source == ENGINE_TIMES
+    assert lagging.batch_note.startswith(
+        "the server's running-requests gauge read 0.9, where the engine's own request "
+        "timings put 1.8 requests in its batch"
+    )
+    assert lagging.batch_note.endswith(": the batch is the engine timings', 1.8")
+    assert lagging.unstable == ""  # 1.8 of 2 is 90 %
+    # a server that holds 1 of the 2 the client keeps in flight: the engine ran them half
+    # of their time, and the gauge says so too: the burst is rejected on the gauge
+    held = watched().result(0.5, min_batch_fill=0.85, server_batch=1.0, engine_share=0.5)
+    assert (held.batch, held.batch_source, held.batch_note) == (1.0, SERVER_GAUGE, "")
+    assert "its mean batch was 1 of 2 requests (50%; the server's running-requests gauge)" in (
+        held.unstable
+    )
+    no_gauge = watched().result(0.5, min_batch_fill=0.85, engine_share=0.5)
+    assert (no_gauge.batch, no_gauge.batch_source) == (pytest.approx(1.0), ENGINE_TIMES)
 
 
 # -- against a server whose power follows its batch ------------------------------------------
@@ -231,6 +308,40 @@ def test_the_servers_gauge_is_the_batch_where_it_agrees_with_the_client(
         assert burst.steady_batch_note.endswith(
             f"the batch is the client's count, {burst.steady_batch:.3g}"
         )
+
+
+@pytest.mark.parametrize("engine_timings", [True, False], ids=["engine-timed", "gauge-only"])
+def test_a_frontend_behind_its_engine_is_seen_through_the_engines_own_timings(
+    engine_timings: bool,
+) -> None:
+    """Issue 54, item 6, as it happened on vLLM's CPU build: at concurrency 1 every other
+    response reached the client in one piece at its end (the API server behind its
+    engine), so the gauge that API server sets, and the client's count of requests
+    streaming, both read about half a request while the engine ran one all the time.
+    With the engine's own request times on /metrics the batch is the engine's (about 1
+    of 1, accepted) and the note names the gauge's reading; without them the burst is
+    rejected on a gauge the client's count agrees with, as the failing tier was."""
+    behaviour, _ = powered(prefill_s=0.002, token_s=0.004)
+    behaviour.running_gauge = frontend_gauge
+    behaviour.whole_every = 2
+    behaviour.engine_timings = engine_timings
+    with FakeServer(behaviour) as server:
+        target = ServerTarget(
+            Endpoint(server.url, "fake-model"), Prompts(), min_steady_s=0.05, requests=12
+        )
+        target.probe()
+        assert target.batch_gauge and target.engine_timed is engine_timings
+        burst = target.run(8, 60, 1)  # ~0.25 s a request, ~2.5 s a window
+    whole = [r for r in burst.requests if r.ttft_s > 0.9 * r.latency_s]
+    assert 4 <= len(whole) <= 8  # about every other response came whole
+    if engine_timings:
+        assert burst.steady_batch > 0.9, burst.steady_batch_note
+        assert burst.unstable == ""
+        assert burst.steady_batch_note.startswith("the server's running-requests gauge read 0.")
+        assert "the batch is the engine timings'" in burst.steady_batch_note
+    else:
+        assert 0.3 < burst.steady_batch < 0.7
+        assert "; the server's running-requests gauge), under --llm-min-batch" in burst.unstable
 
 
 # -- whole configurations: the group rule ----------------------------------------------------
@@ -344,6 +455,52 @@ def test_a_sweep_rejects_the_concurrency_its_server_cannot_hold(
     assert all(t.queries == 10 for c in run.cases for t in c.trials)
     raw = json.loads((served.path / "run.json").read_text())
     assert raw["options"]["requests"] == 10 and raw["options"]["min_batch_fill"] == 0.85
+
+
+def test_a_sweep_against_a_frontend_behind_its_engine_rests_on_the_engines_timings(
+    served: pytest.Pytester,  # noqa: F811 - test_serving's fixture
+) -> None:
+    """Issue 54, item 6, the way users run it, against a server that behaves as vLLM's
+    CPU build did in the failing tier: it holds 2, its API server passes every third
+    response on whole at its end, the gauge it sets lags the engine, and its engine's
+    request times are on /metrics.  Concurrency 1 and 2 are accepted (their batch the
+    engine's wherever the gauge strays, named), 4 is rejected; the header says what the
+    batch rests on."""
+    behaviour, _ = powered(model="tiny", max_num_seqs=2, prefill_s=0.003, token_s=0.004)
+    behaviour.running_gauge = frontend_gauge
+    behaviour.whole_every = 3
+    behaviour.engine_timings = True
+    with FakeServer(behaviour) as s:
+        result = served.runpytest_subprocess(
+            f"--llm-endpoint={s.url}",
+            "--llm-model=tiny-llama",
+            "--llm-input-tokens=16",
+            "--llm-concurrency=1,2,4",
+            "--llm-requests=10",
+            "--llm-min-steady=20ms",
+            "--energy-backend=estimate",
+            "--energy-max-trials=3",
+            "--energy-json=run.json",
+            "-p",
+            "no:randomly",
+        )
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    result.stdout.fnmatch_lines(
+        [
+            "*checked against its engine's request timings (vLLM's inference-time totals x*",
+            "*-c4*: rejected, not gated: * bursts: its mean batch was * of 4 *",
+        ]
+    )
+    run = loads((served.path / "run.json").read_text(), served.path / "run.json")
+    by = {c.labels.get("concurrency", "1"): c for c in run.cases}
+    assert by["4"].unstable and not by["2"].unstable and not by["1"].unstable, out
+    assert value(by["1"], "steady_batch") > 0.85 and value(by["2"], "steady_batch") > 1.7
+    notes = [t.steady_batch_note for c in (by["1"], by["2"]) for t in c.trials]
+    assert any(notes), "no burst's gauge strayed: the stand-in's frontend did not lag"
+    assert all("the batch is the engine timings'" in n for n in notes if n)
+    raw = json.loads((served.path / "run.json").read_text())
+    assert raw["options"]["serve_endpoint"]["engine_timed"] is True
 
 
 def test_a_sweep_against_a_stale_gauge_rests_on_the_clients_count_and_says_so(

@@ -173,6 +173,7 @@ class Serving:
         self.record[key]["prompt"] = self.target.prompt_kind
         self.record[key]["streamed"] = self.target.endpoint.stream
         self.record[key]["batch_gauge"] = self.target.batch_gauge
+        self.record[key]["engine_timed"] = self.target.engine_timed
 
     def header(self) -> list[str]:
         if self.target is None:
@@ -215,15 +216,7 @@ class Serving:
                 "drain; a window shorter than "
                 f"{s.min_steady_s:g} s or a mean batch under {s.min_batch_fill:.0%} of the "
                 "concurrency rejects the configuration (and its group's larger ones): "
-                "shown, never gated; the batch is "
-                + (
-                    "the server's own (its running-requests gauge on /metrics), checked "
-                    "against the client's counts: where it strays from them, the client's "
-                    "count (the notes say where)"
-                    if self.target.batch_gauge
-                    else "counted by the client (the server publishes no running-requests "
-                    "gauge): requests past their first token, so prefill is left out"
-                )
+                f"shown, never gated; the batch is {self._batch_source()}"
             )
         if not self.target.endpoint.stream:
             lines.append(
@@ -231,6 +224,32 @@ class Serving:
                 "latency is measured, time to first token and per output token are not"
             )
         return lines
+
+    def _batch_source(self) -> str:
+        """What a burst's mean batch rests on, for the header (serving/steady.py)."""
+        target = self.target
+        assert target is not None
+        if target.batch_gauge and target.engine_timed:
+            return (
+                "the server's own (its running-requests gauge on /metrics), checked against "
+                "its engine's request timings (vLLM's inference-time totals x the requests in "
+                "flight): where it strays from them, the engine's (the notes say where)"
+            )
+        if target.batch_gauge:
+            return (
+                "the server's own (its running-requests gauge on /metrics), checked "
+                "against the client's counts: where it strays from them, the client's "
+                "count (the notes say where)"
+            )
+        if target.engine_timed:
+            return (
+                "the requests in flight x the share of their time the server's engine ran "
+                "them (its inference-time totals on /metrics)"
+            )
+        return (
+            "counted by the client (the server publishes no running-requests gauge): "
+            "requests past their first token, so prefill is left out"
+        )
 
     def stop(self) -> None:
         if self.engine is not None:

@@ -117,6 +117,16 @@ class Endpoint:
             return None
         return running_from_metrics(text)
 
+    def engine_time(self, timeout_s: float = 2.0) -> EngineTime | None:
+        """What the server's engine says its finished requests spent running, from its
+        ``/metrics`` (vLLM's ``vllm:request_inference_time_seconds``); None where it
+        publishes none."""
+        try:
+            text = self.get("/metrics", timeout_s).decode("utf-8", "replace")
+        except (OSError, ServerError):
+            return None
+        return engine_time_from_metrics(text)
+
     def healthy(self, timeout_s: float = 2.0) -> bool:
         """The server answers its model list (every OpenAI-compatible server has it)."""
         try:
@@ -333,13 +343,27 @@ def burst(
 RUNNING_GAUGES = ("vllm:num_requests_running", "sglang:num_running_reqs")
 
 
-def running_from_metrics(text: str) -> float | None:
-    """The running-requests gauge of a Prometheus text page, summed over its label sets
+# vLLM's histogram of each finished request's time in its engine, from the step that first
+# scheduled it to the step that made its last token, on the engine's own clock
+INFERENCE_SECONDS = "vllm:request_inference_time_seconds"
+
+
+@dataclass(frozen=True)
+class EngineTime:
+    """A server's running totals over the requests it has finished: their seconds in its
+    engine (each from its first scheduled step to its last token) and their number."""
+
+    seconds: float
+    requests: int
+
+
+def _metric_total(text: str, names: Sequence[str]) -> float | None:
+    """The sum of a Prometheus text page's samples named ``names`` over their label sets
     (one per engine); None when the page has none.  Hostile lines are skipped."""
     total, seen = 0.0, False
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in RUNNING_GAUGES:
+        if name not in names:
             continue
         rest = line[line.find("}") + 1 :] if "{" in line else line[len(name) :]
         try:
@@ -348,7 +372,22 @@ def running_from_metrics(text: str) -> float | None:
             continue
         if math.isfinite(value) and value >= 0:
             total, seen = total + value, True
-    return total if seen else None
+    return total if seen and math.isfinite(total) else None
+
+
+def running_from_metrics(text: str) -> float | None:
+    """The running-requests gauge of a Prometheus text page, summed over engines."""
+    return _metric_total(text, RUNNING_GAUGES)
+
+
+def engine_time_from_metrics(text: str) -> EngineTime | None:
+    """vLLM's engine seconds and finished requests so far (its inference-time
+    histogram's ``_sum`` and ``_count``), summed over engines; None without both."""
+    seconds = _metric_total(text, (INFERENCE_SECONDS + "_sum",))
+    count = _metric_total(text, (INFERENCE_SECONDS + "_count",))
+    if seconds is None or count is None or count != int(count):
+        return None
+    return EngineTime(seconds, int(count))
 
 
 def parse_endpoint_url(text: str) -> str:

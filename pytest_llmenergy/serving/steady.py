@@ -35,17 +35,28 @@ token (a prompt prefilled in one step), as the client counts it.  A reading is t
 at some moment of its HTTP request, which a busy frontend may answer a good part of a
 second late; it stands at the request's midpoint and holds until the next reading.
 
-The client counts the requests past their first token and not finished, averaged over
-the window's time: that leaves out each request's prefill, so it reads low where prefill
-is a large part of a request (on vLLM's CPU build at concurrency 1, well under the gauge
-in a busy session: docs/evidence.md).
+The gauge is only as current as that API server: on a machine short of CPU (vLLM's CPU
+build on 2 cores, where its engine and worker take most of both) the API server falls
+behind its engine, passes a whole response on at its end, and sets the gauge then, so the
+gauge and the client's own count both read about half a request at concurrency 1 while
+the engine ran one all the time (docs/evidence.md).  So where the server also publishes
+its engine's own request times (vLLM's ``vllm:request_inference_time_seconds``: each
+finished request's seconds from its first scheduled step to its last token, on the
+engine's clock), the burst's engine share is their sum over the requests' latencies as
+the client saw them, and the engine's batch over the window is the client's requests in
+flight times that share (Little's law: a request queued behind a full batch is in flight,
+not running).  The gauge is the batch where it agrees with that within ``GAUGE_SLACK``
+of the concurrency, else the engine's is, and the burst says so
+(``Steadiness.batch_note``, kept in the run and shown in the notes).
 
-The two are checked against each other over the same window: the server cannot run
-fewer of the burst's requests than the client is streaming tokens from, nor more than the
-client has in flight (sent, not finished).  A gauge outside those two counts by more than
+Where the server publishes a gauge and no engine times, the gauge is checked against the
+client's counts instead.  The client counts the requests past their first token and not
+finished, averaged over the window's time: that leaves out each request's prefill, so it
+reads low where prefill is a large part of a request.  The server cannot run fewer of the
+burst's requests than the client is streaming tokens from, nor more than the client has
+in flight (sent, not finished); a gauge outside those two counts by more than
 ``GAUGE_SLACK`` of the concurrency measures something else (a stale or lagging gauge,
-another client's requests): the batch then rests on the client's count, and the burst
-says so (``Steadiness.batch_note``, kept in the run and shown in the notes).
+another client's requests), and the batch then rests on the client's count, named.
 """
 
 from __future__ import annotations
@@ -76,14 +87,15 @@ class Steadiness:
     tokens: int
     unstable: str
     batch: float = 0.0  # requests generating, averaged over the window (0: no window)
-    batch_source: str = ""  # SERVER_GAUGE or CLIENT_COUNT
+    batch_source: str = ""  # SERVER_GAUGE, ENGINE_TIMES or CLIENT_COUNT
     # "": the batch is the gauge's, or the server has none; else how the gauge disagreed
-    # with the client's counts, so that the batch is the client's
+    # with the engine's timings (or the client's counts), which the batch then is
     batch_note: str = ""
 
 
 SERVER_GAUGE = "the server's running-requests gauge"
 CLIENT_COUNT = "requests past their first token, as the client sees them"
+ENGINE_TIMES = "the client's requests in flight x the share of their time the engine ran them"
 
 
 def gauge_disagreement(gauge: float, streaming: float, in_flight: float, concurrency: int) -> str:
@@ -101,6 +113,18 @@ def gauge_disagreement(gauge: float, streaming: float, in_flight: float, concurr
             "requests the client had in flight (another client's requests?)"
         )
     return ""
+
+
+def engine_disagreement(gauge: float, engine: float, concurrency: int) -> str:
+    """How the gauge's mean over a window strays from the batch the engine's own request
+    timings give ("": within ``GAUGE_SLACK`` of the concurrency)."""
+    if abs(gauge - engine) <= GAUGE_SLACK * concurrency:
+        return ""
+    return (
+        f"the server's running-requests gauge read {gauge:.3g}, where the engine's own "
+        f"request timings put {engine:.3g} requests in its batch (a gauge its API server "
+        "sets as it passes tokens on: it lags the engine when that server falls behind)"
+    )
 
 
 def close_at(requests: int, concurrency: int) -> int:
@@ -192,9 +216,12 @@ class BurstWatch:
         streamed: bool = True,
         min_batch_fill: float = DEFAULT_MIN_BATCH_FILL,
         server_batch: float | None = None,
+        engine_share: float | None = None,
     ) -> Steadiness:
         """``server_batch``: the server's own mean batch over the window, where it
-        publishes one; else the client's count is used."""
+        publishes one; ``engine_share``: the share of the burst's request time that the
+        server's engine ran them, by its own clock, where it publishes that; else the
+        client's count is used."""
         n = self.concurrency
         if not streamed:
             return Steadiness(
@@ -210,16 +237,8 @@ class BurstWatch:
                 "e.g. vLLM's --max-num-seqs, or lower --llm-concurrency)",
             )
         seconds = self._closed - self._opened
-        batch = self._area / seconds if seconds > 0 else float(n)
-        source, disagreement, note = CLIENT_COUNT, "", ""
-        if server_batch is not None:
-            # a watch told of no sends (``sent``) takes every request as sent at once
-            flight = self._flight_area / seconds if self._sent and seconds > 0 else float(n)
-            disagreement = gauge_disagreement(server_batch, batch, flight, n)
-            if disagreement:
-                note = f"{disagreement}: the batch is the client's count, {batch:.3g}"
-            else:
-                batch, source = server_batch, SERVER_GAUGE
+        batch, source, disagreement = self._batch(seconds, server_batch, engine_share)
+        note = f"{disagreement}: the batch is {_WHOSE[source]}, {batch:.3g}" if disagreement else ""
         why = []
         if seconds < min_steady_s:
             why.append(
@@ -237,6 +256,35 @@ class BurstWatch:
                 "this concurrency is out of its reach"
             )
         return Steadiness(seconds, self._tokens, "; and ".join(why), batch, source, note)
+
+    def _batch(
+        self, seconds: float, gauge: float | None, engine_share: float | None
+    ) -> tuple[float, str, str]:
+        """The window's mean batch, what it rests on, and how the gauge strayed ("").
+
+        The gauge is the batch where it agrees with the best count the client has: the
+        engine's own timings where the server publishes them (a gauge set by a frontend
+        that fell behind its engine reads low while the engine runs), else the client's
+        counts of requests streaming and in flight."""
+        n = self.concurrency
+        counted = self._area / seconds if seconds > 0 else float(n)
+        # a watch told of no sends (``sent``) takes every request as sent at once
+        flight = self._flight_area / seconds if self._sent and seconds > 0 else float(n)
+        if engine_share is not None:
+            engine = flight * engine_share
+            if gauge is None:
+                return engine, ENGINE_TIMES, ""
+            disagreement = engine_disagreement(gauge, engine, n)
+            return (
+                (engine, ENGINE_TIMES, disagreement) if disagreement else (gauge, SERVER_GAUGE, "")
+            )
+        if gauge is None:
+            return counted, CLIENT_COUNT, ""
+        disagreement = gauge_disagreement(gauge, counted, flight, n)
+        return (counted, CLIENT_COUNT, disagreement) if disagreement else (gauge, SERVER_GAUGE, "")
+
+
+_WHOSE = {CLIENT_COUNT: "the client's count", ENGINE_TIMES: "the engine timings'"}
 
 
 class BatchSampler:

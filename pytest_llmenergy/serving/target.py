@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +19,23 @@ from typing import Any
 from ..errors import ConfigError, LLMEnergyError
 from ..meters.marks import current_window, mark_phase
 from ..results import RequestRecord
-from .client import Completion, Endpoint, NoStreamUsage, ServerError, burst, check
+from .client import (
+    Completion,
+    Endpoint,
+    EngineTime,
+    NoStreamUsage,
+    ServerError,
+    burst,
+    check,
+)
 from .steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S, BatchSampler, BurstWatch
 
 IDS, TEXT = "token ids", "text"
+# how long a burst's last requests may take to reach the engine's totals on /metrics (vLLM
+# adds a request as its API server passes its last tokens on, before the client sees them)
+ENGINE_TOTALS_WAIT_S = 1.0
+# the engine's clock and the client's measure the same stretch a little differently
+ENGINE_CLOCK_SLACK = 0.02
 
 
 class ServerGone(LLMEnergyError):
@@ -44,7 +58,7 @@ class Burst:
     unstable: str = ""
     steady_batch: float = 0.0
     # "": the batch is the server's gauge's (or the server has none); else why the gauge
-    # was set aside for the client's count (Steadiness.batch_note)
+    # was set aside for the engine's timings or the client's count (Steadiness.batch_note)
     steady_batch_note: str = ""
 
 
@@ -77,8 +91,10 @@ class ServerTarget:
         # why the server is gone (an engine started here that exited), else None
         self.gone = gone or (lambda: None)
         self.prompt_kind: str | None = None  # IDS or TEXT, found by the first request
-        # whether the server publishes its running batch (/metrics), found by the probe
+        # whether the server publishes its running batch (/metrics), and its requests'
+        # time in its engine (vLLM's inference-time histogram), found by the probe
         self.batch_gauge = False
+        self.engine_timed = False
         self._row = 0
         self._text_cache: dict[tuple[int, int], str] = {}
 
@@ -131,6 +147,7 @@ class ServerTarget:
         sampler = None
         if watch is not None and self.batch_gauge:
             sampler = BatchSampler(self.endpoint.running_requests)
+        before = self.endpoint.engine_time() if watch is not None and self.engine_timed else None
         with sampler or contextlib.nullcontext():
             done = burst(send, concurrency, first_token, requests=n)
         for i, completion in enumerate(done):
@@ -139,8 +156,9 @@ class ServerTarget:
         if watch is not None:
             moments = watch.window
             server = sampler.mean(*moments) if sampler is not None and moments else None
+            share = self._engine_share(before, done) if before is not None else None
             steady = watch.result(
-                self.min_steady_s, self.endpoint.stream, self.min_batch_fill, server
+                self.min_steady_s, self.endpoint.stream, self.min_batch_fill, server, share
             )
         return Burst(
             input_tokens=input_tokens,
@@ -153,6 +171,23 @@ class ServerTarget:
             steady_batch_note=steady.batch_note if steady is not None else "",
         )
 
+    def _engine_share(self, before: EngineTime, done: list[Completion]) -> float | None:
+        """The share of the burst's request time (sent to last byte, as the client saw
+        it) that the server's engine ran them, by the engine's own clock: its inference
+        seconds over their latencies.  None where its totals hold other requests too
+        (another client), or this burst's have not all reached them in time."""
+        deadline = time.monotonic() + ENGINE_TOTALS_WAIT_S
+        while (after := self.endpoint.engine_time()) is not None:
+            if after.requests - before.requests >= len(done) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        client_s = sum(c.latency_s for c in done)
+        if after is None or after.requests - before.requests != len(done) or client_s <= 0:
+            return None
+        share = (after.seconds - before.seconds) / client_s
+        # the engine runs a request inside the client's wait for it: more is not this burst's
+        return share if 0 <= share <= 1 + ENGINE_CLOCK_SLACK else None
+
     # -- prompts ---------------------------------------------------------------------
     def probe(self, input_tokens: int = 8) -> None:
         """One unmeasured request, which finds how the server takes prompts (token ids
@@ -164,6 +199,7 @@ class ServerTarget:
             self.endpoint = dataclasses.replace(self.endpoint, stream=False)
             self._probe(input_tokens)
         self.batch_gauge = self.endpoint.running_requests() is not None
+        self.engine_timed = self.endpoint.engine_time() is not None
 
     def _probe(self, input_tokens: int) -> None:
         try:

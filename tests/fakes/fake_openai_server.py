@@ -27,6 +27,12 @@ What the exactness check and the request metrics depend on behaves as in real en
 * ``running_gauge`` publishes vLLM's running-requests gauge on ``/metrics``;
   ``StaleGauge(period_s)`` is one that refreshes only every ``period_s`` (reading 0 until
   its first refresh), as a gauge that lags the batch or is read between its updates;
+* ``engine_timings`` publishes vLLM's inference-time histogram's ``_sum`` and ``_count``
+  (each finished request's seconds from its prefill to its last token), as vLLM's engine
+  clocks them; ``whole_every=N`` delivers every N-th response in one piece at its end, as
+  vLLM's API server does when it falls behind its engine (short of CPU), and
+  ``frontend_gauge`` is the gauge that API server sets as it passes tokens on: it never
+  counts a response delivered whole;
 * with ``power`` (a ``SwitchTrace``), the server's GPU draws ``idle_w`` plus
   ``w_per_request`` for every request generating, switched the moment that number
   changes: the true energy of any stretch of a burst is known.
@@ -76,6 +82,8 @@ class Behaviour:
     # vLLM's /metrics: what its vllm:num_requests_running gauge says, given the server
     # (None: no /metrics page, as llama.cpp's server)
     running_gauge: Callable[[Any], float] | None = None
+    engine_timings: bool = False  # vllm:request_inference_time_seconds on /metrics
+    whole_every: int = 0  # every N-th response delivered in one piece (0: never)
 
     @classmethod
     def llama_cpp(cls, **kwargs: Any) -> Behaviour:
@@ -107,6 +115,11 @@ class StaleGauge:
         return self._value
 
 
+def frontend_gauge(server: Any) -> float:
+    """vLLM's gauge as its API server sets it: the requests whose tokens it is passing on."""
+    return float(server.passing)
+
+
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # a real server's backlog, not http.server's 5
     daemon_threads = True
@@ -120,6 +133,9 @@ class FakeServer:
         self.max_in_flight = 0
         self.requests: list[dict[str, Any]] = []
         self.generating = 0  # requests past their prefill, not yet finished
+        self.passing = 0  # requests whose tokens are being passed on, not yet finished
+        self.engine_s = 0.0  # finished requests' seconds from prefill to last token
+        self.engine_requests = 0
         self._lock = threading.Lock()
         self._prefill_lock = threading.Lock()
         b = self.behaviour
@@ -182,6 +198,19 @@ class FakeServer:
         finally:
             self._generating(-1)
 
+    def completions_lock(self) -> Any:
+        return self._lock
+
+    def passing_changes(self, change: int) -> None:
+        with self._lock:
+            self.passing += change
+
+    def engine_finished(self, seconds: float) -> None:
+        """A request's last token: its engine time joins the histogram's totals."""
+        with self._lock:
+            self.engine_s += seconds
+            self.engine_requests += 1
+
     def output_count(self, body: dict[str, Any]) -> int:
         """How many tokens this request really gets, as an engine would decide."""
         b = self.behaviour
@@ -218,11 +247,7 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/health":
                 self._json(200, {})
             elif self.path == "/metrics" and server.behaviour.running_gauge is not None:
-                running = server.behaviour.running_gauge(server)
-                page = (
-                    "# TYPE vllm:num_requests_running gauge\n"
-                    f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
-                ).encode()
+                page = _metrics_page(server).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(page)))
@@ -281,7 +306,11 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
+            with server.completions_lock():
+                whole = b.whole_every and server.completions % b.whole_every == 0
+            held: list[dict[str, Any]] = []  # a response delivered whole waits here
             with server.slot():
+                started = time.perf_counter()
                 server.prefill()
                 with server.decoding():
                     for i in range(n):
@@ -292,7 +321,18 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                             "model": b.model,
                             "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}],
                         }
+                        if whole:
+                            held.append(chunk)
+                            continue
+                        if i == 0:
+                            server.passing_changes(+1)
                         self._event(chunk)
+                server.engine_finished(time.perf_counter() - started)
+            if held:
+                server.passing_changes(+1)
+                for chunk in held:
+                    self._event(chunk)
+            server.passing_changes(-1 if n else 0)
             if b.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
                 self._event(
                     {"object": "text_completion", "choices": [], "usage": _usage(prompt_tokens, n)}
@@ -306,6 +346,25 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
 
     return Handler
+
+
+def _metrics_page(server: FakeServer) -> str:
+    """vLLM's Prometheus page: its running-requests gauge, and its inference-time
+    histogram's totals where the behaviour publishes them."""
+    labels = '{engine="0",model_name="m"}'
+    page = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{labels} {server.behaviour.running_gauge(server)}\n"
+    )
+    if server.behaviour.engine_timings:
+        with server.completions_lock():
+            seconds, count = server.engine_s, server.engine_requests
+        page += (
+            "# TYPE vllm:request_inference_time_seconds histogram\n"
+            f"vllm:request_inference_time_seconds_sum{labels} {seconds}\n"
+            f"vllm:request_inference_time_seconds_count{labels} {count}.0\n"
+        )
+    return page
 
 
 def _usage(prompt_tokens: int, n: int) -> dict[str, int]:
