@@ -17,9 +17,11 @@ from pytest_llmenergy.controller.targets import parse_ci_targets
 from pytest_llmenergy.errors import ConfigError, LLMEnergyError
 from pytest_llmenergy.figures import value
 from pytest_llmenergy.results import CONVERGED, LIMIT, OOM, ROUNDS, CaseResult
+from pytest_llmenergy.storage.runfile import dumps, loads
 from tests.fakes.fake_pynvml import NVML_DEVICE_ARCH_PASCAL, FakeGPU, install_fake_pynvml
 from tests.fakes.scripted import TraceMeter
 from tests.fakes.trace import PowerTrace, SwitchTrace
+from tests.test_storage_runfile import sample_run
 
 
 @dataclass(frozen=True)
@@ -267,3 +269,42 @@ def test_other_errors_propagate() -> None:
     with pytest.raises(ZeroDivisionError):
         bench(lambda: 1 / 0, input_tokens=1, output_tokens=1)
     assert results == []
+
+
+class _ResetMeter(TraceMeter):
+    """A counter that drops back by ``drop_j`` at its ``at``-th reading and counts on from
+    there, as NVML's does when the driver reloads mid-run."""
+
+    def __init__(self, at: int, drop_j: float = 1000.0) -> None:
+        super().__init__({"gpu:0": PowerTrace([(3600, 100.0)])})
+        self.at, self.drop_j = at, drop_j
+
+    def _read(self) -> Any:
+        reading = super()._read()
+        if self.reads >= self.at:
+            return type(reading)(t=reading.t, state={"gpu:0": reading.state["gpu:0"] - self.drop_j})
+        return reading
+
+
+def test_a_counter_that_goes_backwards_rejects_its_trial_and_the_run_file_reads_back(
+    tmp_path: Any,
+) -> None:
+    """A window across a counter reset reads less than no energy: that trial is rejected
+    (kept with its reading as evidence, repeated), every counted trial's joules are the
+    trace's own, and the run file written from the case is one its reader takes back
+    (before, it wrote -0.00015 J and its reader refused the file)."""
+    meter = _ResetMeter(at=4)  # the 2nd trial's closing reading, after a warm-up's
+    bench, _, _ = make_bench(meter, warmup=1, min_trials=3, max_trials=6)
+    result = bench(lambda: time.sleep(0.01) or Gen(8, 4), input_tokens=8, output_tokens=4)
+    (reset,) = result.rejected
+    assert reset.rejected.startswith("the meter read -9")
+    assert "J on gpu:0 over the trial: its energy counter went backwards" in reset.rejected
+    assert reset.joules < 0  # the evidence, as read
+    assert len(result.trials) >= 3
+    for trial in result.trials:
+        assert trial.joules == pytest.approx(100.0 * trial.seconds)
+    path = tmp_path / "run.json"
+    path.write_text(dumps(sample_run((result,))))
+    (back,) = loads(path.read_text(), path).cases
+    assert back.rejected[0].rejected == reset.rejected
+    assert back.rejected[0].joules == pytest.approx(reset.joules)

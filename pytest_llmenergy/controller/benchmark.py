@@ -150,6 +150,24 @@ def _steadiness(out: Any) -> tuple[int, str, float, str] | None:
     return None
 
 
+def _below_zero(trial: Trial, parts: Sequence[Measurement]) -> str:
+    """Where the meter read less than no energy ("": nowhere).  Only a counter that went
+    backwards reads that (a driver reloaded, a counter reset mid-window), so the reading
+    is not the trial's energy: the trial is rejected (kept as evidence, repeated), and
+    never saved as a figure its run file's reader would refuse."""
+    spans = [("the trial", trial.joules_by_domain)]
+    spans += [(f"its {name}", p.joules_by_domain) for name, p in trial.phases.items()]
+    spans += [(f"its call {i}", m.by_domain) for i, m in enumerate(parts, 1)]
+    for where, by_domain in spans:
+        for domain, joules in by_domain.items():
+            if joules < 0:
+                return (
+                    f"the meter read {joules:.3g} J on {domain} over {where}: its energy "
+                    "counter went backwards (a driver reload or a counter reset?)"
+                )
+    return ""
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as one line for a run file and a table note."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -669,6 +687,7 @@ class EnergyBenchmark:
         )
         if ran.parts:  # a window of calls (a coarse meter): the figures per call
             trial = _per_call(trial, ran.parts, len(ran.parts))
+        rejected = rejected or _below_zero(trial, ran.parts)
         trial = dataclasses.replace(
             trial,
             gpu=gpu,
