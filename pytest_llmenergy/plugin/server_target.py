@@ -231,9 +231,9 @@ class Serving:
         assert target is not None
         if target.batch_gauge and target.engine_timed:
             return (
-                "the server's own (its running-requests gauge on /metrics), checked against "
-                "its engine's request timings (vLLM's inference-time totals x the requests in "
-                "flight): where it strays from them, the engine's (the notes say where)"
+                "the server's own, from its engine's request timings (vLLM's inference-time "
+                "totals) x the requests in flight, checked against its running-requests "
+                "gauge (the notes name a gauge that strays)"
             )
         if target.batch_gauge:
             return (

@@ -164,10 +164,11 @@ def test_a_vllm_sweep_rejects_the_batch_it_cannot_hold_and_chooses_under_an_slo(
 ) -> None:
     """Issue 48, item 5: vLLM holding 2 requests at once (--max-num-seqs 2), swept over
     concurrency 1, 2 and 4 with 12 requests a burst.  Concurrency 4 is rejected for its
-    mean batch (about 2 of 4), 1 and 2 are accepted; the batch is vLLM's own gauge where
-    it agrees with the engine's request timings, else the engine's, named (issue 54,
-    item 6: a gauge read 0 of 1 and 0 of 2, and every concurrency was rejected; its API
-    server, behind its engine on 2 cores, set it late); each steady
+    mean batch (about 2 of 4), 1 and 2 are accepted; the batch is vLLM's engine's own
+    request timings x the requests in flight, checked against its gauge, which is named
+    where it strays (issue 54, item 6: a gauge read 0 of 1 and 0 of 2, and every
+    concurrency was rejected; its API server, behind its engine on 2 cores, set it
+    late); each steady
     window's joules are the stand-in GPU's own over it (300 W, so 300 J a second); the
     SLO's choice is the brute-force minimum of the accepted configurations' steady J per
     output token."""
