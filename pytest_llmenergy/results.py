@@ -151,9 +151,9 @@ class Trial:
     # The steady window's mean batch: requests generating, averaged over its time (0: no
     # window).  ML.ENERGY rejects a batch size whose mean stays under 85 % of it.
     steady_batch: float = 0.0
-    # "": that batch is the server's running-requests gauge's (or the server has none);
-    # else how the gauge disagreed with the engine's timings (or the client's counts),
-    # which the batch then is (serving/steady.py).
+    # "": no running-requests gauge, or none that strayed; else how the gauge strayed from
+    # what that batch rests on: the engine's timings, or the client's counts
+    # (serving/steady.py).
     steady_batch_note: str = ""
     # A sampling meter's telemetry of the window, judged (meters/validity.py): every
     # device read, no long hole, the edges covered.  None: the meter does not sample.

@@ -47,9 +47,10 @@ the client saw them, and the engine's batch over the window is the client's requ
 flight times that share (Little's law: a request queued behind a full batch is in flight,
 not running).  That is the batch; the gauge checks it, and a gauge further from it than
 ``GAUGE_SLACK`` of the concurrency is named (``Steadiness.batch_note``, kept in the run
-and shown in the notes).  Inside a test session on 2 cores, vLLM's gauge read 1.07 of 2
-where the engine's timings put about 1.45: within the slack, yet the difference between
-a rejected concurrency and an accepted one.
+and shown in the notes).  The gauge does not decide even where it is within the slack:
+inside a test session on 2 cores it read 1.07 of 2 in a burst whose neighbours read 1.46
+and 1.48 by the engine's timings, the difference between a rejected concurrency and an
+accepted one.
 
 Where the server publishes a gauge and no engine times, the gauge is checked against the
 client's counts instead.  The client counts the requests past their first token and not
@@ -90,8 +91,8 @@ class Steadiness:
     unstable: str
     batch: float = 0.0  # requests generating, averaged over the window (0: no window)
     batch_source: str = ""  # SERVER_GAUGE, ENGINE_TIMES or CLIENT_COUNT
-    # "": the batch is the gauge's, or the server has none; else how the gauge disagreed
-    # with the engine's timings (or the client's counts), which the batch then is
+    # "": no gauge, or none that strayed; else how the gauge strayed from what the batch
+    # rests on (the engine's timings, or the client's counts)
     batch_note: str = ""
 
 

@@ -57,8 +57,8 @@ class Burst:
     steady_tokens: int = 0
     unstable: str = ""
     steady_batch: float = 0.0
-    # "": the batch is the server's gauge's (or the server has none); else why the gauge
-    # was set aside for the engine's timings or the client's count (Steadiness.batch_note)
+    # "": no gauge, or none that strayed; else how the gauge strayed from what the batch
+    # rests on (Steadiness.batch_note)
     steady_batch_note: str = ""
 
 

@@ -198,9 +198,6 @@ class FakeServer:
         finally:
             self._generating(-1)
 
-    def completions_lock(self) -> Any:
-        return self._lock
-
     def passing_changes(self, change: int) -> None:
         with self._lock:
             self.passing += change
@@ -306,7 +303,7 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
-            with server.completions_lock():
+            with server._lock:
                 whole = b.whole_every and server.completions % b.whole_every == 0
             held: list[dict[str, Any]] = []  # a response delivered whole waits here
             with server.slot():
@@ -357,7 +354,7 @@ def _metrics_page(server: FakeServer) -> str:
         f"vllm:num_requests_running{labels} {server.behaviour.running_gauge(server)}\n"
     )
     if server.behaviour.engine_timings:
-        with server.completions_lock():
+        with server._lock:
             seconds, count = server.engine_s, server.engine_requests
         page += (
             "# TYPE vllm:request_inference_time_seconds histogram\n"
