@@ -202,7 +202,10 @@ def test_a_reading_right_after_generate_counts_this_thread_only(tiny_cache: Path
         # each against a quiet reading beside it: the reference itself jumps between two
         # speeds on this VM (5 or 8 ms), and one reading taken up front read 0.7 in CI
         readings.append(after_s / case_reference_s())
-    assert max(readings) < 2.5, readings
+    # On the process's CPU time, 10 of 20 such readings read 1.7-8.6 (2026-11-28); on this
+    # thread's, one of 20 read 3.3 under xdist when the VM slowed for it (same day): the
+    # share of inflated readings tells the two apart, one reading does not.
+    assert sorted(readings)[15] < 2.0, readings  # at most 4 of 20 at 2x or more
     # not inflated by spinning workers; a faster reading is no harm here (the reference
     # jumps between two speeds on this VM, 5 and 8 ms: a median of 0.79 was read in CI)
     assert 0.5 < statistics.median(readings) < 1.25, readings
