@@ -30,6 +30,7 @@ from ..controller.window import window_target_s
 from ..errors import MeterUnavailable
 from ..figures import value
 from ..meters.readings import duration_text
+from ..stats import summarize
 from ..storage.runfile import RunFileError, load
 from ..suite import FILES
 from . import meter_probe
@@ -498,7 +499,12 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
             "CI targets held",
             PASS if len(converged) == len(measured) else FAIL,
             f"{len(converged)} of {len(measured)} cases converged",
-            "default rule: runtime CI within 0.5 s and 10 %, energy CI within 10 %",
+            "; ".join(
+                [
+                    "default rule: runtime CI within 0.5 s and 10 %, energy CI within 10 %",
+                    *(_why_not_converged(c) for c in measured if not c.converged),
+                ]
+            ),
         )
     )
     split = [c for c in measured if value(c, "decode_j_per_out_token") is not None]
@@ -530,6 +536,26 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
         )
     proof.tables["suite"] = rows
     _mlenergy(proof, plan, cases)
+
+
+# A case's energy interval this much wider than its runtime's (relative, plus 2 points)
+# is the meter's noise; narrower, the energy only followed the runtime.
+METER_NOISE_RATIO = 1.25
+
+
+def _why_not_converged(case: Any) -> str:
+    """Whether the meter or the runtime kept a case from converging: a meter that reads
+    the device's energy adds little noise to the runtime's, so an energy interval at most
+    a quarter (and 2 points) wider than the runtime's says the work's own speed varied
+    (another tenant of the machine, clocks), and one wider still says the meter did."""
+    time_ci = summarize([t.seconds for t in case.trials]).relative_half_width
+    energy_ci = summarize([t.joules for t in case.trials]).relative_half_width
+    cause = (
+        "the energy noisier than the runtime: the meter's"
+        if energy_ci > METER_NOISE_RATIO * time_ci + 0.02
+        else "the energy followed the runtime: the work's speed varied, not the meter"
+    )
+    return f"{case.name}: runtime ±{time_ci:.1%}, energy ±{energy_ci:.1%} ({cause})"
 
 
 def _mlenergy(proof: Proof, plan: Plan, cases: Sequence[Any]) -> None:
