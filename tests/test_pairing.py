@@ -21,6 +21,7 @@ from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.conversions import G_PER_KWH, PRICE_PER_KWH
 from pytest_llmenergy.pairing.channel import BASE, HEAD, Channel
 from pytest_llmenergy.pairing.coordinator import BUSY_SPAN_S, Coordinator
+from pytest_llmenergy.pairing.supervision import Side, failed_sides
 from pytest_llmenergy.pairing.turns import (
     BLOCKS,
     MIN_CONFIRM_PAIRS,
@@ -227,6 +228,37 @@ def _simulate(
         t.join(30)
         assert not t.is_alive(), "a side hung"
     return coordinator, overlaps, measured
+
+
+def test_the_side_that_failed_first_is_named_not_the_one_stopped_for_it(tmp_path: Path) -> None:
+    """The head side fails at its start (a bad option) and says goodbye; the base side,
+    told at its hello that the head is gone, exits with an error too, often before the
+    supervisor's next poll (where both had exited, the base side was named: 4 runs of 5
+    once sessions started a second sooner).  The head is named."""
+    coordinator = Coordinator([RULE], confidence=0.95, seed=3)
+    channels = {}
+    for name in (BASE, HEAD):
+        mine, theirs = socket.socketpair()
+        threading.Thread(target=coordinator.serve, args=(name, Channel(mine)), daemon=True).start()
+        channels[name] = Channel(theirs)
+    channels[HEAD].ask({"op": "bye"})  # the head's session ended before it collected
+    channels[HEAD].close()
+    reply = channels[BASE].ask({"op": "hello", "cases": [{"id": "a", "group": ""}]})
+    assert reply["abort"] == "the head side stopped before it collected"
+    channels[BASE].close()  # the base side exits on that, without a goodbye
+    deadline = time.monotonic() + 10
+    while BASE not in coordinator.failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sides = [Side(name, tmp_path, sys.executable, []) for name in (BASE, HEAD)]  # base first
+    named = failed_sides(sides, {BASE: 4, HEAD: 4}, coordinator)
+    assert [s.name for s in named] == [HEAD, BASE]
+    # a side that crashed before it reached the coordinator is named by its exit code
+    assert [
+        s.name
+        for s in failed_sides(
+            sides, {BASE: None, HEAD: -9}, Coordinator([RULE], confidence=0.95, seed=3)
+        )
+    ] == [HEAD]
 
 
 def test_sides_never_run_at_once_and_a_drifting_machine_cancels_in_the_pairs() -> None:

@@ -124,6 +124,7 @@ class Coordinator:
         self.replies: dict[str, dict[str, Any]] = {}
         self.active: set[str] = set()  # released and not yet asking again
         self.finished: set[str] = set()  # said goodbye or went away
+        self.left: list[str] = []  # the same sides, in the order they left
         self.failed: dict[str, str] = {}  # a side that went away without goodbye: why
         self.collected: dict[str, list[Mapping[str, Any]]] = {}
         self.order: list[str] = []
@@ -179,6 +180,8 @@ class Coordinator:
             return self.replies.pop(side)
 
     def _leave(self, side: str) -> None:
+        if side not in self.finished:
+            self.left.append(side)
         self.finished.add(side)
         self.active.discard(side)
         self.waiting.pop(side, None)

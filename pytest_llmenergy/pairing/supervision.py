@@ -124,13 +124,7 @@ def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id:
     while True:
         time.sleep(0.2)
         codes = {s.name: s.process.poll() for s in sides if s.process is not None}
-        failed = [
-            s
-            for s in sides
-            if s.name in coordinator.failed
-            or (codes.get(s.name) is not None and codes[s.name] not in (0, 1))
-            or (codes.get(s.name) is not None and s.name not in coordinator.finished)
-        ]
+        failed = failed_sides(sides, codes, coordinator)
         if coordinator.too_busy:
             # both sides were told to stop: let them save their finished cases themselves
             busy_since = busy_since or time.monotonic()
@@ -155,6 +149,24 @@ def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id:
                 f"a side did not reach the coordinator within {CONNECT_TIMEOUT_S:g} s: does "
                 "its checkout's pytest-llmenergy know llmenergy ab (0.2 or newer)?"
             )
+
+
+def failed_sides(sides: list[Side], codes: dict[str, int | None], coordinator: Any) -> list[Side]:
+    """The sides that failed, the first to leave the coordinator first: a side told to
+    stop because the other had gone (it then exits with an error too, often before the
+    next poll) is never named before the side that went.  A side that never reached the
+    coordinator comes last, named by its exit code."""
+    with coordinator.lock:
+        left = list(coordinator.left)
+        went, finished = set(coordinator.failed), set(coordinator.finished)
+    failed = [
+        s
+        for s in sides
+        if s.name in went
+        or (codes.get(s.name) is not None and codes[s.name] not in (0, 1))
+        or (codes.get(s.name) is not None and s.name not in finished)
+    ]
+    return sorted(failed, key=lambda s: left.index(s.name) if s.name in left else len(left))
 
 
 def _stop(side: Side) -> None:
