@@ -123,8 +123,7 @@ class Coordinator:
         self.waiting: dict[str, Waiting] = {}
         self.replies: dict[str, dict[str, Any]] = {}
         self.active: set[str] = set()  # released and not yet asking again
-        self.finished: set[str] = set()  # said goodbye or went away
-        self.left: list[str] = []  # the same sides, in the order they left
+        self.finished: list[str] = []  # said goodbye or went away, in the order they left
         self.failed: dict[str, str] = {}  # a side that went away without goodbye: why
         self.collected: dict[str, list[Mapping[str, Any]]] = {}
         self.order: list[str] = []
@@ -181,8 +180,7 @@ class Coordinator:
 
     def _leave(self, side: str) -> None:
         if side not in self.finished:
-            self.left.append(side)
-        self.finished.add(side)
+            self.finished.append(side)
         self.active.discard(side)
         self.waiting.pop(side, None)
         self._release()

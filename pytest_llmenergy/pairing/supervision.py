@@ -151,20 +151,21 @@ def _serve(server: Any, coordinator: Coordinator, sides: list[Side], pairing_id:
             )
 
 
-def failed_sides(sides: list[Side], codes: dict[str, int | None], coordinator: Any) -> list[Side]:
+def failed_sides(
+    sides: list[Side], codes: dict[str, int | None], coordinator: Coordinator
+) -> list[Side]:
     """The sides that failed, the first to leave the coordinator first: a side told to
     stop because the other had gone (it then exits with an error too, often before the
     next poll) is never named before the side that went.  A side that never reached the
     coordinator comes last, named by its exit code."""
     with coordinator.lock:
-        left = list(coordinator.left)
-        went, finished = set(coordinator.failed), set(coordinator.finished)
+        left, went = list(coordinator.finished), set(coordinator.failed)
     failed = [
         s
         for s in sides
         if s.name in went
         or (codes.get(s.name) is not None and codes[s.name] not in (0, 1))
-        or (codes.get(s.name) is not None and s.name not in finished)
+        or (codes.get(s.name) is not None and s.name not in left)
     ]
     return sorted(failed, key=lambda s: left.index(s.name) if s.name in left else len(left))
 
