@@ -297,22 +297,23 @@ def _machine_bound(out: Path) -> list[str]:
 def _gate_apart(out: Path) -> list[str]:
     """The paired campaign's cases whose change the injection does not explain.
 
-    The smoke gate is 5 % on 2 + 2 tiny cases of at most 4 pairs, on a CPU whose speed
-    offsets one process against the other by up to 16 % (a quiet hour's A/A read +6.8 to
-    +15.9 %); its statistics can be fooled by that, so a FAIL of an unchanged case, or a
-    changed one not found, is the machine's where every unchanged case still moved by less
-    than half the injection and every changed one by more.  Returns each case that did
-    not, and how far it moved."""
+    The smoke gate is +100 % on 2 + 2 tiny cases of at most 4 pairs, on a CPU whose speed
+    offsets one process against the other: an A/A case moved by up to +33 % with two other
+    busy processes on this VM's 2 cores, and a changed case by as little as +51 % (+78 to
+    +109 % on a quiet hour); its statistics can be fooled by that, so a FAIL of an
+    unchanged case, or a changed one not found, is the machine's where the cases still
+    fall on the injection's two sides: every changed case moved by more than every
+    unchanged one, and by more than a third of the injection.  (Injecting nothing, or
+    into the wrong side, leaves them mixed.)  Returns every case where they do not, with
+    how far each moved; nothing where they do."""
     injected, changed_model = SMOKE.gate_share, SMOKE.gate_models[1]
     rows = _ab_rows((out / "ab.txt").read_text())
     assert rows, "ab.txt holds no comparison: nothing to excuse the gate by"
-    wrong = []
-    for row in rows:
-        changed = changed_model in row["case"]
-        moved = row["change"]
-        if (moved <= injected / 2) if changed else (abs(moved) >= injected / 2):
-            wrong.append(f"{row['case']}: {moved:+.1%}")
-    return wrong
+    changed = [r["change"] for r in rows if changed_model in r["case"]]
+    unchanged = [r["change"] for r in rows if changed_model not in r["case"]]
+    if changed and min(changed) > max(unchanged, default=-1.0) and min(changed) > injected / 3:
+        return []
+    return [f"{row['case']}: {row['change']:+.1%}" for row in rows]
 
 
 GATE_CHECKS = ("A/A: unchanged cases", "changed cases found")
@@ -352,6 +353,10 @@ def test_a_case_that_did_not_converge_is_blamed_on_the_meter_only_for_its_energy
     # an energy interval within a quarter and 2 points of the runtime's is the runtime's
     near = [2 * s * (1.06 if i % 2 else 0.94) for i, s in enumerate(drifting)]
     assert _why_not_converged(case("near", drifting, near)).endswith("not the meter)")
+    # one trial: no interval to blame on either
+    assert _why_not_converged(case("once", [1.0], [2.0])) == (
+        "once: 1 trial, no interval (its time budget ran out)"
+    )
     # what the whole-proof tests read back of the check
     detail = "; ".join(["default rule: ...", machine, meter])
     check = {"name": "CI targets held", "detail": detail}
@@ -365,10 +370,21 @@ def test_the_gate_is_excused_only_while_its_cases_fall_apart(tmp_path: Path) -> 
         table = json.dumps({"tables": [{"rows": rows}]}, indent=2)
         return "llmenergy ab: ...\n" + table + "\nenergy gate FAILED\n"
 
-    (tmp_path / "ab.txt").write_text(ab_text({"tiny-llama-a": 0.12, "tiny-mistral-a": 0.41}))
-    assert _gate_apart(tmp_path) == []
-    (tmp_path / "ab.txt").write_text(ab_text({"tiny-llama-a": 0.31, "tiny-mistral-a": 0.12}))
-    assert _gate_apart(tmp_path) == ["t[tiny-llama-a]: +31.0%", "t[tiny-mistral-a]: +12.0%"]
+    def apart(changes: dict[str, float]) -> list[str]:
+        (tmp_path / "ab.txt").write_text(ab_text(changes))
+        return _gate_apart(tmp_path)
+
+    # a busy hour's campaign: an A/A case at +33 %, the changed ones above it
+    assert apart({"tiny-llama-a": 0.33, "tiny-llama-b": 0.0, "tiny-mistral-a": 0.51}) == []
+    # mixed: the injection does not explain the changes
+    assert apart({"tiny-llama-a": 0.31, "tiny-mistral-a": 0.29, "tiny-mistral-b": 0.9}) == [
+        "t[tiny-llama-a]: +31.0%",
+        "t[tiny-mistral-a]: +29.0%",
+        "t[tiny-mistral-b]: +90.0%",
+    ]
+    # apart, but by too little of the injection to say it was seen
+    assert apart({"tiny-llama-a": -0.2, "tiny-mistral-a": 0.2}) != []
+    assert apart({"tiny-llama-a": 0.0}) != []  # no changed case measured
 
 
 @pytest.mark.slow  # every stage of the proof: minutes
@@ -402,7 +418,7 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     assert done.returncode == (1 if any(c["status"] == FAIL for c in checks) else 0)
     # the trials' windows outlast the 100 ms counter: every case converges (or only this
     # CPU's speed kept it from it: the energy no noisier than the runtime), the A/A
-    # campaign fails no case and the injected +50 % is found and gated
+    # campaign fails no case and the injected +100 % is found and gated
     assert by["CI targets held"]["status"] == PASS or not _machine_bound(out), _machine_bound(out)
     unchanged = next(c for c in checks if c["name"].startswith("A/A: unchanged cases"))
     assert unchanged["figure"].endswith("of 2 (of 2 planned)"), unchanged  # all measured
@@ -413,7 +429,7 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     assert (unchanged["status"] == found["status"] == PASS) or not _gate_apart(out), _gate_apart(
         out
     )
-    assert not _failed_checks(data, out), _failed_checks(data, out)
+    assert not _failed_checks(data, out), (_failed_checks(data, out), _gate_apart(out))
 
 
 @pytest.mark.slow
@@ -426,7 +442,7 @@ def test_the_whole_proof_passes_against_the_basic_stand_in(
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     data = json.loads((tmp_path / "out" / "proof.json").read_text())
     failed = _failed_checks(data, tmp_path / "out")
-    assert done.returncode in (0, 1) and not failed, failed
+    assert done.returncode in (0, 1) and not failed, (failed, _gate_apart(tmp_path / "out"))
     by = {c["name"]: c for c in data["checks"]}
     assert by["the meter's resolution is the counter's period"]["status"] == PASS
 

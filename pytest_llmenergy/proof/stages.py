@@ -547,7 +547,11 @@ def _why_not_converged(case: Any) -> str:
     """Whether the meter or the runtime kept a case from converging: a meter that reads
     the device's energy adds little noise to the runtime's, so an energy interval at most
     a quarter (and 2 points) wider than the runtime's says the work's own speed varied
-    (another tenant of the machine, clocks), and one wider still says the meter did."""
+    (another tenant of the machine, clocks), and one wider still says the meter did.
+    A case of one trial has no interval to compare: its budget ended first."""
+    if len(case.trials) < 2:
+        trials = "1 trial" if case.trials else "no trial"
+        return f"{case.name}: {trials}, no interval (its time budget ran out)"
     time_ci = summarize([t.seconds for t in case.trials]).relative_half_width
     energy_ci = summarize([t.joules for t in case.trials]).relative_half_width
     cause = (
