@@ -326,8 +326,9 @@ def _failed_checks(data: dict[str, Any], out: Path) -> list[tuple[str, str]]:
     failed = [(c["name"], c["figure"]) for c in data["checks"] if c["status"] == FAIL]
     if not _machine_bound(out):
         failed = [f for f in failed if f[0] != "CI targets held"]
-    if not _gate_apart(out):
-        failed = [f for f in failed if not any(g in f[0] for g in GATE_CHECKS)]
+    gate = [f for f in failed if any(g in f[0] for g in GATE_CHECKS)]
+    if gate and not _gate_apart(out):
+        failed = [f for f in failed if f not in gate]
     return failed
 
 
@@ -387,10 +388,17 @@ def test_the_gate_is_excused_only_while_its_cases_fall_apart(tmp_path: Path) -> 
     assert apart({"tiny-llama-a": 0.0}) != []  # no changed case measured
 
 
-@pytest.mark.slow  # every stage of the proof: minutes
+# The gate's stage runs against the basic stand-in only: the campaign is llmenergy ab,
+# whose trials' windows the Hopper stand-in's suite stage already holds to its counter,
+# and against that counter (3 s windows, 4 cases x 2 sides) it took 90-114 s of the slow
+# tier's serial time for that alone.
+NOT_GATE = [arg for stage in STAGES if stage != "gate" for arg in ("--stage", stage)]
+
+
+@pytest.mark.slow  # every stage of the proof but the gate: minutes
 @pytest.mark.serial  # the stand-in's power follows this process's CPU: no neighbour test
 def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_cache: Path) -> None:
-    done = _proof(tmp_path, "--out", "out", "--plan", "smoke", cache=tiny_cache)
+    done = _proof(tmp_path, "--out", "out", "--plan", "smoke", *NOT_GATE, cache=tiny_cache)
     out = tmp_path / "out"
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
@@ -398,7 +406,7 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     assert len(files) <= 8 and {"proof.md", "proof.json", "suite.json"} <= set(files)
     data = json.loads((out / "proof.json").read_text())
     checks: list[dict[str, Any]] = data["checks"]
-    assert {c["stage"] for c in checks} == set(STAGES)  # every stage reported
+    assert {c["stage"] for c in checks} == set(STAGES) - {"gate"}  # every stage asked for
     assert not [c for c in checks if c["name"] == "stage"], checks  # none broke or was cut
     by = {c["name"]: c for c in checks}
     # the stand-in's semantics, measured the way the GPU's will be
@@ -417,19 +425,9 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
     assert data["summary"] in done.stdout
     assert done.returncode == (1 if any(c["status"] == FAIL for c in checks) else 0)
     # the trials' windows outlast the 100 ms counter: every case converges (or only this
-    # CPU's speed kept it from it: the energy no noisier than the runtime), the A/A
-    # campaign fails no case and the injected +100 % is found and gated
+    # CPU's speed kept it from it: the energy no noisier than the runtime)
     assert by["CI targets held"]["status"] == PASS or not _machine_bound(out), _machine_bound(out)
-    unchanged = next(c for c in checks if c["name"].startswith("A/A: unchanged cases"))
-    assert unchanged["figure"].endswith("of 2 (of 2 planned)"), unchanged  # all measured
-    found = next(c for c in checks if "changed cases found" in c["name"])
-    assert found["figure"].startswith(("0 of 2", "1 of 2", "2 of 2")), found
-    # the gate's verdicts, or (where this CPU's speed fooled its statistics) its cases
-    # on the injection's two sides
-    assert (unchanged["status"] == found["status"] == PASS) or not _gate_apart(out), _gate_apart(
-        out
-    )
-    assert not _failed_checks(data, out), (_failed_checks(data, out), _gate_apart(out))
+    assert not _failed_checks(data, out), _failed_checks(data, out)
 
 
 @pytest.mark.slow
@@ -437,14 +435,27 @@ def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_c
 def test_the_whole_proof_passes_against_the_basic_stand_in(
     tmp_path: Path, tiny_cache: Path
 ) -> None:
-    """The A100 stand-in of tests/fakes/driver: a 0.1 ms counter, one call a trial."""
+    """The A100 stand-in of tests/fakes/driver: a 0.1 ms counter, one call a trial; every
+    stage, the gate's campaign among them."""
     done = _proof(tmp_path, "--out", "out", "--plan", "smoke", cache=tiny_cache, hopper="driver")
+    out = tmp_path / "out"
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    data = json.loads((tmp_path / "out" / "proof.json").read_text())
-    failed = _failed_checks(data, tmp_path / "out")
-    assert done.returncode in (0, 1) and not failed, (failed, _gate_apart(tmp_path / "out"))
-    by = {c["name"]: c for c in data["checks"]}
+    data = json.loads((out / "proof.json").read_text())
+    checks: list[dict[str, Any]] = data["checks"]
+    assert {c["stage"] for c in checks} == set(STAGES)  # every stage reported
+    failed = _failed_checks(data, out)
+    assert done.returncode in (0, 1) and not failed, (failed, _gate_apart(out))
+    by = {c["name"]: c for c in checks}
     assert by["the meter's resolution is the counter's period"]["status"] == PASS
+    # the campaign measured every planned case; the A/A campaign failed none and the
+    # injected +100 % was found and gated, or (where this CPU's speed fooled the gate's
+    # statistics) its cases still fall on the injection's two sides
+    unchanged = next(c for c in checks if c["name"].startswith("A/A: unchanged cases"))
+    assert unchanged["figure"].endswith("of 2 (of 2 planned)"), unchanged
+    found = next(c for c in checks if "changed cases found" in c["name"])
+    assert found["figure"].startswith(("0 of 2", "1 of 2", "2 of 2")), found
+    apart = _gate_apart(out)
+    assert (unchanged["status"] == found["status"] == PASS) or not apart, apart
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_4(tmp_path: Path) -> None:

@@ -172,9 +172,11 @@ def fit(
     form: str = "shared",
     fixed: Mapping[str, float] | None = None,
     k: float = 0.0,
+    raw: np.ndarray | None = None,
 ) -> np.ndarray:
     """Coefficients (per COLUMNS) minimizing the relative error of ``target`` per row;
-    ``fixed`` columns keep the given coefficients (their share is taken off first)."""
+    ``fixed`` columns keep the given coefficients (their share is taken off first).
+    ``raw``: the rows' vectors at ``k``, where the caller has them already."""
     fixed = dict(fixed or {})
     groups = FORMS[form]
     tie = np.zeros((len(COLUMNS), len(groups)))
@@ -182,7 +184,8 @@ def fit(
         for name in names:
             tie[COLUMNS.index(name), j] = 1.0
     base = np.array([fixed.get(c, 0.0) for c in COLUMNS])
-    raw = np.array([r.vector(k) for r in rows], dtype=float)
+    if raw is None:
+        raw = np.array([r.vector(k) for r in rows], dtype=float)
     x = raw @ tie
     y = np.array([getattr(r, target) for r in rows], dtype=float)
     scale = np.abs(x).max(axis=0)
@@ -327,8 +330,9 @@ def fit_roofline(rows: Sequence[Row], target: str) -> tuple[np.ndarray, float]:
     y = np.array([getattr(r, target) for r in rows], dtype=float)
     best: tuple[float, np.ndarray, float] | None = None
     for k in ROOFLINE_KS:
-        coef = fit(rows, target, "roofline", None, k)
-        pred = np.array([r.vector(k) for r in rows]) @ coef
+        raw = np.array([r.vector(k) for r in rows], dtype=float)
+        coef = fit(rows, target, "roofline", None, k, raw)
+        pred = raw @ coef
         err = float(np.mean(np.abs(pred / y - 1.0)))
         if best is None or err < best[0]:
             best = (err, coef, k)
