@@ -12,11 +12,13 @@ import csv
 import io
 import json
 import math
+import os
 import shutil
 import textwrap
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import tabulate as tabulate_module
 from tabulate import tabulate
@@ -316,6 +318,21 @@ def wrap(text: str, width: int | None, indent: str = "  ") -> list[str]:
 def terminal_width(default: int = 100) -> int:
     """The width to fit: the terminal's, or ``COLUMNS``; never below 40."""
     return max(40, shutil.get_terminal_size((default, 24)).columns)
+
+
+def line_width(stream: Any) -> int | None:
+    """The width prose lines are wrapped to: the terminal's (or COLUMNS) where ``stream``
+    is one; a file or a pipe (a CI log, grep) gets each line whole."""
+    if not (_is_terminal(stream) or "COLUMNS" in os.environ):
+        return None
+    return terminal_width()
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def _fitted(table: Table, width: int | None) -> tuple[str, list[int], list[str]]:

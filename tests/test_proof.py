@@ -4,6 +4,7 @@ as a user runs it, so that the day a GPU is at hand it works the first time."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from pytest_llmenergy.meters.nvml import AVERAGED_POWER_S
 from pytest_llmenergy.proof.checks import FAIL, NOT_RUN, PASS, Check, Proof, markdown
 from pytest_llmenergy.proof.meter_probe import Sample, analyse, integral_between
 from pytest_llmenergy.proof.plans import SMOKE
+from pytest_llmenergy.proof.proof_cli import _log_to
 from pytest_llmenergy.proof.stages import (
     STAGES,
     _ab_rows,
@@ -264,12 +266,20 @@ def _env(tmp_path: Path, cache: Path | None = None, hopper: bool | str = True) -
 
 
 def _proof(
-    tmp_path: Path, *args: str, cache: Path | None = None, hopper: bool | str = True
+    tmp_path: Path,
+    *args: str,
+    cache: Path | None = None,
+    hopper: bool | str = True,
+    columns: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    env = _env(tmp_path, cache, hopper)
+    env.pop("COLUMNS", None)
+    if columns:
+        env["COLUMNS"] = str(columns)
     return subprocess.run(
         [sys.executable, "-m", "pytest_llmenergy", "proof", *args],
         cwd=tmp_path,
-        env=_env(tmp_path, cache, hopper),
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -388,6 +398,42 @@ def test_the_gate_is_excused_only_while_its_cases_fall_apart(tmp_path: Path) -> 
     assert apart({"tiny-llama-a": 0.0}) != []  # no changed case measured
 
 
+def test_the_proofs_lines_fit_the_terminal_and_its_commands_stay_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    check = Check("suite", "CI targets held", FAIL, "0 of 2 cases converged", " ".join(["x"] * 90))
+    command = "$ python -m pytest " + " ".join(f"--energy-option-{i}=on" for i in range(8))
+
+    def logged() -> list[str]:
+        stream = io.StringIO()
+        log = _log_to(stream)
+        log(check.line())
+        log(command)
+        return stream.getvalue().splitlines()
+
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = logged()
+    assert lines[-1] == f"llmenergy proof: {command}"  # one line, to copy
+    wrapped = lines[:-1]
+    assert len(wrapped) > 2 and all(len(line) < 80 for line in wrapped), wrapped
+    assert wrapped[0].startswith("llmenergy proof: FAIL  suite: CI targets held")
+    assert all(line.startswith("  ") for line in wrapped[1:])
+    assert " ".join(w.strip() for w in wrapped) == f"llmenergy proof: {check.line()}"
+    # a file or a pipe, no COLUMNS: each line whole, as every command's notes
+    monkeypatch.delenv("COLUMNS")
+    assert logged() == [f"llmenergy proof: {check.line()}", f"llmenergy proof: {command}"]
+
+
+def _fits(text: str, columns: int) -> list[str]:
+    """The lines of ``text`` wider than ``columns``, but a command (one line, to be
+    copied) and a single word longer than the width (a path), which stay whole."""
+    return [
+        line
+        for line in text.splitlines()
+        if len(line) >= columns and "proof: $ " not in line and len(line.split()) > 1
+    ]
+
+
 # The gate's stage runs against the basic stand-in only: the campaign is llmenergy ab,
 # whose trials' windows the Hopper stand-in's suite stage already holds to its counter,
 # and against that counter (3 s windows, 4 cases x 2 sides) it took 90-114 s of the slow
@@ -398,8 +444,12 @@ NOT_GATE = [arg for stage in STAGES if stage != "gate" for arg in ("--stage", st
 @pytest.mark.slow  # every stage of the proof but the gate: minutes
 @pytest.mark.serial  # the stand-in's power follows this process's CPU: no neighbour test
 def test_the_whole_proof_runs_against_the_hopper_stand_in(tmp_path: Path, tiny_cache: Path) -> None:
-    done = _proof(tmp_path, "--out", "out", "--plan", "smoke", *NOT_GATE, cache=tiny_cache)
+    done = _proof(
+        tmp_path, "--out", "out", "--plan", "smoke", *NOT_GATE, cache=tiny_cache, columns=80
+    )
     out = tmp_path / "out"
+    # a terminal of 80 columns: every line of both streams fits it
+    assert not _fits(done.stdout, 80) and not _fits(done.stderr, 80), done.stderr[-3000:]
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     files = sorted(p.name for p in out.iterdir())

@@ -29,10 +29,10 @@ from ..predict.predict_cli import COMMANDS as PREDICT_COMMANDS
 from ..proof.proof_cli import COMMANDS as PROOF_COMMANDS
 from ..storage.research import COMMANDS as IMPORT_COMMANDS
 from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage, check_output
-from ..tables import FORMATS, wrap
+from ..tables import FORMATS, line_width, wrap
 from .ab_cli import COMMANDS as AB_COMMANDS
 from .check_cli import COMMANDS as CHECK_COMMANDS
-from .cli_args import DATA_FORMATS, checked, line_width
+from .cli_args import DATA_FORMATS, checked
 from .compare_cli import COMMANDS as COMPARE_COMMANDS
 from .route_cli import COMMANDS as ROUTE_COMMANDS
 from .runs_cli import COMMANDS as RUNS_COMMANDS

@@ -4,7 +4,6 @@ named on the command line, and the width of a table on this terminal."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..storage.runfile import Run
 from ..storage.store import Storage
-from ..tables import terminal_width
+from ..tables import line_width
 
 DATA_FORMATS = ("csv", "json")
 
@@ -67,24 +66,7 @@ def gate_argument(parser: argparse.ArgumentParser, flag: str, what: str) -> None
 def table_width(fmt: str) -> int | None:
     """Fit terminal tables to the terminal; text piped into a file keeps every column
     unless COLUMNS asks otherwise."""
-    if fmt != "table" or not (sys.stdout.isatty() or "COLUMNS" in os.environ):
-        return None
-    return terminal_width()
-
-
-def line_width(stream: Any) -> int | None:
-    """The width prose lines are wrapped to: the terminal's (or COLUMNS) where ``stream``
-    is one; a file or a pipe (a CI log, grep) gets each line whole."""
-    if not (_is_terminal(stream) or "COLUMNS" in os.environ):
-        return None
-    return terminal_width()
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # replaced or closed
-        return False
+    return line_width(sys.stdout) if fmt == "table" else None
 
 
 def counted(runs: Sequence[Run]) -> str:

@@ -12,9 +12,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 from ..commandline import Command, Outcome
 from ..errors import ConfigError, MeterUnavailable
+from ..tables import line_width, wrap
 from . import stages
 from .checks import Proof
 from .plans import PLANS
@@ -90,9 +92,7 @@ def _run(args: argparse.Namespace, storage: object) -> Outcome:
     proof = Proof(stages.machine(nvml, handle, plan))
     budget = stages.Budget(args.budget, time.monotonic())
 
-    def log(line: str) -> None:
-        print(f"llmenergy proof: {line}", file=sys.stderr, flush=True)
-
+    log = _log_to(sys.stderr)
     chosen = args.stage or list(stages.STAGES)
     with tempfile.TemporaryDirectory(prefix="llmenergy-proof-") as folder:
         work = stages.write_suite(Path(folder))
@@ -113,12 +113,25 @@ def _run(args: argparse.Namespace, storage: object) -> Outcome:
                 for check in proof.checks:
                     if check.stage == name:
                         log(check.line())
-    lines = [c.line() for c in proof.checks]
+    width = line_width(sys.stdout)
+    lines = [part for c in proof.checks for part in wrap(c.line(), width)]
     return Outcome(
         "\n".join([*lines, proof.summary()]),
         notes=[f"proof written to {out / 'proof.md'} and {out / 'proof.json'}"],
         failed=bool(proof.failed),
     )
+
+
+def _log_to(stream: TextIO) -> stages.Log:
+    """The stages' progress, a line each, wrapped to the terminal like every command's
+    notes; a command the proof runs stays one line, whole, to be copied and run again."""
+
+    def log(line: str) -> None:
+        text = f"llmenergy proof: {line}"
+        width = None if line.startswith("$ ") else line_width(stream)
+        print("\n".join(wrap(text, width)), file=stream, flush=True)
+
+    return log
 
 
 COMMANDS = (
