@@ -376,15 +376,17 @@ def test_a_regression_the_machine_speed_could_explain_is_inconclusive() -> None:
 
 @pytest.mark.serial  # its two sessions' speed readings, and trials' noise, as on a quiet machine
 def test_a_baseline_from_a_faster_machine_widens_the_gate(project: pytest.Pytester) -> None:
-    """A saved baseline whose reference workload ran 3x faster than this machine does now
-    (beyond the reference's own noise): its cases look 30 % worse, which the machine's
-    speed explains."""
+    """A saved baseline whose reference workload ran 10x faster than this machine does
+    now (beyond the reference's own noise): its cases look 30 % worse, which the
+    machine's speed explains.  (Not 3x: this VM's reference reads up to 2.1x apart
+    between sessions minutes apart, and in a busy CI hour 3x read as under 2x, too
+    little beyond the reference's 70 % noise to explain +30 %: both cases failed.)"""
     common = ("--energy-backend=trace", "--energy-rule=research", "--energy-shuffle=off")
     project.runpytest(*common, "--energy-save=base").assert_outcomes(passed=2)
     [path] = sorted((project.path / ".llmenergy").glob("*/*.json"))
     data = json.loads(path.read_text())
     assert data["machine"]["speed_reference_s"] > 0
-    data["machine"]["speed_reference_s"] /= 3
+    data["machine"]["speed_reference_s"] /= 10
     for case in data["cases"]:
         for t in case["trials"]:
             t["joules"] /= 1.3
