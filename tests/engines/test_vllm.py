@@ -163,15 +163,22 @@ def test_a_vllm_sweep_rejects_the_batch_it_cannot_hold_and_chooses_under_an_slo(
     suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 48, item 5: vLLM holding 2 requests at once (--max-num-seqs 2), swept over
-    concurrency 1, 2 and 4 with 12 requests a burst.  Concurrency 4 is rejected for its
-    mean batch (about 2 of 4), 1 and 2 are accepted; the batch is vLLM's engine's own
+    concurrency 1, 2 and 8 with 24 requests a burst.  Concurrency 8 is rejected for its
+    mean batch (about 2 of 8), 1 and 2 are accepted; the batch is vLLM's engine's own
     request timings x the requests in flight, checked against its gauge, which is named
     where it strays (issue 54, item 6: a gauge read 0 of 1 and 0 of 2, and every
     concurrency was rejected; its API server, behind its engine on 2 cores, set it
-    late); each steady
-    window's joules are the stand-in GPU's own over it (300 W, so 300 J a second); the
-    SLO's choice is the brute-force minimum of the accepted configurations' steady J per
-    output token."""
+    late); each steady window's joules are the stand-in GPU's own over it (300 W, so 300 J
+    a second); the SLO's choice is the brute-force minimum of the accepted
+    configurations' steady J per output token.
+
+    The margins are the machine's.  The engine's share is the whole burst's, drain
+    included, so a concurrency past the limit reads above the limit: 4 over 12 requests
+    read 1.89-2.19 of 4 (up to 55 %; 2.18 in a model of the burst, 2 slots and equal
+    requests), 8 over 24 requests 2.29 of 8 in that model (29 %).  A client short of CPU
+    reads a concurrency within it low: c2 1.69-1.82 of 2 on a quiet VM, 1.07 (54 %) in a
+    busy CI hour, where c4's 55 % and c2's 54 % left no line between them (CI,
+    2026-11-28)."""
     trace = SwitchTrace(STANDIN_W)
     gpu = FakeGPU("NVIDIA A100", fake_uuid(0), NVML_DEVICE_ARCH_AMPERE, trace, 1e-3)  # type: ignore[arg-type]
     install_fake_pynvml(monkeypatch, [gpu])
@@ -184,14 +191,12 @@ def test_a_vllm_sweep_rejects_the_batch_it_cannot_hold_and_chooses_under_an_slo(
         "--llm-model=tiny-llama-h32",
         "--llm-serve-args=--max-num-seqs 2",
         "--llm-output-tokens=96",
-        "--llm-concurrency=1,2,4",
-        "--llm-requests=12",
+        "--llm-concurrency=1,2,8",
+        "--llm-requests=24",
         "--llm-min-steady=0.3s",
-        # On its own vLLM holds 1.99 of 2 here; inside this in-process session, whose
-        # meters share the VM's 2 cores with vLLM's frontend and engine, a freed slot
-        # waits for a client that is short of CPU (2026-11-28, by the engine's timings:
-        # c1 0.98, c2 1.69-1.82, c4 1.89-2.19).  Concurrency 4 cannot pass 60 %.
-        "--llm-min-batch-fill=60%",
+        # 40 %: c8 reads about 29 % at most (its drain in the share), c2 54 % at least
+        # (a busy CI hour); c1 and c2 on their own read 0.98 and 1.99
+        "--llm-min-batch-fill=40%",
         "--llm-slo=itl:1s",
         "--energy-backend=nvml",
         "--energy-min-trials=3",
@@ -202,20 +207,23 @@ def test_a_vllm_sweep_rejects_the_batch_it_cannot_hold_and_chooses_under_an_slo(
     )
     out = result.stdout.str()
     assert result.ret == 0, out
+    run = loads((suite.path / "run.json").read_text(), suite.path / "run.json")
+    by = {c.labels.get("concurrency", "1"): c for c in run.cases}
+    # each burst's batch, in the tier's log: the margins above are read from it
+    for n, case in sorted(by.items(), key=lambda kv: int(kv[0])):
+        print(f"c{n}: mean batch " + ", ".join(f"{t.steady_batch:.3g}" for t in case.trials))
     result.stdout.fnmatch_lines(
         [
-            "*in32-out96-c4*: rejected, not gated: * bursts: its mean batch was * of 4 *",
+            "*in32-out96-c8*: rejected, not gated: * bursts: its mean batch was * of 8 *",
             "*minimum-energy configuration under itl:1s*",
         ]
     )
-    run = loads((suite.path / "run.json").read_text(), suite.path / "run.json")
-    by = {c.labels.get("concurrency", "1"): c for c in run.cases}
-    assert set(by) == {"1", "2", "4"}
-    assert by["4"].unstable and value(by["4"], "steady_batch") < 0.6 * 4
+    assert set(by) == {"1", "2", "8"}
+    assert by["8"].unstable and value(by["8"], "steady_batch") < 0.4 * 8
     for n in ("1", "2"):
         case = by[n]
         assert not case.unstable, case.unstable[0].unstable
-        assert value(case, "steady_batch") >= 0.6 * int(n)
+        assert value(case, "steady_batch") >= 0.4 * int(n)
         for trial in case.trials:
             steady = trial.phases[STEADY]
             assert steady.seconds >= 0.3
@@ -231,5 +239,5 @@ def test_a_vllm_sweep_rejects_the_batch_it_cannot_hold_and_chooses_under_an_slo(
     brute = min(accepted, key=lambda c: value(c, "steady_j_per_token"))
     assert sweep.choice.chosen is not None
     assert sweep.choice.chosen.setting == f"c{brute.labels.get('concurrency', '1')}"
-    assert {p.setting for p in sweep.points} == {"c1", "c2"}  # c4 left out
+    assert {p.setting for p in sweep.points} == {"c1", "c2"}  # c8 left out
     assert _engine_processes() == before
