@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .controller.rule import DEFAULT_MAX_BACKGROUND
 from .errors import ConfigError, LLMEnergyError, MeterUnavailable
 from .figures import value
 from .meters import BUILTIN_BACKENDS, Method, open_meter
@@ -156,8 +157,11 @@ def run_sessions(
     max_s: float = SESSION_MAX_S,
     python: str = sys.executable,
     env: Mapping[str, str] | None = None,
+    max_background: float | None = DEFAULT_MAX_BACKGROUND,
 ) -> NoiseCheck:
-    """``count`` fresh pytest sessions of the small case, each saved to a run file."""
+    """``count`` fresh pytest sessions of the small case, each saved to a run file;
+    ``max_background`` is their ``--energy-max-background`` (None: off)."""
+    background = "off" if max_background is None else f"{max_background:.6g}"
     n_in, n_out = CASE
     values_, within, walls = [], [], []
     with tempfile.TemporaryDirectory(prefix="llmenergy-check-") as folder:
@@ -177,6 +181,7 @@ def run_sessions(
                 "no:randomly",
                 f"--energy-backend={backend}",
                 f"--energy-max-time={max_s:g}",
+                f"--energy-max-background={background}",
                 f"--energy-json={path}",
             ]
             start = time.perf_counter()
@@ -196,16 +201,28 @@ def run_sessions(
                 raise ConfigError(f"check: session {i + 1} saved no case: {exc}") from None
             j = value(case, "j_per_token")
             if j is None and case.disturbed and not case.trials:
-                raise ConfigError(
-                    f"check: session {i + 1}: every trial was disturbed by other work on this "
-                    "machine (more than --energy-max-background of the CPUs busy); a noise "
-                    "read now would be that work's: stop it and run check again"
-                )
+                raise ConfigError(_all_disturbed(i + 1, max_background))
             if j is None:
                 raise ConfigError(f"check: session {i + 1} measured no energy per token")
             values_.append(float(j))
             within.append(_relative_ci(case))
     return NoiseCheck(backend, tuple(values_), tuple(within), tuple(walls))
+
+
+def _all_disturbed(session: int, max_background: float | None) -> str:
+    """Why a session measured nothing: every trial disturbed, and what to do."""
+    if max_background is None:  # only other processes on its GPUs disturb it then
+        return (
+            f"check: session {session}: every trial was disturbed by other processes on "
+            "the GPUs it measures; a noise read now would be theirs: stop them and run "
+            "check again"
+        )
+    return (
+        f"check: session {session}: every trial was disturbed by other work on this "
+        f"machine (more than {max_background:.0%} of the CPUs busy); a noise read now "
+        "would be that work's: stop it and run check again, or read the noise with it "
+        "running (--max-background=off)"
+    )
 
 
 def _relative_ci(case: Any) -> float:
@@ -226,8 +243,10 @@ def run_check(
     idle_s: float = IDLE_S,
     max_s: float = SESSION_MAX_S,
     log: Callable[[str], None] = lambda _: None,
+    max_background: float | None = DEFAULT_MAX_BACKGROUND,
 ) -> Report:
-    """The meters, then (``sessions`` >= 2) the noise between sessions with ``auto``'s."""
+    """The meters, then (``sessions`` >= 2) the noise between sessions with ``auto``'s
+    (``max_background``: the sessions' ``--energy-max-background``, None: off)."""
     log("opening each meter")
     meters = check_meters(backends, idle_s=idle_s)
     try:
@@ -239,7 +258,9 @@ def run_check(
     noise = None
     if sessions >= 2 and not auto.startswith("none"):
         log(f"{sessions} short sessions of the small case with auto ({auto})")
-        noise = replace(run_sessions("auto", sessions, max_s), backend=auto)
+        noise = replace(
+            run_sessions("auto", sessions, max_s, max_background=max_background), backend=auto
+        )
     elif sessions >= 2:
         notes.append("no meter opens here, so no session could be measured")
     if any(m.estimated for m in meters if m.backend in auto.split("+")):

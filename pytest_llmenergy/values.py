@@ -80,6 +80,17 @@ def fraction(text: str, what: str = "a weight") -> float:
     return value
 
 
+def background_share(text: str) -> float | None:
+    """The share of the CPUs other work may use before a trial is disturbed: ``25%``,
+    ``0.25``; ``off`` (None): never."""
+    if text.strip().lower() in ("off", "none", "no"):
+        return None
+    value = fraction(text, "a share of the CPUs")
+    if value == 0:
+        raise ConfigError(f"expected a share above 0 such as 25%, or off, got {text!r}")
+    return value
+
+
 def confidence(text: str) -> float:
     """A level strictly between 0 and 1: ``0.95``, ``95%``."""
     parsed = split_number(text)

@@ -8,11 +8,13 @@ import json
 import math
 import sys
 
+from .. import values
 from ..check import Report, run_check
 from ..commandline import Command, Outcome
+from ..controller.rule import DEFAULT_MAX_BACKGROUND
 from ..errors import ConfigError
 from ..tables import Table, fmt_number, render
-from .cli_args import table_width
+from .cli_args import checked, table_width
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +32,16 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="check this backend only, repeatable (default: every built-in one)",
     )
+    parser.add_argument(
+        "--max-background",
+        type=checked(values.background_share),
+        default=DEFAULT_MAX_BACKGROUND,
+        metavar="SHARE",
+        help="a session's trial during which other processes used more than SHARE of the "
+        "CPUs is disturbed and repeated, as --energy-max-background; off reads the noise "
+        "with that work running, on a runner you share (default: "
+        f"{DEFAULT_MAX_BACKGROUND * 100:g} %%)",
+    )
 
 
 def _run(args: argparse.Namespace, storage: object) -> Outcome:
@@ -39,7 +51,12 @@ def _run(args: argparse.Namespace, storage: object) -> Outcome:
             "needs two sessions)"
         )
     say = lambda line: print(f"llmenergy check: {line}", file=sys.stderr, flush=True)  # noqa: E731
-    report = run_check(sessions=args.sessions, backends=args.backend, log=say)
+    report = run_check(
+        sessions=args.sessions,
+        backends=args.backend,
+        log=say,
+        max_background=args.max_background,
+    )
     if args.format == "json":
         return Outcome(json.dumps(report.record(), indent=2, allow_nan=False, default=_nan))
     tables = [meters_table(report)]

@@ -386,15 +386,6 @@ def marker_help(marker: str) -> str:
     return f"{marker}({kwargs}): repetition settings of this test's energy_benchmark"
 
 
-def _background_share(text: str) -> float | None:
-    if text.strip().lower() in ("off", "none", "no"):
-        return None
-    value = values.fraction(text, "a share of the CPUs")
-    if value == 0:
-        raise ConfigError(f"expected a share above 0 such as 25%, or off, got {text!r}")
-    return value
-
-
 def _lower_min_trials(given: dict[str, Any]) -> None:
     """A given maximum below the default minimum lowers the minimum with it."""
     if "max_trials" in given and "min_trials" not in given:
@@ -489,7 +480,7 @@ CONTROLLER_OPTIONS = Section(
         Option(
             "--energy-max-background",
             "max_background",
-            _background_share,
+            values.background_share,
             "SHARE",
             "a trial during which other processes used more than SHARE of the machine's CPUs "
             "(e.g. 25%) is disturbed: kept, left out of the figures and repeated; off: never",

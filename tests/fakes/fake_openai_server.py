@@ -381,6 +381,12 @@ def _completion(model: str, prompt_tokens: int, n: int) -> dict[str, Any]:
     }
 
 
+def worker_code(port: int) -> str:
+    """The ``--spawn-child`` worker's program: a busy loop that names its server's port,
+    so a test finds this server's worker and not another busy loop on the machine."""
+    return f"while True: pass  # the fake engine's worker, port {port}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
@@ -402,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(3)
     if args.spawn_child:  # an engine's worker: a child that keeps a CPU busy
         worker = subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
+            [sys.executable, "-c", worker_code(args.port)],
             stdin=subprocess.DEVNULL,
         )
 
