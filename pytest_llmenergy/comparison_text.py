@@ -378,6 +378,9 @@ class Lineup:
 
     labels: tuple[str, ...]
     cases: tuple[tuple[CaseResult, ...], ...]
+    # each run's hardware (its storage folder's name), named in the legend where the runs
+    # were made on different machines and a label does not already say which
+    machines: tuple[str, ...] = ()
 
     @property
     def short(self) -> tuple[str, ...]:
@@ -386,9 +389,15 @@ class Lineup:
     @property
     def legend(self) -> tuple[str, ...]:
         return tuple(
-            f"#{i + 1} = {label}" + (", the baseline" if i == 0 else "")
+            f"#{i + 1} = {label}{self._on(i)}" + (", the baseline" if i == 0 else "")
             for i, label in enumerate(self.labels)
         )
+
+    def _on(self, i: int) -> str:
+        """`` on MACHINE`` where the runs' machines differ ("" where they do not)."""
+        if len(set(self.machines)) < 2 or not self.machines[i]:
+            return ""
+        return "" if self.machines[i] in self.labels[i] else f" on {self.machines[i]}"
 
 
 def side_by_side(lineup: Lineup, metric_key: str, *, confidence: float = 0.95) -> Table:

@@ -437,6 +437,23 @@ def test_compare_puts_cases_side_by_side_with_ratios(
     assert "energy gate" not in out
 
 
+def test_runs_of_different_machines_are_named_with_their_machine(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs named apart, from two machines: the legend says which machine each ran on
+    (their labels alone do not); runs of one machine are named as they were."""
+    save(root, [make_case([0.1, 0.1, 0.1])], name="laptop")
+    save(root, [make_case([0.1, 0.1, 0.1], watts=50)], name="server", hardware=HW_B)
+    save(root, [make_case([0.1, 0.1, 0.1])], name="again")
+    code, out, _ = cli(capsys, "--storage", root, "compare", f"{HW_A}/1", f"{HW_B}/1")
+    assert code == 0
+    assert f"#1 = 0001_laptop on {HW_A}, the baseline" in out.splitlines()
+    assert f"#2 = 0001_server on {HW_B}" in out.splitlines()
+    code, out, _ = cli(capsys, "--storage", root, "compare", f"{HW_A}/1", f"{HW_A}/2")
+    assert code == 0
+    assert out.splitlines()[-2:] == ["#1 = 0001_laptop, the baseline", "#2 = 0002_again"]
+
+
 def test_compare_as_json_and_csv(across_hardware: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "--storage", across_hardware, "compare", A, B, "--format", "json")
     assert code == 0

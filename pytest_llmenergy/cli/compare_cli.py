@@ -188,7 +188,11 @@ def _compare(
     """The tables, the gates' verdict lines, and whether a gate failed."""
     confidence = args.confidence if args.confidence is not None else _run_confidence(runs[0])
     gates: tuple[Gate, ...] = tuple(g for given in args.fail_on for g in given)
-    lineup = Lineup(labels=_labels(runs), cases=tuple(run.cases for run in runs))
+    lineup = Lineup(
+        labels=_labels(runs),
+        cases=tuple(run.cases for run in runs),
+        machines=tuple(run.hardware for run in runs),
+    )
     keys = list(dict.fromkeys(args.metric or [_default_metric(runs)]))  # a repeat adds nothing
     tables: list[Table] = [side_by_side(lineup, key, confidence=confidence) for key in keys]
     verdicts: list[str] = []
