@@ -387,8 +387,8 @@ class DistributedMeter(Meter):
         head = f"{env.world_size} ranks on {env.nnodes} node(s)"
         return f"{head}; " + "; ".join(parts) if parts else f"{head}; nothing measured"
 
-    def measure(self, phase: str = "main") -> Any:
-        return DistributedWindow(self, phase)
+    def measure(self, phase: str = "main", *, aligned: bool = False) -> Any:
+        return DistributedWindow(self, phase, aligned)
 
     def measure_idle(self, seconds: float) -> dict[str, float]:
         raise ConfigError("measure idle power before the meter is shared between ranks")
@@ -410,9 +410,10 @@ class DistributedWindow(MeasuredShortcuts):
     Marks (``mark_phase`` at the first output token) go to the local window, which is the
     innermost one while the block runs."""
 
-    def __init__(self, meter: DistributedMeter, phase: str) -> None:
+    def __init__(self, meter: DistributedMeter, phase: str, aligned: bool = False) -> None:
         self._meter = meter
-        self._local = meter.local.measure(phase)
+        # each rank's edges on its own counters' refreshes (meters/edges.py)
+        self._local = meter.local.measure(phase, aligned=aligned)
         self._result: Measurement | None = None
 
     def __enter__(self) -> DistributedWindow:

@@ -33,6 +33,7 @@ from .results import (
     DECODE,
     PREFILL,
     PREFILL_PASSES,
+    SPLIT_MARKS,
     STEADY,
     TRIALS,
     CaseResult,
@@ -845,30 +846,57 @@ DEFAULT_COLUMNS: tuple[str, ...] = (
 # as 100 ms worth.  Longer stretches still carry up to one update's worth of error, but
 # it is random from trial to trial, so the confidence interval shows it.
 RESOLVED_MULTIPLE = 2.0
+# A phase split at its marks (the meter read at the first token) is biased, not only
+# noisy: a counter refreshed every R seconds puts, on average, R/2 of the neighbouring
+# phase's power into the phase at each mark, and takes R/2 of its own out.  So a phase
+# of T seconds between neighbours drawing up to twice its power (or nothing) is off by up
+# to R/T of its energy: it is resolved from T = 34 R on (under 3 %).  Shorter ones are
+# split by a window of prefill-only passes instead (controller/passes.py).
+MARK_RESOLVED_MULTIPLE = 34.0
 # Repeated prefill passes fill windows this many times the resolution: within ~10 %.
 PASS_WINDOW_MULTIPLE = 10.0
+SPLIT_PHASES = (PREFILL, DECODE)
+
+
+def _stretches(f: Figure, r: CaseResult) -> list[float]:
+    """Seconds of each stretch an energy figure's joules were measured over."""
+    if f.source == PREFILL_PASSES:
+        return [t.seconds * t.passes for t in r.prefill_passes]
+    if f.phase is None:
+        return [t.seconds * t.passes for t in r.trials]
+    if f.phase in SPLIT_PHASES and split_at_marks(r):
+        # one call's phase: its marks' bias is the same in every call of a window, so
+        # summing a window's calls does not shrink it
+        return [t.phases[f.phase].seconds for t in r.trials if f.phase in t.phases]
+    # a window of several calls: its phase's stretches summed (each call's rounding is
+    # random, so their sum is as good as one stretch as long); split by prefill passes:
+    # the trial's own window, and the passes' windows, each long enough by construction
+    if f.phase in SPLIT_PHASES:
+        return [t.seconds * t.passes for t in r.trials if f.phase in t.phases]
+    return [t.phases[f.phase].seconds * t.passes for t in r.trials if f.phase in t.phases]
+
+
+def split_at_marks(r: CaseResult) -> bool:
+    """Whether the case's prefill | decode split rests on its marks (any trial's does)."""
+    return any(t.split == SPLIT_MARKS for t in r.trials if PREFILL in t.phases)
 
 
 def stretch_s(f: Figure, r: CaseResult) -> float | None:
     """Mean seconds of the stretch an energy figure's joules were measured over."""
-    if f.source == PREFILL_PASSES:
-        windows = [t.seconds * t.passes for t in r.prefill_passes]
-    elif f.phase is not None:
-        # a window of several calls: its phase's stretches summed (each call's rounding
-        # is random, so their sum is as good as one stretch as long)
-        windows = [t.phases[f.phase].seconds * t.passes for t in r.trials if f.phase in t.phases]
-    else:
-        windows = [t.seconds * t.passes for t in r.trials]
+    windows = _stretches(f, r)
     return math.fsum(windows) / len(windows) if windows else None
 
 
 def resolved(f: Figure, r: CaseResult) -> bool:
     """False for an energy figure measured over stretches shorter than the meter can
-    tell apart (``RESOLVED_MULTIPLE`` x its resolution): shown marked, never gated."""
+    tell apart (``RESOLVED_MULTIPLE`` x its resolution; a phase split at its marks:
+    ``MARK_RESOLVED_MULTIPLE``): shown marked, never gated."""
     if not f.energy or r.resolution_s is None:
         return True
     seconds = stretch_s(f, r)
-    return seconds is None or seconds >= RESOLVED_MULTIPLE * r.resolution_s
+    marks = f.phase in SPLIT_PHASES and f.source != PREFILL_PASSES and split_at_marks(r)
+    multiple = MARK_RESOLVED_MULTIPLE if marks else RESOLVED_MULTIPLE
+    return seconds is None or seconds >= multiple * r.resolution_s
 
 
 DEFAULT_GATE_METRIC = "j_per_token"

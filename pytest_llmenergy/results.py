@@ -29,6 +29,11 @@ RAMP_UP, STEADY, DRAIN = "ramp-up", "steady", "drain"
 # What a per-trial figure rests on (``figures.Figure.source``): the measured trials, or
 # prefill-only passes repeated back to back, measured after them.
 TRIALS, PREFILL_PASSES = "trials", "prefill_passes"
+# How a trial's prefill | decode split came about (``Trial.split``): "" its marks (the
+# meter read at the first token), or a window of prefill-only passes measured right
+# after it, the decode being the rest (a coarse counter cannot split at a mark)
+SPLIT_MARKS, SPLIT_PASSES = "", "prefill passes"
+SPLITS = (SPLIT_MARKS, SPLIT_PASSES)
 
 
 class RepeatSettings(Protocol):
@@ -158,6 +163,10 @@ class Trial:
     # A sampling meter's telemetry of the window, judged (meters/validity.py): every
     # device read, no long hole, the edges covered.  None: the meter does not sample.
     telemetry: Telemetry | None = None
+    # How its prefill | decode phases were split (SPLITS): "" at the marks, or "prefill
+    # passes": the prefill's joules from a window of prefill-only passes right after it
+    # (controller/passes.py), the decode's the trial's rest.  Seconds are the marks'.
+    split: str = SPLIT_MARKS
 
     @classmethod
     def from_measurement(

@@ -1,8 +1,9 @@
-"""Sensor resolution is known and respected (issue 12, item 4).
+"""Sensor resolution is known and respected (issue 12, item 4; issue 60).
 
 On a fake A100 whose energy counter updates every 100 ms at a constant 250 W, a 30 ms
-prefill cannot be measured on its own: its figures are marked and never gated, and the
-prefill measured as passes repeated back to back comes out at its true 7.5 J.
+prefill cannot be split at its mark: without a prefill pass its figures (and the 600 ms
+decode's, which the same mark bounds) are marked and never gated; with one, each trial's
+prefill is measured as passes repeated back to back and comes out at its true 7.5 J.
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ def prefill_pass() -> None:
     time.sleep(PREFILL_S)
 
 
-@pytest.fixture
-def case(monkeypatch: pytest.MonkeyPatch) -> CaseResult:
+def _case(monkeypatch: pytest.MonkeyPatch, with_passes: bool) -> CaseResult:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpu = FakeGPU(
         "NVIDIA A100",
@@ -61,15 +61,21 @@ def case(monkeypatch: pytest.MonkeyPatch) -> CaseResult:
             CaseIdentity("t.py::test_q[x]", "test_q[x]", {}),
             results.append,
         )
-        return bench(generate, input_tokens=100, output_tokens=8, prefill_pass=prefill_pass)
+        passes = prefill_pass if with_passes else None
+        return bench(generate, input_tokens=100, output_tokens=8, prefill_pass=passes)
 
 
-def test_a_short_prefill_is_marked_and_measured_by_repeated_passes(case: CaseResult) -> None:
+@pytest.fixture
+def case(monkeypatch: pytest.MonkeyPatch) -> CaseResult:
+    """The case split at its marks alone (no prefill pass)."""
+    return _case(monkeypatch, with_passes=False)
+
+
+def test_a_short_prefill_is_measured_by_repeated_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = _case(monkeypatch, with_passes=True)
     assert case.resolution_s is not None
-    for key in ("prefill_j", "prefill_j_per_in_token"):
-        assert not resolved(FIGURES[key], case), key
-    for key in ("energy_j", "j_per_token", "decode_j"):
-        assert resolved(FIGURES[key], case), key  # 630 ms and 600 ms: over 2x 100 ms
+    for key in ("prefill_j", "prefill_j_per_in_token", "energy_j", "j_per_token", "decode_j"):
+        assert resolved(FIGURES[key], case), key
     # each window of passes lasts PASS_WINDOW_MULTIPLE x the resolution at least
     assert case.prefill_passes
     for window in case.prefill_passes:
@@ -80,10 +86,22 @@ def test_a_short_prefill_is_marked_and_measured_by_repeated_passes(case: CaseRes
     assert value(case, "prefill_pass_j_per_in_token") == pytest.approx(
         WATTS * per_pass_s / 100, rel=0.15
     )
+    # each trial's prefill is its own window of passes' (the decode the rest)
+    assert [t.phases["prefill"].joules for t in case.trials] == [
+        w.joules for w in case.prefill_passes
+    ]
+
+
+def test_a_short_prefill_split_at_its_mark_is_marked(case: CaseResult) -> None:
+    assert not case.prefill_passes and not any(t.split for t in case.trials)
+    for key in ("prefill_j", "prefill_j_per_in_token", "decode_j"):
+        assert not resolved(FIGURES[key], case), key  # 600 ms: under 34 x 100 ms
+    for key in ("energy_j", "j_per_token"):
+        assert resolved(FIGURES[key], case), key  # 630 ms: over 2 x 100 ms
 
 
 def test_tables_mark_unresolved_figures(case: CaseResult) -> None:
-    text = render(case_tables([case], columns=["prefill_j", "decode_j", "prefill_pass_j"]), "table")
+    text = render(case_tables([case], columns=["prefill_j", "decode_j"]), "table")
     assert "\u2020" in text.splitlines()[3]  # the row: prefill J marked
     assert "not resolved, never gated" in text
 
@@ -98,7 +116,14 @@ def test_unresolved_figures_are_never_gated(case: CaseResult, tmp_path: Any) -> 
     )
     c = compare_cases([case], [worse], CompareOptions(gates=parse_gates("prefill_j:5%")))
     assert not c.failed and c.deltas[0].verdict == UNRESOLVED
-    # and the resolution and passes survive the run file
+    # and the resolution survives the run file
+
+
+def test_the_passes_and_the_split_survive_the_run_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    case = _case(monkeypatch, with_passes=True)
     run = Run("", "x", "", "complete", "hw", {}, {}, {}, {}, cases=(case,))
     back = loads(dumps(run), tmp_path / "r.json").cases[0]
     assert back.resolution_s == case.resolution_s and back.prefill_passes == case.prefill_passes
+    assert back.trials == case.trials and back.trials[0].split == "prefill passes"

@@ -23,7 +23,6 @@ from typing import Any, NoReturn, Protocol
 import pytest
 
 from ..errors import LLMEnergyError, TrialRejected
-from ..figures import PASS_WINDOW_MULTIPLE, RESOLVED_MULTIPLE
 from ..meters.base import Meter
 from ..meters.readings import Measurement
 from ..meters.validity import judge
@@ -34,7 +33,6 @@ from ..results import (
     CONVERGED,
     LIMIT,
     OOM,
-    PREFILL,
     ROUNDS,
     CaseResult,
     CountedWork,
@@ -42,6 +40,7 @@ from ..results import (
     ThermalWait,
     Trial,
 )
+from .passes import needs_passes, pass_window, split_by_passes
 from .rule import RULES, ControllerSettings, StopDecision, decide, may_stop, progress_line
 from .window import EdgeDelay, WindowPlan, summed_phases, synchronize_devices, window_target_s
 
@@ -100,10 +99,6 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-# A bound on the prefill passes of one window (a 10 µs "prefill" on a 1 s counter).
-MAX_PREFILL_PASSES = 10_000
-
-
 @dataclasses.dataclass
 class CaseVisits:
     """What the visits of one case measured so far (``--energy-interleave=N``).
@@ -119,6 +114,8 @@ class CaseVisits:
     trials: list[Trial] = dataclasses.field(default_factory=list)
     disturbed: list[Trial] = dataclasses.field(default_factory=list)
     reference: list[float] = dataclasses.field(default_factory=list)
+    # windows of prefill-only passes, one after each trial whose marks could not split it
+    passes: list[Trial] = dataclasses.field(default_factory=list)
     # the waits for the GPUs to cool before its visits: the first's temperatures, the
     # seconds summed (--energy-thermal-tolerance)
     thermal: ThermalWait | None = None
@@ -186,6 +183,9 @@ class _Target:
     # a window of several calls on a coarse meter; pedantic rounds are one call each
     # (their setup runs between calls, outside every window)
     windowed: bool = True
+    # the case's prefill alone, for a window of passes after each trial whose marks
+    # cannot split it (controller/passes.py)
+    prefill_pass: Callable[[], Any] | None = None
 
 
 @dataclasses.dataclass
@@ -228,12 +228,13 @@ class _CaseTrials:
     disturbed: list[Trial]
     cpu: _OthersCpu | None = None  # None: trials are not checked for a busy machine
     last_call: tuple[Sequence[Any], Mapping[str, Any]] | None = None
+    passes: list[Trial] = dataclasses.field(default_factory=list)  # controller/passes.py
 
     @classmethod
     def resume(cls, visits: CaseVisits | None, cpu: _OthersCpu | None) -> _CaseTrials:
         if visits is None:
             return cls([], [], cpu)
-        return cls(list(visits.trials), list(visits.disturbed), cpu)
+        return cls(list(visits.trials), list(visits.disturbed), cpu, passes=list(visits.passes))
 
     @property
     def count(self) -> int:
@@ -405,7 +406,8 @@ class EnergyBenchmark:
         self._window = WindowPlan(
             window_target_s(meter.resolution_s, options) if f.windows else 0.0
         )
-        self._edge_delay = EdgeDelay(meter.resolution_s)
+        # (none where the window's edges wait for the counter's refreshes instead)
+        self._edge_delay = EdgeDelay(None if meter.tick_period_s else meter.resolution_s)
 
     def __call__(
         self,
@@ -423,9 +425,10 @@ class EnergyBenchmark:
         a plain function without them has its figures per call (no per-token figure).
 
         ``prefill_pass`` runs the case's prefill alone (one forward pass over the prompt,
-        no cache kept).  When the trials' prefill is shorter than the meter resolves, it
-        is repeated back to back inside windows long enough, and their joules divided by
-        the count give the prefill's energy (figure ``prefill_pass_j``).
+        no cache kept).  Where the trials' prefill is too short for the meter's marks to
+        split it without bias, each trial is followed by a window of it repeated back
+        to back: their joules divided by the count are the trial's prefill joules, the
+        rest its decode's (``controller/passes.py``; figure ``prefill_pass_j``).
 
         ``queries`` is how many queries of ``input_tokens`` -> ``output_tokens`` one call
         runs together (a batch of prompts, or concurrent requests to a server): the
@@ -513,10 +516,17 @@ class EnergyBenchmark:
         try:
             with self._exclusive():
                 return self._measure(
-                    _Target(fn, call_args, input_tokens, output_tokens, queries, rounds is None),
+                    _Target(
+                        fn,
+                        call_args,
+                        input_tokens,
+                        output_tokens,
+                        queries,
+                        rounds is None,
+                        prefill_pass,
+                    ),
                     warmup=warmup,
                     rounds=rounds,
-                    prefill_pass=prefill_pass,
                 )
         finally:
             if self._progress is not None and rounds is None:
@@ -528,10 +538,9 @@ class EnergyBenchmark:
         *,
         warmup: int,
         rounds: int | None,
-        prefill_pass: Callable[[], Any] | None,
     ) -> CaseResult:
-        """Warm up, run the mode's trials, then what follows them: the prefill passes,
-        the operator profile and the counted work; out of memory, the case is skipped."""
+        """Warm up, run the mode's trials, then what follows them: the operator profile
+        and the counted work; out of memory, the case is skipped."""
         visits = self.visits if rounds is None else None  # fixed rounds: all at once
         pacer = self.pacer if rounds is None and visits is None else None
         state = _CaseTrials.resume(visits, _OthersCpu.start(self.background))
@@ -550,13 +559,6 @@ class EnergyBenchmark:
                     outcome = self._paired_turns(target, state, pacer)
                 else:
                     outcome = self._until_rule(target, state, visits)
-                passes = (
-                    ()
-                    if outcome.paused
-                    else self._prefill_passes(
-                        prefill_pass, state.kept, target.input_tokens, target.queries
-                    )
-                )
             last = state.last_call if state.count and not outcome.paused else None
             op_profile = self._profile_ops(target.fn, *last) if last is not None else None
             if work is None and last is not None and self.count_after_trials:
@@ -571,7 +573,6 @@ class EnergyBenchmark:
             state,
             outcome,
             resources=probe.usage,
-            passes=passes,
             op_profile=op_profile,
             work=work,
         )
@@ -688,6 +689,8 @@ class EnergyBenchmark:
         if ran.parts:  # a window of calls (a coarse meter): the figures per call
             trial = _per_call(trial, ran.parts, len(ran.parts))
         rejected = rejected or _below_zero(trial, ran.parts)
+        if not rejected:
+            trial = self._split(target, state, trial)
         trial = dataclasses.replace(
             trial,
             gpu=gpu,
@@ -718,7 +721,7 @@ class EnergyBenchmark:
         parts: list[Measurement] = []
         rejected = ""
         try:
-            with self.meter.measure() as window:
+            with self.meter.measure(aligned=True) as window:
                 try:
                     if target.windowed and self._window.windowed:
                         self._calls_until_long_enough(target, args, kwargs, outs, parts)
@@ -796,7 +799,6 @@ class EnergyBenchmark:
         outcome: _Outcome,
         *,
         resources: Any,
-        passes: tuple[Trial, ...],
         op_profile: Mapping[str, Any] | None,
         work: CountedWork | None,
     ) -> CaseResult:
@@ -808,6 +810,7 @@ class EnergyBenchmark:
         if outcome.paused:
             assert self.visits is not None  # only a visit pauses
             self.visits.trials, self.visits.disturbed = trials, disturbed
+            self.visits.passes = state.passes
         result = self._finish(
             target.input_tokens,
             target.output_tokens,
@@ -816,7 +819,7 @@ class EnergyBenchmark:
             reason=outcome.why,
             resources=resources,
             disturbed=disturbed,
-            prefill_passes=passes,
+            prefill_passes=tuple(state.passes),
             queries=target.queries,
             op_profile=op_profile,
             work=work,
@@ -882,45 +885,21 @@ class EnergyBenchmark:
             return None
         return self.work_counter(lambda: self._call(fn, args, kwargs))
 
-    def _prefill_passes(
-        self,
-        prefill_pass: Callable[[], Any] | None,
-        trials: list[Trial],
-        input_tokens: int,
-        queries: int = 1,
-    ) -> tuple[Trial, ...]:
-        """Windows of back-to-back prefill passes, when a single prefill is too short for
-        the meter: each window lasts at least PASS_WINDOW_MULTIPLE x the resolution."""
-        resolution_s = self.meter.resolution_s
-        prefills = [t.phases[PREFILL].seconds for t in trials if PREFILL in t.phases]
-        if prefill_pass is None or resolution_s is None or not prefills:
-            return ()
-        one_s = max(sum(prefills) / len(prefills), 1e-6)
-        if one_s >= RESOLVED_MULTIPLE * resolution_s:
-            return ()
-        needed_s = PASS_WINDOW_MULTIPLE * resolution_s
-        count = min(MAX_PREFILL_PASSES, math.ceil(needed_s / one_s))
-        windows: list[Trial] = []
-        for index in range(1, max(2, self.options.min_trials) + 1):
-            with self.meter.measure() as window:
-                for _ in range(count):
-                    prefill_pass()
-            m = window.measurement
-            windows.append(
-                Trial(
-                    index=index,
-                    seconds=m.seconds / count,
-                    joules=m.joules / count,
-                    net_joules=m.net_joules / count,
-                    joules_by_domain={d: j / count for d, j in m.by_domain.items()},
-                    net_joules_by_domain={d: j / count for d, j in m.net_by_domain.items()},
-                    input_tokens=input_tokens,
-                    output_tokens=0,
-                    passes=count,
-                    queries=queries,
-                )
-            )
-        return tuple(windows)
+    def _split(self, target: _Target, state: _CaseTrials, trial: Trial) -> Trial:
+        """The trial split by a window of prefill-only passes right after it, where its
+        marks cannot split it on this meter (controller/passes.py)."""
+        if target.prefill_pass is None or not needs_passes(trial, self.meter.resolution_s):
+            return trial
+        self._edge_delay.wait()
+        window = pass_window(
+            self.meter,
+            target.prefill_pass,
+            index=len(state.passes) + 1,
+            input_tokens=target.input_tokens,
+            queries=target.queries,
+        )
+        state.passes.append(window)
+        return split_by_passes(trial, window)
 
     def _call(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         self.calls += 1

@@ -90,6 +90,13 @@ class Meter(ABC):
         """
         return self._resolution_s
 
+    @property
+    def tick_period_s(self) -> float | None:
+        """The period of the counter an aligned window's edges wait for (each edge on a
+        refresh, ``meters/edges.py``); None: this meter's edges are read as they come
+        (no counter, a fine one, or an unknown period)."""
+        return None
+
     def describe(self) -> str:
         """One line for the report header: what measures which domain, and how."""
         doms = ", ".join(f"{d.name} ({d.method})" for d in self.domains.values())
@@ -102,12 +109,14 @@ class Meter(ABC):
         """Release the library or device handles."""
 
     # -- public API --------------------------------------------------------------
-    def measure(self, phase: str = "main") -> Window:
+    def measure(self, phase: str = "main", *, aligned: bool = False) -> Window:
         """A window to use as ``with meter.measure() as m: ...``.
 
-        ``phase`` names the stretch up to the first ``m.mark(...)``.
+        ``phase`` names the stretch up to the first ``m.mark(...)``; ``aligned`` puts
+        its edges on the counter's refreshes where it is coarse (``tick_period_s``): a
+        trial's window, not a mark's.
         """
-        return Window(self, phase)
+        return Window(self, phase, aligned)
 
     def measure_idle(self, seconds: float) -> dict[str, float]:
         """Measure idle power per domain and keep it as this meter's baseline."""

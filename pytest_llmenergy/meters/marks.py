@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .edges import TickEdges
 from .readings import Domain, Measurement, Method, Phase, PowerSample, Reading
 
 if TYPE_CHECKING:
@@ -60,16 +61,26 @@ class MeasuredShortcuts:
 
 
 class Window(MeasuredShortcuts):
-    """One measurement window; after the ``with`` block it carries the result."""
+    """One measurement window; after the ``with`` block it carries the result.
 
-    __slots__ = ("_first_phase", "_marks", "_meter", "_result", "_token")  # cheaper per window
+    ``aligned``: its edges wait for the meter's counter to refresh where the meter has a
+    coarse one (``Meter.tick_period_s``), so that no edge rounds its energy
+    (``meters/edges.py``); the marks inside it read as they are."""
 
-    def __init__(self, meter: Meter, phase: str) -> None:
+    __slots__ = ("_edges", "_first_phase", "_marks", "_meter", "_result", "_token")
+
+    def __init__(self, meter: Meter, phase: str, aligned: bool = False) -> None:
         self._meter = meter
         self._marks: list[tuple[str, Reading]] = []
         self._first_phase = phase
         self._result: Measurement | None = None
         self._token: contextvars.Token[Window | None] | None = None
+        self._edges: TickEdges | None = None
+        if aligned:
+            period_s = meter.tick_period_s
+            if period_s is not None:
+                names = [n for n, d in meter.domains.items() if d.method == Method.COUNTER]
+                self._edges = TickEdges(meter, period_s, names) if names else None
 
     def __enter__(self) -> Window:
         if self._marks:
@@ -79,7 +90,9 @@ class Window(MeasuredShortcuts):
         if uses_start_stop:
             meter._acquire()
         try:
-            self._marks.append((self._first_phase, meter._read()))
+            edges = self._edges
+            start = edges.open() if edges is not None else meter._read()
+            self._marks.append((self._first_phase, start))
         except BaseException:
             if uses_start_stop:
                 meter._release()
@@ -116,13 +129,19 @@ class Window(MeasuredShortcuts):
             _innermost.reset(self._token)
             self._token = None
         if not meter._uses_start_stop:
-            self._result = _build(meter, self._marks, meter._read())
+            self._result = self._built(meter._read())
             return
         try:
-            end = meter._read()
-            self._result = _build(meter, self._marks, end)
+            self._result = self._built(meter._read())
         finally:
             meter._release()
+
+    def _built(self, end: Reading) -> Measurement:
+        """The result from the marks to ``end``, its totals read on the counter's
+        refreshes when the window is aligned (the last phase takes the difference)."""
+        edges = self._edges
+        aligned = edges.close(self._marks[0][1], end) if edges is not None else None
+        return _build(self._meter, self._marks, end, aligned)
 
     @property
     def measurement(self) -> Measurement:
@@ -277,7 +296,15 @@ class _Phases(Mapping[str, Phase]):
         return repr(self._phases())
 
 
-def _build(meter: Meter, marks: list[tuple[str, Reading]], end: Reading) -> Measurement:
+def _build(
+    meter: Meter,
+    marks: list[tuple[str, Reading]],
+    end: Reading,
+    aligned: Mapping[str, float] | None = None,
+) -> Measurement:
+    """A window's measurement; ``aligned``: the joules of the counters read on their
+    refreshes (``meters/edges.py``), which replace the plain edges' in the totals and in
+    the last phase (so that the phases still add up to the window)."""
     domains = dict(meter.domains)
     idle = dict(meter.idle_power_w)
     start = marks[0][1]
@@ -292,6 +319,11 @@ def _build(meter: Meter, marks: list[tuple[str, Reading]], end: Reading) -> Meas
             (name, a.t, b.t, energy_j(a, b)) for (name, a), (_, b) in itertools.pairwise(edges)
         ]
         by_domain = {name: sum(span[3][name] for span in spans) for name in domains}
+    if aligned:
+        last = spans[-1][3]
+        for name, joules in aligned.items():
+            last[name] = last.get(name, 0.0) + joules - by_domain.get(name, 0.0)
+        by_domain = {**by_domain, **aligned}
     return _frozen(
         Measurement,
         {

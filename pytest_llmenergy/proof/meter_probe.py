@@ -250,6 +250,19 @@ class Recorder:
         self._thread.join()
 
 
+def _products() -> Any:
+    """Four matrix products as one module call (made on use: torch is imported late)."""
+    import torch
+
+    class Products(torch.nn.Module):
+        def forward(self, a: Any, b: Any) -> Any:
+            for _ in range(4):
+                out = a @ b
+            return out
+
+    return Products()
+
+
 class Load:
     """Work that keeps the device busy in a thread until stopped: bf16 products on a GPU,
     float32 products on the CPU (where a stand-in's power follows the CPU's use)."""
@@ -267,9 +280,9 @@ class Load:
         dtype = torch.bfloat16 if cuda else torch.float32
         a = torch.randn(n, n, device=self.device, dtype=dtype)
         b = torch.randn(n, n, device=self.device, dtype=dtype)
+        products = _products()  # a module: what a stand-in GPU sees as its work
         while not self._stop.is_set():
-            for _ in range(4):
-                a @ b
+            products(a, b)
             if cuda:
                 torch.cuda.synchronize()
 

@@ -39,6 +39,8 @@ from ..errors import ConfigError, LLMEnergyError, one_line
 from ..meters.validity import DEFAULT_MAX_GAP_S, Telemetry
 from ..probes.resources import ResourceUsage
 from ..results import (
+    SPLIT_MARKS,
+    SPLITS,
     CaseResult,
     CountedWork,
     GpuNeighbour,
@@ -88,6 +90,9 @@ FORMAT = "pytest-llmenergy-run"
 #    meter does not sample, or the run predates it) and the controller's "max_sample_gap_s".
 #    the run's "writer" (the process writing it: "host", "pid", and "started", its start
 #    in seconds since the epoch; absent: not recorded, and "running" is taken as said).
+#    a trial's "split" (how its prefill | decode phases were split, results.SPLITS:
+#    "prefill passes", the prefill's joules from a window of prefill-only passes right
+#    after it; absent: at the marks).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -229,6 +234,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"steady_batch": t.steady_batch} if t.steady_batch else {}),
         **({"steady_batch_note": t.steady_batch_note} if t.steady_batch_note else {}),
         **({"telemetry": _telemetry_dict(t.telemetry)} if t.telemetry is not None else {}),
+        **({"split": t.split} if t.split else {}),
     }
 
 
@@ -680,7 +686,16 @@ def _trial(r: _Reader) -> Trial:
         steady_batch=r.amount("steady_batch", optional=True) or 0.0,
         steady_batch_note=r.get("steady_batch_note", str, optional=True) or "",
         telemetry=_telemetry(r.obj("telemetry", optional=True)),
+        split=_split(r),
     )
+
+
+def _split(r: _Reader) -> str:
+    """How the trial's phases were split: one of SPLITS, refused otherwise."""
+    split = r.get("split", str, optional=True) or SPLIT_MARKS
+    if split not in SPLITS:
+        raise _Bad(f"{r._at('split')} is {split!r}; known: {', '.join(map(repr, SPLITS))}")
+    return split
 
 
 def _telemetry(r: _Reader | None) -> Telemetry | None:

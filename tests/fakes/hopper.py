@@ -3,9 +3,11 @@
 What a real H100 does that the A100 stand-in of gpu_project.py does not model, and what
 this one does:
 
-- power follows the work: here, the work is this process's CPU use (the models of a
-  stand-in proof run on the CPU), so ``idle_w`` plus ``dynamic_w`` times the share of
-  the cores busy, capped at the power limit; idle power is far from zero (70 W);
+- power follows the work: by default what the models do (``PhaseTrace``: every forward
+  pass hooked, a prefill at 600 W, a decode step at 300 W, other work at 600 W, idle
+  75 W between passes, so that each phase's true joules are known exactly whatever
+  this CPU's load); or, with ``CpuLoadTrace``, this process's CPU use, ``idle_w`` plus
+  ``dynamic_w`` times the share of the cores busy; both capped at the power limit;
 - ``nvmlDeviceGetPowerUsage`` is the mean of the last second (NVML: "On Ampere (except
   GA100) or newer GPUs, the API returns power averaged over 1 sec interval"), and the
   instantaneous power is a field (``NVML_FI_DEV_POWER_INSTANT``);
@@ -137,8 +139,170 @@ class MiscountedTrace(CpuLoadTrace):
         return self.factor * super().energy_until(t)
 
 
+# What the phase-scripted stand-in draws: the prefill's dense products near the cap, the
+# decode's memory-bound steps at half of that, over Hopper's idle (issue 60).
+PREFILL_W = 600.0
+DECODE_W = 300.0
+IDLE, PREFILL, DECODE, WORK = "idle", "prefill", "decode", "work"
+
+
+class PhaseTrace:
+    """GPU power set by what the GPU does, not by this CPU's load: each activity
+    (``idle``, ``prefill``, ``decode``, other ``work``) draws its scripted power, so the
+    true energy of any past interval, and of each phase, is known exactly.
+
+    ``activity(name)`` marks the work while it runs (``install_torch_hooks`` does it for
+    every model's forward pass).  Several threads may work at once: the GPU draws the
+    most any of them asks for.  The PowerTrace interface: ``origin``, ``steps``,
+    ``power_at``, ``energy_until``.
+    """
+
+    def __init__(
+        self,
+        watts: dict[str, float] | None = None,
+        limit_w: Callable[[], float] = lambda: MAX_LIMIT_MW / 1000,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.watts = {IDLE: IDLE_W, PREFILL: PREFILL_W, DECODE: DECODE_W, WORK: PREFILL_W}
+        self.watts.update(watts or {})
+        self.idle_w = self.watts[IDLE]
+        self.limit_w, self.clock = limit_w, clock
+        self.origin = clock()
+        self._ends = [self.origin]  # stretch k runs from _ends[k] to _ends[k + 1]
+        self._watts: list[float] = []
+        self._joules = [0.0]  # energy from the origin to _ends[k]
+        self._running: dict[int, str] = {}  # thread id -> its activity
+        self._lock = threading.RLock()
+        # every stretch's activity, for tests that sum a phase's true joules
+        self.activities: list[str] = []
+
+    @property
+    def steps(self) -> list[tuple[float, float]]:
+        """Only the first is read (the power before the trace began): idle."""
+        return [(float("inf"), self.idle_w)]
+
+    def _now_w(self) -> tuple[str, float]:
+        """The activity drawing most now, and its power under the limit."""
+        running = list(self._running.values()) or [IDLE]
+        name = max(running, key=lambda a: self.watts.get(a, self.watts[WORK]))
+        return name, min(self.limit_w(), self.watts.get(name, self.watts[WORK]))
+
+    def set(self, name: str | None) -> None:
+        """This thread's activity from now on (None: it stops working)."""
+        with self._lock:
+            self._close(self.clock())
+            me = threading.get_ident()
+            if name is None:
+                self._running.pop(me, None)
+            else:
+                self._running[me] = name
+
+    def _close(self, t: float) -> None:
+        """End the current stretch at ``t`` at the power drawn since the last change."""
+        if t > self._ends[-1]:
+            name, watts = self._now_w()
+            self._joules.append(self._joules[-1] + watts * (t - self._ends[-1]))
+            self._ends.append(t)
+            self._watts.append(watts)
+            self.activities.append(name)
+
+    def power_at(self, t: float) -> float:
+        with self._lock:
+            if t >= self._ends[-1]:
+                return self._now_w()[1]
+            k = self._stretch(t)
+            return self.idle_w if k < 0 else self._watts[k]
+
+    def energy_until(self, t: float) -> float:
+        if t <= self.origin:
+            return 0.0
+        with self._lock:
+            if t > self._ends[-1]:
+                self._close(t)  # the present activity up to t (never a future one)
+            k = self._stretch(t)
+            return self._joules[k] + self._watts[k] * (t - self._ends[k])
+
+    def _stretch(self, t: float) -> int:
+        lo, hi = 0, len(self._ends) - 1
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            if self._ends[mid] <= t:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def energy_between(self, t0: float, t1: float) -> float:
+        return self.energy_until(t1) - self.energy_until(t0)
+
+    def mean_power(self, t0: float, t1: float) -> float:
+        return self.energy_between(t0, t1) / (t1 - t0) if t1 > t0 else self.power_at(t1)
+
+    def max_power(self) -> float:
+        return max(self._watts, default=self.idle_w)
+
+    def activity_joules(self, name: str, t0: float, t1: float) -> float:
+        """The true joules drawn in ``[t0, t1]`` while ``name`` was what the GPU did."""
+        with self._lock:
+            self._close(self.clock())
+            total = 0.0
+            for k, act in enumerate(self.activities):
+                a, b = max(self._ends[k], t0), min(self._ends[k + 1], t1)
+                if act == name and b > a:
+                    total += self._watts[k] * (b - a)
+            return total
+
+
+class TorchHooks:
+    """Every model's forward pass, seen as the GPU's work: a pass over more than one
+    token a prefill, over one token a decode step (told by the first embedding's
+    input), anything else ``work``; between passes the GPU is idle.  A pass lasts at
+    least ``prefill_s`` / ``decode_s`` where given (the GPU's time for it, longer than a
+    tiny model's on this CPU), so that a test can script a prefill of 10-50 ms."""
+
+    def __init__(self, trace: PhaseTrace, prefill_s: float = 0.0, decode_s: float = 0.0) -> None:
+        import torch
+
+        self.trace, self.prefill_s, self.decode_s = trace, prefill_s, decode_s
+        self._local = threading.local()
+        module = torch.nn.modules.module
+        self._handles = [
+            module.register_module_forward_pre_hook(self._pre),
+            module.register_module_forward_hook(self._post, always_call=True),
+        ]
+        self._embedding = torch.nn.Embedding
+
+    def _pre(self, module: Any, args: Any) -> None:
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth == 0:
+            local.start, local.kind = time.perf_counter(), WORK
+            self.trace.set(WORK)
+        elif local.kind == WORK and isinstance(module, self._embedding) and args:
+            tokens = args[0].shape[-1] if args[0].dim() else 1
+            local.kind = PREFILL if tokens > 1 else DECODE
+            self.trace.set(local.kind)
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        local = self._local
+        local.depth -= 1
+        if local.depth:
+            return
+        least_s = {PREFILL: self.prefill_s, DECODE: self.decode_s}.get(local.kind, 0.0)
+        left_s = local.start + least_s - time.perf_counter()
+        if left_s > 0:
+            time.sleep(left_s)
+        self.trace.set(None)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 def make_h100(index: int = 0, trace: Any = None) -> FakeGPU:
     """One H100 SXM whose power follows ``trace`` (default: this process's CPU use)."""
+    own = trace is None or isinstance(trace, PhaseTrace)
     gpu = FakeGPU(
         NAME,
         fake_uuid(index),
@@ -156,15 +320,28 @@ def make_h100(index: int = 0, trace: Any = None) -> FakeGPU:
         idle_sm_clock_mhz=345,
         memory_clock_mhz=2619,
     )
-    if trace is None:  # the cap holds the power down, as the board's power brake does
+    if own:  # the cap holds the power down, as the board's power brake does
         gpu.trace.limit_w = lambda: (gpu.power_limit_mw or MAX_LIMIT_MW) / 1000
     return gpu
 
 
 def build() -> Any:
-    """The fake ``pynvml`` of one H100, its settings in ``$FAKE_GPU_STATE`` if set."""
+    """The fake ``pynvml`` of one H100, its settings in ``$FAKE_GPU_STATE`` if set.
+
+    ``$FAKE_GPU_POWER``: ``phases`` (the default) draws the scripted power of what the
+    models do (``PhaseTrace``, every forward pass hooked; ``$FAKE_GPU_PREFILL_MS`` and
+    ``$FAKE_GPU_DECODE_MS`` the least time of a pass), ``cpu`` follows this process's
+    CPU use (``CpuLoadTrace``)."""
+    trace: Any = None
+    if os.environ.get("FAKE_GPU_POWER", "phases") == "phases":
+        trace = PhaseTrace()
+        TorchHooks(
+            trace,
+            prefill_s=float(os.environ.get("FAKE_GPU_PREFILL_MS", "0")) / 1000,
+            decode_s=float(os.environ.get("FAKE_GPU_DECODE_MS", "0")) / 1000,
+        )
     return build_fake_pynvml(
-        [make_h100()],
+        [make_h100(trace=trace)],
         root=os.environ.get("FAKE_GPU_ROOT", "1") == "1",
         state_path=os.environ.get("FAKE_GPU_STATE") or None,
     )
