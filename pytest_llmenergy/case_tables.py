@@ -23,6 +23,7 @@ from .errors import ConfigError
 from .figures import (
     DEFAULT_COLUMNS,
     FIGURES,
+    MARK_RESOLVED_MULTIPLE,
     REMOVED,
     RESOLVED_MULTIPLE,
     Figure,
@@ -61,8 +62,9 @@ UNRESOLVED_MARK = "\u2020"  # dagger
 def unresolved_legend(resolution_s: float) -> str:
     return (
         f"\u2020 measured over stretches shorter than {RESOLVED_MULTIPLE:g}x the meter's "
-        f"resolution ({resolution_s * 1e3:.3g} ms): not resolved, never gated"
-        " (prefill_pass_j measures a short prefill properly)"
+        f"resolution ({resolution_s * 1e3:.3g} ms), or a phase split at its first-token "
+        f"mark shorter than {MARK_RESOLVED_MULTIPLE:g}x: not resolved, never gated (a "
+        "case's prefill_pass splits a short prefill properly)"
     )
 
 

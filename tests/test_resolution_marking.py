@@ -17,8 +17,9 @@ import pytest
 from pytest_llmenergy.case_tables import case_tables
 from pytest_llmenergy.compare import UNRESOLVED, CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
+from pytest_llmenergy.controller.passes import ALIGNED_PASS_MULTIPLE
 from pytest_llmenergy.controller.rule import ControllerSettings
-from pytest_llmenergy.figures import FIGURES, PASS_WINDOW_MULTIPLE, resolved, value
+from pytest_llmenergy.figures import FIGURES, resolved, value
 from pytest_llmenergy.meters import mark_phase, open_meter
 from pytest_llmenergy.results import CaseResult
 from pytest_llmenergy.storage.runfile import Run, dumps, loads
@@ -76,10 +77,11 @@ def test_a_short_prefill_is_measured_by_repeated_passes(monkeypatch: pytest.Monk
     assert case.resolution_s is not None
     for key in ("prefill_j", "prefill_j_per_in_token", "energy_j", "j_per_token", "decode_j"):
         assert resolved(FIGURES[key], case), key
-    # each window of passes lasts PASS_WINDOW_MULTIPLE x the resolution at least
+    # each window of passes lasts ALIGNED_PASS_MULTIPLE x the resolution at least (its
+    # edges on the counter's refreshes)
     assert case.prefill_passes
     for window in case.prefill_passes:
-        assert window.passes * window.seconds >= PASS_WINDOW_MULTIPLE * case.resolution_s * 0.9
+        assert window.passes * window.seconds >= ALIGNED_PASS_MULTIPLE * case.resolution_s * 0.9
     # the truth: 250 W x 30 ms per pass (sleep overruns a little: use the measured time)
     per_pass_s = sum(w.seconds for w in case.prefill_passes) / len(case.prefill_passes)
     assert value(case, "prefill_pass_j") == pytest.approx(WATTS * per_pass_s, rel=0.15)

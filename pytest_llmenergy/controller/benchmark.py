@@ -408,6 +408,9 @@ class EnergyBenchmark:
         )
         # (none where the window's edges wait for the counter's refreshes instead)
         self._edge_delay = EdgeDelay(None if meter.tick_period_s else meter.resolution_s)
+        # windows of prefill passes after the trials whose marks cannot split them: not
+        # under torchrun either (each rank would time its own window's passes)
+        self._split_by_passes = f.windows
 
     def __call__(
         self,
@@ -888,7 +891,9 @@ class EnergyBenchmark:
     def _split(self, target: _Target, state: _CaseTrials, trial: Trial) -> Trial:
         """The trial split by a window of prefill-only passes right after it, where its
         marks cannot split it on this meter (controller/passes.py)."""
-        if target.prefill_pass is None or not needs_passes(trial, self.meter.resolution_s):
+        if target.prefill_pass is None or not self._split_by_passes:
+            return trial
+        if not needs_passes(trial, self.meter.resolution_s):
             return trial
         self._edge_delay.wait()
         window = pass_window(

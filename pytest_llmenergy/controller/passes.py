@@ -9,7 +9,7 @@ low, its missing joules in the decode.  That is a bias, and no number of trials
 averages it away.  Where a prefill is shorter than ``MARK_RESOLVED_MULTIPLE x R``
 (figures.py), each trial is followed by a window of the case's prefill alone
 (``prefill_pass``: one forward pass over the prompt), repeated back to back until the
-window lasts ``PASS_WINDOW_MULTIPLE x R``, its edges on the counter's refreshes
+window lasts ``ALIGNED_PASS_MULTIPLE x R``, its edges on the counter's refreshes
 (``meters/edges.py``).  The window's joules per pass are the trial's prefill joules;
 the trial's other joules are its decode's.  The phases' seconds stay the marks' (a
 clock has no such bias).  Each trial has its own window, so the prefill's interval is
@@ -31,6 +31,10 @@ from .window import FINE_RESOLUTION_S, synchronize_devices
 
 # A bound on the prefill passes of one window (a 10 µs "prefill" on a 1 s counter).
 MAX_PREFILL_PASSES = 10_000
+# A window of passes whose edges wait for the counter's refreshes lasts this many
+# periods (others ``PASS_WINDOW_MULTIPLE``): no edge rounds, so what is left is the
+# passes' own spread, which the trials' interval shows.
+ALIGNED_PASS_MULTIPLE = 5.0
 
 
 def needs_passes(trial: Trial, resolution_s: float | None) -> bool:
@@ -55,7 +59,9 @@ def pass_window(
     """One window of prefill passes back to back, long enough for the meter, as a trial
     whose figures are per pass (``passes``: how many)."""
     resolution_s = meter.resolution_s or 0.0
-    target_s = PASS_WINDOW_MULTIPLE * resolution_s
+    # on the counter's refreshes no edge rounds: half as long is as good
+    aligned = meter.tick_period_s is not None
+    target_s = (ALIGNED_PASS_MULTIPLE if aligned else PASS_WINDOW_MULTIPLE) * resolution_s
     count = 0
     with meter.measure(aligned=True) as window:
         start_s = time.perf_counter()

@@ -8,19 +8,30 @@ the same shapes, so transformers' own ``generate`` can compile the step with
 ``torch.compile(mode="reduce-overhead")``: CUDA graphs, one launch replayed per step.
 
 Compiling and capturing take seconds to minutes and happen once per shape (batch, input
-+ output tokens), so ``CompiledDecode.prepare`` runs two unmeasured generations of the
-case's shape before its first measured window: the first compiles and captures, the
-second replays as the measured calls will.  A measured call then runs under
-``torch.compiler.set_stance("fail_on_recompile")``: were anything to compile inside a
-window, the call fails instead of measuring the compiler.  The prefill stays eager (as
-transformers runs it); the cache is reset, not replaced, between calls of one shape, so
-the captured graphs keep their addresses.
++ output tokens), so ``CompiledDecode.prepare`` runs unmeasured generations of the case's
+shape before its first measured window: one of a single decode step compiles it, then two
+of the case's length under ``torch.compiler.set_stance("fail_on_recompile")`` capture and
+replay it as the measured calls will.  Were a later step to compile again (a guard on a
+value that changes every step), the shape falls back to eager there, before any window,
+with a ``CompiledFallback`` warning that says why.  A measured call runs under the same
+stance: were anything to compile inside a window, the call fails instead of measuring the
+compiler.  The prefill stays eager (as transformers runs it); the cache is reset, not
+replaced, between calls of one shape, so the captured graphs keep their addresses.
+
+Sliding-window layers: transformers' static sliding-window cache layer counts the tokens
+it holds in a Python int and branches on it, so dynamo guards on its value and compiles a
+graph per decode step (tiny-mistral: 31 graphs for 32 output tokens).  Each such layer is
+swapped for a plain static layer of the case's length, which counts in a tensor; the
+window is still applied, by the sliding-window attention mask over absolute positions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+import re
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,7 +48,13 @@ BACKEND_ENV = "LLMENERGY_COMPILE_BACKEND"
 # Every shape of a session is a recompilation of the decode step; torch's default limit
 # (8) would silently fall back to eager after the eighth shape.
 _RECOMPILE_LIMIT = 4096
-_WARMUP_GENERATIONS = 2  # the first compiles and captures, the second replays
+_WARMUP_GENERATIONS = 2  # after the one-step compile: the first captures, the second replays
+_COMPILE_TOKENS = 2  # the first output token is the prefill's, the second one decode step
+
+
+class CompiledFallback(UserWarning):
+    """A case shape whose decode step would not compile once runs eager; the message says
+    why (pytest shows it in the session's warnings summary)."""
 
 
 def execution_conflict(
@@ -129,14 +146,23 @@ def describe_execution(execution: str, given: str) -> str:
 class CompiledDecode:
     """One model's static cache and compile settings; ``generate`` and ``prepare`` take a
     ``run(input_ids, output_tokens, generation_config, cache_kwargs, quiet)`` that
-    generates as ``LoadedModel`` does."""
+    generates as ``LoadedModel`` does, and ``eager_cache()`` gives the cache keyword
+    argument of an eager call (a shape that falls back)."""
 
-    def __init__(self, model: Any, name: str, cache_keyword: str) -> None:
+    def __init__(
+        self,
+        model: Any,
+        name: str,
+        cache_keyword: str,
+        eager_cache: Callable[[], dict[str, Any]],
+    ) -> None:
         self.model = model
         self.name = name
         self.cache_keyword = cache_keyword
+        self.eager_cache = eager_cache
         self.shape: tuple[int, int] | None = None  # (batch, cache positions) prepared
-        self.cache: Any = None
+        self.cache: Any = None  # None where the prepared shape runs eager
+        self.eager_reason = ""  # why the prepared shape runs eager ("" compiled)
         self._compile_config: Any = None
 
     # -- what LoadedModel calls -------------------------------------------------------
@@ -144,7 +170,9 @@ class CompiledDecode:
         self, input_ids: Any, output_tokens: int, base_config: Any, run: Callable[..., Any]
     ) -> None:
         """Compile and capture this shape's decode step, unmeasured: a static cache of its
-        size, then two generations that no meter window, counter or listener sees."""
+        size, then generations that no meter window, counter or listener sees.  Where the
+        step would compile again, the shape runs eager instead (a CompiledFallback warning
+        says why)."""
         shape = _shape(input_ids, output_tokens)
         if shape == self.shape:
             return
@@ -163,15 +191,21 @@ class CompiledDecode:
                 "does), or use --llm-execution=eager"
             )
         self.cache = None  # the last shape's cache goes before the new one is allocated
-        self.shape = None
+        self.shape, self.eager_reason = None, ""
         _raise_recompile_limits()
         with _outside_counting():  # the new cache's tensors too
             cache = self._new_cache(shape[1])
-            config = self._config(base_config)
-            for _ in range(_WARMUP_GENERATIONS):
-                _reset(cache)
-                run(input_ids, output_tokens, config, {self.cache_keyword: cache}, True)
-        self.cache, self.shape = cache, shape
+            config, kwargs = self._config(base_config), {self.cache_keyword: cache}
+            guard = _warm_up(input_ids, output_tokens, config, kwargs, run)
+        self.shape = shape
+        if not guard:
+            self.cache = cache
+            return
+        self.eager_reason = (
+            f"model {self.name!r} runs {shape[0]} x {shape[1]} tokens eager, not compiled: its "
+            f"decode step would compile again at a later step (guard {guard} failed)"
+        )
+        warnings.warn(self.eager_reason, CompiledFallback, stacklevel=3)
 
     def generate(
         self, input_ids: Any, output_tokens: int, base_config: Any, run: Callable[..., Any]
@@ -182,6 +216,8 @@ class CompiledDecode:
         import torch
 
         self.prepare(input_ids, output_tokens, base_config, run)
+        if self.cache is None:  # this shape fell back to eager
+            return run(input_ids, output_tokens, base_config, self.eager_cache(), False)
         config = self._config(base_config)
         _reset(self.cache)
         kwargs = {self.cache_keyword: self.cache}
@@ -204,7 +240,7 @@ class CompiledDecode:
     def prefill_cache(self, input_ids: Any) -> dict[str, Any] | None:
         """The prepared cache, reset, for a prefill alone of the prepared batch (what the
         measured generate's prefill writes into); None where no such shape is prepared."""
-        if self.shape is None or int(input_ids.shape[0]) != self.shape[0]:
+        if self.cache is None or self.shape is None or int(input_ids.shape[0]) != self.shape[0]:
             return None
         if int(input_ids.shape[1]) > self.shape[1]:
             return None
@@ -216,13 +252,15 @@ class CompiledDecode:
         try:
             from transformers import StaticCache
 
-            return StaticCache(config=self.model.config, max_cache_len=positions)
+            cache = StaticCache(config=self.model.config, max_cache_len=positions)
         except (ImportError, TypeError) as exc:
             raise ConfigError(
                 f"compiled execution needs a transformers whose StaticCache takes (config, "
                 f"max_cache_len) (4.56 or newer): {exc}; upgrade it, or use "
                 "--llm-execution=eager"
             ) from None
+        _full_length_layers(cache, self.model.config, positions)
+        return cache
 
     def _config(self, base_config: Any) -> Any:
         """The greedy settings plus transformers' compile settings for the decode step:
@@ -246,6 +284,80 @@ class CompiledDecode:
 
 def _shape(input_ids: Any, output_tokens: int) -> tuple[int, int]:
     return int(input_ids.shape[0]), int(input_ids.shape[1]) + output_tokens
+
+
+def _warm_up(
+    input_ids: Any,
+    output_tokens: int,
+    config: Any,
+    cache_kwargs: dict[str, Any],
+    run: Callable[..., Any],
+) -> str:
+    """Compile the decode step with one step, then capture and replay it over the case's
+    length with no compiling allowed.  Returns "" where that held, else the first guard
+    that failed: its step would compile a graph of its own (a per-step value guarded)."""
+    import torch
+
+    (cache,) = cache_kwargs.values()
+    first = copy.copy(config)
+    first.max_new_tokens = first.min_new_tokens = min(_COMPILE_TOKENS, output_tokens)
+    _reset(cache)
+    run(input_ids, first.max_new_tokens, first, cache_kwargs, True)
+    for _ in range(_WARMUP_GENERATIONS):
+        _reset(cache)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                run(input_ids, output_tokens, config, cache_kwargs, True)
+        except RuntimeError as exc:
+            if "fail_on_recompile" not in str(exc):
+                raise
+            return _failed_guard(str(exc))
+    return ""
+
+
+def _failed_guard(message: str) -> str:
+    """The first guard failure in dynamo's fail_on_recompile message, without its source
+    comment (``kwargs['cache'].layers[0].cumulative_length_int == 12``); "?" if none."""
+    for line in message.splitlines():
+        text = line.strip()
+        if text.startswith("- "):  # "- 0/0: GUARD  # SOURCE" (frame/entry: ...)
+            guard = re.sub(r"^\d+/\d+:\s*", "", text[2:]).split("  # ")[0].strip()
+            return guard or "?"
+    return "?"
+
+
+def _full_length_layers(cache: Any, model_config: Any, positions: int) -> None:
+    """Swap each static sliding-window layer for a plain static layer of ``positions``.
+
+    transformers' static sliding-window layer keeps its length in a Python int and
+    branches on it, so dynamo guards on the int and compiles a graph per decode step; a
+    plain static layer keeps it in a tensor.  The attention is the same: the model's
+    sliding-window mask hides keys past the window by absolute position (past the window,
+    the cache holds every position of the case where eager keeps the window's)."""
+    try:
+        from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+    except ImportError:  # another layout: the warm-up finds out whether it recompiles
+        return
+    config = _text_config(model_config)
+    if getattr(config, "attention_chunk_size", None) is not None:
+        return  # chunked attention: its mask is not a sliding window
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        return
+    for i, layer in enumerate(layers):
+        if type(layer) is StaticSlidingWindowLayer:
+            layers[i] = StaticLayer(max_cache_len=positions)
+
+
+def _text_config(config: Any) -> Any:
+    """The decoder's config of a (possibly multimodal) model config."""
+    get = getattr(config, "get_text_config", None)
+    if get is None:
+        return config
+    try:
+        return get(decoder=True)
+    except TypeError:  # transformers before the decoder keyword
+        return get()
 
 
 def _reset(cache: Any) -> None:
