@@ -967,6 +967,20 @@ def test_metrics_as_a_table(
     assert "tested" in j_per_token and "exact" not in j_per_token
 
 
+@pytest.mark.parametrize("columns", [80, 100, 200])
+def test_metrics_on_a_terminal_fold_their_meanings_to_fit(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    """Issue 61, item 4: the meanings were pre-wrapped into cells that showed a literal
+    ``\\n`` (44 of 68 rows) and lines of 377 characters at any width."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = cli(capsys, "metrics")
+    assert code == 0 and "\\n" not in out
+    assert max(len(line) for line in out.splitlines()) <= columns
+    keys = [line.split()[0] for line in out.splitlines()[3:] if line and not line[0].isspace()]
+    assert set(FIGURES) <= set(keys)  # every figure keeps its row
+
+
 @pytest.mark.parametrize(
     "command",
     [
