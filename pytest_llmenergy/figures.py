@@ -1013,8 +1013,33 @@ UNIT_SCALES: dict[str, dict[str, float]] = {
     "MiB": {"mib": 1.0, "gib": 1024.0},
     "FLOP": {"flop": 1.0, "kflop": 1e3, "mflop": 1e6, "gflop": 1e9, "tflop": 1e12},
     "B": {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024.0, "mib": 2.0**20},
-    "ops": {"": 1.0},
+    "ops": {"ops": 1.0},
+    "g": {"g": 1.0, "mg": 1e-3, "kg": 1e3},
 }
+
+
+def per_token(f: Figure) -> bool:
+    """A figure per token (or per 1,000 tokens): its amounts are small, and a bare number
+    on it is almost always a percentage whose ``%`` was forgotten."""
+    return "_per_" in f.key and "token" in f.key.rsplit("_per_", 1)[1]
+
+
+def _refuse_bare_per_token(f: Figure, amount: str, scales: Mapping[str, float]) -> None:
+    """``j_per_token:5`` read as 5 J a token would pass every regression; where the
+    figure has units to name, a number without one (other than 0) is refused."""
+    from .values import split_number
+
+    parsed = split_number(amount)
+    units = [u for u in scales if u]
+    if not per_token(f) or not units or parsed is None or parsed[1] or parsed[0] == 0:
+        return
+    n = f"{parsed[0]:g}"
+    smaller = [u for u in units if scales[u] < 1]  # a token's amounts are small: mJ, mg
+    raise ConfigError(
+        f"a number without a unit on a figure per token is ambiguous: write {n}% for a "
+        f"share of the baseline, or the amount with its unit ({', '.join(units)}), e.g. "
+        f"{n}{(smaller or units)[0]}"
+    )
 
 
 def parse_figure_threshold(
@@ -1030,6 +1055,7 @@ def parse_figure_threshold(
     try:
         f = figure(name, per_trial=True)
         scales = UNIT_SCALES.get(f.unit, {"": 1.0})
+        _refuse_bare_per_token(f, amount, scales)
         # a counted figure may be gated at 0: any growth of its work fails
         value, relative = threshold(amount, scales, percent_range=percent_range, zero=f.exact)
     except ConfigError as exc:
@@ -1041,4 +1067,7 @@ def format_amount(f: Figure, value: float, relative: bool) -> str:
     """The inverse of ``parse_figure_threshold``: ``time_s:0.5s``, ``j_per_token:5%``."""
     if relative:
         return f"{f.key}:{value * 100:g}%"
-    return f"{f.key}:{value:g}{f.unit if f.unit in ('s', 'J', 'W') else ''}"
+    unit = f.unit if f.unit in ("s", "J", "W") else ""
+    if not unit and per_token(f) and value:  # a bare number would not parse back
+        unit = next((u for u in UNIT_SCALES.get(f.unit, {}) if u), "")
+    return f"{f.key}:{value:g}{unit}"

@@ -8,7 +8,7 @@ only parts of lower layers or its own; no part reaches into another's private na
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -98,6 +98,81 @@ def test_no_upward_import_and_no_private_reach(module: str, path: Path) -> None:
         if name.startswith("_") and name != "__version__":
             wrong.append(f"{path.name}:{line} uses {theirs}'s private {name}")
     assert not wrong, "\n".join(wrong)
+
+
+def _loops(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The import loops of ``graph`` (module -> the modules it imports): each strongly
+    connected set of more than one module, found by Tarjan's algorithm (iteratively,
+    so a long chain of imports needs no deep recursion), as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    loops: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(
+                (w for w in edges if w in graph and (w not in index or w in on_stack)), None
+            )
+            if step is not None:
+                if step in index:
+                    low[node] = min(low[node], index[step])
+                else:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                found = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    found.append(member)
+                    if member == node:
+                        break
+                if len(found) > 1:
+                    loops.append(sorted(found))
+    return sorted(loops)
+
+
+def _graph_within_parts() -> dict[str, set[str]]:
+    """Each module's imports of modules of its own part, function-local and
+    TYPE_CHECKING ones included (a reader follows those too)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES:
+        mine = _part(module)
+        graph[module] = {
+            source
+            for _, source, _ in _imports(module, path)
+            if _part(source) == mine and source != module
+        }
+    return graph
+
+
+def test_no_import_loop_inside_a_part() -> None:
+    """Parts import only lower layers, so no loop crosses parts; inside one, modules
+    import each other in one direction too: a loop (``base`` needs ``marks`` needs
+    ``base``) means neither can be read, tested or moved without the other."""
+    loops = _loops(_graph_within_parts())
+    assert not loops, "import loops: " + "; ".join(" <-> ".join(loop) for loop in loops)
+
+
+def test_the_checker_finds_a_loop() -> None:
+    """The check itself: a loop through three modules, beside a chain that is none."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _loops(graph) == [["a", "b", "c"]]
+    assert _loops({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_checker_sees_function_local_imports(tmp_path: Path) -> None:

@@ -419,7 +419,12 @@ def test_a_lost_gpu_fails_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
         assert sampler_threads() == []
 
 
-def test_gpus_are_synchronized_before_each_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("every_gpu", [False, True])
+def test_gpus_are_synchronized_before_each_reading(
+    monkeypatch: pytest.MonkeyPatch, every_gpu: bool
+) -> None:
+    """Before each reading, the GPUs read where this process has a context (GPU 1 here),
+    never GPU 0, where waiting would open one, even when every GPU is read."""
     fake = install_fake_amdsmi(
         monkeypatch, [mi300x(0, PowerTrace([(60, 100.0)])), mi300x(1, PowerTrace([(60, 90.0)]))]
     ).fake
@@ -430,14 +435,17 @@ def test_gpus_are_synchronized_before_each_reading(monkeypatch: pytest.MonkeyPat
 
     torch = types.ModuleType("torch")
     torch.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
-        is_initialized=lambda: True, synchronize=synchronize
+        is_initialized=lambda: True, synchronize=synchronize, device_count=lambda: 2
     )
+    torch._C = types.SimpleNamespace(_cuda_hasPrimaryContext=lambda i: i == 1)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
-    with open_meter("amdsmi") as meter:
+    with open_meter("amdsmi", every_gpu=every_gpu) as meter:
         reads = fake.calls["amdsmi_get_energy_count"]
-        with meter.measure():
+        with meter.measure() as m:
             pass
-    assert synced == [(device, reads + 2 * k) for k in range(2) for device in (0, 1)]
+    per_reading = 2 if every_gpu else 1  # both counters, or GPU 1's alone
+    assert synced == [(1, reads + per_reading * k) for k in range(2)]
+    assert list(m.by_domain) == (["gpu:0", "gpu:1"] if every_gpu else ["gpu:1"])
 
 
 def test_meter_is_the_amdsmi_class(monkeypatch: pytest.MonkeyPatch) -> None:

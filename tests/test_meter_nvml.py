@@ -181,14 +181,16 @@ def test_a_fast_counter_is_timed_quickly(monkeypatch: pytest.MonkeyPatch) -> Non
         assert meter.resolution_s == pytest.approx(0.005, rel=0.5)
 
 
-def test_a_counter_that_never_moves_has_no_known_resolution(
+def test_a_counter_that_never_moves_is_taken_as_coarse(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Not timed is not fine (issue 60, item 5): taken as NVML's 100 ms, and said."""
     install_fake_pynvml(monkeypatch, [make_gpu(0, trace=PowerTrace([(60.0, 0.0)]))])
     with open_meter("nvml") as meter:
         assert meter.domains["gpu:0"].method is Method.COUNTER
-        assert meter.resolution_s is None and meter.devices[0].resolution_s is None
-        assert "update period unknown" in meter.describe()
+        assert meter.resolution_s == 0.1 and meter.devices[0].resolution_s == 0.1
+        assert "update period not timed" in meter.describe()
+        assert "taken as 100 ms" in meter.describe()
 
 
 @pytest.mark.serial  # a counter's period, timed from sleeps
@@ -517,7 +519,12 @@ def test_close_shuts_nvml_down_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fake.init_count == 0
 
 
-def test_cuda_is_synchronized_before_each_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("every_gpu", [False, True])
+def test_cuda_is_synchronized_before_each_reading(
+    monkeypatch: pytest.MonkeyPatch, every_gpu: bool
+) -> None:
+    """Before each reading, the GPUs read where this process has a context (GPU 1 here):
+    never GPU 0, where waiting would open one, even when every GPU is read."""
     fake = install_fake_pynvml(monkeypatch, [make_gpu(0), make_gpu(1)]).fake
     synced: list[tuple[int, int]] = []
     initialized = True
@@ -527,19 +534,22 @@ def test_cuda_is_synchronized_before_each_reading(monkeypatch: pytest.MonkeyPatc
 
     torch = types.ModuleType("torch")
     torch.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
-        is_initialized=lambda: initialized, synchronize=synchronize
+        is_initialized=lambda: initialized, synchronize=synchronize, device_count=lambda: 2
     )
+    torch._C = types.SimpleNamespace(_cuda_hasPrimaryContext=lambda i: i == 1)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
-    with open_meter("nvml") as meter:
+    with open_meter("nvml", every_gpu=every_gpu) as meter:
         reads = fake.calls["nvmlDeviceGetTotalEnergyConsumption"]
         with meter.measure() as m:
             m.mark("decode")
-        # one sync per CUDA device, before each of the 3 readings (2 counters per reading)
-        assert synced == [(device, reads + 2 * k) for k in range(3) for device in (0, 1)]
+        # a sync of GPU 1 before each of the 3 readings (of 2 counters, or GPU 1's alone)
+        per_reading = 2 if every_gpu else 1
+        assert synced == [(1, reads + per_reading * k) for k in range(3)]
+        assert list(m.by_domain) == (["gpu:0", "gpu:1"] if every_gpu else ["gpu:1"])
         initialized = False
         with meter.measure():
             pass
-        assert len(synced) == 6  # CUDA not initialized: nothing to wait for
+        assert len(synced) == 3  # CUDA not initialized: nothing to wait for
 
 
 def test_a_lost_gpu_fails_the_window(monkeypatch: pytest.MonkeyPatch) -> None:

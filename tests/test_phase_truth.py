@@ -11,6 +11,7 @@ read about 1 % low.  Here each phase is held to within 3 % of its truth for pref
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -22,12 +23,16 @@ import pytest
 
 from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
+from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES, resolved, value
 from pytest_llmenergy.meters import mark_phase, open_meter
 from pytest_llmenergy.meters.marks import phase_listener
 from pytest_llmenergy.results import SPLIT_PASSES, CaseResult
 from tests.fakes.fake_pynvml import install_fake_pynvml
 from tests.fakes.hopper import DECODE, IDLE_W, PREFILL, PhaseTrace, TorchHooks, make_h100
+
+# timed off this machine's clock and sleeps: nothing else beside it under xdist
+pytestmark = pytest.mark.serial
 
 # each trial's window 1 s (two trials in the 2 s of measured time), each pass window 1 s
 SETTINGS = ControllerSettings(
@@ -58,10 +63,15 @@ def trace(monkeypatch: pytest.MonkeyPatch) -> PhaseTrace:
 
 
 def _busy(trace: PhaseTrace, activity: str, seconds: float) -> None:
-    """The GPU doing ``activity`` for ``seconds`` (a sleep: this CPU's load is no part)."""
+    """The GPU doing ``activity`` for ``seconds``, as a GPU's kernels take the same time
+    each run: a sleep short of the end, then a spin to it (a busy machine's sleeps
+    overran by milliseconds, which a 10 ms prefill cannot hide)."""
     trace.set(activity)
     try:
-        time.sleep(seconds)
+        end = time.perf_counter() + seconds
+        time.sleep(max(0.0, seconds - 0.003))
+        while time.perf_counter() < end:
+            pass
     finally:
         trace.set(None)
 
@@ -108,7 +118,11 @@ def _assert_true(case: CaseResult, calls: Calls, trace: PhaseTrace) -> None:
 
 @pytest.mark.parametrize(
     ("prefill_s", "decode_s"),
-    [(0.03, 0.1), pytest.param(0.01, 0.1, marks=pytest.mark.slow), (0.05, 0.5)],
+    [
+        (0.03, 0.1),
+        pytest.param(0.01, 0.1, marks=pytest.mark.slow),
+        pytest.param(0.05, 0.5, marks=pytest.mark.slow),
+    ],
 )
 def test_each_phase_of_a_scripted_generation_reads_its_truth(
     trace: PhaseTrace, prefill_s: float, decode_s: float
@@ -128,6 +142,21 @@ def test_without_a_prefill_pass_a_short_phase_is_marked_never_gated(trace: Phase
     # the marks' bias the passes remove: far more than the 3 % held above
     prefill, _, _ = calls.truth(trace)
     assert abs(value(case, "prefill_j") / prefill - 1) > 0.1
+
+
+def test_prefill_passes_off_keeps_the_split_at_the_mark(trace: PhaseTrace) -> None:
+    """--energy-prefill-passes=off: no windows of passes; the short split is marked."""
+    generate, prefill_pass, _ = _scripted(trace, 0.03, 0.1)
+    with open_meter("nvml") as meter:
+        settings = dataclasses.replace(SETTINGS, prefill_passes="off")
+        bench = EnergyBenchmark(
+            meter, settings, CaseIdentity("t.py::test_q", "test_q", {}), lambda r: None
+        )
+        case = bench(generate, prefill_pass=prefill_pass, input_tokens=100, output_tokens=8)
+    assert not case.prefill_passes and not any(t.split for t in case.trials)
+    assert not resolved(FIGURES["prefill_j"], case)
+    with pytest.raises(ConfigError, match="prefill_passes must be 'on' or 'off'"):
+        ControllerSettings(prefill_passes="sometimes")
 
 
 def _window_errors(trace: PhaseTrace, aligned: bool, windows: int, load_s: float) -> list[float]:

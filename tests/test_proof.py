@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,15 +20,20 @@ import pytest
 
 from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
 from pytest_llmenergy.controller.rule import ControllerSettings
-from pytest_llmenergy.figures import FIGURES, resolved
+from pytest_llmenergy.controller.targets import parse_ci_targets
+from pytest_llmenergy.controller.window import window_target_s
+from pytest_llmenergy.figures import FIGURES, PASS_WINDOW_MULTIPLE, resolved
 from pytest_llmenergy.meters import open_meter
 from pytest_llmenergy.meters.nvml import AVERAGED_POWER_S
+from pytest_llmenergy.proof import stages
 from pytest_llmenergy.proof.checks import FAIL, NOT_RUN, PASS, Check, Proof, markdown
 from pytest_llmenergy.proof.meter_probe import Sample, analyse, integral_between
-from pytest_llmenergy.proof.plans import SMOKE
+from pytest_llmenergy.proof.plans import CAPS_SHARE, H100, MAX_CALL_S, PLANS, SMOKE, Plan
 from pytest_llmenergy.proof.proof_cli import _log_to
 from pytest_llmenergy.proof.stages import (
     STAGES,
+    Budget,
+    Ran,
     _ab_rows,
     _why_not_converged,
     resolution_agrees,
@@ -241,6 +248,227 @@ def test_counted_work_passes_on_equal_flops_and_bytes_and_says_how_calls_differ(
     verdict, detail = work_verdict(("cuda", "cpu"), cuda | {"prefill flops": 1.272e7}, cpu)
     assert verdict == FAIL and detail.startswith("differs: prefill flops 1.272e+07 vs 1.168e+07;")
     assert detail.endswith("prefill +2, decode +31")
+
+
+# -- the plan fits its device calls -------------------------------------------------------------
+NVML_COUNTER_S = 0.1  # the NVIDIA counter the proof met on 2026-11-26: 100.0 ms
+SESSIONS_START_S = 40.0  # the gate's two sessions' start and builds (plans.py, run 3)
+
+
+@pytest.mark.parametrize("plan", PLANS.values(), ids=list(PLANS))
+def test_every_part_of_every_plan_fits_one_device_call(plan: Plan) -> None:
+    """A part's stage caps add to at most 85 % of its budget, and its budget (the grace of
+    a stage stopped at its cap inside it) to at most an 8-minute call; every stage is in
+    one part, after the stages whose files it reads; no cap is below its own estimate."""
+    placed = [s for part in plan.parts for s in part.stages]
+    assert sorted(placed) == sorted(STAGES)
+    for part in plan.parts:
+        caps_s = plan.caps_sum_s(part.stages)
+        assert caps_s <= CAPS_SHARE * part.budget_s + 1e-9, (part, caps_s)
+        assert caps_s + stages.STOP_GRACE_S <= part.budget_s <= MAX_CALL_S, part
+        assert list(part.stages) == [s for s in STAGES if s in part.stages]
+    compared = next(p for p in plan.parts if "compiled" in p.stages)
+    assert {"suite", "settings"} <= set(compared.stages)  # it reads their files
+    for name, time_s in plan.times.items():
+        assert time_s.estimate_s <= time_s.cap_s and time_s.source, name
+
+
+def test_the_h100_plan_leaves_room_in_todays_device_time() -> None:
+    """15 minutes of device time, start-up included (an H200 on the day): two calls
+    whose estimates leave four minutes for the machine's start and the transfers; the
+    suite at batch 1, 8 and 64 in the default execution, a campaign of 12 + 12 cases."""
+    assert len(H100.parts) == 2 and H100.part_stages(None) == STAGES
+    assert H100.budget_s(None) == sum(p.budget_s for p in H100.parts)  # one long call
+    estimates_s = [H100.estimate_sum_s(p.stages) for p in H100.parts]
+    assert sum(estimates_s) <= 15 * 60 - 4 * 60, estimates_s
+    assert H100.batch_sizes == (1, 8, 64) and H100.compiled_batch == H100.frontier_batch
+    assert len(H100.gate_input_tokens) * len(H100.gate_batch_sizes) >= 12
+
+
+def _gate_rule(plan: Plan) -> ControllerSettings:
+    """The ab sides' stopping rule, read from the plan's own options."""
+    given = [a.removeprefix("--energy-").split("=", 1) for a in plan.gate_args if "=" in a]
+    opts = dict(given)
+    return ControllerSettings(
+        min_trials=int(opts.get("min-trials", 3)),
+        max_trials=int(opts.get("max-trials", 25)),
+        max_time_s=float(opts.get("max-time", 15)),
+        targets=parse_ci_targets(opts["ci-target"]) if "ci-target" in opts else (),
+    )
+
+
+@pytest.mark.parametrize("plan", PLANS.values(), ids=list(PLANS))
+def test_the_campaigns_windows_fit_its_cap_with_every_case_at_its_pair_limit(plan: Plan) -> None:
+    """The h100 plan's campaign was 24 cases x 2 sides x 3-4 pairs of 3 s windows: 432-576
+    s against a 420 s cap.  Now, on a 100 ms counter, every case at its pair limit (whole
+    ABBA blocks of 2 pairs, a turn of each side at least 10 refreshes: llmenergy ab's),
+    and the prefill passes' windows after its trials, leave the two sessions' start
+    inside the cap."""
+    rule = _gate_rule(plan)
+    turn_s = max(window_target_s(NVML_COUNTER_S, rule), PASS_WINDOW_MULTIPLE * NVML_COUNTER_S)
+    pairs = 2 * math.ceil(rule.max_trials / 2)
+    passes_s = max(2, rule.min_trials) * PASS_WINDOW_MULTIPLE * NVML_COUNTER_S
+    cases = len(plan.gate_models) * len(plan.gate_input_tokens) * len(plan.gate_batch_sizes)
+    windows_s = cases * 2 * (pairs * turn_s + passes_s)
+    assert windows_s + SESSIONS_START_S <= plan.caps_s["gate"], windows_s
+    if plan is H100:
+        assert turn_s == pytest.approx(1.0) and windows_s == pytest.approx(192.0)
+
+
+def _frontier(path: Path) -> None:
+    points = [{"setting": s, "time_s": 1.0, "energy_j": 10.0} for s in ("pl490W", "pl700W")]
+    path.write_text(json.dumps({"cases": [{"points": points, "pareto": ["pl490W"]}]}))
+
+
+def _settings(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    plan: Plan,
+    *,
+    floor_w: float = 200.0,
+    root: bool = True,
+    said: str = "",
+    code: int = 0,
+) -> tuple[dict[str, Check], list[list[str]]]:
+    """The settings stage on the Hopper stand-in whose lowest limit is ``floor_w``, its
+    session replaced by one that prints ``said`` and exits ``code`` (writing the
+    frontier where it exits 0): its checks by name, and the sessions it started."""
+    gpu = make_h100(trace=PowerTrace([(1e6, 300.0)]))
+    gpu.min_power_limit_mw = int(floor_w * 1000)
+    nvml = install_fake_pynvml(monkeypatch, [gpu], root=root)
+    nvml.nvmlInit()
+    sessions: list[list[str]] = []
+
+    def session(cmd: list[str], cwd: Path, limit_s: float, log: Any) -> Ran:
+        sessions.append(list(cmd))
+        if code == 0:
+            _frontier(tmp_path / "frontier.json")
+        return Ran(code, 1.0, said)
+
+    monkeypatch.setattr(stages, "run", session)
+    proof = Proof({})
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    budget = Budget(600.0, time.monotonic())
+    stages.settings_stage(proof, plan, nvml, handle, tmp_path, tmp_path, budget, lambda _: None)
+    return {c.name.split(" (")[0]: c for c in proof.checks}, sessions
+
+
+# What the plugin prints for a limit outside the board's range (conditions/settings.py).
+OUTSIDE = (
+    "ERROR: --energy-gpu-power-limits: 350 W is outside the range: gpu:0 NVIDIA H100 80GB "
+    "HBM3 allows 400 W to 700 W (default 700 W)\n"
+)
+
+
+def test_a_power_limit_below_the_boards_floor_is_na_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """50 % of a 700 W board is 350 W, below a 400 W floor: the session would refuse it
+    (a usage error), which the proof reported as FAIL; it is n/a, saying why."""
+    plan = replace(SMOKE, power_limits="50%")
+    checks, sessions = _settings(monkeypatch, tmp_path, plan, floor_w=400, said=OUTSIDE, code=4)
+    frontier = checks["power-limit frontier"]
+    assert frontier.status == NOT_RUN, frontier
+    assert "50% (350 W)" in frontier.detail and "floor" in frontier.detail
+    assert checks["power limit restored"].status == NOT_RUN
+    assert sessions == []  # nothing to measure: no session started for it
+    # a limit the board takes is measured, the other left out and named
+    plan = replace(SMOKE, power_limits="70%,50%")
+    checks, sessions = _settings(monkeypatch, tmp_path, plan, floor_w=400)
+    assert "--energy-gpu-power-limits=70%" in sessions[0]
+    frontier = checks["power-limit frontier"]
+    assert frontier.status == PASS and frontier.detail.startswith("left out: 50% (350 W)")
+
+
+def test_with_every_limit_refused_the_eager_reference_is_still_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The h100 plan's settings session is also the compiled stage's eager reference: the
+    suite's case at the compared batch, run eager, at the default limit alone."""
+    plan = replace(H100, power_limits="50%")
+    checks, sessions = _settings(monkeypatch, tmp_path, plan, floor_w=400)
+    assert checks["power-limit frontier"].status == NOT_RUN
+    (cmd,) = sessions
+    assert not any(a.startswith("--energy-gpu-power-limits") for a in cmd)
+    assert {"--llm-execution=eager", "--llm-batch-sizes=8", "--llm-output-tokens=128"} <= set(cmd)
+    assert f"--energy-json={tmp_path / 'settings.json'}" in cmd
+
+
+def test_no_permission_to_set_a_power_limit_is_na_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    checks, sessions = _settings(monkeypatch, tmp_path, SMOKE, root=False)
+    frontier = checks["power-limit frontier"]
+    assert frontier.status == NOT_RUN and "root or CAP_SYS_ADMIN" in frontier.detail
+    assert sessions == []
+
+
+@pytest.mark.parametrize(
+    ("said", "code", "status"),
+    [
+        # the session's own refusal (here: its permission check), a usage error
+        ("ERROR: changing GPU power limits and clocks needs root or CAP_SYS_ADMIN: run\n", 4,
+         NOT_RUN),
+        # a crash is a failure, even where its output names a path under /root
+        ("Traceback (most recent call last):\nOSError: /root/out/frontier.json\n", 1, FAIL),
+    ],
+)  # fmt: skip
+def test_a_sessions_refusal_is_na_and_anything_else_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, said: str, code: int, status: str
+) -> None:
+    checks, _ = _settings(monkeypatch, tmp_path, SMOKE, said=said, code=code)
+    frontier = checks["power-limit frontier"]
+    assert frontier.status == status, frontier
+    if status == NOT_RUN:
+        assert frontier.detail.startswith("changing GPU power limits")
+
+
+def test_the_suite_runs_the_plugins_default_execution(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Compiled decode on CUDA is the default a user gets: the suite runs it at every batch
+    size of the plan (eager is the settings stage's reference, at one batch)."""
+    sessions: list[list[str]] = []
+    monkeypatch.setattr(
+        stages, "run", lambda cmd, cwd, limit_s, log: sessions.append(list(cmd)) or Ran(1, 0, "")
+    )
+    budget = Budget(600.0, time.monotonic())
+    stages.suite_stage(Proof({}), H100, tmp_path, tmp_path, budget, lambda _: None)
+    (cmd,) = sessions
+    assert not any(a.startswith("--llm-execution") for a in cmd)
+    assert "--llm-batch-sizes=1,8,64" in cmd and "--llm-device=cuda" in cmd
+
+
+def test_compiled_decode_is_read_beside_the_eager_case_at_the_default_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def case(execution: str, joules: float, *, default: str = "yes") -> SimpleNamespace:
+        labels = {"gpu_default": default} | (
+            {} if execution == "eager" else {"execution": execution}
+        )
+        return SimpleNamespace(measured=True, converged=True, queries=8, labels=labels, j=joules)
+
+    files = {
+        "suite.json": [case("compiled", 0.2)],
+        "settings.json": [case("eager", 0.66), case("eager", 0.5, default="no")],
+    }
+    monkeypatch.setattr(stages, "_cases", lambda path: files.get(path.name, []))
+    monkeypatch.setattr(stages, "value", lambda c, figure: c.j)
+
+    def check() -> Check:
+        proof = Proof({})
+        stages.compiled_stage(proof, H100, tmp_path)
+        (only,) = proof.checks
+        return only
+
+    got = check()
+    assert got.status == PASS and got.figure == "0.2 J", got
+    assert "eager at the default limit: 0.66 J (0.30x)" in got.detail
+    files["suite.json"] = [case("eager", 0.6)]  # fell back: not the default's compiled decode
+    got = check()
+    assert got.status == FAIL and "ran eager (the default on CUDA is compiled)" in got.detail
+    files["suite.json"] = []
+    assert check().status == NOT_RUN
 
 
 # -- the command, as a user runs it -----------------------------------------------------------
@@ -532,6 +760,19 @@ def test_bad_input_is_one_line(tmp_path: Path, args: list[str], said: str) -> No
     assert done.returncode == 2 and said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert (tmp_path / "taken" / "x").read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--part", "3"], "--part 3: the smoke plan has parts 1 to 2"),
+        (["--part", "2", "--stage", "suite"], "not in part 2 of the smoke plan (gate)"),
+    ],
+)
+def test_a_part_is_one_of_the_plans(tmp_path: Path, args: list[str], said: str) -> None:
+    done = _proof(tmp_path, "--out", "o", "--plan", "smoke", *args)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_proofs_own_process_is_no_neighbour_of_its_sessions(

@@ -6,7 +6,9 @@ Exit codes: 0 fine, 1 an energy gate failed (``compare --fail-on``, ``report --g
 interrupted (Ctrl-C: one line; each file is written whole or not at all);
 docs/exit-codes.md has every command's.
 ``--format csv`` and ``json`` print data only, so they can be piped into another
-program; what people need besides (a gate's verdict) goes to stderr.
+program; what people need besides (a gate's verdict) goes to stderr.  csv keeps every
+name as it is for that program, and shows its control characters as escapes when it is
+printed on a terminal (as the other formats always do).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..predict.predict_cli import COMMANDS as PREDICT_COMMANDS
 from ..proof.proof_cli import COMMANDS as PROOF_COMMANDS
 from ..storage.research import COMMANDS as IMPORT_COMMANDS
 from ..storage.store import DEFAULT_STORAGE, STORAGE_HELP, Storage, check_output
-from ..tables import FORMATS, line_width, wrap
+from ..tables import FORMATS, line_width, printable, wrap
 from .ab_cli import COMMANDS as AB_COMMANDS
 from .check_cli import COMMANDS as CHECK_COMMANDS
 from .cli_args import DATA_FORMATS, checked
@@ -135,7 +137,10 @@ COMMANDS: dict[str, Command] = check_commands(
 # -- output ------------------------------------------------------------------------------
 def _emit(text: str) -> None:
     """Print ``text``; a closed pipe (``| head``) or a console that cannot show ``—`` or
-    ``±`` must not end in a traceback."""
+    ``±`` must not end in a traceback.  Nothing at all for no text: a command that says
+    everything on stderr (``proof`` without a GPU) leaves stdout empty, not one blank line."""
+    if not text:
+        return
     out = sys.stdout
     if not text.endswith("\n"):
         text += "\n"
@@ -154,6 +159,20 @@ def _emit(text: str) -> None:
             os.close(devnull)
 
 
+def _on_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
+def _shown_csv(text: str) -> str:
+    """csv for a terminal: each row's control characters as escapes (``\\x1b``), so a
+    name from a run file cannot clear the screen or retitle the window; the rows' own
+    line breaks stay."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def _fitted(lines: Sequence[str], stream: Any) -> list[str]:
     """Each line wrapped to the terminal ``stream`` shows it on, continued indented."""
     width = line_width(stream)
@@ -161,7 +180,8 @@ def _fitted(lines: Sequence[str], stream: Any) -> list[str]:
 
 
 def _error(message: str) -> int:
-    text = " ".join(message.splitlines())
+    """One line on stderr; what it quotes of a file (a run's status, a name) escaped."""
+    text = printable(" ".join(message.splitlines()))
     print(f"llmenergy: error: {text}", file=sys.stderr)
     return EXIT_USAGE
 
@@ -230,6 +250,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _error(f"{where}{exc.strerror or exc}")
     out, verdicts = outcome.out, outcome.verdicts
     data = getattr(args, "format", None) in DATA_FORMATS  # report has no --format
+    if getattr(args, "format", None) == "csv" and _on_terminal(sys.stdout):
+        out = _shown_csv(out)
     if verdicts and not data:
         out = out.rstrip("\n") + "\n" + "\n".join(_fitted(verdicts, sys.stdout))
     _emit(out)

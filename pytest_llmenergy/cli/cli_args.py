@@ -4,11 +4,12 @@ named on the command line, and the width of a table on this terminal."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, one_line
 from ..storage.runfile import Run
 from ..storage.store import Storage
 from ..tables import line_width
@@ -50,16 +51,49 @@ def checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def gate_argument(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
     """A repeatable gate flag (``--fail-on``, ``--gate``): parsed as every gate is, one
-    line on a bad one; ``what`` says what a failed gate does."""
-    from ..compare import GATE_EXAMPLES, parse_gates
+    line on a bad one (an unknown figure: the figures after it, see ``gates``); ``what``
+    says what a failed gate does."""
+    from ..compare import GATE_EXAMPLES
 
     parser.add_argument(
         flag,
         action="append",
         default=[],
-        type=checked(parse_gates),
+        type=checked(gates),
         metavar="EXPR",
         help=f"{what}: {GATE_EXAMPLES}".replace("%", "%%"),
+    )
+
+
+def gates(text: str) -> tuple[Any, ...]:
+    """``compare.parse_gates``, where an unknown figure names the figures a gate takes
+    nearest first, the few nearest in one line: 43 names on a line of a thousand
+    characters is no list anyone reads, and the one meant is among the first."""
+    from ..compare import parse_gates
+    from ..figures import ALIASES, FIGURES, REMOVED, per_trial_keys
+    from ..values import words
+
+    try:
+        return parse_gates(text)
+    except ConfigError as exc:
+        for word in words(text, "gate", ""):
+            name = word.partition(":")[0].strip().lower()
+            if name and name not in FIGURES and name not in ALIASES and name not in REMOVED:
+                raise ConfigError(_unknown_figure(word, name, per_trial_keys())) from None
+        raise exc from None
+
+
+# How many of the nearest figures an unknown one's message names (``llmenergy metrics``
+# lists them all): the message stays one line a terminal shows whole.
+NEAREST_SHOWN = 6
+
+
+def _unknown_figure(word: str, name: str, choices: Sequence[str]) -> str:
+    nearest = sorted(choices, key=lambda c: -difflib.SequenceMatcher(None, name, c).ratio())
+    return (
+        f"bad '{one_line(word, 80)}': unknown figure '{one_line(name, 80)}'; the nearest a "
+        f"gate takes: {', '.join(nearest[:NEAREST_SHOWN])} (llmenergy metrics lists all "
+        f"{len(choices)}: those marked gated)"
     )
 
 

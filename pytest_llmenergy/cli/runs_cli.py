@@ -16,7 +16,7 @@ from ..figures import (
     describe,
 )
 from ..frontier.slo import saved_limits, slo_tables, sweeps
-from ..storage.pool import join_shards, pool_runs, shard_of
+from ..storage.pool import join_shards, pool_runs, shard_of, unfinished
 from ..storage.runfile import COMPLETE, Run, RunFileError, dumps
 from ..storage.store import (
     DERIVED_FILE,
@@ -55,8 +55,9 @@ def _merge_arguments(merge: argparse.ArgumentParser) -> None:
     merge.add_argument(
         "--partial",
         action="store_true",
-        help="shards (--llm-shard): join the parts there are when some are missing (the "
-        "joined run is marked interrupted and the missing parts are named)",
+        help="take what there is: shards (--llm-shard) join the parts there are when some "
+        "are missing or ended early, runs pool as they are where some did not finish "
+        "(killed, interrupted); the result is marked interrupted and the notes name them",
     )
     merge.add_argument("--storage", default=argparse.SUPPRESS, metavar="DIR", help=STORAGE_HELP)
 
@@ -248,8 +249,7 @@ def _merge(runs: list[Run], args: argparse.Namespace) -> Outcome:
         )
         how = f"the shards of one grid joined into one run, {len(merged.cases)} cases"
     else:
-        if args.partial:
-            raise ConfigError("--partial joins shards (runs with --llm-shard); these are none")
+        notes = unfinished(runs, args.partial)  # refused without --partial
         merged = pool_runs(runs, name=args.name)
         how = "pooled into one run"
     target = Path(args.out)  # checked by the front end (the command's ``writes``)

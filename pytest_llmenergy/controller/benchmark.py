@@ -891,7 +891,8 @@ class EnergyBenchmark:
     def _split(self, target: _Target, state: _CaseTrials, trial: Trial) -> Trial:
         """The trial split by a window of prefill-only passes right after it, where its
         marks cannot split it on this meter (controller/passes.py)."""
-        if target.prefill_pass is None or not self._split_by_passes:
+        off = self.options.prefill_passes == "off"
+        if target.prefill_pass is None or not self._split_by_passes or off:
             return trial
         if not needs_passes(trial, self.meter.resolution_s):
             return trial

@@ -91,6 +91,11 @@ class ControllerSettings:
     # A sampled window with a longer stretch no sample saw (or a device never read) has
     # invalid telemetry: its case is marked, never gated (meters/validity.py).
     max_sample_gap_s: float = DEFAULT_MAX_GAP_S
+    # "on": a window of prefill-only passes after each trial whose first-token mark
+    # cannot split it on this meter (controller/passes.py); "off": the split stays at
+    # the mark (marked, never gated, where it is too short), for a session that gates
+    # whole-trial figures only and would rather not spend the windows' time
+    prefill_passes: str = "on"
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -103,6 +108,8 @@ class ControllerSettings:
             object.__setattr__(self, "min_time_s", RULES[self.rule].min_time_s)
         if self.max_time_s is None:
             object.__setattr__(self, "max_time_s", RULES[self.rule].max_time_s or 0.0)
+        if self.prefill_passes not in ("on", "off"):
+            raise ConfigError(f"prefill_passes must be 'on' or 'off', got {self.prefill_passes!r}")
         if not (isinstance(self.min_trials, int) and self.min_trials >= 1):
             raise ConfigError(f"min_trials must be an integer >= 1, got {self.min_trials!r}")
         if not (isinstance(self.max_trials, int) and self.max_trials >= self.min_trials):

@@ -12,10 +12,13 @@ refresh's energy is then at most a third of that target (on a 100 ms counter, wi
 meter of microsecond resolution keeps one call a trial.
 
 The edges are clean: queued GPU work is waited for at both edges of every window (Zeus
-synchronizes at ``begin_window`` and ``end_window``), and a coarse meter's windows open
-after a random delay shorter than its resolution, so that back-to-back trials of fixed
-length never lock step with the counter's refreshes and its rounding stays random from
-trial to trial.
+synchronizes at ``begin_window`` and ``end_window``).  Where the meter's counters can be
+waited for (``Meter.tick_period_s``: NVML's, amdsmi's), a window opens and closes on
+their refreshes (``meters/edges.py``), so no edge rounds; other coarse meters' windows
+open after a random delay shorter than their resolution, so that back-to-back trials of
+fixed length never lock step with the counter's refreshes and its rounding stays random
+from trial to trial (a bias remains where the power differs across an edge: at rest
+before, under load after).
 """
 
 from __future__ import annotations
@@ -96,14 +99,15 @@ class EdgeDelay:
 
 
 def synchronize_devices() -> None:
-    """Wait for the work queued on every CUDA device of this process, so that none of
-    it crosses a window's edge.  Costs nothing where torch is not imported or CUDA was
-    never used (``is_initialized`` starts no context)."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None) if torch is not None else None
-    if cuda is not None and cuda.is_initialized():
-        for index in range(cuda.device_count()):
-            cuda.synchronize(index)
+    """Wait for the work queued on the CUDA devices of this process, so that none of it
+    crosses a window's edge: the devices where it holds a context, and no other (waiting
+    on a device it never used would open a context there, about 0.5 GB, in every rank of
+    a torchrun job: ``gpu/in_use.py``).  Costs nothing where torch is not imported or CUDA
+    was never used (``is_initialized`` starts no context)."""
+    if "torch" in sys.modules:  # a program without torch queued nothing through it
+        from ..gpu.in_use import synchronize
+
+        synchronize()
 
 
 def summed_phases(parts: Sequence[Measurement], calls: int) -> dict[str, PhaseRecord]:

@@ -143,6 +143,12 @@ class GpuDevice:
         """Every process the driver lists on this GPU (compute and graphics)."""
         raise unsupported(self.name, "listing the processes on it")
 
+    def process_ids(self) -> frozenset[int]:
+        """The PIDs of the processes with work on this GPU, as the driver numbers them
+        (a container's own PID namespace may not be the driver's): which GPUs a session
+        uses, asked at every window, so a vendor may skip what ``processes`` adds."""
+        return frozenset(p.pid for p in self.processes())
+
     def event_reasons(self) -> int:
         """The clock-event reason bits now (GPU_IDLE and NVML's others); 0: none known."""
         return 0

@@ -340,6 +340,20 @@ class NvidiaGpu(GpuDevice):
                 seen.setdefault(int(p.pid), GpuProcess(int(p.pid), self._name(p.pid), memory))
         return tuple(seen.values())
 
+    def process_ids(self) -> frozenset[int]:
+        """The PIDs with a compute context on it (``nvmlDeviceGetComputeRunningProcesses``:
+        CUDA's work; no name looked up per process); none where the driver keeps no list."""
+        get = getattr(self._nvml, "nvmlDeviceGetComputeRunningProcesses", None)
+        if get is None:
+            return frozenset()
+        try:
+            listed = self._call(get, self.handle)
+        except GpuDeviceError as exc:
+            if exc.unsupported:
+                return frozenset()
+            raise
+        return frozenset(int(p.pid) for p in listed)
+
     def _name(self, pid: int) -> str:
         get = getattr(self._nvml, "nvmlSystemGetProcessName", None)
         try:

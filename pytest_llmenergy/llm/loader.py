@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..gpu import in_use
 from ..meters.marks import mark_phase, mark_token
 from .compiled import COMPILED, EAGER, CompiledDecode, resolve_execution
 from .tiny import (
@@ -197,10 +198,11 @@ class LoadedModel:
 
     def prepare(self, input_ids: Any, output_tokens: int) -> None:
         """Get ready, unmeasured, for ``generate(input_ids, output_tokens)``: compiled,
-        the static cache of this shape and its decode step compiled and captured (two
-        generations); eager, nothing.  Call it before the measured window: a compiled
-        model's first generation of a shape inside a window fails rather than measure
-        the compiler (outside any window, ``generate`` prepares by itself)."""
+        the static cache of this shape and its decode step compiled once and captured
+        (three generations; a step that would compile again makes the shape eager, with
+        a CompiledFallback warning); eager, nothing.  Call it before the measured window:
+        a compiled model's first generation of a shape inside a window fails rather than
+        measure the compiler (outside any window, ``generate`` prepares by itself)."""
         if self.execution == COMPILED:
             self._compiled_decode().prepare(
                 input_ids.to(self.device),
@@ -332,16 +334,20 @@ class LoadedModel:
 
     def _compiled_decode(self) -> CompiledDecode:
         if self._compiled is None:
-            self._compiled = CompiledDecode(self.model, self.name, _cache_keyword(type(self.model)))
+            self._compiled = CompiledDecode(
+                self.model, self.name, _cache_keyword(type(self.model)), self._cache_kwargs
+            )
         return self._compiled
 
     def _synchronize(self) -> None:
-        """Wait for queued GPU work so that time and energy land in the right phase."""
+        """Wait for queued GPU work so that time and energy land in the right phase: on
+        the GPUs the model is on, and no other (waiting on a GPU this process never used
+        would open a CUDA context there, in every rank of a torchrun job: gpu/in_use.py)."""
         import torch
 
         if self.device.type == "cuda" or _on_cuda(self.model):
-            for i in range(torch.cuda.device_count()):
-                torch.cuda.synchronize(i)
+            on = in_use.held_by(self.model) or in_use.module_ordinals(self.model)
+            in_use.synchronize(frozenset(on) if on else None)
         elif self.device.type == "mps":
             torch.mps.synchronize()
 
@@ -518,6 +524,7 @@ def load_model(
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
         raise _cannot_load(name_or_path, exc, unreachable) from exc
     model.eval()
+    in_use.hold_module(model, name_or_path)  # the GPU meters read these GPUs while it lives
     embeddings = model.get_input_embeddings()
     weight = next(embeddings.parameters(), None) if embeddings is not None else None
     first = weight if weight is not None else next(model.parameters())
@@ -610,6 +617,7 @@ class ModelPool:
         """Drop the loaded model and give its memory back before anything new loads."""
         if self._current is None:
             return
+        in_use.release(self._current.model)  # its GPUs are no longer in use
         self._current = None
         gc.collect()
         import torch

@@ -40,6 +40,7 @@ from ..gpu.amd import POWER_FIELDS, AmdLibrary, visibility_text, visible_indices
 from ..gpu.device import GpuDeviceError, one_line, vendor_named
 from .gpu_meter import (
     GpuMeter,
+    ordinal_of,
     period_s,
     probe_counters,
     select_gpus,
@@ -49,7 +50,7 @@ from .gpu_meter import (
 )
 from .marks import _frozen
 from .meter_settings import MeterSettings
-from .readings import Domain, Method, Reading
+from .readings import Method, Reading
 
 _modules = sys.modules  # read at every reading: is torch (and so maybe the GPUs) in use?
 BACKEND = "amdsmi"
@@ -287,14 +288,14 @@ class AmdSmiMeter(GpuMeter):
         ordinals = _visible_ordinals(len(handles))
         shown = visibility_text()
         selected = select_gpus(options.gpus, len(ordinals), f" with {shown}" if shown else "")
-        self._hip_ordinals: tuple[int, ...] = tuple(selected)
 
         names = [self._name(h) for h in handles]
         silent = self._silent_dies(handles, names)
         interval_s = options.interval_s(DEFAULT_INTERVAL_S)
+        boards = _boards(ordinals, selected, silent)
         opened = [
             self._describe(handles[index], index, served, names[index], interval_s, board)
-            for index, served, board in _boards(ordinals, selected, silent)
+            for index, served, board in boards
         ]
         checked = self._checked(opened, handles, interval_s)
         devices = [o.device for o in checked]
@@ -303,10 +304,13 @@ class AmdSmiMeter(GpuMeter):
         self.devices: tuple[AmdGpu, ...] = tuple(devices)
         kept = [o for o in checked if o.uj_per_count is not None]
         self._counter_names = tuple(o.device.domain for o in kept)
-        self._counter_handles = tuple(handles[o.device.index] for o in kept)
-        self._uj_per_count = tuple(o.uj_per_count for o in kept)
+        self._every_counters = tuple((handles[o.device.index], o.uj_per_count) for o in kept)
+        self._use_counters(tuple(range(len(kept))))
         sampled = [(o.device.domain, o.reader) for o in checked if o.uj_per_count is None]
         self._sample(sampled, interval_s, SAMPLER_THREAD_NAME)
+        served = {f"gpu:{ordinals_of[0]}": ordinals_of for _, ordinals_of, _ in boards}
+        gpus = [((ordinal_of(d.domain),), d) for d in self._library.devices(selected)]
+        self._choose_gpus(options, served, gpus, VENDOR.torch)
 
     def _silent_dies(self, handles: Sequence[Any], names: Sequence[str]) -> set[int]:
         """The amdsmi indices of MI250 second dies that report no power of their own."""
@@ -409,13 +413,14 @@ class AmdSmiMeter(GpuMeter):
         return read_w
 
     # -- the Meter interface -----------------------------------------------------------------
-    @property
-    def domains(self) -> Mapping[str, Domain]:
-        return self._domains
+    def _use_counters(self, positions: tuple[int, ...]) -> None:
+        every = self._every_counters
+        self._counter_handles = tuple(every[i][0] for i in positions)
+        self._uj_per_count = tuple(every[i][1] for i in positions)
 
     def _read(self) -> Reading:
         if "torch" in _modules:  # only a program using torch may have queued GPU work
-            sync_torch_gpus(self._hip_ordinals, VENDOR.torch)
+            sync_torch_gpus(self._read_ordinals, VENDOR.torch)
         try:
             sampler = self._sampler
             t = sampler.sample_now() if sampler is not None else perf_counter()

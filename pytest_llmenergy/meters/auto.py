@@ -58,7 +58,11 @@ class CompositeMeter(Meter):
 
     @property
     def domains(self) -> Mapping[str, Domain]:
-        return self._domains
+        """Each part's domains now: a GPU meter's follow the GPUs in use (gpu_meter.py)."""
+        out: dict[str, Domain] = {}
+        for meter in self.meters:
+            out.update(meter.domains)
+        return out
 
     @property
     def kind(self) -> str:
@@ -69,6 +73,13 @@ class CompositeMeter(Meter):
         for meter in self.meters:
             out.update(meter.settings())
         return out
+
+    def identity(self) -> dict[str, str]:
+        """Its parts' domains as each part states them (a GPU meter: every GPU it may
+        read, whichever the last window chose), in order."""
+        parts = [meter.identity().get("domains", "") for meter in self.meters]
+        domains = ", ".join(d for d in parts if d)
+        return {"meter": self.kind, "domains": domains, **self.settings()}
 
     @property
     def resolution_s(self) -> float | None:

@@ -13,8 +13,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
+from ..errors import ConfigError
 from .marks import Window
 from .readings import Domain, PowerSample, Reading, duration_text
+
+# The longest idle measurement: an hour holds every stretch an idle baseline needs (past it
+# the machine's drift is measured, not its idle power), and time.sleep refuses far less
+# than some values a user can type (1e10 s overflows it).
+MAX_IDLE_S = 3600.0
 
 
 class Meter(ABC):
@@ -120,6 +126,11 @@ class Meter(ABC):
 
     def measure_idle(self, seconds: float) -> dict[str, float]:
         """Measure idle power per domain and keep it as this meter's baseline."""
+        if not 0 <= seconds <= MAX_IDLE_S:  # NaN too
+            raise ConfigError(
+                f"idle power is measured for 0 to {MAX_IDLE_S:g} s (an hour), not {seconds:g} s; "
+                "give fewer seconds (a minute is plenty)"
+            )
         with self.measure() as window:
             time.sleep(seconds)
         m = window.measurement

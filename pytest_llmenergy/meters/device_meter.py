@@ -11,12 +11,20 @@ module's to say; see the vendor's section below.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from time import perf_counter
 
 from ..errors import ConfigError, MeterError, MeterUnavailable
 from ..gpu.device import GpuDevice, GpuDeviceError, GpuLibrary, open_library, vendor_named
-from .gpu_meter import GpuMeter, period_s, period_text, probe_counters, sync_torch_gpus, unavailable
+from .gpu_meter import (
+    ASSUMED_PERIOD_S,
+    GpuMeter,
+    ordinal_of,
+    period_s,
+    period_text,
+    probe_counters,
+    sync_torch_gpus,
+    unavailable,
+)
 from .marks import _frozen
 from .meter_settings import MeterSettings
 from .readings import Domain, Method, Reading
@@ -91,7 +99,7 @@ class DeviceMeter(GpuMeter):
             if d.domain in periods:
                 period = periods[d.domain]
                 self.notes.append(f"{d.domain} {d.name}: counter ({period_text(period)})")
-                resolutions.append(period)
+                resolutions.append(ASSUMED_PERIOD_S if period is None else period)
             else:
                 self.notes.append(
                     f"{d.domain} {d.name}: sampled ({d.power_note()} every {interval_s:g} s)"
@@ -101,24 +109,26 @@ class DeviceMeter(GpuMeter):
         self._resolution_s = max(known) if len(known) == len(resolutions) else None
 
         self.devices: tuple[GpuDevice, ...] = tuple(devices)
-        self._ordinals = tuple(int(d.domain.partition(":")[2]) for d in devices)  # gpu:<i>
         method = {d.domain: Method.COUNTER for d in counted}
         self._domains = {
             d.domain: Domain(d.domain, method.get(d.domain, Method.SAMPLED)) for d in devices
         }
         self._names = tuple(self._domains)
-        self._counted = tuple(counted)
+        self._gpu_names = {d.domain: d.name for d in devices}
+        self._every_counted = self._counted = tuple(counted)
         self._counter_names = tuple(d.domain for d in counted)
         readers = [(d.domain, d.power_w) for d in sampled]
         self._sample(readers, interval_s, f"llmenergy-{self.backend}-sampler")
+        served = {d.domain: (ordinal_of(d.domain),) for d in devices}  # gpu:<i>
+        gpus = [(served[d.domain], d) for d in devices]
+        self._choose_gpus(options, served, gpus, self.vendor.torch)
 
-    @property
-    def domains(self) -> Mapping[str, Domain]:
-        return self._domains
+    def _use_counters(self, positions: tuple[int, ...]) -> None:
+        self._counted = tuple(self._every_counted[i] for i in positions)
 
     def _read(self) -> Reading:
         if "torch" in _modules:  # only a program using torch may have queued GPU work
-            sync_torch_gpus(self._ordinals, self.vendor.torch)
+            sync_torch_gpus(self._read_ordinals, self.vendor.torch)
         try:
             sampler = self._sampler
             t = sampler.sample_now() if sampler is not None else perf_counter()

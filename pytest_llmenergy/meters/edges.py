@@ -30,10 +30,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .readings import Reading
+from .readings import Method, Reading
 
 if TYPE_CHECKING:
-    from .base import Meter
+    from .metered import WindowMeter
 
 # Give up waiting for a refresh after this many periods (a counter that stopped).
 EDGE_WAIT_PERIODS = 3.0
@@ -42,7 +42,7 @@ EDGE_POLL_S = 0.0005
 
 
 def _poll_ticks(
-    meter: Meter, names: Sequence[str], count: int, period_s: float
+    meter: WindowMeter, names: Sequence[str], count: int, period_s: float
 ) -> tuple[dict[str, list[Reading]], Reading] | None:
     """Read until each counter in ``names`` has refreshed ``count`` times: for each, the
     first reading after each of its refreshes; and the last reading.  None: a counter
@@ -67,11 +67,21 @@ def _poll_ticks(
 class TickEdges:
     """The edges of one window, each on its counters' refreshes (see the module)."""
 
-    def __init__(self, meter: Meter, period_s: float, names: Sequence[str]) -> None:
+    def __init__(self, meter: WindowMeter, period_s: float, names: Sequence[str]) -> None:
         self._meter = meter
         self._period_s = period_s
         self._names = tuple(names)
         self._opened: dict[str, Reading] = {}  # each counter's refresh at the open
+
+    @classmethod
+    def of(cls, meter: WindowMeter) -> TickEdges | None:
+        """The edges of a window of ``meter`` opening now, on the counters it reads now;
+        None where it has no coarse counter to wait for (``Meter.tick_period_s``)."""
+        period_s = meter.tick_period_s
+        if period_s is None:
+            return None
+        names = [n for n, d in meter.domains.items() if d.method == Method.COUNTER]
+        return cls(meter, period_s, names) if names else None
 
     def open(self) -> Reading:
         """Wait for every counter's next refresh; the reading the window starts with."""

@@ -16,7 +16,7 @@ from .edges import TickEdges
 from .readings import Domain, Measurement, Method, Phase, PowerSample, Reading
 
 if TYPE_CHECKING:
-    from .base import Meter
+    from .metered import WindowMeter
 
 _T = TypeVar("_T")
 
@@ -67,20 +67,16 @@ class Window(MeasuredShortcuts):
     coarse one (``Meter.tick_period_s``), so that no edge rounds its energy
     (``meters/edges.py``); the marks inside it read as they are."""
 
-    __slots__ = ("_edges", "_first_phase", "_marks", "_meter", "_result", "_token")
+    __slots__ = ("_aligned", "_edges", "_first_phase", "_marks", "_meter", "_result", "_token")
 
-    def __init__(self, meter: Meter, phase: str, aligned: bool = False) -> None:
+    def __init__(self, meter: WindowMeter, phase: str, aligned: bool = False) -> None:
         self._meter = meter
         self._marks: list[tuple[str, Reading]] = []
         self._first_phase = phase
         self._result: Measurement | None = None
         self._token: contextvars.Token[Window | None] | None = None
+        self._aligned = aligned
         self._edges: TickEdges | None = None
-        if aligned:
-            period_s = meter.tick_period_s
-            if period_s is not None:
-                names = [n for n, d in meter.domains.items() if d.method == Method.COUNTER]
-                self._edges = TickEdges(meter, period_s, names) if names else None
 
     def __enter__(self) -> Window:
         if self._marks:
@@ -90,7 +86,8 @@ class Window(MeasuredShortcuts):
         if uses_start_stop:
             meter._acquire()
         try:
-            edges = self._edges
+            # after _acquire: a meter may choose what it reads as its first window opens
+            edges = self._edges = TickEdges.of(meter) if self._aligned else None
             start = edges.open() if edges is not None else meter._read()
             self._marks.append((self._first_phase, start))
         except BaseException:
@@ -297,7 +294,7 @@ class _Phases(Mapping[str, Phase]):
 
 
 def _build(
-    meter: Meter,
+    meter: WindowMeter,
     marks: list[tuple[str, Reading]],
     end: Reading,
     aligned: Mapping[str, float] | None = None,

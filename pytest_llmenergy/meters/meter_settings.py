@@ -17,6 +17,9 @@ class MeterSettings:
     """
 
     gpus: tuple[int, ...] | None = None  # indices among the CUDA-visible GPUs
+    # Without ``gpus``: read every visible GPU (--energy-gpus=all) instead of the ones in
+    # use (the GPUs a model is placed on, meters/gpu_meter.py), whose idle ones add nothing
+    every_gpu: bool = False
     sample_interval_s: float | None = None
     cpu_tdp_w: float | None = None  # overrides the CPU TDP table of the estimate
     powercap_root: str | None = None  # default: $LLMENERGY_POWERCAP_ROOT or /sys/class/powercap

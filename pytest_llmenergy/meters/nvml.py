@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -31,6 +31,7 @@ from .gpu_meter import (
     PERIOD_PROBE_MAX_S,
     GpuMeter,
     one_line,
+    ordinal_of,
     period_s,
     probe_counters,
     select_gpus,
@@ -150,6 +151,16 @@ def _physical_gpus(ordinals: Sequence[int], selected: Sequence[int]) -> list[tup
     return sorted(first_ordinal.items(), key=lambda kv: kv[1])
 
 
+def _served(
+    ordinals: Sequence[int], selected: Sequence[int], devices: Sequence[NvmlGpu]
+) -> dict[str, tuple[int, ...]]:
+    """Each GPU's CUDA ordinals: one, or several where CUDA sees it as MIG devices."""
+    return {
+        d.domain: tuple(o for o in selected if ordinals[o] == d.index) or (ordinal_of(d.domain),)
+        for d in devices
+    }
+
+
 def _mig_text(visible: CudaVisible, index: int) -> str:
     """What a GPU's note adds when CUDA sees it through MIG devices."""
     if index not in visible.mig_entries:
@@ -198,7 +209,6 @@ class NvmlMeter(GpuMeter):
         ordinals = _visible_ordinals(visible, spec)
         where = "" if spec is None else f" with CUDA_VISIBLE_DEVICES={spec!r}"
         selected = select_gpus(options.gpus, len(ordinals), where)
-        self._cuda_ordinals: tuple[int, ...] = tuple(selected)
 
         interval_s = options.interval_s(DEFAULT_INTERVAL_S)
         described = [
@@ -216,12 +226,18 @@ class NvmlMeter(GpuMeter):
             )
 
         self.devices: tuple[NvmlGpu, ...] = tuple(devices)
-        self._counter_handles = tuple(handle for _, handle in counted)
+        self._every_handles = self._counter_handles = tuple(handle for _, handle in counted)
         self._counter_names = tuple(domain for domain, _ in counted)
         self._energy_mj = nvml.nvmlDeviceGetTotalEnergyConsumption
         readers = [(d.domain, read) for d, _, read in described if read is not None]
         self._sample(readers, interval_s, SAMPLER_THREAD_NAME, skipped=(nvml.NVMLError,))
-        self._attribute(options, devices)
+        gpus = [
+            NvidiaGpu(self._library, handle, *d.identity())
+            for d, (_, handle, _) in zip(devices, described)
+        ]
+        self._attribute(options, gpus)
+        served = _served(ordinals, selected, devices)
+        self._choose_gpus(options, served, [(served[g.domain], g) for g in gpus], VENDOR.torch)
 
     def _describe(
         self, index: int, ordinal: int, interval_s: float, visible: CudaVisible
@@ -253,15 +269,10 @@ class NvmlMeter(GpuMeter):
             for d in devices
         ]
 
-    def _attribute(self, options: MeterSettings, devices: Sequence[NvmlGpu]) -> None:
+    def _attribute(self, options: MeterSettings, gpus: Sequence[NvidiaGpu]) -> None:
         """gpu:process where the driver keeps per-process SM utilization (counted=False:
         a share of the GPUs' joules, beside them, as RAPL's cpu:process)."""
-        nvml = self._nvml
         self._roots = (os.getpid(), *options.attributed_pids)
-        gpus = [
-            NvidiaGpu(self._library, nvml.nvmlDeviceGetHandleByIndex(d.index), *d.identity())
-            for d in devices
-        ]
         self._attributed = tuple((g.domain, g) for g in gpus if _keeps_sm_samples(g))
         if self._attributed:  # windows without it pay nothing for it
             self._energy_j = self._attributed_energy_j  # type: ignore[method-assign]
@@ -339,13 +350,13 @@ class NvmlMeter(GpuMeter):
         return read_usage_w, source, averaged_s
 
     # -- the Meter interface ---------------------------------------------------------
-    @property
-    def domains(self) -> Mapping[str, Domain]:
-        return self._domains
+    def _use_counters(self, positions: tuple[int, ...]) -> None:
+        every = self._every_handles
+        self._counter_handles = tuple(every[i] for i in positions)
 
     def _read(self) -> Reading:
         if "torch" in _modules:  # only a program using torch may have queued GPU work
-            sync_torch_gpus(self._cuda_ordinals, VENDOR.torch)
+            sync_torch_gpus(self._read_ordinals, VENDOR.torch)
         try:
             sampler = self._sampler
             t = sampler.sample_now() if sampler is not None else perf_counter()
@@ -370,6 +381,7 @@ class NvmlMeter(GpuMeter):
         out[GPU_PROCESS] = sum(
             out[domain] * sm_share(_sm_samples(gpu, t0_us), ours, t1_us)
             for domain, gpu in self._attributed
+            if domain in out  # a GPU read by this window
         )
         return out
 

@@ -46,6 +46,9 @@ MARKER = "llmenergy"
 BENCHMARK_FIXTURE = "energy_benchmark"
 # Fixture name -> sweep: a test that asks for one is parametrized over the grid's cases.
 CASE_FIXTURES = {"llm_input_case": INPUT_SWEEP, "llm_output_case": OUTPUT_SWEEP}
+# The most visits of a case (--energy-interleave): each runs one trial at least, and no
+# session runs a case's trials by the thousand; the schedule is built before the first.
+MAX_VISITS = 1000
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,17 @@ CASE_PLAN = pytest.StashKey[CasePlan]()
 
 
 # -- options -----------------------------------------------------------------------------
+def visits(text: str) -> int:
+    """``--energy-interleave``: a whole number from 1 to ``MAX_VISITS``."""
+    count = values.integer(1)(text)
+    if count > MAX_VISITS:
+        raise ConfigError(
+            f"at most {MAX_VISITS} visits (each runs a trial at least; the schedule of every "
+            f"visit is made before the first), got {text.strip()}"
+        )
+    return count
+
+
 def marker_help(marker: str) -> str:
     kwargs = ", ".join(f"{k}=" for k in MARKER_KWARGS)
     return f"{marker}({kwargs}): repetition settings of this test's energy_benchmark"
@@ -469,6 +483,17 @@ CONTROLLER_OPTIONS = Section(
             ),
         ),
         Option(
+            "--energy-prefill-passes",
+            "prefill_passes",
+            values.choice(("on", "off"), {"true": "on", "false": "off"}),
+            "on|off",
+            "on: where a case's prefill is too short for the meter to split it at its "
+            "first-token mark without bias (under 34 counter periods), each trial is "
+            "followed by a window of its prefill alone, whose joules are the trial's "
+            "prefill's; off: the split stays at the mark, marked and never gated (a "
+            "session that gates whole-trial figures saves the windows' time)",
+        ),
+        Option(
             "--energy-max-sample-gap",
             "max_sample_gap_s",
             values.seconds,
@@ -508,11 +533,12 @@ ORDER_OPTIONS = Section(
         Option(
             "--energy-interleave",
             "interleave",
-            values.integer(1),
+            visits,
             "N",
             "visit every energy benchmark case N times, in a new random order each time, each "
             "visit running a share of its trials, so that a case's mean samples the whole "
-            "session's machine speed, not one stretch of it; 1: each case's trials back to back",
+            "session's machine speed, not one stretch of it; 1: each case's trials back to "
+            f"back; at most {MAX_VISITS} (a visit runs one trial at least)",
         ),
         Option(
             "--energy-seed",

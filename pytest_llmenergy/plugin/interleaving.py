@@ -48,6 +48,8 @@ class Interleaving:
         each visit in its own order (cases of one model together, as in the first)."""
         out = [(1, item) for item in items]
         cases = [item for item in items if uses_energy_benchmark(item)]
+        if not cases:  # nothing to visit again, however many visits were asked for
+            return out
         for visit in range(2, self.count + 1):
             order = shuffled_in_groups(cases, self.seed + visit, self._group)
             out.extend((visit, item) for item in order)

@@ -22,6 +22,7 @@ from ..meters import (
     open_meter,
     sample_interval_defaults,
 )
+from ..meters.gpu_meter import GpuMeter
 from ..probes.background import BackgroundCpu
 from ..probes.process_tree import ProcessTrees
 from .option_rows import Option, Section
@@ -29,6 +30,8 @@ from .option_rows import Option, Section
 # --energy-count-work's values: count in the warm-up only (the default), also in one
 # more run where a case has no warm-up, or not at all
 COUNT_WORK = ("warmup", "on", "off")
+# --energy-gpus's words: every visible GPU, or the ones in use (the default)
+EVERY_GPU, GPUS_IN_USE = "all", "used"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,17 @@ class Metering:
             idle = ", ".join(f"{d} {w:.2f} W" for d, w in self.meter.idle_power_w.items())
             lines.append(f"idle power over {self.settings.idle_s:g} s: {idle}")
         return lines
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        """Name the GPUs the GPU meter reads once a test has run, when they changed: the
+        header, written before any model loads, can only say how they are chosen."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        for meter in gpu_meters(self.meter):
+            line = meter.news()
+            if line is not None and reporter is not None:
+                reporter.ensure_newline()
+                reporter.write_line(f"llmenergy: {line}", yellow="WARNING" in line)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.meter is not None:
@@ -142,6 +156,31 @@ class Metering:
 
 
 METERING = pytest.StashKey[Metering]()
+
+
+def gpu_meters(meter: Meter | None) -> list[GpuMeter]:
+    """The GPU meters in a session's meter: itself, the parts of ``auto``'s, the rank's
+    own under torchrun."""
+    if meter is None:
+        return []
+    if isinstance(meter, GpuMeter):
+        return [meter]
+    parts = [*getattr(meter, "meters", ()), *([meter.local] if hasattr(meter, "local") else [])]
+    return [found for part in parts for found in gpu_meters(part)]
+
+
+def gpu_list(text: str) -> tuple[int, ...] | str:
+    """``--energy-gpus``: ``all``, ``used``, or comma-separated indices."""
+    word = text.strip().lower()
+    return word if word in (EVERY_GPU, GPUS_IN_USE) else values.indices(text)
+
+
+def _every_gpu(given: dict[str, Any]) -> None:
+    """``--energy-gpus=all`` or ``used`` is no list: the meter chooses by ``every_gpu``."""
+    word = given.get("gpus")
+    if isinstance(word, str):
+        given["gpus"] = None
+        given["every_gpu"] = word == EVERY_GPU
 
 
 # -- options -----------------------------------------------------------------------------
@@ -213,10 +252,14 @@ METER_OPTIONS = Section(
         Option(
             "--energy-gpus",
             "gpus",
-            values.indices,
-            "LIST",
-            "GPUs to measure, as indices among the CUDA-visible ones, e.g. 0,1",
-            default_text="all",
+            gpu_list,
+            "LIST|all|used",
+            "GPUs to measure, as indices among the CUDA-visible ones, e.g. 0,1; all: every "
+            "visible GPU, whether it runs the session's work or idles; used: the GPUs in use, "
+            "chosen as each window opens (those a model is placed on, else those where this "
+            "session's processes hold a GPU context, else every visible one); the header, "
+            "then a line as they change, names them",
+            default_text="used",
         ),
         Option(
             "--energy-sample-interval",
@@ -238,4 +281,5 @@ METER_OPTIONS = Section(
             default_text="from the CPU model table",
         ),
     ),
+    complete=_every_gpu,
 )

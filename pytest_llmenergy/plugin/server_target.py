@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import values
-from ..errors import ConfigError, LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError, one_line
 from ..serving.engine import ENGINES
 from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
 from ..serving.steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S
@@ -143,8 +143,11 @@ class Serving:
             if not endpoint.model:
                 served = endpoint.served_models()
                 if len(served) != 1:
+                    # the server's ids, escaped: text from it never reaches the terminal raw
+                    shown = ", ".join(one_line(m, 80) for m in served[:10])
+                    more = f", and {len(served) - 10} more" if len(served) > 10 else ""
                     raise ConfigError(
-                        f"the server serves {len(served)} models ({', '.join(served)}): name "
+                        f"the server serves {len(served)} models ({shown}{more}): name "
                         "one with --llm-served-model"
                     )
                 endpoint = dataclasses.replace(endpoint, model=served[0])
@@ -166,8 +169,8 @@ class Serving:
             if engine is not None:
                 log = f"; {engine.log_excerpt()}"
             raise ConfigError(
-                f"{endpoint.url} could not complete a first request for {endpoint.model}: "
-                f"{exc}{log}"
+                f"{endpoint.url} could not complete a first request for "
+                f"{one_line(endpoint.model, 80)}: {exc}{log}"
             ) from None
         key = "serve_engine" if engine is not None else "serve_endpoint"
         self.record[key]["prompt"] = self.target.prompt_kind
@@ -189,7 +192,8 @@ class Serving:
                 "which holds the engine and its workers (children of this process)",
             ]
         else:
-            lines = [f"server: {endpoint.url} serving {endpoint.model} (not started here)"]
+            model = one_line(endpoint.model, 80)
+            lines = [f"server: {endpoint.url} serving {model} (not started here)"]
             if self.attributed_pids:
                 lines.append(
                     "  energy: GPU meters measure the GPUs; CPU meters charge this process "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from collections.abc import Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 
@@ -43,7 +43,31 @@ from ..results import CaseResult
 from .meter import Metering
 
 if TYPE_CHECKING:
-    from .options import PluginSettings
+    from ..controller.rule import ControllerSettings
+    from ..meters import MeterSettings
+    from .meter import MeasureSettings
+    from .models import LLMSettings
+
+
+class RankSettings(Protocol):
+    """What a rank reads of the session's settings (``options.PluginSettings``, which
+    imports the sections that use this module: named here by what it has, not imported,
+    so that the plugin's modules import each other in one direction only)."""
+
+    @property
+    def meter(self) -> MeterSettings: ...
+
+    @property
+    def measure(self) -> MeasureSettings: ...
+
+    @property
+    def controller(self) -> ControllerSettings: ...
+
+    @property
+    def llm(self) -> LLMSettings: ...
+
+
+Settings = TypeVar("Settings", bound=RankSettings)  # the settings given, given back
 
 # The local meter of a rank that reads no sensor (not a user-facing backend).
 RANK_BACKEND = "llmenergy-rank-without-meter"
@@ -51,7 +75,7 @@ INCOMPLETE = "incomplete"  # run status: a rank was lost, the run holds what was
 RECORD_KEY = "distributed"  # where a run file's machine section keeps the layout
 
 
-def rank_options(options: PluginSettings, env: DistEnv, gpus: int) -> PluginSettings:
+def rank_options(options: Settings, env: DistEnv, gpus: int) -> Settings:
     """Each rank's meter: the node's CPU/DRAM on local rank 0, and each rank's own GPU;
     busy-machine checks off (the job's other ranks are the 'other processes')."""
     meter, measure = options.meter, options.measure
@@ -64,7 +88,7 @@ def rank_options(options: PluginSettings, env: DistEnv, gpus: int) -> PluginSett
     return dataclasses.replace(options, meter=meter, measure=measure, controller=controller)
 
 
-def check_layout(options: PluginSettings, env: DistEnv) -> tuple[PluginSettings, list[str]]:
+def check_layout(options: Settings, env: DistEnv) -> tuple[Settings, list[str]]:
     """Settings that cannot work on this job: one line, on every rank, before joining.
 
     A model named by the user that cannot be split is an error; one that came with a
@@ -115,7 +139,7 @@ class Distributed:
         self,
         config: pytest.Config,
         env: DistEnv,
-        options: PluginSettings,
+        options: RankSettings,
         notes: list[str] | None = None,
     ) -> None:
         self.config = config

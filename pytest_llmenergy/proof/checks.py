@@ -42,6 +42,9 @@ class Proof:
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=dict)
+    # each stage's cap and the estimate it was sized from (plans.py), beside stage_s: a
+    # first run on a new GPU says which estimate was off
+    stage_plan: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def add(self, check: Check) -> Check:
         self.checks.append(check)
@@ -67,6 +70,7 @@ class Proof:
             "tables": self.tables,
             "notes": self.notes,
             "stage_s": self.stage_s,
+            "stage_plan": self.stage_plan,
         }
 
     def write(self, folder: Path) -> None:
@@ -101,9 +105,19 @@ def markdown(proof: Proof) -> str:
         if stage not in proof.tables:
             lines += [f"## {stage}", "", *(f"- {n}" for n in notes), ""]
     if proof.stage_s:
-        spent = ", ".join(f"{k} {v:.0f} s" for k, v in proof.stage_s.items())
+        spent = ", ".join(_spent(proof, k, v) for k, v in proof.stage_s.items())
         lines += [f"Wall time by stage: {spent}.", ""]
     return "\n".join(lines)
+
+
+def _spent(proof: Proof, stage: str, seconds: float) -> str:
+    planned = proof.stage_plan.get(stage)
+    if not planned:
+        return f"{stage} {seconds:.0f} s"
+    return (
+        f"{stage} {seconds:.0f} s (estimate {planned['estimate_s']:.0f} s, "
+        f"cap {planned['cap_s']:.0f} s)"
+    )
 
 
 def table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:

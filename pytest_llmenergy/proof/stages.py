@@ -25,16 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from ..conditions.isolation import OWN_ROOTS_ENV
+from ..conditions.settings import DEFAULT_LABEL, parse_power_limits
 from ..controller.rule import ControllerSettings
 from ..controller.window import window_target_s
 from ..errors import MeterUnavailable
 from ..figures import value
+from ..llm.compiled import EAGER
 from ..meters.readings import duration_text
 from ..stats import summarize
 from ..storage.runfile import RunFileError, load
 from ..suite import FILES
 from . import meter_probe
 from .checks import FAIL, NOT_RUN, PASS, Check, Proof
+from .plans import STAGES as STAGES  # the order they run in, beside their caps
 from .plans import Plan
 
 Log = Callable[[str], None]
@@ -44,11 +47,16 @@ MLENERGY_H100_8B = {8: 0.455, 512: 0.070}
 MLENERGY_METHOD = (
     "ML.ENERGY: vLLM (continuous batching, CUDA graphs, paged attention), the steady "
     "state's GPU energy per generated token, long outputs of real prompts, trained weights; "
-    "here: transformers' generate (eager, static batch), whole-query energy per token "
-    "(prefill included) and decode J per output token, fixed lengths, random weights"
+    "here: transformers' generate (the plugin's default execution: on CUDA the decode step "
+    "compiled with CUDA graphs, the prefill eager; static batch), whole-query energy per "
+    "token (prefill included) and decode J per output token, fixed lengths, random weights"
 )
 MIN_STAGE_S = 20.0  # a stage with less budget left than this is not started
 LAST_LINES = 6
+# A subprocess stopped at its limit gets this long to exit (a settings session restores
+# the GPU's limit, llmenergy ab stops both sides) before it is killed: a stage's limit
+# leaves it inside the budget, so that a part never outlasts its device call.
+STOP_GRACE_S = 30.0
 
 
 @dataclass
@@ -62,7 +70,9 @@ class Budget:
         return self.total_s - (time.monotonic() - self.started)
 
     def for_stage(self, cap_s: float) -> float:
-        return min(cap_s, self.left_s() - 5.0)
+        """A subprocess's time limit: its cap, or what is left of the budget once a stop's
+        grace and the proof's own writing are set aside."""
+        return min(cap_s, self.left_s() - STOP_GRACE_S - 5.0)
 
 
 def python_env() -> dict[str, str]:
@@ -127,7 +137,7 @@ def run(cmd: Sequence[str], cwd: Path, limit_s: float, log: Log) -> Ran:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 15)
         try:
-            out, _ = proc.communicate(timeout=30)
+            out, _ = proc.communicate(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
@@ -136,7 +146,13 @@ def run(cmd: Sequence[str], cwd: Path, limit_s: float, log: Log) -> Ran:
     return Ran(code, time.monotonic() - start, out or "")
 
 
-def pytest_cmd(plan: Plan, files: Sequence[str], *extra: str) -> list[str]:
+def pytest_cmd(
+    plan: Plan, files: Sequence[str], *extra: str, execution: str | None = EAGER
+) -> list[str]:
+    """A pytest session of the built-in suite as a user runs it.  ``execution``: the
+    ``--llm-execution`` it is given (None: the plugin's default, compiled decode on CUDA);
+    eager where the stage must be (the settings stage's eager reference, counted work,
+    the injected regressions)."""
     return [
         sys.executable,
         "-m",
@@ -151,9 +167,7 @@ def pytest_cmd(plan: Plan, files: Sequence[str], *extra: str) -> list[str]:
         "--energy-backend=nvml",
         f"--llm-device={plan.device}",
         f"--llm-dtype={plan.dtype}",
-        # eager, as the proof's stages and caps were measured (compiled execution is
-        # another mode of the suite, with its own checks: docs/guides/gpu.md)
-        "--llm-execution=eager",
+        *([f"--llm-execution={execution}"] if execution else []),
         *plan.extra_args,
         *extra,
     ]
@@ -181,6 +195,7 @@ def machine(nvml: Any, handle: Any, plan: Plan) -> dict[str, str]:
         ("gpu", lambda: nvml.nvmlDeviceGetName(handle)),
         ("driver", nvml.nvmlSystemGetDriverVersion),
         ("power limit (W)", lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000),
+        ("power limits allowed (W)", lambda: _limit_range(nvml, handle)),
     ):
         try:
             got = read()
@@ -197,6 +212,11 @@ def machine(nvml: Any, handle: Any, plan: Plan) -> dict[str, str]:
     facts["models ran on"] = plan.device
     facts["python"] = sys.version.split()[0]
     return facts
+
+
+def _limit_range(nvml: Any, handle: Any) -> str:
+    low_mw, high_mw = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+    return f"{low_mw / 1000:g}-{high_mw / 1000:g}"
 
 
 # -- stage 1: the meter ---------------------------------------------------------------------
@@ -459,24 +479,21 @@ def _meter_window_checks(
 
 
 # -- stage 2: the suite ---------------------------------------------------------------------
-def _suite_cmd(plan: Plan, batch_sizes: Sequence[int], path: Path, *extra: str) -> list[str]:
-    """The suite stage's session (and the compiled stage's, at one batch size)."""
-    return pytest_cmd(
+def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log) -> None:
+    """The suite as a user runs it: the plugin's default execution (compiled decode on
+    CUDA, eager on a CPU), every batch size of the plan in one session."""
+    path = out / "suite.json"
+    cmd = pytest_cmd(
         plan,
         plan.suite_files,
         f"--llm-model={plan.model}",
         f"--llm-input-tokens={plan.input_tokens}",
         f"--llm-output-tokens={plan.output_tokens}",
-        f"--llm-batch-sizes={','.join(map(str, batch_sizes))}",
+        f"--llm-batch-sizes={','.join(map(str, plan.batch_sizes))}",
         f"--energy-max-time={plan.case_max_time_s:g}",
         f"--energy-json={path}",
-        *extra,
+        execution=None,
     )
-
-
-def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log) -> None:
-    path = out / "suite.json"
-    cmd = _suite_cmd(plan, plan.batch_sizes, path)
     ran = run(cmd, work, budget.for_stage(plan.caps_s["suite"]), log)
     cases = _cases(path)
     if not cases:
@@ -484,13 +501,14 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
         return
     measured = [c for c in cases if c.measured]
     converged = [c for c in measured if c.converged]
+    runs = ", ".join(f"{n} {e}" for e, n in _executions(cases).items())
     proof.add(
         Check(
             "suite",
             f"{plan.model} ({plan.dtype}) at batch {','.join(map(str, plan.batch_sizes))}",
             PASS if len(measured) == len(cases) else FAIL,
             f"{len(measured)} of {len(cases)} cases measured in {ran.seconds:.0f} s",
-            "" if ran.code == 0 else _ended(ran),
+            "; ".join([f"execution: {runs}", *([] if ran.code == 0 else [_ended(ran)])]),
         )
     )
     proof.add(
@@ -522,6 +540,7 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
         rows.append(
             {
                 "case": c.name,
+                "execution": execution_of(c),
                 "batch": c.queries,
                 "in": c.input_tokens,
                 "out": c.output_tokens,
@@ -536,6 +555,18 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
         )
     proof.tables["suite"] = rows
     _mlenergy(proof, plan, cases)
+
+
+def execution_of(case: Any) -> str:
+    """How a case ran: the ``execution`` label a compiled case carries, else eager."""
+    return str(case.labels.get("execution", EAGER))
+
+
+def _executions(cases: Sequence[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in cases:
+        counts[execution_of(c)] = counts.get(execution_of(c), 0) + 1
+    return counts
 
 
 # A case's energy interval this much wider than its runtime's (relative, plus 2 points)
@@ -590,47 +621,65 @@ def _mlenergy(proof: Proof, plan: Plan, cases: Sequence[Any]) -> None:
         )
 
 
-# -- stage 2b: compiled execution beside eager -----------------------------------------------
-def compiled_stage(
-    proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, log: Log
-) -> None:
-    """The suite's case at ``plan.compiled_batch`` again with ``--llm-execution=compiled``
-    (a static KV cache and CUDA graphs, compiled outside every window): its decode
-    J/output token beside eager's (the suite stage's) and ML.ENERGY's."""
+# -- stage 3b: compiled execution beside eager -----------------------------------------------
+def compiled_stage(proof: Proof, plan: Plan, out: Path) -> None:
+    """The suite's case at ``plan.compiled_batch`` (the plugin's default execution:
+    compiled decode on CUDA) beside the same case run eager by the settings stage at the
+    board's default power limit: decode J/output token of both, and ML.ENERGY's.  No
+    session of its own: both ran already, so the comparison costs no device time."""
     batch = plan.compiled_batch
+    name = f"compiled decode J/output token at batch {batch}"
     if batch is None:
         proof.add(
-            Check(
-                "compiled",
-                "compiled execution beside eager",
-                NOT_RUN,
-                "not in this plan",
-                "inductor compiles a model for minutes on a CPU: a GPU plan runs it",
-            )
-        )
+            Check("compiled", "compiled execution beside eager", NOT_RUN, "not in this plan",
+                  "a CPU runs eager by default (inductor compiles for minutes there): a GPU "
+                  "plan compares them")
+        )  # fmt: skip
         return
-    path = out / "compiled.json"
-    # after pytest_cmd's eager: the last one holds
-    cmd = _suite_cmd(plan, (batch,), path, "--llm-execution=compiled")
-    ran = run(cmd, work, budget.for_stage(plan.caps_s["compiled"]), log)
-    compiled = [c for c in _cases(path) if c.measured and c.queries == batch]
-    eager = [c for c in _cases(out / "suite.json") if c.measured and c.queries == batch]
-    ours = [value(c, "decode_j_per_out_token") for c in compiled]
-    theirs = [value(c, "decode_j_per_out_token") for c in eager]
-    figure = max((o for o in ours if o is not None), default=None)
-    before = max((o for o in theirs if o is not None), default=None)
+    compiled = [c for c in _cases(out / "suite.json") if c.measured and c.queries == batch]
+    eager = [
+        c
+        for c in _cases(out / SETTINGS_RUN)
+        if c.measured
+        and c.queries == batch
+        and execution_of(c) == EAGER
+        and c.labels.get(DEFAULT_LABEL, "yes") == "yes"
+    ]
+    if not compiled:
+        proof.add(Check("compiled", name, NOT_RUN, "the suite measured no such case",
+                        "run the suite stage first, in the same part"))  # fmt: skip
+        return
+    ran_as = sorted({execution_of(c) for c in compiled})
+    figure = _most(compiled, "decode_j_per_out_token")
+    before = _most(eager, "decode_j_per_out_token")
     mlenergy = MLENERGY_H100_8B.get(batch) if plan.model == "random-llama-3.1-8b" else None
+    converged = all(c.converged for c in compiled)
+    all_compiled = all(e.startswith("compiled") for e in ran_as)
     proof.add(
         Check(
             "compiled",
-            f"compiled decode J/output token at batch {batch}",
-            PASS if figure is not None and all(c.converged for c in compiled) else FAIL,
-            _ended(ran) if figure is None else f"{figure:.3g} J",
-            (f"eager {before:.3g} J" if before is not None else "eager: not measured")
-            + (f"; ML.ENERGY {mlenergy} J" if mlenergy is not None else "")
-            + "; converged" * bool(compiled and all(c.converged for c in compiled)),
+            name,
+            PASS if figure is not None and converged and all_compiled else FAIL,
+            "—" if figure is None else f"{figure:.3g} J",
+            "; ".join(
+                [
+                    f"ran {', '.join(ran_as)}"
+                    + ("" if all_compiled else " (the default on CUDA is compiled)"),
+                    "eager at the default limit: "
+                    + ("not measured" if before is None else f"{before:.3g} J")
+                    + (f" ({figure / before:.2f}x)" if figure is not None and before else ""),
+                    *([f"ML.ENERGY {mlenergy} J"] if mlenergy is not None else []),
+                    "converged" if converged else "not converged",
+                ]
+            ),
         )
     )
+
+
+def _most(cases: Sequence[Any], figure: str) -> float | None:
+    """The largest of a figure over cases (None: no case has it)."""
+    found = [value(c, figure) for c in cases]
+    return max((f for f in found if f is not None), default=None)
 
 
 def _cases(path: Path) -> list[Any]:
@@ -645,6 +694,14 @@ def _ended(ran: Ran) -> str:
 
 
 # -- stage 3: GPU settings ------------------------------------------------------------------
+SETTINGS_RUN = "settings.json"
+# What a settings session prints when it refuses the power limits before measuring
+# anything (pytest's usage error, exit code 4): a limit outside the board's range, no
+# permission, a board whose limit cannot be read or set.
+USAGE_ERROR_CODE = 4
+REFUSAL = re.compile(r"--energy-gpu-power-limits|power limit|CAP_SYS_ADMIN|cannot be swept", re.I)
+
+
 def settings_stage(
     proof: Proof,
     plan: Plan,
@@ -655,51 +712,127 @@ def settings_stage(
     budget: Budget,
     log: Log,
 ) -> None:
+    """The plan's power limits set, measured and given back, on the suite's case at
+    ``plan.frontier_batch`` run eager (the compiled stage's reference, at the default
+    limit).  A limit the board or this process refuses is ``n/a`` with its reason."""
     before = _limit_w(nvml, handle)
+    limits, left_out = power_limit_plan(nvml, handle, plan.power_limits)
+    for why in left_out:
+        log(f"settings: {why}")
+    if not limits and plan.compiled_batch is None:
+        _refused(proof, plan, "; ".join(left_out), before, before)
+        return
     path = out / "frontier.json"
+    sweep = [f"--energy-gpu-power-limits={limits}", f"--energy-frontier-json={path}"]
     cmd = pytest_cmd(
         plan,
         ["benchmarks/test_output_tokens.py"],
         f"--llm-model={plan.model}",
-        f"--llm-output-tokens={plan.frontier_output_tokens}",
+        f"--llm-output-tokens={plan.output_tokens}",
         f"--llm-batch-sizes={plan.frontier_batch}",
-        f"--energy-gpu-power-limits={plan.power_limits}",
+        *(sweep if limits else []),
         f"--energy-max-time={plan.case_max_time_s:g}",
-        f"--energy-frontier-json={path}",
+        f"--energy-json={out / SETTINGS_RUN}",
+        *plan.settings_args,
     )
     ran = run(cmd, work, budget.for_stage(plan.caps_s["settings"]), log)
     after = _limit_w(nvml, handle)
-    restored = before is not None and after == before
+    refusal = "; ".join(left_out) if not limits else session_refusal(ran)
+    if refusal:
+        _refused(proof, plan, refusal, before, after)
+        return
     proof.add(
         Check(
             "settings",
             "power limit restored",
-            PASS if restored else FAIL,
+            PASS if before is not None and after == before else FAIL,
             f"{before} W before, {after} W after (read back through NVML)",
         )
     )
+    name = f"power-limit frontier ({limits} of the default)"
     if not path.exists():
-        refused = re.search(r"(?im)^.*(permission|not supported|refused|root).*$", ran.out)
-        proof.add(
-            Check(
-                "settings",
-                f"power-limit frontier ({plan.power_limits} of the default)",
-                NOT_RUN if refused else FAIL,
-                refused.group(0).strip()[:200] if refused else _ended(ran),
-                "" if refused else ran.tail(),
-            )
-        )
+        proof.add(Check("settings", name, FAIL, _ended(ran), ran.tail()))
         return
     points = _frontier_points(path)
     proof.add(
         Check(
             "settings",
-            f"power-limit frontier ({plan.power_limits} of the default)",
+            name,
             PASS if len(points) >= 2 else FAIL,
             f"{len(points)} settings measured in {ran.seconds:.0f} s",
+            "; ".join(f"left out: {why}" for why in left_out),
         )
     )
     proof.tables["settings"] = points
+
+
+def _refused(proof: Proof, plan: Plan, why: str, before: float | None, after: float | None) -> None:
+    """Both settings checks ``n/a``: no limit was set, so none was given back (unless
+    the limit moved all the same, which fails)."""
+    moved = f"{before} W before, {after} W after, though no limit was to be set"
+    restored = (NOT_RUN, "no limit was set") if after == before else (FAIL, moved)
+    proof.add(Check("settings", "power limit restored", *restored))
+    proof.add(
+        Check(
+            "settings",
+            f"power-limit frontier ({plan.power_limits} of the default)",
+            NOT_RUN,
+            "refused",
+            why[:300],
+        )
+    )
+
+
+def power_limit_plan(nvml: Any, handle: Any, wanted: str) -> tuple[str, tuple[str, ...]]:
+    """The plan's power limits this board takes (as ``--energy-gpu-power-limits`` text),
+    and why each other one is left out: outside the board's range (NVML's constraints;
+    a percentage of its default limit, rounded as the session rounds it), or every one
+    where this process may not set a limit (it writes the limit as it is, as the
+    session's own check does).  Where NVML cannot say, the session is left to."""
+    try:
+        low_mw, high_mw = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+        default_w = nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle) / 1000
+        current_mw = nvml.nvmlDeviceGetPowerManagementLimit(handle)
+    except nvml.NVMLError:
+        return wanted, ()
+    try:
+        nvml.nvmlDeviceSetPowerManagementLimit(handle, current_mw)
+    except nvml.NVMLError as exc:
+        denied = getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NO_PERMISSION", 4)
+        why = (
+            "this process may not set the power limit: it needs root or CAP_SYS_ADMIN"
+            if denied
+            else "the board's power limit cannot be set"
+        )
+        return "", (f"{why} (NVML: {exc})",)
+    low_w, high_w = low_mw / 1000, high_mw / 1000
+    kept: list[str] = []
+    left_out: list[str] = []
+    for word in (w.strip() for w in wanted.split(",") if w.strip()):
+        spec = parse_power_limits(word)
+        watts = [*spec.values, *(round(default_w * p / 100) for p in spec.percents)]
+        outside = [w for w in watts if not low_w <= w <= high_w]
+        if outside:
+            side = "floor" if outside[0] < low_w else "ceiling"
+            left_out.append(
+                f"{word} ({outside[0]:g} W) is beyond the board's {side}: it allows "
+                f"{low_w:g}-{high_w:g} W"
+            )
+        else:
+            kept.append(word)
+    return ",".join(kept), tuple(left_out)
+
+
+def session_refusal(ran: Ran) -> str:
+    """Why a settings session refused its power limits before measuring anything ("":
+    it did not, and a session that failed otherwise is a failure, not a refusal)."""
+    if ran.code != USAGE_ERROR_CODE:
+        return ""
+    for line in ran.out.splitlines():
+        text = line.strip()
+        if text.startswith("ERROR:") and REFUSAL.search(text):
+            return text.removeprefix("ERROR:").strip()
+    return ""
 
 
 def _limit_w(nvml: Any, handle: Any) -> float | None:
@@ -760,15 +893,13 @@ def gate_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget, 
         "--energy-backend=nvml",
         f"--llm-device={plan.device}",
         f"--llm-dtype={plan.dtype}",
-        "--llm-execution=eager",  # as pytest_cmd's; injected regressions run eager
+        "--llm-execution=eager",  # injected regressions run eager (llm/compiled.py)
         f"--llm-model={same}",
         f"--llm-model={changed}",
         f"--llm-input-tokens={','.join(map(str, plan.gate_input_tokens))}",
         f"--llm-batch-sizes={','.join(map(str, plan.gate_batch_sizes))}",
         *plan.gate_args,
     ]
-    if plan.gate_output_tokens != 32:
-        cmd += [f"--llm-output-tokens={plan.gate_output_tokens}"]
     ran = run(cmd, work, budget.for_stage(plan.caps_s["gate"]), log)
     rows = _ab_rows(ran.out)
     (out / "ab.txt").write_text(ran.out[-20000:], encoding="utf-8")
@@ -934,12 +1065,10 @@ def _differences(a: dict[str, float], b: dict[str, float]) -> str:
     return ", ".join(f"{k} {a[k]:.4g} vs {b[k]:.4g}" for k in a if a[k] != b.get(k))
 
 
-STAGES = ("meter", "suite", "compiled", "settings", "work", "gate")  # the longest last
-
-
 def run_stage(proof: Proof, name: str, budget: Budget, body: Callable[[], None], log: Log) -> None:
-    """One stage, timed; one that does not fit the budget, or breaks, is a line saying so."""
-    if budget.left_s() < MIN_STAGE_S:
+    """One stage, timed; one that does not fit the budget, or breaks, is a line saying so
+    (a stage started with less would be stopped before it measured anything)."""
+    if budget.for_stage(math.inf) < MIN_STAGE_S:
         proof.add(Check(name, "stage", NOT_RUN, f"{budget.left_s():.0f} s of the budget left"))
         return
     log(f"stage {name} ({budget.left_s():.0f} s of the budget left)")

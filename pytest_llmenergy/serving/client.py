@@ -7,35 +7,60 @@ its ``usage`` are checked against the case: a request that processed or produced
 another number of tokens is an error, never a silently different measurement.
 Responses are streamed (server-sent events), so each request's time to first token
 and latency are known.
+
+A server is read as a hostile one could answer: every request has a whole-request
+deadline (each read gets what is left of it, so a server that trickles bytes cannot
+stretch it), every read is bounded in size, and whatever comes back that is not a
+completion (no HTTP, a cut stream, a field of the wrong kind) is a ``BadResponse``: one
+line, its server text escaped, that stops a session at its start and rejects a trial
+mid-run (``errors.TrialRejected``).
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import json
 import math
+import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from ..errors import ConfigError, LLMEnergyError, TrialRejected
+from ..errors import ConfigError, LLMEnergyError, TrialRejected, one_line
 
 Prompt = str | Sequence[int]  # text, or token ids where the server takes them
 DEFAULT_TIMEOUT_S = 600.0
+# The most a server's answer may hold: a whole answer (a model list, a completion, a
+# /metrics page), one line of a stream, and a whole stream.  Real servers send kilobytes
+# (vLLM's /metrics page: some hundreds); past these a server sends something else, and
+# reading it on would only fill this process's memory.
+MAX_BODY_BYTES = 8 * 2**20
+MAX_LINE_BYTES = 2**20
+MAX_STREAM_BYTES = 64 * 2**20
 
 
 class ServerError(LLMEnergyError):
-    """The server refused a request or answered something that is not a completion."""
+    """No server answers (the connection is refused: it is gone), or what it answered is
+    no completion (``BadResponse``); the message is one line, its server text escaped."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
 
 
-class NoStreamUsage(ServerError):
+class BadResponse(ServerError, TrialRejected):
+    """The server answered, but not a completion: an HTTP error, no HTTP at all, a
+    stream cut short or too slow, a field of the wrong kind.  At a session's start it
+    stops the session in one line; mid-run it rejects the trial (kept, repeated)."""
+
+
+class NoStreamUsage(BadResponse):
     """A streamed response without usage counts (llama-cpp-python's server streams none):
     the counts cannot be checked from it, a non-streamed request's can."""
 
@@ -53,6 +78,60 @@ class Completion:
     ttft_s: float | None  # send -> first streamed token (None: not streamed)
     latency_s: float  # send -> end of the response
     text: str
+
+
+class Deadline:
+    """A whole request's time limit.  A socket's timeout bounds each read alone, so a
+    server sending a byte every few seconds would keep a 5 s wait going for hours;
+    here connecting, sending and every read get what is left of one deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        """The seconds left; TimeoutError once there are none."""
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole answer within {self.seconds:g} s")
+        return left
+
+
+class _DeadlineReads(io.RawIOBase):
+    """A response's socket reads, each given what is left of the request's deadline."""
+
+    def __init__(self, raw: io.RawIOBase, sock: socket.socket, deadline: Deadline) -> None:
+        super().__init__()
+        self._raw, self._sock, self._deadline = raw, sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        self._sock.settimeout(self._deadline.left())
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()  # the socket's own reader: it holds the socket open till now
+        super().close()
+
+
+class _Response(http.client.HTTPResponse):
+    """http.client's response, reading under a whole-request deadline."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        debuglevel: int = 0,
+        method: str | None = None,
+        url: str | None = None,
+        *,
+        deadline: Deadline,
+    ) -> None:
+        super().__init__(sock, debuglevel, method, url)
+        raw = self.fp.detach()  # nothing read yet: the socket's reader, unbuffered
+        self.fp = io.BufferedReader(_DeadlineReads(raw, sock, deadline))
 
 
 @dataclass(frozen=True)
@@ -83,29 +162,52 @@ class Endpoint:
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         return f"{root}{tail}"
 
-    def _connection(self, timeout_s: float | None = None) -> http.client.HTTPConnection:
+    def _connection(self, deadline: Deadline) -> http.client.HTTPConnection:
         cls = (
             http.client.HTTPSConnection
             if self.base.scheme == "https"
             else http.client.HTTPConnection
         )
-        return cls(self.host, self.port, timeout=timeout_s or self.timeout_s)
+        conn = cls(self.host, self.port, timeout=deadline.left())
+        conn.response_class = functools.partial(_Response, deadline=deadline)
+        return conn
+
+    def _failed(self, what: str, exc: BaseException, seconds: float) -> ServerError:
+        """What a request that broke off says: nobody listening (the server is gone), or
+        how the server's answer failed (a ``BadResponse``)."""
+        if isinstance(exc, ConnectionRefusedError):
+            return ServerError(f"{self.url}: {exc}")
+        if isinstance(exc, TimeoutError):
+            return BadResponse(
+                f"{what}: no whole answer within {seconds:g} s (the server is stuck, or "
+                "sends its answer too slowly)"
+            )
+        return BadResponse(f"{what}: {_transport_problem(exc)}")
 
     # -- plain requests --------------------------------------------------------------
     def get(self, tail: str, timeout_s: float = 5.0) -> bytes:
-        conn = self._connection(timeout_s)
+        """The body of a GET, within ``timeout_s`` in all; any failure a ServerError."""
+        deadline = Deadline(timeout_s)
         try:
-            conn.request("GET", self._path(tail))
-            response = conn.getresponse()
-            body = response.read()
-        finally:
-            conn.close()
+            conn = self._connection(deadline)
+            try:
+                conn.request("GET", self._path(tail))
+                response = conn.getresponse()
+                body = _read_body(response, f"GET {tail}")
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._failed(f"GET {tail}", exc, timeout_s) from None
         if response.status != 200:
-            raise ServerError(f"GET {tail}: HTTP {response.status}", response.status)
+            raise BadResponse(f"GET {tail}: HTTP {response.status}", response.status)
         return body
 
     def get_json(self, tail: str, timeout_s: float = 5.0) -> object:
-        return json.loads(self.get(tail, timeout_s))
+        body = self.get(tail, timeout_s)
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError):
+            raise BadResponse(f"GET {tail}: the answer is not JSON: {_shown(body)}") from None
 
     def running_requests(self, timeout_s: float = 2.0) -> float | None:
         """The server's own count of requests in its running batch, from its Prometheus
@@ -113,7 +215,7 @@ class Endpoint:
         ``sglang:num_running_reqs``), summed over engines; None where it has none."""
         try:
             text = self.get("/metrics", timeout_s).decode("utf-8", "replace")
-        except (OSError, ServerError):
+        except ServerError:
             return None
         return running_from_metrics(text)
 
@@ -123,7 +225,7 @@ class Endpoint:
         publishes none."""
         try:
             text = self.get("/metrics", timeout_s).decode("utf-8", "replace")
-        except (OSError, ServerError):
+        except ServerError:
             return None
         return engine_time_from_metrics(text)
 
@@ -131,14 +233,19 @@ class Endpoint:
         """The server answers its model list (every OpenAI-compatible server has it)."""
         try:
             self.get_json("/v1/models", timeout_s)
-        except (OSError, ServerError, ValueError):
+        except ServerError:
             return False
         return True
 
-    def served_models(self) -> list[str]:
-        data = self.get_json("/v1/models")
-        rows = data.get("data", []) if isinstance(data, dict) else []
-        return [str(row["id"]) for row in rows if isinstance(row, dict) and "id" in row]
+    def served_models(self, timeout_s: float = 5.0) -> list[str]:
+        """The ids the server lists (a row without a text id is no model)."""
+        data = self.get_json("/v1/models", timeout_s)
+        rows = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(rows, list):
+            return []
+        return [
+            row["id"] for row in rows if isinstance(row, dict) and isinstance(row.get("id"), str)
+        ]
 
     # -- completions -----------------------------------------------------------------
     def complete(
@@ -163,14 +270,16 @@ class Endpoint:
         }
         if self.stream:
             body["stream_options"] = {"include_usage": True}
-        conn = self._connection()
         start = time.perf_counter()
         try:
-            return self._post(conn, body, start, on_first_token, on_token)
-        except OSError as exc:  # refused, reset, timed out: the server is gone or stuck
-            raise ServerError(f"{self.url}: {exc}") from exc
-        finally:
-            conn.close()
+            conn = self._connection(Deadline(self.timeout_s))
+            try:
+                return self._post(conn, body, start, on_first_token, on_token)
+            finally:
+                conn.close()
+        # refused: the server is gone; reset, cut, timed out, no HTTP: it failed the request
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._failed("POST /v1/completions", exc, self.timeout_s) from None
 
     def _post(
         self,
@@ -189,41 +298,49 @@ class Endpoint:
         response = conn.getresponse()
         if response.status != 200:
             detail = " ".join(response.read(2000).decode("utf-8", "replace").split())
-            detail = detail if len(detail) <= 300 else detail[:297] + "..."
-            raise ServerError(
-                f"POST /v1/completions: HTTP {response.status}: {detail}", response.status
+            raise BadResponse(
+                f"POST /v1/completions: HTTP {response.status}: {one_line(detail)}",
+                response.status,
             )
         if not body.get("stream"):
             return _read_whole(response, start)
         return _read_stream(response, start, on_first_token, on_token)
 
 
+def _read_body(response: http.client.HTTPResponse, what: str) -> bytes:
+    """A whole response body, refused past ``MAX_BODY_BYTES``."""
+    body = response.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise BadResponse(f"{what}: the answer runs past {MAX_BODY_BYTES // 2**20} MiB")
+    return body
+
+
 def _read_whole(response: http.client.HTTPResponse, start: float) -> Completion:
     """A non-streamed completion: counts from its usage, no time to first token."""
-    raw = response.read()
+    raw = _read_body(response, "POST /v1/completions")
     latency_s = time.perf_counter() - start
     # no first token is seen apart: the window is not split into prefill | decode
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ServerError(f"the response is not JSON: {raw[:80]!r}") from exc
+    data = _json(raw, "the response")
     usage = data.get("usage") if isinstance(data, dict) else None
     if not isinstance(usage, dict):
-        raise ServerError(
+        raise BadResponse(
             "the response carries no usage counts: without them the token counts cannot "
             "be checked: use a server that reports them"
         )
-    choices = data.get("choices") or []
+    choices = _choices(data, "the response")
     text = "".join(
         c["text"] for c in choices if isinstance(c, dict) and isinstance(c.get("text"), str)
     )
     return Completion(
-        prompt_tokens=int(usage.get("prompt_tokens", -1)),
-        completion_tokens=int(usage.get("completion_tokens", -1)),
+        prompt_tokens=_count(usage, "prompt_tokens"),
+        completion_tokens=_count(usage, "completion_tokens"),
         ttft_s=None,
         latency_s=latency_s,
         text=text,
     )
+
+
+_DONE = "[DONE]"
 
 
 def _read_stream(
@@ -233,24 +350,19 @@ def _read_stream(
     on_token: Callable[[], None] | None = None,
 ) -> Completion:
     first_s: float | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
     text: list[str] = []
-    for raw in response:
-        line = raw.decode("utf-8", "replace").strip()
-        if not line.startswith("data:"):
-            continue  # blank separators, comments, event names
-        payload = line[len("data:") :].strip()
-        if payload == "[DONE]":
+    for line in _stream_lines(response):
+        event = _event(line)
+        if event == _DONE:
             break
-        try:
-            event = json.loads(payload)
-        except ValueError as exc:
-            raise ServerError(f"a streamed event is not JSON: {payload[:80]!r}") from exc
         if not isinstance(event, dict):
-            continue
+            continue  # blank separators, comments, event names, other JSON
         if "error" in event:
-            raise ServerError(f"the server reported an error mid-stream: {event['error']}")
-        choices = event.get("choices") or []
+            raise BadResponse(
+                f"the server reported an error mid-stream: {_error_text(event['error'])}"
+            )
+        choices = _choices(event, "a streamed event")
         if choices and first_s is None:
             first_s = time.perf_counter() - start
             if on_first_token is not None:
@@ -262,6 +374,8 @@ def _read_stream(
                 text.append(choice["text"])
         if isinstance(event.get("usage"), dict):
             usage = event["usage"]
+    else:  # no [DONE] (llama.cpp's servers may send none): the framing says if it is whole
+        _check_whole(response)
     latency_s = time.perf_counter() - start
     if usage is None:
         raise NoStreamUsage(
@@ -269,12 +383,100 @@ def _read_stream(
             "without them the token counts cannot be checked: use a server that reports them"
         )
     return Completion(
-        prompt_tokens=int(usage.get("prompt_tokens", -1)),
-        completion_tokens=int(usage.get("completion_tokens", -1)),
+        prompt_tokens=_count(usage, "prompt_tokens"),
+        completion_tokens=_count(usage, "completion_tokens"),
         ttft_s=first_s if first_s is not None else latency_s,
         latency_s=latency_s,
         text="".join(text),
     )
+
+
+def _check_whole(response: http.client.HTTPResponse) -> None:
+    """A stream that ended before the length it announced, or before its last chunk (a
+    chunked response's zero-size chunk closes it), was cut off."""
+    chunked_open = response.chunked and response.fp is not None
+    if chunked_open or (response.length is not None and response.length > 0):
+        raise BadResponse("the stream stopped short (the connection closed in the middle of it)")
+
+
+def _stream_lines(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """A stream's lines, each at most ``MAX_LINE_BYTES``, all at most ``MAX_STREAM_BYTES``."""
+    total = 0
+    while line := response.readline(MAX_LINE_BYTES + 1):
+        if len(line) > MAX_LINE_BYTES:
+            raise BadResponse(f"a streamed line runs past {MAX_LINE_BYTES // 2**20} MiB")
+        total += len(line)
+        if total > MAX_STREAM_BYTES:
+            raise BadResponse(f"the stream runs past {MAX_STREAM_BYTES // 2**20} MiB")
+        yield line
+
+
+def _event(line: bytes) -> object:
+    """A ``data:`` line's JSON, ``_DONE`` at its end, None for any other line."""
+    text = line.decode("utf-8", "replace").strip()
+    if not text.startswith("data:"):
+        return None
+    payload = text[len("data:") :].strip()
+    if payload == _DONE:
+        return _DONE
+    return _json(payload, "a streamed event")
+
+
+def _json(raw: str | bytes, what: str) -> object:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+        raise BadResponse(f"{what} is not JSON: {_shown(raw)}") from None
+
+
+def _choices(data: Mapping[str, Any], what: str) -> list[Any]:
+    """A completion's ``choices``: a list (absent or empty: none)."""
+    choices = data.get("choices") or []
+    if not isinstance(choices, list):
+        raise BadResponse(f"{what}'s choices are {_shown(choices)}, not a list")
+    return choices
+
+
+def _count(usage: Mapping[str, Any], key: str) -> int:
+    """A token count of the server's usage: a whole number >= 0, nothing else."""
+    value = usage.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadResponse(f"the server's usage.{key} is {_shown(value)}, not a count of tokens")
+    return value
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """Something a server sent, for a message: short, one line, escaped; text quoted, a
+    number or null as JSON writes it, anything else by its kind."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return f"'{one_line(value, limit)}'" if value else "empty"
+    if value is None or isinstance(value, bool | int | float):
+        return one_line(json.dumps(value), limit)
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _error_text(error: object) -> str:
+    """What a server's ``{"error": ...}`` says: its message, or its text, escaped."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        error = error["message"]
+    return one_line(error if isinstance(error, str) else _shown(error))
+
+
+def _transport_problem(exc: BaseException) -> str:
+    """What broke in an answer, for a one-line message (the server's text escaped)."""
+    if isinstance(exc, http.client.BadStatusLine) and not isinstance(exc, ConnectionError):
+        return f"not an HTTP answer (its first line: {_shown(exc.line)})"
+    if isinstance(exc, http.client.IncompleteRead):
+        return "the answer stopped short (the connection closed in the middle of it)"
+    if isinstance(exc, http.client.LineTooLong):
+        return "not an HTTP answer (a line of its head runs past 64 KiB)"
+    if isinstance(exc, http.client.RemoteDisconnected | ConnectionError):
+        return "the server closed the connection without a whole answer"
+    if isinstance(exc, http.client.HTTPException):
+        return f"not an HTTP answer ({one_line(str(exc) or type(exc).__name__)})"
+    return one_line(str(exc) or type(exc).__name__)
 
 
 def check(completion: Completion, input_tokens: int, output_tokens: int, where: str) -> None:

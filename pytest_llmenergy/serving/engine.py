@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import psutil
 
-from ..errors import ConfigError, LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError, one_line
 from .client import Endpoint
 
 LOG_LINES_SHOWN = 5  # of the engine's log, in a failure's one line
@@ -222,9 +222,11 @@ class RunningEngine:
 
     def log_excerpt(self) -> str:
         """What a failure shows of the log: its first exception line (the root cause,
-        which a long traceback pushes far from the end), then the last lines."""
-        tail = " | ".join(self.last_log_lines()) or "(no output)"
+        which a long traceback pushes far from the end), then the last lines; escaped,
+        as all text from a server (an engine's coloured log lines hold escape codes)."""
+        tail = " | ".join(one_line(line) for line in self.last_log_lines()) or "(no output)"
         first = first_error_line(self.log_path)
+        first = one_line(first) if first is not None else None
         where = f"log {self.log_path}"
         if first is not None and first not in tail:
             return f"{where}, first error: {first}; last lines: {tail}"

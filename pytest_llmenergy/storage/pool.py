@@ -109,12 +109,38 @@ def pool_runs(runs: Sequence[Run], name: str = "pooled") -> Run:
         name=name,
         created=min(run.created for run in runs),
         finished=utc_now(),
-        status=next((run.status for run in runs if run.status != COMPLETE), COMPLETE),
-        exit_status=max((run.exit_status or 0) for run in runs),
+        status=COMPLETE if all(run.status == COMPLETE for run in runs) else INTERRUPTED,
+        exit_status=_exit_status(runs),
         cases=tuple(pool_cases(cases, offsets[k]) for k, cases in by_id.items()),
         command=("llmenergy", "merge", *(run.label for run in runs)),
         path=None,
+        writer={},  # written whole, once: no process is still writing it
     )
+
+
+def _exit_status(runs: Sequence[Run]) -> int | None:
+    """The worst of the parts' exit statuses; None (unknown) where a part never ended
+    with one (a session killed outright)."""
+    statuses = [run.exit_status for run in runs]
+    return None if None in statuses else max(s for s in statuses if s is not None)
+
+
+def unfinished(runs: Sequence[Run], partial: bool, verb: str = "pooled") -> list[str]:
+    """The notes on parts that did not finish (killed, interrupted, still being
+    written), which ``partial`` takes as they are; refused, in one line, without it: a
+    run's trials end where its session stopped, and a pool should not hide that."""
+    lacking = [
+        f"{_unfinished(run)} ({len(run.cases)} case(s) saved)"
+        for run in runs
+        if run.status != COMPLETE
+    ]
+    if lacking and not partial:
+        raise ConfigError(
+            f"{'; '.join(lacking)}: {'they' if len(lacking) > 1 else 'it'} did not finish; "
+            f"give finished runs, or take what there is with --partial (the result is marked "
+            "interrupted)"
+        )
+    return [f"{text}: its cases are {verb} as they are" for text in lacking]
 
 
 def _same_file(a: Run, b: Run) -> bool:
@@ -200,7 +226,7 @@ def join_shards(
     parts = _one_split(runs, measuring)
     total = parts[0][1]
     seen = _parts_by_index(runs, parts, total)
-    missing = ", ".join(f"{i}/{total}" for i in range(1, total + 1) if i not in seen)
+    missing = _missing(sorted(seen), total)
     unfinished = [
         f"shard {i}/{total} ended early ({_unfinished(run)}; {len(run.cases)} case(s) saved)"
         for i, run in sorted(seen.items())
@@ -225,13 +251,32 @@ def join_shards(
         created=min(run.created for run in runs),
         finished=utc_now(),
         status=COMPLETE if not lacking else INTERRUPTED,
-        exit_status=max((run.exit_status or 0) for run in runs),
+        exit_status=_exit_status(runs),
         options=options,
         cases=tuple(case for run in ordered for case in run.cases),
         command=("llmenergy", "merge", *(run.label for run in runs)),
         path=None,
+        writer={},
     )
     return joined, notes
+
+
+def _missing(have: Sequence[int], total: int, shown: int = 10) -> str:
+    """The parts of ``1..total`` not in ``have`` (sorted), as ranges: ``2/3``, ``2/9 to
+    5/9``; the first ``shown`` ranges and a count of the rest.  Built from the parts
+    there are, never from the count a file claims (a hand-edited one can say 10**12)."""
+    ranges: list[str] = []
+    count = 0
+    for low, high in zip([0, *have], [*have, total + 1]):
+        if high - low < 2:
+            continue
+        first, last = low + 1, high - 1
+        count += 1
+        if len(ranges) < shown:
+            same = first == last
+            ranges.append(f"{first}/{total}" if same else f"{first}/{total} to {last}/{total}")
+    more = count - len(ranges)
+    return ", ".join(ranges) + (f" and {more} more ranges" if more else "")
 
 
 def _one_split(runs: Sequence[Run], measuring: Collection[str]) -> list[tuple[int, int]]:

@@ -7,6 +7,10 @@ way in, so a corrupt, truncated, foreign or newer file is one clear error naming
 What a reader refuses, whoever wrote the file (one line naming the file and the field;
 ``llmenergy list`` shows the file as unreadable, every other run stays usable):
 
+- a file larger than 64 MiB (some 75,000 trials at about 850 bytes each), before any
+  of it is read: reading takes about 0.16 s a MiB and several times the file's size in
+  memory (a 387 MB file took over two minutes and 3 GB); ``LLMENERGY_MAX_RUN_FILE_MB``
+  raises the limit for a larger file that is real;
 - JSON nested more than 32 levels deep (a run file needs 8), an object with a key
   twice, a string with half of a UTF-16 surrogate pair, NaN or Infinity, a number
   beyond a double's range (``1e400``) and an integer of more than 19 digits;
@@ -92,7 +96,8 @@ FORMAT = "pytest-llmenergy-run"
 #    in seconds since the epoch; absent: not recorded, and "running" is taken as said).
 #    a trial's "split" (how its prefill | decode phases were split, results.SPLITS:
 #    "prefill passes", the prefill's joules from a window of prefill-only passes right
-#    after it; absent: at the marks).
+#    after it; absent: at the marks), and the controller's "prefill_passes" ("on" or
+#    "off": whether such windows were measured; absent: "on").
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -271,6 +276,7 @@ def _controller_dict(o: ControllerSettings) -> dict[str, Any]:
         "min_time_s": o.min_time,
         "max_time_s": o.max_time,
         "max_sample_gap_s": o.max_sample_gap_s,
+        "prefill_passes": o.prefill_passes,
         "targets": [
             {"metric": t.metric, "value": t.value, "relative": t.relative} for t in o.targets
         ],
@@ -690,6 +696,14 @@ def _trial(r: _Reader) -> Trial:
     )
 
 
+def _prefill_passes(r: _Reader) -> str:
+    """The controller's ``prefill_passes``: on (absent: a run from before it) or off."""
+    value = r.get("prefill_passes", str, optional=True) or "on"
+    if value not in ("on", "off"):
+        raise _Bad(f"{r._at('prefill_passes')} is {value!r}; known: 'on', 'off'")
+    return value
+
+
 def _split(r: _Reader) -> str:
     """How the trial's phases were split: one of SPLITS, refused otherwise."""
     split = r.get("split", str, optional=True) or SPLIT_MARKS
@@ -761,6 +775,7 @@ def _controller(r: _Reader) -> ControllerSettings:
             min_time_s=r.amount("min_time_s", optional=True) or 0.0,
             max_time_s=r.amount("max_time_s", optional=True) or 0.0,
             max_sample_gap_s=r.amount("max_sample_gap_s", optional=True) or DEFAULT_MAX_GAP_S,
+            prefill_passes=_prefill_passes(r),
         )
     except ConfigError as exc:
         raise _Bad(f"{r.where}: {exc}") from None
@@ -982,9 +997,44 @@ def writer_gone(writer: Mapping[str, Any]) -> bool:
     return abs(started - float(writer["started"])) > 1.0
 
 
+# The largest run file read (see the module's docstring); the variable raises it.
+MAX_BYTES = 64 * 2**20
+MAX_BYTES_VARIABLE = "LLMENERGY_MAX_RUN_FILE_MB"
+
+
+def max_bytes() -> int:
+    """The largest run file read: ``MAX_BYTES``, or ``$LLMENERGY_MAX_RUN_FILE_MB`` MiB."""
+    text = os.environ.get(MAX_BYTES_VARIABLE, "").strip()
+    if not text:
+        return MAX_BYTES
+    if not re.fullmatch(r"[0-9]{1,7}", text) or int(text) == 0:
+        raise ConfigError(
+            f"{MAX_BYTES_VARIABLE}={one_line(text, 40)}: give the largest run file to read "
+            "in MiB, a whole number such as 512"
+        )
+    return int(text) * 2**20
+
+
+def _read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The file's bytes; a RunFileError past ``limit``, found from its size before any of
+    it is read (and, for a file whose size says nothing, after ``limit`` bytes)."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        raw = file.read(limit + 1) if size <= limit else b""
+    if size > limit or len(raw) > limit:
+        shown = f"{size / 2**20:.0f} MiB" if size > limit else f"more than {limit // 2**20} MiB"
+        raise RunFileError(
+            path,
+            f"is {shown}, larger than the {limit // 2**20} MiB a run file may be (some "
+            "75,000 trials; reading it would take minutes and gigabytes); if it is real, set "
+            f"{MAX_BYTES_VARIABLE} to a larger number of MiB",
+        )
+    return raw
+
+
 def load(path: str | os.PathLike[str]) -> Run:
     try:
-        raw = Path(path).read_bytes()
+        raw = _read_bounded(path, max_bytes())
     except FileNotFoundError:
         raise RunFileError(path, "no such run file") from None
     except IsADirectoryError:

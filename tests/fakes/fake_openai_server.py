@@ -37,6 +37,9 @@ What the exactness check and the request metrics depend on behaves as in real en
   ``w_per_request`` for every request generating, switched the moment that number
   changes: the true energy of any stretch of a burst is known.
 
+``ScriptedServer`` is the other kind: a hostile or broken server that answers each path
+with scripted bytes, HTTP or not, at any pace (``Reply``), for the client's robustness.
+
 Run in a thread (``FakeServer(...).start()``) or as a process:
 ``python -m tests.fakes.fake_openai_server --port N [--extra-token-every 10] [--spawn-child]``
 (``--spawn-child`` starts a child process that busy-loops, like an engine's worker, and
@@ -50,6 +53,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -379,6 +383,169 @@ def _completion(model: str, prompt_tokens: int, n: int) -> dict[str, Any]:
         "choices": [{"index": 0, "text": " w" * n, "finish_reason": "length"}],
         "usage": _usage(prompt_tokens, n),
     }
+
+
+# -- a hostile server: any bytes, at any pace -------------------------------------------
+@dataclass(frozen=True)
+class Reply:
+    """What ``ScriptedServer`` sends for one request: ``parts`` in order, ``pause_s``
+    before each (a server that trickles its answer), then it closes the connection, or
+    with ``hold`` keeps it open, silent, until the server stops."""
+
+    parts: tuple[bytes, ...]
+    pause_s: float = 0.0
+    hold: bool = False
+
+
+def http_reply(
+    body: bytes | str | Any,
+    status: str = "200 OK",
+    headers: tuple[str, ...] = ("Content-Type: application/json",),
+    *,
+    length: bool = True,
+) -> bytes:
+    """A whole HTTP/1.1 answer: ``body`` (bytes, text, or an object sent as JSON) after
+    the status line and ``headers``, its Content-Length added with ``length``."""
+    if not isinstance(body, bytes):
+        body = (body if isinstance(body, str) else json.dumps(body)).encode()
+    head = [f"HTTP/1.1 {status}", *headers]
+    if length:
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join([*head, "Connection: close"]) + "\r\n\r\n").encode("latin-1") + body
+
+
+def chunked(body: bytes, sizes: tuple[int, ...] = (7,), *, end: bool = True) -> bytes:
+    """``body`` in HTTP/1.1 chunks of ``sizes`` (the last size repeats), closed by the
+    zero chunk unless ``end`` is off (a stream cut between chunks)."""
+    out, i, n = b"", 0, 0
+    while i < len(body):
+        size = max(1, sizes[min(n, len(sizes) - 1)])
+        piece = body[i : i + size]
+        out += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+        i, n = i + size, n + 1
+    return out + (b"0\r\n\r\n" if end else b"")
+
+
+def sse(*events: Any, done: bool = True) -> bytes:
+    """Server-sent events, one ``data:`` line each (objects as JSON), then ``[DONE]``."""
+    lines = [e if isinstance(e, bytes) else f"data: {json.dumps(e)}".encode() for e in events]
+    return b"".join(line + b"\n\n" for line in lines) + (b"data: [DONE]\n\n" if done else b"")
+
+
+def models_reply(*ids: Any) -> Reply:
+    """``/v1/models`` listing ``ids`` (default: the fake model)."""
+    data = [{"id": i, "object": "model"} for i in (ids or ("fake-model",))]
+    return Reply((http_reply({"object": "list", "data": data}),))
+
+
+def good_completion(prompt_tokens: int, completion_tokens: int) -> Reply:
+    """A streamed completion that a real server sends: a chunk per token, the usage."""
+    chunks = [{"choices": [{"index": 0, "text": f" w{i}"}]} for i in range(completion_tokens)]
+    usage = {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)}
+    body = sse(*chunks, usage)
+    return Reply((http_reply(body, headers=("Content-Type: text/event-stream",)),))
+
+
+Route = Reply | list[Reply] | Callable[[dict[str, Any]], Reply]
+
+
+def echo(request: dict[str, Any]) -> Reply:
+    """What an honest server answers a completion request: the prompt's tokens (its ids
+    counted), exactly ``max_tokens`` more."""
+    prompt = request.get("prompt")
+    prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    return good_completion(prompt_tokens, int(request.get("max_tokens", 1)))
+
+
+class ScriptedServer:
+    """A raw TCP server that answers each request path with scripted bytes, valid HTTP or
+    not: the server a hostile or broken one can be.  ``routes`` maps a path to its
+    replies, the n-th request to that path getting the n-th (the last one repeats), or
+    to a function of the request's JSON body; ``/v1/models`` lists the fake model
+    unless a route says otherwise, any other path is a 404.  ``requests`` counts the
+    requests by path."""
+
+    def __init__(self, routes: dict[str, Route] | None = None) -> None:
+        self.routes: dict[str, Route] = {"/v1/models": models_reply(), **(routes or {})}
+        self.requests: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)  # before the thread runs: a quick stop closes it
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def __enter__(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self._thread.join(timeout=5)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _reply_for(self, path: str, body: bytes) -> Reply:
+        with self._lock:
+            n = self.requests.get(path, 0)
+            self.requests[path] = n + 1
+        route = self.routes.get(path)
+        if route is None:
+            return Reply((http_reply({"error": f"no route {path}"}, "404 Not Found"),))
+        if isinstance(route, Reply):
+            return route
+        if isinstance(route, list):
+            return route[min(n, len(route) - 1)]
+        return route(json.loads(body or b"{}"))
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(5)
+            reply = self._reply_for(*_read_request(conn))
+            for part in reply.parts:
+                if reply.pause_s and self._stop.wait(reply.pause_s):
+                    return
+                conn.sendall(part)
+            if reply.hold:
+                self._stop.wait()
+            conn.shutdown(socket.SHUT_RDWR)
+
+
+def _read_request(conn: socket.socket) -> tuple[str, bytes]:
+    """One request's path and body (its head, then what its Content-Length announces)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = conn.recv(65536)
+        if not got:
+            break
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip() or 0)
+    while len(body) < length:
+        got = conn.recv(65536)
+        if not got:
+            break
+        body += got
+    words = lines[0].split()
+    return (words[1] if len(words) > 1 else ""), body
 
 
 def worker_code(port: int) -> str:

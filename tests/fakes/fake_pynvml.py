@@ -420,6 +420,9 @@ class FakeNvml:
         self.clock = (lambda: clock() + self.virtual_s) if virtual_time else clock
         self.init_count = 0  # NVML counts nvmlInit calls; the last nvmlShutdown closes it
         self.calls: Counter[str] = Counter()
+        # (function, GPU index) of every call made on a GPU's handle: which GPUs were read
+        self.gpu_calls: Counter[tuple[str, int]] = Counter()
+        self._calling = threading.local()  # the function being called, per thread
         self.driver_version: str | bytes = "550.54.15"  # old nvidia-ml-py returned bytes
         self.root = root  # setters need root (or CAP_SYS_ADMIN), as on a real driver
         self.state_path = state_path
@@ -431,15 +434,36 @@ class FakeNvml:
     def total_calls(self) -> int:
         return sum(self.calls.values())
 
+    def calls_on(self, index: int, functions: Sequence[str] | None = None) -> int:
+        """Calls made on GPU ``index``'s handle (of ``functions`` only, where given)."""
+        return sum(
+            n
+            for (fn, i), n in self.gpu_calls.items()
+            if i == index and (functions is None or fn in functions)
+        )
+
+    def start_context(self, index: int, pid: int | None = None, name: str = "python") -> None:
+        """A process (this one by default) opens a CUDA context on GPU ``index``: the
+        driver lists it among the board's compute processes from now on, with the memory
+        a context takes, until it exits (``end_context``), as NVML does."""
+        gpu = self.gpus[index]
+        gpu.processes[os.getpid() if pid is None else pid] = (name, 512 * 1024 * 1024)
+
+    def end_context(self, index: int, pid: int | None = None) -> None:
+        self.gpus[index].processes.pop(os.getpid() if pid is None else pid, None)
+
     # -- helpers ---------------------------------------------------------------------
     def _enter(self, fn: str) -> None:
         self.calls[fn] += 1
+        self._calling.fn = fn
         if self.init_count == 0:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
 
     def _gpu(self, handle: object) -> FakeGPU:
         if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            self.gpu_calls[(getattr(self._calling, "fn", "?"), handle.index)] += 1
         gpu = self.gpus[handle.index]
         if gpu.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
