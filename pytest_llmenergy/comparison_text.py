@@ -199,6 +199,18 @@ def evidence_line(c: Comparison) -> str:
     return text
 
 
+# The options these sentences name are pytest's; ``llmenergy compare`` and ``report`` say
+# them by their own names (a user of the command has no --energy-strict to give it).
+COMMAND_FLAGS = {"--energy-strict": "--strict", "--energy-session-noise": "--session-noise"}
+
+
+def said_by_command(text: str) -> str:
+    """``text`` with the pytest options it names as the ``llmenergy`` commands name them."""
+    for pytest_flag, flag in COMMAND_FLAGS.items():
+        text = text.replace(pytest_flag, flag)
+    return text
+
+
 def verdict_lines(c: Comparison, strict: bool = False) -> list[str]:
     """The gate's verdict, then (gated) what it rests on and the smallest regression it
     could have seen."""

@@ -818,6 +818,8 @@ def test_every_gate_entry_point_fails_a_gate_that_compared_nothing(
     argv = ("--storage", root, "compare", "both", "other", *gate)
     done = run_process([*MODULE, *argv], tmp_path)
     assert done.returncode == 0 and "not judged, on one side only" in done.stdout
+    # the command names its own options (issue 61, item 8), not the pytest plugin's
+    assert "(--strict fails on this)" in done.stdout and "--energy-" not in done.stdout
     done = run_process([*MODULE, *argv, "--strict"], tmp_path)
     assert done.returncode == 1
     verdict = next(line for line in done.stdout.splitlines() if "(strict)" in line)

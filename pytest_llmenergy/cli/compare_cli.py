@@ -7,13 +7,20 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .. import values
 from ..commandline import Command, Outcome
 from ..compare import Comparison, Gate, parse_gates
-from ..comparison_text import Lineup, comparison_table, side_by_side, verdict_lines
+from ..comparison_text import (
+    Lineup,
+    comparison_table,
+    said_by_command,
+    side_by_side,
+    verdict_lines,
+)
 from ..errors import ConfigError
 from ..figures import (
     DEFAULT_GATE_METRIC,
@@ -206,9 +213,13 @@ def _compare(
             session_noise=args.session_noise,
             storage=storage,
         ):
-            tables.append(comparison_table(comparison))
+            table = comparison_table(comparison)
+            tables.append(replace(table, notes=tuple(map(said_by_command, table.notes))))
             label = comparison.current_label
-            verdicts += [f"{label}: {line}" for line in verdict_lines(comparison, args.strict)]
+            verdicts += [
+                f"{label}: {said_by_command(line)}"
+                for line in verdict_lines(comparison, args.strict)
+            ]
             failed = failed or comparison.fails(args.strict)
             if args.explain:
                 tables += [t for w in comparison.explanations for t in w.tables]
@@ -347,7 +358,10 @@ def _report(runs: list[Run], args: argparse.Namespace, storage: Storage) -> Outc
     size_mb = target.stat().st_size / 1e6
     wrote = f"wrote {target} ({counted(runs)}, {size_mb:.2f} MB)"
     verdicts = [
-        f"{c.current_label}: {line}" for c in comparisons if gates for line in verdict_lines(c)
+        f"{c.current_label}: {said_by_command(line)}"
+        for c in comparisons
+        if gates
+        for line in verdict_lines(c)
     ]
     failed = any(c.failed for c in comparisons)
     return Outcome(wrote, notes=notes, verdicts=verdicts, failed=failed)
