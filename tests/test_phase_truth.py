@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 
 from pytest_llmenergy.controller.benchmark import CaseIdentity, EnergyBenchmark
+from pytest_llmenergy.controller.passes import split_by_passes
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.errors import ConfigError
 from pytest_llmenergy.figures import FIGURES, resolved, value
 from pytest_llmenergy.meters import mark_phase, open_meter
 from pytest_llmenergy.meters.marks import phase_listener
-from pytest_llmenergy.results import SPLIT_PASSES, CaseResult
+from pytest_llmenergy.results import SPLIT_PASSES, CaseResult, PhaseRecord, Trial
 from tests.fakes.fake_pynvml import install_fake_pynvml
 from tests.fakes.hopper import DECODE, IDLE_W, PREFILL, PhaseTrace, TorchHooks, make_h100
 
@@ -157,6 +158,23 @@ def test_prefill_passes_off_keeps_the_split_at_the_mark(trace: PhaseTrace) -> No
     assert not resolved(FIGURES["prefill_j"], case)
     with pytest.raises(ConfigError, match="prefill_passes must be 'on' or 'off'"):
         ControllerSettings(prefill_passes="sometimes")
+
+
+def test_passes_that_read_more_than_the_trial_leave_the_split_at_the_mark() -> None:
+    """A decode of next to nothing: the split by passes would be negative, which no run
+    file's reader takes; the trial keeps its marks' split."""
+    trial = Trial(
+        1, 1.0, 10.0, 10.0, {"gpu:0": 10.0}, {"gpu:0": 10.0}, 100, 1,
+        phases={
+            "prefill": PhaseRecord(0.9, 8.0, {"gpu:0": 8.0}),
+            "decode": PhaseRecord(0.1, 2.0, {"gpu:0": 2.0}),
+        },
+    )  # fmt: skip
+    passes = Trial(1, 0.9, 10.5, 10.5, {"gpu:0": 10.5}, {"gpu:0": 10.5}, 100, 0, passes=3)
+    assert split_by_passes(trial, passes) is trial
+    fits = dataclasses.replace(passes, joules=7.0, joules_by_domain={"gpu:0": 7.0})
+    split = split_by_passes(trial, fits)
+    assert split.split == SPLIT_PASSES and split.phases["decode"].joules == pytest.approx(3.0)
 
 
 def _window_errors(trace: PhaseTrace, aligned: bool, windows: int, load_s: float) -> list[float]:

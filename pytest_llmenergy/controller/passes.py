@@ -94,6 +94,11 @@ def split_by_passes(trial: Trial, passes: Trial) -> Trial:
     decode_by = {d: j - prefill_by.get(d, 0.0) for d, j in trial.joules_by_domain.items()}
     if not all(math.isfinite(j) for j in (*prefill_by.values(), *decode_by.values())):
         return trial
+    if trial.joules < passes.joules or any(j < 0 for j in decode_by.values()):
+        # the passes read more than the whole trial (a decode of next to nothing, and
+        # noise): a negative decode is no figure, so the split stays at the mark (its
+        # case then marked, never gated) and the window stays with the passes
+        return trial
     phases = {
         PREFILL: PhaseRecord(prefill.seconds, passes.joules, prefill_by),
         DECODE: PhaseRecord(decode.seconds, trial.joules - passes.joules, decode_by),
