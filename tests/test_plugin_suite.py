@@ -368,3 +368,25 @@ def test_a_log_gets_no_live_status(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--energy-backend=trace", "--energy-rule=research")
     result.assert_outcomes(passed=1)
     assert "\b" not in result.stdout.str() and "trial 1" not in result.stdout.str()
+
+
+def test_an_unknown_model_in_a_test_fails_it_in_one_line(
+    pytester: pytest.Pytester, model_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 61, item 10: ``llm_pool.get("tiny-gpt")`` ended with "did you mean
+    tiny-mistral?" only after about 450 lines of transformers' traceback."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pytester.makepyfile(
+        test_typo="""
+        def test_typo(llm_pool):
+            llm_pool.get("tiny-gpt")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    said = [line for line in out.splitlines() if line.startswith("test_typo.py::test_typo: ")]
+    assert len(said) == 1 and "cannot load model 'tiny-gpt'" in said[0], out
+    assert "did you mean tiny-mistral?" in said[0]
+    assert "Traceback" not in out and "transformers" not in out.split("FAILURES")[-1], out
+    assert len(out.splitlines()) < 40, out

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
-from ..errors import ConfigError, LLMEnergyError
+from ..errors import ConfigError, LLMEnergyError, one_line
 from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
@@ -381,6 +381,18 @@ def _join_torchrun(config: pytest.Config, options: PluginSettings) -> Distribute
     import torch
 
     return Distributed(config, env, rank_options(options, env, torch.cuda.device_count()), notes)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test failed by a bad setting of the package's (a model name it cannot load, an
+    option's value) says so in one line, not under hundreds of lines of a library's
+    traceback: what was wrong and how to fix it is all the error's message."""
+    report: pytest.TestReport = yield
+    excinfo = call.excinfo
+    if report.failed and excinfo is not None and excinfo.errisinstance(ConfigError):
+        report.longrepr = f"{item.nodeid}: {one_line(str(excinfo.value), 1000)}"
+    return report
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
