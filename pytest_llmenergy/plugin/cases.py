@@ -524,7 +524,7 @@ ORDER_OPTIONS = Section(
             "--energy-shuffle",
             "shuffle",
             values.choice(("on", "off", "auto"), {"true": "on", "false": "off"}),
-            "on|off",
+            "on|off|auto",
             "run energy benchmark cases in random order: {choices}",
             choices=lambda: ("on", "off", "auto"),
             default_text="on wherever energy_benchmark is used",

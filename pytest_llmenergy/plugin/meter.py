@@ -239,7 +239,7 @@ MEASURE_OPTIONS = Section(
             values.seconds,
             "SECONDS",
             "under torchrun: how long a rank waits for the others at a trial's start or end "
-            "before it gives up, saves what was measured and names the silent rank (300)",
+            "before it gives up, saves what was measured and names the silent rank",
         ),
     ),
 )
