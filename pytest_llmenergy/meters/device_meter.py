@@ -16,8 +16,8 @@ from time import perf_counter
 from ..errors import ConfigError, MeterError, MeterUnavailable
 from ..gpu.device import GpuDevice, GpuDeviceError, GpuLibrary, open_library, vendor_named
 from .gpu_meter import (
-    ASSUMED_PERIOD_S,
     GpuMeter,
+    counter_resolution_s,
     ordinal_of,
     period_s,
     period_text,
@@ -99,7 +99,7 @@ class DeviceMeter(GpuMeter):
             if d.domain in periods:
                 period = periods[d.domain]
                 self.notes.append(f"{d.domain} {d.name}: counter ({period_text(period)})")
-                resolutions.append(ASSUMED_PERIOD_S if period is None else period)
+                resolutions.append(counter_resolution_s(period))
             else:
                 self.notes.append(
                     f"{d.domain} {d.name}: sampled ({d.power_note()} every {interval_s:g} s)"

@@ -27,7 +27,7 @@ edge delay is needed any more).  A counter that does not refresh within
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .readings import Method, Reading
@@ -111,10 +111,3 @@ class TickEdges:
             after = max(first.t - end.t, 0.0)  # at rest, after it ended
             out[name] = counted - rest_w * (before + after)
         return out
-
-
-def aligned_totals(
-    by_domain: Mapping[str, float], aligned: Mapping[str, float]
-) -> dict[str, float]:
-    """A window's joules by domain with the aligned counters' own in place."""
-    return {name: aligned.get(name, joules) for name, joules in by_domain.items()}

@@ -184,12 +184,17 @@ def period_text(period: float | None) -> str:
     return f"updates every {duration_text(period)}"
 
 
+def counter_resolution_s(period: float | None) -> float:
+    """What a counter of this timed period resolves (``ASSUMED_PERIOD_S`` untimed)."""
+    return ASSUMED_PERIOD_S if period is None else period
+
+
 def with_period(device: GpuT, counter_text: str, period: float | None) -> GpuT:
     """A counter GPU once its counter's period is timed: the period follows
     ``counter_text`` in its note and is its resolution (``ASSUMED_PERIOD_S`` where it
     could not be timed)."""
     note = device.note.replace(counter_text, f"{counter_text}, {period_text(period)}", 1)
-    return replace(device, note=note, resolution_s=ASSUMED_PERIOD_S if period is None else period)
+    return replace(device, note=note, resolution_s=counter_resolution_s(period))
 
 
 def sync_torch_gpus(ordinals: Sequence[int], api: str = "cuda") -> None:

@@ -42,10 +42,67 @@ MIN_LIMIT_MW, MAX_LIMIT_MW = 200_000, 700_000
 MIN_STRETCH_S = 0.001  # readings closer than this extend the current stretch
 
 
-class CpuLoadTrace:
+class StretchTrace:
+    """Power piecewise constant over stretches that end as the trace learns their power,
+    each stretch's energy summed as it ends: what both stand-in traces keep (the
+    PowerTrace interface: ``origin``, ``steps``, ``power_at``, ``energy_until``)."""
+
+    def __init__(self, idle_w: float, clock: Callable[[], float]) -> None:
+        self.idle_w, self.clock = idle_w, clock
+        self.origin = clock()
+        self._ends = [self.origin]  # stretch k runs from _ends[k] to _ends[k + 1]
+        self._watts: list[float] = []
+        self._joules = [0.0]  # energy from the origin to _ends[k]
+
+    @property
+    def steps(self) -> list[tuple[float, float]]:
+        """Only the first is read (the power before the trace began): idle."""
+        return [(float("inf"), self.idle_w)]
+
+    def _append(self, t: float, watts: float) -> bool:
+        """End the current stretch at ``t`` at ``watts``; False: ``t`` is not after it."""
+        if t <= self._ends[-1]:
+            return False
+        self._joules.append(self._joules[-1] + watts * (t - self._ends[-1]))
+        self._ends.append(t)
+        self._watts.append(watts)
+        return True
+
+    def _stretch(self, t: float) -> int:
+        """The stretch holding ``t`` (binary search over the ends)."""
+        lo, hi = 0, len(self._ends) - 1
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            if self._ends[mid] <= t:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _energy_at(self, t: float) -> float:
+        """Joules from the origin to ``t``, within the stretches ended so far."""
+        k = self._stretch(t)
+        return self._joules[k] + self._watts[k] * (t - self._ends[k])
+
+    def energy_until(self, t: float) -> float:  # pragma: no cover - each trace's own
+        raise NotImplementedError
+
+    def power_at(self, t: float) -> float:  # pragma: no cover - each trace's own
+        raise NotImplementedError
+
+    def energy_between(self, t0: float, t1: float) -> float:
+        return self.energy_until(t1) - self.energy_until(t0)
+
+    def mean_power(self, t0: float, t1: float) -> float:
+        return self.energy_between(t0, t1) / (t1 - t0) if t1 > t0 else self.power_at(t1)
+
+    def max_power(self) -> float:
+        return max(self._watts, default=self.idle_w)
+
+
+class CpuLoadTrace(StretchTrace):
     """GPU power that follows this process's CPU use, piecewise constant between
-    readings (the PowerTrace interface: ``origin``, ``steps``, ``power_at``,
-    ``energy_until``)."""
+    readings."""
 
     def __init__(
         self,
@@ -56,20 +113,11 @@ class CpuLoadTrace:
         cpu_s: Callable[[], float] = time.process_time,
         cores: int | None = None,
     ) -> None:
-        self.idle_w, self.dynamic_w, self.limit_w = idle_w, dynamic_w, limit_w
-        self.clock, self.cpu_s = clock, cpu_s
+        super().__init__(idle_w, clock)
+        self.dynamic_w, self.limit_w, self.cpu_s = dynamic_w, limit_w, cpu_s
         self.cores = cores or os.cpu_count() or 1
-        self.origin = clock()
         self._cpu, self._cpu_t = cpu_s(), self.origin  # the last CPU reading, and when
-        self._ends = [self.origin]  # stretch k runs from _ends[k] to _ends[k + 1]
-        self._watts: list[float] = []
-        self._joules = [0.0]  # energy from the origin to _ends[k]
         self._lock = threading.Lock()
-
-    @property
-    def steps(self) -> list[tuple[float, float]]:
-        """Only the first is read (the power before the trace began): idle."""
-        return [(float("inf"), self.idle_w)]
 
     def advance(self) -> None:
         """Close the stretch since the last reading at the power its CPU use gives."""
@@ -78,15 +126,8 @@ class CpuLoadTrace:
             if now - self._cpu_t < MIN_STRETCH_S:
                 return
             busy = min(1.0, max(0.0, (cpu - self._cpu) / (now - self._cpu_t) / self.cores))
-            self._close(now, min(self.limit_w(), self.idle_w + self.dynamic_w * busy))
+            self._append(now, min(self.limit_w(), self.idle_w + self.dynamic_w * busy))
             self._cpu, self._cpu_t = cpu, now
-
-    def _close(self, t: float, watts: float) -> None:
-        """End the current stretch at ``t`` (after the last end) at ``watts``."""
-        if t > self._ends[-1]:
-            self._joules.append(self._joules[-1] + watts * (t - self._ends[-1]))
-            self._ends.append(t)
-            self._watts.append(watts)
 
     def power_at(self, t: float) -> float:
         self.advance()
@@ -104,29 +145,8 @@ class CpuLoadTrace:
             # the time up to t is kept at the last power, so a counter never reads less
             # for a moment it already reported (a real one is monotonic)
             with self._lock:
-                self._close(t, self._watts[-1] if self._watts else self.idle_w)
-        k = self._stretch(t)
-        return self._joules[k] + self._watts[k] * (t - self._ends[k])
-
-    def _stretch(self, t: float) -> int:
-        """The stretch holding ``t`` (binary search over the ends)."""
-        lo, hi = 0, len(self._ends) - 1
-        while lo < hi - 1:
-            mid = (lo + hi) // 2
-            if self._ends[mid] <= t:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def energy_between(self, t0: float, t1: float) -> float:
-        return self.energy_until(t1) - self.energy_until(t0)
-
-    def mean_power(self, t0: float, t1: float) -> float:
-        return self.energy_between(t0, t1) / (t1 - t0) if t1 > t0 else self.power_at(t1)
-
-    def max_power(self) -> float:
-        return max(self._watts, default=self.idle_w)
+                self._append(t, self._watts[-1] if self._watts else self.idle_w)
+        return self._energy_at(t)
 
 
 class MiscountedTrace(CpuLoadTrace):
@@ -146,15 +166,14 @@ DECODE_W = 300.0
 IDLE, PREFILL, DECODE, WORK = "idle", "prefill", "decode", "work"
 
 
-class PhaseTrace:
+class PhaseTrace(StretchTrace):
     """GPU power set by what the GPU does, not by this CPU's load: each activity
     (``idle``, ``prefill``, ``decode``, other ``work``) draws its scripted power, so the
     true energy of any past interval, and of each phase, is known exactly.
 
-    ``activity(name)`` marks the work while it runs (``install_torch_hooks`` does it for
-    every model's forward pass).  Several threads may work at once: the GPU draws the
-    most any of them asks for.  The PowerTrace interface: ``origin``, ``steps``,
-    ``power_at``, ``energy_until``.
+    ``set(name)`` marks this thread's work from now on, ``set(None)`` its end
+    (``TorchHooks`` does it for every model's forward pass).  Several threads may work at
+    once: the GPU draws the most any of them asks for.
     """
 
     def __init__(
@@ -165,27 +184,15 @@ class PhaseTrace:
     ) -> None:
         self.watts = {IDLE: IDLE_W, PREFILL: PREFILL_W, DECODE: DECODE_W, WORK: PREFILL_W}
         self.watts.update(watts or {})
-        self.idle_w = self.watts[IDLE]
-        self.limit_w, self.clock = limit_w, clock
-        self.origin = clock()
-        self._ends = [self.origin]  # stretch k runs from _ends[k] to _ends[k + 1]
-        self._watts: list[float] = []
-        self._joules = [0.0]  # energy from the origin to _ends[k]
+        super().__init__(self.watts[IDLE], clock)
+        self.limit_w = limit_w
         self._running: dict[int, str] = {}  # thread id -> its activity
         self._lock = threading.RLock()
-        # every stretch's activity, for tests that sum a phase's true joules
-        self.activities: list[str] = []
 
-    @property
-    def steps(self) -> list[tuple[float, float]]:
-        """Only the first is read (the power before the trace began): idle."""
-        return [(float("inf"), self.idle_w)]
-
-    def _now_w(self) -> tuple[str, float]:
-        """The activity drawing most now, and its power under the limit."""
-        running = list(self._running.values()) or [IDLE]
-        name = max(running, key=lambda a: self.watts.get(a, self.watts[WORK]))
-        return name, min(self.limit_w(), self.watts.get(name, self.watts[WORK]))
+    def _now_w(self) -> float:
+        """The power now: of the activity drawing most, under the limit."""
+        drawn = [self.watts.get(a, self.watts[WORK]) for a in self._running.values()]
+        return min(self.limit_w(), max(drawn, default=self.idle_w))
 
     def set(self, name: str | None) -> None:
         """This thread's activity from now on (None: it stops working)."""
@@ -199,17 +206,12 @@ class PhaseTrace:
 
     def _close(self, t: float) -> None:
         """End the current stretch at ``t`` at the power drawn since the last change."""
-        if t > self._ends[-1]:
-            name, watts = self._now_w()
-            self._joules.append(self._joules[-1] + watts * (t - self._ends[-1]))
-            self._ends.append(t)
-            self._watts.append(watts)
-            self.activities.append(name)
+        self._append(t, self._now_w())
 
     def power_at(self, t: float) -> float:
         with self._lock:
             if t >= self._ends[-1]:
-                return self._now_w()[1]
+                return self._now_w()
             k = self._stretch(t)
             return self.idle_w if k < 0 else self._watts[k]
 
@@ -219,38 +221,7 @@ class PhaseTrace:
         with self._lock:
             if t > self._ends[-1]:
                 self._close(t)  # the present activity up to t (never a future one)
-            k = self._stretch(t)
-            return self._joules[k] + self._watts[k] * (t - self._ends[k])
-
-    def _stretch(self, t: float) -> int:
-        lo, hi = 0, len(self._ends) - 1
-        while lo < hi - 1:
-            mid = (lo + hi) // 2
-            if self._ends[mid] <= t:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def energy_between(self, t0: float, t1: float) -> float:
-        return self.energy_until(t1) - self.energy_until(t0)
-
-    def mean_power(self, t0: float, t1: float) -> float:
-        return self.energy_between(t0, t1) / (t1 - t0) if t1 > t0 else self.power_at(t1)
-
-    def max_power(self) -> float:
-        return max(self._watts, default=self.idle_w)
-
-    def activity_joules(self, name: str, t0: float, t1: float) -> float:
-        """The true joules drawn in ``[t0, t1]`` while ``name`` was what the GPU did."""
-        with self._lock:
-            self._close(self.clock())
-            total = 0.0
-            for k, act in enumerate(self.activities):
-                a, b = max(self._ends[k], t0), min(self._ends[k + 1], t1)
-                if act == name and b > a:
-                    total += self._watts[k] * (b - a)
-            return total
+            return self._energy_at(t)
 
 
 class TorchHooks:
