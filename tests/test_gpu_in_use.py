@@ -10,6 +10,7 @@ entry points are replaced by ones that record every device they are asked about,
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
@@ -388,9 +389,12 @@ SESSION = (
 
 
 @pytest.mark.parametrize("how", ["default", "--energy-gpus=all", "llmenergy_gpus = all"])
-def test_a_session_meters_the_model_gpu(fake: Any, pytester: pytest.Pytester, how: str) -> None:
+def test_a_session_meters_the_model_gpu(
+    fake: Any, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
     """Header, line and run: GPU 1 alone by default, both with --energy-gpus=all (or its
-    ini twin)."""
+    ini twin); every line the package writes fits an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
     in_use.hold_module(model := StandIn(1), "stand-in")
     pytester.makepyfile(test_served=SESSION_TEST)
     every = how != "default"
@@ -398,6 +402,11 @@ def test_a_session_meters_the_model_gpu(fake: Any, pytester: pytest.Pytester, ho
         pytester.makeini(f"[pytest]\n{how}\n")
     result = pytester.runpytest(*SESSION, *([how] if how.startswith("--") else []))
     assert result.ret == 0, result.stdout.str()
+    lines = result.stdout.lines
+    ours = [line for line in lines if line.startswith("llmenergy: ")]
+    ours += [b for a, b in itertools.pairwise(lines) if a in ours and b.startswith("  ")]
+    assert any("nvml reads" in line for line in ours), lines
+    assert all(len(line) <= 80 for line in ours), [x for x in ours if len(x) > 80]
     text = " ".join(result.stdout.str().split())
     run = loads((pytester.path / "run.json").read_text(), pytester.path / "run.json")
     (case,) = run.cases

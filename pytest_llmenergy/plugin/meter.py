@@ -26,6 +26,7 @@ from ..meters.gpu_meter import GpuMeter
 from ..probes.background import BackgroundCpu
 from ..probes.process_tree import ProcessTrees
 from .option_rows import Option, Section
+from .session import header_lines
 
 # --energy-count-work's values: count in the warm-up only (the default), also in one
 # more run where a case has no warm-up, or not at all
@@ -96,7 +97,8 @@ class Metering:
             line = meter.news()
             if line is not None and reporter is not None:
                 reporter.ensure_newline()
-                reporter.write_line(f"llmenergy: {line}", yellow="WARNING" in line)
+                for part in header_lines(self.config, [line]):  # fitted to the terminal
+                    reporter.write_line(part, yellow="WARNING" in line)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.meter is not None:
