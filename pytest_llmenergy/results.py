@@ -48,6 +48,20 @@ class RepeatSettings(Protocol):
     def min_time(self) -> float: ...
 
 
+def busy_guard(cases: Sequence[CaseResult]) -> dict[str, str]:
+    """How the cases' trials were checked for a busy machine, as a run's identity says it
+    (``{"busy guard": "25%"}`` or ``"off"``): a run measured with the check off counts
+    trials that other processes slowed, so its figures mean something else; {} without
+    cases (nothing to say), or where the settings do not say (imported research data)."""
+    shares: dict[str, None] = {}
+    for case in cases:
+        if not hasattr(case.options, "max_background"):
+            continue
+        share = case.options.max_background
+        shares["off" if share is None else f"{share:.0%}"] = None
+    return {"busy guard": ", ".join(shares)} if shares else {}
+
+
 @dataclass(frozen=True)
 class PhaseRecord:
     seconds: float
@@ -100,6 +114,26 @@ class RequestRecord:
     ttft_s: float | None  # from sending the request to the first output token (None: not streamed)
     latency_s: float  # from sending it to the last byte of the response
     output_tokens: int  # as the response's usage counted them
+    # A served workload's request (serving/replay.py): its input tokens, when it was sent
+    # (seconds after the workload's window opened), why it did not complete as asked ("":
+    # it did), its joules as attributed (serving/attribution.py: prefill and decode net of
+    # idle power, so they may be below 0; ``plain_j``: ML.ENERGY's steady J/token x its
+    # output tokens) and why its share is not its own ("": the meter resolves it).  None
+    # and "": a burst's request, whose trial's joules are shared alike.
+    input_tokens: int | None = None
+    sent_s: float | None = None
+    status: str = ""
+    prefill_j: float | None = None
+    decode_j: float | None = None
+    plain_j: float | None = None
+    coarse: str = ""
+
+    @property
+    def energy_j(self) -> float | None:
+        """The request's attributed joules (prefill + decode); None: not attributed."""
+        if self.prefill_j is None or self.decode_j is None:
+            return None
+        return self.prefill_j + self.decode_j
 
     @property
     def tpot_s(self) -> float | None:
@@ -167,6 +201,10 @@ class Trial:
     # passes": the prefill's joules from a window of prefill-only passes right after it
     # (controller/passes.py), the decode's the trial's rest.  Seconds are the marks'.
     split: str = SPLIT_MARKS
+    # Counted though other processes used more than the case's --energy-max-background
+    # of the CPUs meanwhile: the machine was busy for the whole stretch, and the session
+    # measured anyway (controller/busy.py).  Its case is busy: never gated.
+    busy: bool = False
 
     @classmethod
     def from_measurement(
@@ -365,12 +403,25 @@ class CaseResult:
 
     @property
     def busy(self) -> bool:
-        """Some trials were disturbed by other work on the machine: its figures may be
-        too, so a gate cannot fail on them.  (Trials left out only because the GPU was
-        throttled by heat or a power brake are ``throttled``, not busy.)"""
-        return any(
+        """Some trials were disturbed by other work on the machine, or counted though the
+        machine was busy: its figures may be too, so a gate cannot fail on them.  (Trials
+        left out only because the GPU was throttled by heat or a power brake are
+        ``throttled``, not busy.)"""
+        return bool(self.busy_counted) or any(
             not t.rejected and (t.gpu is None or not t.gpu.throttled) for t in self.disturbed
         )
+
+    @property
+    def busy_counted(self) -> tuple[Trial, ...]:
+        """Its figures' trials that the machine's other work may have slowed: counted
+        anyway, the machine being busy throughout (``Trial.busy``)."""
+        return tuple(t for t in self.trials if t.busy)
+
+    @property
+    def busy_share(self) -> float:
+        """The largest share of the CPUs other processes used during a counted busy trial
+        (0: none): how far its figures may be off follows from it (controller/busy.py)."""
+        return max((t.background_cpu or 0.0 for t in self.busy_counted), default=0.0)
 
     @property
     def throttled(self) -> tuple[Trial, ...]:

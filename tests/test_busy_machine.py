@@ -23,10 +23,11 @@ from pytest_llmenergy.case_tables import case_tables
 from pytest_llmenergy.compare import BUSY, FAIL, CompareOptions, compare_cases, unlike_meters
 from pytest_llmenergy.comparison_text import verdict_line
 from pytest_llmenergy.controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
+from pytest_llmenergy.controller.busy import BusyWatch, bound_text, busy_bound
 from pytest_llmenergy.controller.rule import ControllerSettings
 from pytest_llmenergy.plugin.session_tables import busy_line
 from pytest_llmenergy.probes.background import MIN_SPAN_S, BackgroundCpu, CpuActivity
-from pytest_llmenergy.results import CaseResult
+from pytest_llmenergy.results import CaseResult, busy_guard
 from pytest_llmenergy.storage.runfile import Run, dumps, loads
 from pytest_llmenergy.tables import render
 from tests.casefactory import make_case
@@ -132,7 +133,7 @@ def run_case(shares: list[float], **options: Any) -> CaseResult:
         ControllerSettings(**{"rule": "research", "warmup": 0, **options}),
         CaseIdentity("t.py::test_case[x]", "test_case[x]", {}),
         results.append,
-        CaseFeatures(background=ScriptedBackground(shares)),
+        CaseFeatures(background=ScriptedBackground(shares), not_measured=lambda why: None),
     )
     return bench(time.sleep, 0.002, input_tokens=8, output_tokens=4)
 
@@ -180,8 +181,8 @@ def test_tables_mark_busy_cases_and_the_session_says_so_once() -> None:
     text = render(case_tables([r]), "table")
     assert "3 ✓ +1b" in text and "+Nb: N more trials" in text
     line = busy_line([r, run_case([0.0, 0.0, 0.0])])
-    assert line.startswith("machine busy: other processes used up to 60% of the CPUs during 1")
-    assert "1 case(s)" in line
+    assert line.startswith("machine busy in 1 case(s): other processes used up to 60% of the")
+    assert "during 1 trial(s), repeated" in line
     assert busy_line([run_case([0.0, 0.0, 0.0])]) == ""
 
 
@@ -338,9 +339,12 @@ def test_two_cpu_hogs_are_detected_for_real(project: pytest.Pytester, two_cpu_ho
     )
     result.assert_outcomes(passed=2)
     data = json.loads((project.path / "run.json").read_text())
-    shares = [t["background_cpu"] for c in data["cases"] for t in c["disturbed_trials"]]
+    trials = [t for c in data["cases"] for t in (*c["trials"], *c["disturbed_trials"])]
+    shares = [t["background_cpu"] for t in trials]
     assert shares and min(shares) > 0.25  # 2 hogs on <= 8 CPUs: over a quarter
-    result.stdout.fnmatch_lines(["llmenergy: machine busy: other processes used up to *"])
+    assert all(t.get("busy") for c in data["cases"] for t in c["trials"])  # measured anyway
+    result.stdout.fnmatch_lines(["llmenergy: the machine is busy: other processes used up to *"])
+    result.stdout.fnmatch_lines(["llmenergy: machine busy in 2 case(s): *"])
 
 
 # -- the machine's own speed -------------------------------------------------------------
@@ -408,3 +412,194 @@ def test_a_case_busy_throughout_is_inconclusive_not_ignored() -> None:
     c = compare_cases(base, [gone], CompareOptions(gates=parse_gates("j_per_token:5%")))
     assert not c.failed and c.unsure and c.busy_unmeasured == (gone.name,)
     assert verdict_line(c).startswith("energy gate inconclusive: other processes kept the")
+
+
+# -- a busy machine found once a session, measured anyway (issue 61) --------------------
+def busy_case(
+    shares: list[float],
+    watch: BusyWatch | None,
+    unmeasured: list[str] | None = None,
+    **options: Any,
+) -> CaseResult:
+    """A case whose trials saw these shares, judged by the session's ``watch``."""
+    bench = EnergyBenchmark(
+        TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
+        ControllerSettings(**{"rule": "research", "warmup": 0, **options}),
+        CaseIdentity("t.py::test_case[x]", "test_case[x]", {}),
+        lambda r: None,
+        CaseFeatures(
+            background=ScriptedBackground(shares),
+            busy=watch,
+            not_measured=(unmeasured if unmeasured is not None else []).append,
+        ),
+    )
+    return bench(time.sleep, 0.002, input_tokens=8, output_tokens=4)
+
+
+def test_the_watch_turns_busy_after_a_streak_and_says_so_once() -> None:
+    said: list[str] = []
+    watch = BusyWatch("measure", announce=said.append)
+    for share in (0.6, 0.0, 0.7, 0.8):  # a quiet trial breaks the streak
+        watch.observe(share, share > 0.25)
+    assert not watch.busy and not said
+    watch.observe(0.9, True)
+    assert watch.busy and watch.measuring_anyway and len(said) == 1
+    assert "up to 90% of the CPUs in 3 trials in a row" in said[0]
+    assert "up to 900% high" in said[0] and "--energy-busy=repeat" in said[0]
+    for _ in range(3):  # quiet again
+        watch.observe(0.0, False)
+    assert not watch.busy
+    for _ in range(3):  # busy again: counted in stretches, not said again
+        watch.observe(0.5, True)
+    assert watch.busy and watch.stretches == 2 and len(said) == 1
+    assert not BusyWatch("repeat", announce=said.append).measuring_anyway
+
+
+def test_the_bound_follows_the_share_others_used() -> None:
+    assert busy_bound(0.0) == 0.0
+    assert busy_bound(0.5) == pytest.approx(1.0)  # half the CPUs: up to twice as long
+    assert busy_bound(0.2) == pytest.approx(0.25)
+    assert busy_bound(1.0) == busy_bound(0.99) == 10.0
+    assert bound_text(0.5) == "up to 100% high" and bound_text(1.0) == "more than 10x high"
+
+
+def test_a_busy_machine_is_measured_anyway_and_marked() -> None:
+    """Before: 25 disturbed trials thrown away, nothing measured, a plain pass."""
+    watch = BusyWatch("measure")
+    r = busy_case([0.5] * 30, watch)
+    assert r.measured and len(r.trials) == 3 and not r.disturbed  # the streak's 3 count
+    assert all(t.busy for t in r.trials) and r.busy and r.busy_share == 0.5
+    # the next case of the session counts from its first trial
+    nxt = busy_case([0.5] * 30, watch)
+    assert [t.index for t in nxt.trials] == [1, 2, 3] and not nxt.disturbed
+    # quiet trials of a busy stretch count unmarked
+    mixed = busy_case([0.0, 0.5, 0.0] + [0.0] * 5, watch)
+    assert [t.busy for t in mixed.trials] == [False, True, False]
+
+
+def test_only_the_cpus_disturbance_is_counted_anyway() -> None:
+    from pytest_llmenergy.controller.benchmark import _CaseTrials
+
+    quiet = replace(make_case([1.0]).trials[0], index=1)
+    hot = replace(quiet, index=2, background_cpu=0.9, rejected="other tokens")
+    cpu = replace(quiet, index=3, background_cpu=0.9)
+    state = _CaseTrials([quiet], [hot, cpu])
+    state.count_busy(0.25)
+    assert [t.index for t in state.kept] == [1, 3] and state.kept[1].busy
+    assert state.disturbed == [hot]
+
+
+def test_repeating_is_bounded_by_the_time_budget_and_says_it_measured_nothing() -> None:
+    unmeasured: list[str] = []
+    r = busy_case([0.9] * 200, BusyWatch("repeat"), unmeasured, max_trials=100, max_time_s=0.05)
+    assert not r.measured and 0 < len(r.disturbed) < 100  # 2 ms trials: about 25
+    assert r.options.max_time is not None
+    assert sum(t.seconds for t in r.disturbed) >= r.options.max_time
+    assert unmeasured == [
+        f"not measured: all {len(r.disturbed)} trials were disturbed (other processes used "
+        "up to 90% of the CPUs); --energy-busy=measure measures anyway, marked busy"
+    ]
+    assert busy_case([0.0] * 5, BusyWatch("repeat"), unmeasured).measured
+    assert len(unmeasured) == 1  # a measured case is no skip
+
+
+def test_busy_trials_and_the_policy_survive_the_run_file(tmp_path: Path) -> None:
+    r = busy_case([0.5] * 30, BusyWatch("measure"))
+    run = Run("", "x", "2026-01-01T00:00:00Z", "complete", "hw", {}, {}, {}, {}, cases=(r,))
+    back = loads(dumps(run), tmp_path / "x.json").cases[0]
+    assert back.trials == r.trials and all(t.busy for t in back.trials)
+    assert back.options.busy == "measure" and back.busy_share == 0.5
+    data = json.loads(dumps(run))
+    data["cases"][0]["controller"]["busy"] = "sometimes"
+    with pytest.raises(Exception, match="busy must be one of measure, repeat"):
+        loads(json.dumps(data), tmp_path / "y.json")
+    del data["cases"][0]["controller"]["busy"]  # a run from before: repeated
+    assert loads(json.dumps(data), tmp_path / "z.json").cases[0].options.busy == "repeat"
+
+
+def test_tables_mark_trials_counted_on_a_busy_machine() -> None:
+    r = busy_case([0.5] * 30, BusyWatch("measure"))
+    text = render(case_tables([r]), "table")
+    assert "3 ✓ (3B)" in text and "(NB): N of its trials were counted" in text
+    line = busy_line([r])
+    assert "3 trial(s) of 1 case(s) were measured anyway" in line
+    assert "up to 100% high" in line
+
+
+def test_runs_measured_with_another_busy_guard_are_not_compared() -> None:
+    """Before: a run measured with the guard off failed 5 cases against one measured with
+    it on, and nothing said that they were measured differently."""
+    on = make_case([1.0, 1.01, 0.99])
+    off = replace(make_case([1.9, 1.91, 1.89]), options=ControllerSettings(max_background=None))
+    assert busy_guard([on]) == {"busy guard": "25%"} and busy_guard([off]) == {"busy guard": "off"}
+    a = Run("", "a", "2026-01-01T00:00:00Z", "complete", "hw", {}, {}, {}, {}, cases=(on,))
+    b = Run("", "b", "2026-01-01T00:00:00Z", "complete", "hw", {}, {}, {}, {}, cases=(off,))
+    line = unlike_meters(a.meter_identity, b.meter_identity)
+    assert "baseline: busy guard 25%, this run: busy guard off; energies not comparable" in line
+    from pytest_llmenergy.compare import parse_gates
+    from pytest_llmenergy.history import gate_runs
+
+    c = gate_runs(a, b, parse_gates("j_per_token:5%"), confidence=0.95)
+    assert not c.failed and "busy guard" in c.not_comparable
+
+
+@pytest.fixture
+def one_cpu_hog() -> Iterator[float]:
+    """The issue's neighbour: one CPU-bound process beside the session; yields a busy
+    guard half its share of the machine, so that it disturbs every trial."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        yield 0.5 / (os.cpu_count() or 1)
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+@pytest.mark.serial  # its neighbour would slow every test beside it
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
+def test_a_session_beside_a_cpu_bound_neighbour_says_so_early_and_measures(
+    project: pytest.Pytester, one_cpu_hog: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every trial of every case thrown away to the trial limit, nothing said
+    until the end, and every case a plain pass with nothing measured."""
+    monkeypatch.setenv("COLUMNS", "80")
+    project.makepyfile(
+        test_cases="""
+        import time, pytest
+
+        @pytest.mark.parametrize("n", [8, 16, 32, 64, 128, 256])
+        def test_case(energy_benchmark, n):
+            energy_benchmark(time.sleep, 0.02, input_tokens=n, output_tokens=4)
+        """
+    )
+    common = (
+        "--energy-backend=trace",
+        "--energy-rule=research",
+        f"--energy-max-background={one_cpu_hog:.4f}",
+        "--energy-shuffle=off",
+    )
+    result = project.runpytest_subprocess(*common, "--energy-json=run.json")
+    result.assert_outcomes(passed=6)
+    lines = result.stdout.lines
+    early = next(i for i, line in enumerate(lines) if "the machine is busy" in line)
+    tables = next(i for i, line in enumerate(lines) if "llmenergy: energy per token" in line)
+    assert early < tables and "measured anyway" in " ".join(lines[early : early + 3])
+    assert all(len(line) <= 80 for line in lines[early : early + 4])
+    data = json.loads((project.path / "run.json").read_text())
+    cases = data["cases"]
+    assert all(c["trials"] and all(t.get("busy") for t in c["trials"]) for c in cases)
+    # no trial thrown away once the machine is found busy: the streak's 3 count too
+    assert sum(len(c["disturbed_trials"]) for c in cases) == 0
+    assert sum(len(c["trials"]) for c in cases) == 6 * 3
+    result.stdout.fnmatch_lines(["*machine busy in 6 case(s): 18 trial(s) of 6 case(s)*"])
+
+    repeat = project.runpytest_subprocess(
+        *common, "--energy-busy=repeat", "--energy-max-trials=4", "-rs"
+    )
+    repeat.assert_outcomes(skipped=6)  # not a plain pass
+    repeat.stdout.fnmatch_lines(["*not measured: all 4 trials were disturbed*"])
+    strict = project.runpytest_subprocess(
+        *common, "--energy-busy=repeat", "--energy-max-trials=4", "--energy-strict"
+    )
+    strict.assert_outcomes(failed=6)

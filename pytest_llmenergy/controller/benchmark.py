@@ -40,6 +40,7 @@ from ..results import (
     ThermalWait,
     Trial,
 )
+from .busy import BusyWatch
 from .passes import needs_passes, pass_window, split_by_passes
 from .rule import RULES, ControllerSettings, StopDecision, decide, may_stop, progress_line
 from .window import EdgeDelay, WindowPlan, summed_phases, synchronize_devices, window_target_s
@@ -165,6 +166,27 @@ def _below_zero(trial: Trial, parts: Sequence[Measurement]) -> str:
     return ""
 
 
+def _skip(reason: str) -> None:
+    """A case that measured nothing is no pass: it is skipped, with why."""
+    pytest.skip(reason)
+
+
+def _unmeasured_reason(result: CaseResult) -> str:
+    """Why a case has no figure: every trial was left out (its result keeps them)."""
+    n = len(result.disturbed)
+    share = result.max_background_cpu
+    if result.busy_trials and share is not None:
+        why = f"other processes used up to {share:.0%} of the CPUs"
+        advice = "--energy-busy=measure measures anyway, marked busy"
+    elif result.throttled:
+        why = "the GPU was throttled"
+        advice = "let it cool, or see docs/troubleshooting.md"
+    else:
+        why = "other processes ran on its GPUs"
+        advice = "free the GPUs"
+    return f"not measured: all {n} trials were disturbed ({why}); {advice}"
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as one line for a run file and a table note."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -239,6 +261,35 @@ class _CaseTrials:
     @property
     def count(self) -> int:
         return len(self.kept) + len(self.disturbed)
+
+    @property
+    def disturbed_s(self) -> float:
+        """The runtime of its disturbed trials: the time budget counts it too."""
+        return math.fsum(t.seconds * t.passes for t in self.disturbed)
+
+    def count_busy(self, max_background: float | None) -> None:
+        """The machine turned busy: the trials only the CPUs' other users disturbed
+        count now, marked busy (those a GPU's state or a bad result left out stay)."""
+        moved = [t for t in self.disturbed if _only_cpu_disturbed(t, max_background)]
+        if not moved:
+            return
+        left = {id(t) for t in moved}
+        self.disturbed = [t for t in self.disturbed if id(t) not in left]
+        self.kept = sorted(
+            [*self.kept, *(dataclasses.replace(t, busy=True) for t in moved)],
+            key=lambda t: t.index,
+        )
+
+
+def _only_cpu_disturbed(trial: Trial, max_background: float | None) -> bool:
+    """Left out only because other processes used too much of the CPUs."""
+    gpu = trial.gpu
+    return (
+        not trial.rejected
+        and (gpu is None or not (gpu.throttled or gpu.neighbours))
+        and max_background is not None
+        and (trial.background_cpu or 0.0) > max_background
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,6 +412,12 @@ class CaseFeatures:
     # whether a coarse meter's trial may hold several calls: not under torchrun, whose
     # ranks must run the same calls in lockstep (each would time its own window)
     windows: bool = True
+    # the session's judgement of the machine (controller/busy.py): once it is busy,
+    # disturbed trials count, marked busy, under the "measure" policy
+    busy: BusyWatch | None = None
+    # what a case that measured nothing does (its result kept): pytest.skip by default;
+    # the plugin fails it under --energy-strict
+    not_measured: Callable[[str], None] | None = None
 
 
 class EnergyBenchmark:
@@ -411,6 +468,8 @@ class EnergyBenchmark:
         # windows of prefill passes after the trials whose marks cannot split them: not
         # under torchrun either (each rank would time its own window's passes)
         self._split_by_passes = f.windows
+        self._busy = f.busy
+        self._not_measured = f.not_measured or _skip
 
     def __call__(
         self,
@@ -638,7 +697,8 @@ class EnergyBenchmark:
         quiet = self._progress is None and visits is None
         while True:
             step = self._trial(target, state, visit=visits.visit if visits is not None else 0)
-            if quiet and not may_stop(self.options, len(state.kept), len(state.disturbed)):
+            kept, disturbed = len(state.kept), len(state.disturbed)
+            if quiet and not may_stop(self.options, kept, disturbed, state.disturbed_s):
                 continue  # the rule could not stop yet: no need to ask it
             decision = self._decide(state, self._counted())
             self._show(state, step, decision)
@@ -707,7 +767,18 @@ class EnergyBenchmark:
         )
         step = _Step(trial, share, busy_cpu=self.options.disturbed(share))
         (state.disturbed if step.busy else state.kept).append(trial)
+        self._judge_machine(state, step)
         return step
+
+    def _judge_machine(self, state: _CaseTrials, step: _Step) -> None:
+        """Tell the session's watch what the trial saw; once the machine is busy (and
+        not in a paired run, whose pairs judge a busy machine themselves), the trials
+        only the CPUs' other users disturbed count, marked busy."""
+        if self._busy is None or step.share is None or self.pacer is not None:
+            return
+        self._busy.observe(step.share, step.busy_cpu)
+        if self._busy.measuring_anyway:
+            state.count_busy(self.options.max_background)
 
     def _windowed_call(
         self, target: _Target, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -767,7 +838,14 @@ class EnergyBenchmark:
         return {name: d.counted for name, d in self.meter.domains.items()}
 
     def _decide(self, state: _CaseTrials, counted: Mapping[str, bool]) -> StopDecision:
-        return decide(self.options, state.kept, len(state.disturbed), counted, self.conversions)
+        return decide(
+            self.options,
+            state.kept,
+            len(state.disturbed),
+            counted,
+            self.conversions,
+            disturbed_s=state.disturbed_s,
+        )
 
     def _show(self, state: _CaseTrials, step: _Step, decision: StopDecision) -> None:
         """The live status after a trial (``-v``), with why it is repeated."""
@@ -834,6 +912,8 @@ class EnergyBenchmark:
                 f"every trial ({len(disturbed)}) was rejected; the first: {disturbed[0].rejected}",
                 pytrace=False,
             )
+        if not trials and disturbed and not outcome.paused:
+            self._not_measured(_unmeasured_reason(result))
         return result
 
     def _settled(self, wait: ThermalWait | None) -> ThermalWait | None:

@@ -66,8 +66,13 @@ RULES: dict[str, Rule] = {
 }
 DEFAULT_RULE = "default"
 # A trial during which other processes used more than this share of the machine's CPU
-# capacity is disturbed: kept, left out of the statistics, and repeated.
+# capacity is disturbed: kept, left out of the statistics, and repeated, until the
+# machine is found busy (controller/busy.py).
 DEFAULT_MAX_BACKGROUND = 0.25
+# What a session does once the machine is busy (several disturbed trials in a row):
+# "measure" counts its trials anyway, marked busy (never gated, their uncertainty said);
+# "repeat" goes on leaving them out, within each case's trial limit and time budget.
+BUSY_POLICIES = ("measure", "repeat")
 # What stopped a case that did not reach its precision (StopDecision.stopped_by).
 TRIAL_LIMIT, TIME_BUDGET = "the trial limit", "the measured-time budget"
 
@@ -96,6 +101,8 @@ class ControllerSettings:
     # the mark (marked, never gated, where it is too short), for a session that gates
     # whole-trial figures only and would rather not spend the windows' time
     prefill_passes: str = "on"
+    # what trials on a busy machine become: one of BUSY_POLICIES
+    busy: str = "measure"
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -108,6 +115,8 @@ class ControllerSettings:
             object.__setattr__(self, "min_time_s", RULES[self.rule].min_time_s)
         if self.max_time_s is None:
             object.__setattr__(self, "max_time_s", RULES[self.rule].max_time_s or 0.0)
+        if self.busy not in BUSY_POLICIES:
+            raise ConfigError(f"busy must be one of {', '.join(BUSY_POLICIES)}, got {self.busy!r}")
         if self.prefill_passes not in ("on", "off"):
             raise ConfigError(f"prefill_passes must be 'on' or 'off', got {self.prefill_passes!r}")
         if not (isinstance(self.min_trials, int) and self.min_trials >= 1):
@@ -226,11 +235,19 @@ def _at_trial_limit(options: ControllerSettings, measured: int, disturbed: int) 
     return measured + disturbed >= options.max_trials
 
 
-def may_stop(options: ControllerSettings, measured: int, disturbed: int = 0) -> bool:
-    """Whether the rule could stop after this many trials: below the minimum and the
-    limit it cannot, whatever its statistics (``decide`` says so too, at the cost of
-    its statistics after every trial)."""
-    return _enough_trials(options, measured) or _at_trial_limit(options, measured, disturbed)
+def may_stop(
+    options: ControllerSettings, measured: int, disturbed: int = 0, spent_s: float = 0.0
+) -> bool:
+    """Whether the rule could stop after this many trials, and ``spent_s`` seconds of
+    them, disturbed ones included: below the minimum, the limit and the time budget it
+    cannot, whatever its statistics (``decide`` says so too, at the cost of its
+    statistics after every trial)."""
+    over_budget = bool(options.max_time) and spent_s >= (options.max_time or 0.0)
+    return (
+        _enough_trials(options, measured)
+        or _at_trial_limit(options, measured, disturbed)
+        or over_budget
+    )
 
 
 def decide(
@@ -239,15 +256,18 @@ def decide(
     disturbed: int = 0,
     counted: Mapping[str, bool] | None = None,
     conversions: Mapping[str, float] | None = None,
+    disturbed_s: float = 0.0,
 ) -> StopDecision:
     """Stop when, and only when, there are ``min_trials``, every target holds and the
     minimum time is measured; or at ``max_trials`` measured in all (``disturbed`` ones
     count against the limit but not in the statistics), even where the targets hold and
     only the minimum time is missing (users set the limit to bound a session's length);
-    or at the measured-time budget.  A target's values are its figure's (``Figure.values_of``), so
-    one in the figure's unit means what it says: ``counted`` (the meter's domains: in the
-    totals?) is for one family's joules, ``conversions`` (the session's factors per kWh)
-    for co2_g and cost.  A target whose figure a trial lacks never holds."""
+    or at the measured-time budget, which the ``disturbed_s`` seconds of the disturbed
+    trials spend too (a busy machine does not make a case run longer).  A target's
+    values are its figure's (``Figure.values_of``), so one in the figure's unit means
+    what it says: ``counted`` (the meter's domains: in the totals?) is for one family's
+    joules, ``conversions`` (the session's factors per kWh) for co2_g and cost.  A
+    target whose figure a trial lacks never holds."""
     n = len(trials)
     summaries: dict[str, Summary] = {}
     for target in options.targets:
@@ -260,7 +280,9 @@ def decide(
     enough = _enough_trials(options, n)
     held = not unmet and enough
     short = held and measured_s < options.min_time  # precise, but too little time yet
-    over_budget = options.max_time is not None and measured_s >= options.max_time and enough
+    spent_s = measured_s + disturbed_s
+    over_budget = options.max_time is not None and spent_s >= options.max_time
+    over_budget = over_budget and (enough or disturbed_s > 0)
     at_limit = _at_trial_limit(options, n, disturbed)
     stop = (held and not short) or over_budget or at_limit
     stopped_by = "" if held or not stop else TIME_BUDGET if over_budget else TRIAL_LIMIT

@@ -48,6 +48,7 @@ from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
 from .ab_side import PAIRED_SIDE, PairedSide
+from .busy import BUSY_MACHINE, BusyMachine, terminal_say
 from .cases import CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
 from .frontier import BEST_CONFIGURATION, BestConfiguration
 from .gpu_settings import GPU_TUNING, GpuTuning, setting_fixture
@@ -235,6 +236,10 @@ def _features(
         "torchrun": ranks,
     }
     features.update(_work_features(stash, options, ranks, results))
+    say = terminal_say(config) if role == CONTROLLER else None
+    stash[BUSY_MACHINE] = busy = BusyMachine(options.controller.busy, options.keep.strict, say)
+    if role == CONTROLLER:
+        results.listeners.append(busy.on_case)
     if role == XDIST_WORKER:  # measure and send; the controller keeps, shows and decides
         side = WorkerSide(config, lambda: metering.meter)
         features["xdist-worker"] = stash[WORKER_SIDE] = side
@@ -517,6 +522,8 @@ def energy_benchmark(
             settle=gpu.settle if gpu is not None and gpu.thermal is not None else None,
             conversions=config.stash[CASE_RESULTS].settings.conversions,
             windows=DISTRIBUTED not in config.stash,
+            busy=config.stash[BUSY_MACHINE].watch,
+            not_measured=config.stash[BUSY_MACHINE].not_measured,
         ),
     )
 

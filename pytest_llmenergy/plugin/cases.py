@@ -20,8 +20,10 @@ import pytest
 from .. import values
 from ..axes import Axis, check_axes
 from ..conditions.settings import GPU_SETTING_AXIS
+from ..controller.busy import BUSY_STREAK
 from ..controller.order import shuffle_in_place, split_shards, token_cost
 from ..controller.rule import (
+    BUSY_POLICIES,
     DEFAULT_MAX_BACKGROUND,
     MARKER_KWARGS,
     RULES,
@@ -508,8 +510,20 @@ CONTROLLER_OPTIONS = Section(
             values.background_share,
             "SHARE",
             "a trial during which other processes used more than SHARE of the machine's CPUs "
-            "(e.g. 25%) is disturbed: kept, left out of the figures and repeated; off: never",
+            "(e.g. 25%) is disturbed: kept, left out of the figures and repeated, until the "
+            "machine is busy (--energy-busy); off: never",
             default_text=lambda: f"{DEFAULT_MAX_BACKGROUND:.0%}",
+        ),
+        Option(
+            "--energy-busy",
+            "busy",
+            values.choice(BUSY_POLICIES),
+            "|".join(BUSY_POLICIES),
+            f"once {BUSY_STREAK} trials in a row were disturbed the machine is busy, and "
+            "the session says so; measure: its disturbed trials then count, marked busy, "
+            "never gated, with how far they may be off; repeat: they are still repeated, "
+            "within each case's trial limit and time budget, and a case that measured "
+            "nothing is skipped (failed under --energy-strict)",
         ),
     ),
     complete=_lower_min_trials,

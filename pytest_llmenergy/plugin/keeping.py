@@ -30,7 +30,7 @@ from ..comparison_text import comparison_table, evidence_line, verdict_line, why
 from ..errors import ConfigError
 from ..export import EXPORT_EXAMPLES, EXPORT_FORMATS, export_text, parse_exports
 from ..probes.reference import reference_s, speed_drift
-from ..results import CaseResult
+from ..results import CaseResult, busy_guard
 from ..sessions import DEFAULT_SESSION_NOISE, NoiseEstimate, parse_session_noise
 from ..storage.recorder import RunRecorder, autosave_name, new_run
 from ..storage.runfile import COMPLETE, Run, RunFileError, load
@@ -325,6 +325,7 @@ class Keeper:
         if self.baseline is not None and (self.results or self.settings.gates):
             meter = self.metering.meter
             identity = meter.identity() if meter is not None else {}
+            identity.update(busy_guard(self.results))
             drift, drift_note = self._speed_drift()
             history = self._history()
             self.comparison = compare_cases(

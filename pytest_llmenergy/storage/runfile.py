@@ -54,6 +54,7 @@ from ..results import (
     RequestRecord,
     ThermalWait,
     Trial,
+    busy_guard,
 )
 
 FORMAT = "pytest-llmenergy-run"
@@ -98,6 +99,10 @@ FORMAT = "pytest-llmenergy-run"
 #    "prefill passes", the prefill's joules from a window of prefill-only passes right
 #    after it; absent: at the marks), and the controller's "prefill_passes" ("on" or
 #    "off": whether such windows were measured; absent: "on").
+#    a trial's "busy" (true: counted though the machine was busy throughout, the session
+#    measuring anyway, controller/busy.py; absent: false) and the controller's "busy"
+#    ("measure" or "repeat": what a busy machine's trials became; absent: "repeat", as
+#    every session did before).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -176,8 +181,12 @@ class Run:
 
     @property
     def meter_identity(self) -> dict[str, str]:
-        """What another run's meter must share for energies to be comparable (see
-        ``Meter.identity``); runs saved before it was recorded get it from their record."""
+        """What another run must share for energies to be comparable: its meter's (see
+        ``Meter.identity``; runs saved before it was recorded get it from their record)
+        and its busy-machine check (``results.busy_guard``)."""
+        return {**self._meter_identity(), **busy_guard(self.cases)}
+
+    def _meter_identity(self) -> dict[str, str]:
         saved = self.meter.get("identity")
         if isinstance(saved, Mapping) and all(isinstance(v, str) for v in saved.values()):
             return {str(k): v for k, v in saved.items()}
@@ -240,6 +249,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"steady_batch_note": t.steady_batch_note} if t.steady_batch_note else {}),
         **({"telemetry": _telemetry_dict(t.telemetry)} if t.telemetry is not None else {}),
         **({"split": t.split} if t.split else {}),
+        **({"busy": True} if t.busy else {}),
     }
 
 
@@ -277,6 +287,7 @@ def _controller_dict(o: ControllerSettings) -> dict[str, Any]:
         "max_time_s": o.max_time,
         "max_sample_gap_s": o.max_sample_gap_s,
         "prefill_passes": o.prefill_passes,
+        "busy": o.busy,
         "targets": [
             {"metric": t.metric, "value": t.value, "relative": t.relative} for t in o.targets
         ],
@@ -693,6 +704,7 @@ def _trial(r: _Reader) -> Trial:
         steady_batch_note=r.get("steady_batch_note", str, optional=True) or "",
         telemetry=_telemetry(r.obj("telemetry", optional=True)),
         split=_split(r),
+        busy=r.get("busy", bool, optional=True) or False,
     )
 
 
@@ -776,6 +788,7 @@ def _controller(r: _Reader) -> ControllerSettings:
             max_time_s=r.amount("max_time_s", optional=True) or 0.0,
             max_sample_gap_s=r.amount("max_sample_gap_s", optional=True) or DEFAULT_MAX_GAP_S,
             prefill_passes=_prefill_passes(r),
+            busy=r.get("busy", str, optional=True) or "repeat",
         )
     except ConfigError as exc:
         raise _Bad(f"{r.where}: {exc}") from None
