@@ -191,6 +191,7 @@ def test_a_rejected_trial_is_kept_left_out_and_repeated(pytester: pytest.Pyteste
         "--energy-backend=estimate",
         "--energy-min-trials=6",
         "--energy-max-trials=6",
+        "--energy-min-time=0",  # one call a trial: no window of calls to reach a minimum
         "--energy-json=run.json",
     )
     result.assert_outcomes(passed=1, failed=1)
@@ -211,15 +212,44 @@ def test_a_rejected_trial_is_kept_left_out_and_repeated(pytester: pytest.Pyteste
     assert never["trials"] == [] and len(never["disturbed_trials"]) == 6
 
 
-def test_a_short_case_says_it_stopped_before_its_minimum_time(pytester: pytest.Pytester) -> None:
-    # loose targets hold at once, but 10 trials of ~10 ms are far below the 1 s minimum
+def test_a_fast_function_is_grouped_into_windows_that_reach_the_minimum_time(
+    pytester: pytest.Pytester,
+) -> None:
+    """Issue 61: a 2 ms function, one call a trial, stopped at the trial limit with
+    0.05 s measured against the 1 s minimum; its calls are now grouped into windows of
+    1/12 s, so it reaches the minimum within the limit, each trial's figures per call."""
+    import json
+
     pytester.makeconftest(TRACE_CONFTEST)
     pytester.makepyfile(
         """
         import time
 
+        def test_fast(energy_benchmark):
+            energy_benchmark(time.sleep, 0.002, input_tokens=8, output_tokens=4)
+        """
+    )
+    result = pytester.runpytest(
+        "--energy-backend=trace", "--energy-max-background=off", "--energy-json=run.json"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*would measure it*")
+    [case] = json.loads((pytester.path / "run.json").read_text())["cases"]
+    trials = case["trials"]
+    assert len(trials) <= 25 and case["status"] == "converged"
+    assert sum(t["seconds"] * t["passes"] for t in trials) >= 1.0
+    assert all(t["passes"] >= 20 for t in trials)  # 1/12 s of 2 ms calls
+    assert all(0.002 <= t["seconds"] < 0.004 for t in trials)  # per call
+
+
+def test_a_short_case_says_it_stopped_before_its_minimum_time(pytester: pytest.Pytester) -> None:
+    # loose targets hold at once; a call of a microsecond fills no window of calls (at
+    # most 10,000 of them), so 10 trials measure far below the 1 s minimum
+    pytester.makeconftest(TRACE_CONFTEST)
+    pytester.makepyfile(
+        """
         def test_quick(energy_benchmark):
-            energy_benchmark(time.sleep, 0.01, input_tokens=8, output_tokens=4)
+            energy_benchmark(int, input_tokens=8, output_tokens=4)
         """
     )
     result = pytester.runpytest(
@@ -249,10 +279,8 @@ def test_the_legend_under_the_tables_fits_a_100_column_terminal(
     pytester.makeconftest(TRACE_CONFTEST)
     pytester.makepyfile(
         """
-        import time
-
         def test_quick(energy_benchmark):
-            energy_benchmark(time.sleep, 0.01, input_tokens=8, output_tokens=4)
+            energy_benchmark(int, input_tokens=8, output_tokens=4)
         """
     )
     result = pytester.runpytest(
@@ -268,5 +296,5 @@ def test_the_legend_under_the_tables_fits_a_100_column_terminal(
     under = lines[start:end]  # the legend and the notes
     assert any(line.startswith("\u2713<: the CI targets held") for line in under), under
     assert all(len(line) < 100 for line in under), "\n".join(under)
-    starts = ("  ", "s ", "trials:", "\u2713<:", "test_quick:")  # each line or its indent
+    starts = ("  ", "s ", "trials:", "\u2713<:", "test_quick:", "columns left out")
     assert all(line.startswith(starts) for line in under), under

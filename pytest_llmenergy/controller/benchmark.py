@@ -43,7 +43,14 @@ from ..results import (
 from .busy import BusyWatch
 from .passes import needs_passes, pass_window, split_by_passes
 from .rule import RULES, ControllerSettings, StopDecision, decide, may_stop, progress_line
-from .window import EdgeDelay, WindowPlan, summed_phases, synchronize_devices, window_target_s
+from .window import (
+    EdgeDelay,
+    WindowPlan,
+    min_time_window_s,
+    summed_phases,
+    synchronize_devices,
+    window_target_s,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,10 +350,12 @@ class _Ran:
     measurement: Measurement
     gpu: GpuTelemetry | None
     rejected: str
+    calls: int = 1
 
 
 def _per_call(trial: Trial, parts: Sequence[Measurement], calls: int) -> Trial:
-    """A window of ``calls`` calls as one trial whose figures are per call."""
+    """A window of ``calls`` calls as one trial whose figures are per call; its phases
+    where every call had a nested window split into them."""
     return dataclasses.replace(
         trial,
         seconds=trial.seconds / calls,
@@ -354,7 +363,7 @@ def _per_call(trial: Trial, parts: Sequence[Measurement], calls: int) -> Trial:
         net_joules=trial.net_joules / calls,
         joules_by_domain={d: j / calls for d, j in trial.joules_by_domain.items()},
         net_joules_by_domain={d: j / calls for d, j in trial.net_joules_by_domain.items()},
-        phases=summed_phases(parts, calls),
+        phases=summed_phases(parts, calls) if len(parts) == calls else {},
         passes=calls,
     )
 
@@ -458,10 +467,13 @@ class EnergyBenchmark:
         # speed while this case ran (a gate normalizes by the median over a session's
         # cases, compare.session_speeds; one cheap reading a case is what that needs).
         self._reference: list[float] = visits.reference if visits is not None else []
-        # how many calls a trial's window holds (one, unless the meter is coarse), and
-        # the random wait before a coarse meter's window opens
+        # how many calls a trial's window holds (one, unless the meter is coarse or a call
+        # too short for the rule's minimum time), and the random wait before a coarse
+        # meter's window opens
         self._window = WindowPlan(
-            window_target_s(meter.resolution_s, options) if f.windows else 0.0
+            max(window_target_s(meter.resolution_s, options), min_time_window_s(options))
+            if f.windows
+            else 0.0
         )
         # (none where the window's edges wait for the counter's refreshes instead)
         self._edge_delay = EdgeDelay(None if meter.tick_period_s else meter.resolution_s)
@@ -749,8 +761,8 @@ class EnergyBenchmark:
             queries=target.queries,
             requests=tuple(getattr(out, "requests", ())),
         )
-        if ran.parts:  # a window of calls (a coarse meter): the figures per call
-            trial = _per_call(trial, ran.parts, len(ran.parts))
+        if ran.parts:  # a window of calls: the figures per call
+            trial = _per_call(trial, ran.parts, ran.calls)
         rejected = rejected or _below_zero(trial, ran.parts)
         if not rejected:
             trial = self._split(target, state, trial)
@@ -794,11 +806,12 @@ class EnergyBenchmark:
         outs: list[Any] = []
         parts: list[Measurement] = []
         rejected = ""
+        calls = 1
         try:
             with self.meter.measure(aligned=True) as window:
                 try:
                     if target.windowed and self._window.windowed:
-                        self._calls_until_long_enough(target, args, kwargs, outs, parts)
+                        calls = self._calls_until_long_enough(target, args, kwargs, outs, parts)
                     else:
                         outs.append(self._call(target.fn, args, kwargs))
                 except TrialRejected as exc:  # ran, but not the case: repeat
@@ -809,7 +822,7 @@ class EnergyBenchmark:
         if rejected:
             outs = []
         out = outs[-1] if outs else None
-        return _Ran(out, tuple(outs), tuple(parts), window.measurement, gpu, rejected)
+        return _Ran(out, tuple(outs), tuple(parts), window.measurement, gpu, rejected, calls)
 
     def _calls_until_long_enough(
         self,
@@ -818,19 +831,27 @@ class EnergyBenchmark:
         kwargs: Mapping[str, Any],
         outs: list[Any],
         parts: list[Measurement],
-    ) -> None:
-        """Calls back to back, each in its own nested window and waited for, until the
-        enclosing window has lasted the plan's length."""
+    ) -> int:
+        """Calls back to back until the enclosing window has lasted the plan's length;
+        how many.  Each in its own nested window, waited for, where the first call
+        marked phases (prefill | decode) for them to add up; else plainly, as
+        pytest-benchmark's iterations run (a nested window cost a 2 ms call 2 %)."""
         start_s = time.perf_counter()
+        calls, nested = 0, True
         while True:
-            with self.meter.measure() as part:
+            if nested:
+                with self.meter.measure() as part:
+                    outs.append(self._call(target.fn, args, kwargs))
+                    synchronize_devices()
+                parts.append(part.measurement)
+                nested = len(part.measurement.phases) >= 2
+            else:
                 outs.append(self._call(target.fn, args, kwargs))
-                synchronize_devices()
-            parts.append(part.measurement)
-            if not self._window.more(time.perf_counter() - start_s, len(parts)):
-                return
+            calls += 1
+            if not self._window.more(time.perf_counter() - start_s, calls):
+                return calls
             if _steadiness(outs[-1]) is not None:  # a server's burst: its own window
-                return
+                return calls
             args, kwargs = target.call_args()
 
     def _counted(self) -> dict[str, bool]:

@@ -3,7 +3,9 @@
 A counter that refreshes every ``R`` seconds reads a window's energy up to one refresh's
 worth off at each edge: a 20 ms trial on a 100 ms counter reads as 0 or as 100 ms worth.
 pytest-benchmark calibrates iterations per round so that each round outlasts its timer's
-precision; the same is done here against the meter's resolution.  A trial's window holds
+precision; the same is done here against the meter's resolution, and against the rule's
+minimum measured time (a call of a few milliseconds could not reach it in the trial
+limit otherwise).  A trial's window holds
 as many back-to-back calls as it takes to last ``R / (WINDOW_ERROR_SHARE x target)``,
 where ``target`` is the stopping rule's relative energy CI target (10 % by default): one
 refresh's energy is then at most a third of that target (on a 100 ms counter, windows of
@@ -23,6 +25,7 @@ before, under load after).
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -61,6 +64,23 @@ def window_target_s(resolution_s: float | None, options: ControllerSettings) -> 
     if options.max_time:
         window_s = min(window_s, options.max_time / options.min_trials)
     return window_s
+
+
+# The share of the trial limit in which a case of short calls should reach the rule's
+# minimum measured time: half, so that its intervals have trials to spare.
+MIN_TIME_TRIALS_SHARE = 0.5
+
+
+def min_time_window_s(options: ControllerSettings) -> float:
+    """How long a trial's window must last for the rule's minimum measured time to be
+    reached in half the trial limit; 0: no minimum.  A 2 ms function, one call a trial,
+    stopped at 25 trials with 0.05 s measured against the 1 s minimum; grouped into
+    80 ms windows it reaches it by the 13th (pytest-benchmark likewise calibrates the
+    iterations of a round)."""
+    if not options.min_time:
+        return 0.0
+    trials = max(options.min_trials, math.floor(options.max_trials * MIN_TIME_TRIALS_SHARE))
+    return options.min_time / trials
 
 
 @dataclass(frozen=True)
