@@ -603,3 +603,22 @@ def test_a_session_beside_a_cpu_bound_neighbour_says_so_early_and_measures(
         *common, "--energy-busy=repeat", "--energy-max-trials=4", "--energy-strict"
     )
     strict.assert_outcomes(failed=6)
+
+
+def test_a_case_counted_on_a_busy_machine_stops_at_its_minimum() -> None:
+    """Its figures may be off by what the machine's other work did to them, not by its
+    interval: trials beyond the minimum buy nothing worth the busy session's time."""
+    from pytest_llmenergy.controller.rule import BUSY_MINIMUM, decide
+
+    noisy = [
+        replace(make_case([1.0]).trials[0], index=i, seconds=s)
+        for i, s in enumerate((0.4, 0.9, 0.5), 1)
+    ]
+    options = ControllerSettings()  # the default rule: 10 % intervals, 1 s at least
+    quiet = decide(options, noisy)
+    assert not quiet.stop  # the interval is too wide: more trials
+    busy = decide(options, [replace(t, busy=True) for t in noisy])
+    assert busy.stop and not busy.converged and busy.stopped_by == BUSY_MINIMUM
+    assert busy.why().startswith("stopped at the busy machine's minimum: time_s")
+    short = decide(options, [replace(t, busy=True, seconds=0.1) for t in noisy])
+    assert not short.stop  # 0.3 s measured: below the minimum time

@@ -75,6 +75,10 @@ DEFAULT_MAX_BACKGROUND = 0.25
 BUSY_POLICIES = ("measure", "repeat")
 # What stopped a case that did not reach its precision (StopDecision.stopped_by).
 TRIAL_LIMIT, TIME_BUDGET = "the trial limit", "the measured-time budget"
+# A case with trials counted on a busy machine (controller/busy.py) stops once it has its
+# minimum trials and time: how far its figures may be off is bounded by the machine's
+# other work, not by its interval, so more trials buy no precision worth their time.
+BUSY_MINIMUM = "the busy machine's minimum"
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,8 @@ class StopDecision:
     summaries: Mapping[str, Summary] = field(default_factory=dict)  # figure key -> summary
     unmet: tuple[CITarget, ...] = ()
     measured_s: float = 0.0  # runtime of the counted trials, for the rule's minimum
-    # When it stops without its precision: TRIAL_LIMIT or TIME_BUDGET; else "".
+    # When it stops without its precision: TRIAL_LIMIT, TIME_BUDGET or BUSY_MINIMUM;
+    # else "".
     stopped_by: str = ""
 
     def why(self) -> str:
@@ -263,7 +268,9 @@ def decide(
     count against the limit but not in the statistics), even where the targets hold and
     only the minimum time is missing (users set the limit to bound a session's length);
     or at the measured-time budget, which the ``disturbed_s`` seconds of the disturbed
-    trials spend too (a busy machine does not make a case run longer).  A target's
+    trials spend too (a busy machine does not make a case run longer); or, with trials
+    counted on a busy machine, at the minimum trials and time (``BUSY_MINIMUM``).  A
+    target's
     values are its figure's (``Figure.values_of``), so one in the figure's unit means
     what it says: ``counted`` (the meter's domains: in the totals?) is for one family's
     joules, ``conversions`` (the session's factors per kWh) for co2_g and cost.  A
@@ -284,8 +291,11 @@ def decide(
     over_budget = options.max_time is not None and spent_s >= options.max_time
     over_budget = over_budget and (enough or disturbed_s > 0)
     at_limit = _at_trial_limit(options, n, disturbed)
-    stop = (held and not short) or over_budget or at_limit
-    stopped_by = "" if held or not stop else TIME_BUDGET if over_budget else TRIAL_LIMIT
+    busy_done = enough and measured_s >= options.min_time and any(t.busy for t in trials)
+    stop = (held and not short) or over_budget or at_limit or busy_done
+    stopped_by = ""
+    if stop and not held:
+        stopped_by = TIME_BUDGET if over_budget else TRIAL_LIMIT if at_limit else BUSY_MINIMUM
     return StopDecision(
         stop=stop,
         converged=held,
