@@ -181,7 +181,32 @@ class Delta:
 
     @property
     def relative_change(self) -> float:
+        """The means' change as measured, the machine's speed left in (``judged_change``
+        is the one tables show)."""
         return self.change / abs(self.baseline.mean) if self.baseline.mean else math.nan
+
+    @property
+    def judged_ratio(self) -> float:
+        """current / baseline as the test judges it: the machine's speed taken out
+        (``speed``), from the test's log ratio where there is one (the sessions' log
+        means, a paired run's pairs), else from the means; NaN unless both are positive.
+        The one ratio every table shows, so its ratio and change always agree."""
+        if self.test is not None and math.isfinite(self.test.log_ratio):
+            return math.exp(self.test.log_ratio)
+        if self.baseline.mean > 0 and self.current.mean > 0:
+            return self.current.mean / self.speed / self.baseline.mean
+        return math.nan
+
+    @property
+    def judged_change(self) -> float:
+        """``judged_ratio`` - 1 as a fraction: the change tables show beside the ratio;
+        with a mean not positive, the means' change with the speed taken out."""
+        ratio = self.judged_ratio
+        if math.isfinite(ratio):
+            return ratio - 1.0
+        if not self.baseline.mean:
+            return math.nan
+        return (self.current.mean / self.speed - self.baseline.mean) / abs(self.baseline.mean)
 
     @property
     def shown_p(self) -> float | None:

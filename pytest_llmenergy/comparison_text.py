@@ -37,6 +37,14 @@ def _signed_percent(value: float) -> str:
     return "—" if not math.isfinite(value) else f"{value * 100:+.1f} %"
 
 
+# The change of a figure normalized by the machine's speed is not current / baseline of
+# the means beside it: the legend says so wherever such a row is shown.
+SPEED_LEGEND = (
+    "change: current / baseline - 1 as the gate judges it, the machine's speed taken out "
+    "(the means are as measured)"
+)
+
+
 def comparison_table(c: Comparison) -> Table:
     """One row per case and metric: baseline, current, change, p, significant, verdict."""
     gated = bool(c.gates)
@@ -59,7 +67,7 @@ def comparison_table(c: Comparison) -> Table:
             d.metric,
             d.baseline.mean,
             d.current.mean,
-            clean(d.relative_change),
+            clean(d.judged_change),
             d.shown_p,
             d.significant,
         ]
@@ -68,7 +76,7 @@ def comparison_table(c: Comparison) -> Table:
             d.metric,
             fmt_mean_ci(d.baseline),
             fmt_mean_ci(d.current),
-            _signed_percent(d.relative_change),
+            _signed_percent(d.judged_change),
             "—" if d.shown_p is None else f"{d.shown_p:.3g}",
             "yes" if d.significant else "no",
         ]
@@ -79,7 +87,7 @@ def comparison_table(c: Comparison) -> Table:
             shown += [gate, verdict]
         rows.append(tuple(raw))
         cells.append(tuple(shown))
-    legend = (
+    legend: tuple[str, ...] = (
         "p: sessions compared, not trials (the noise between sessions counted: "
         f"{evidence_text(c)})"
         + (
@@ -90,6 +98,8 @@ def comparison_table(c: Comparison) -> Table:
             else f"; significant: p < {1 - c.confidence:.2g} ({c.confidence:.0%} confidence)"
         ),
     )
+    if any(d.speed != 1.0 for d in c.deltas):
+        legend += (SPEED_LEGEND,)
     notes = []
     if gated:
         notes.append(
@@ -108,7 +118,7 @@ def comparison_table(c: Comparison) -> Table:
         notes=tuple(notes),
         priorities=tuple(priorities),
         legend=legend,
-        legend_keys=(("p_value", "significant"),),  # said only where p is shown
+        legend_keys=(("p_value", "significant"), ("change",)),  # said where shown
         wraps=(("case", 16, 0),),
     )
 

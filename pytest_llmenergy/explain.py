@@ -35,6 +35,10 @@ TOP_OPS = 8
 NOT_COUNTED = "work not counted (--energy-count-work on both runs tells more work from slower)"
 SERVER = "a server's work is not counted (its model runs in another process)"
 SAME_WORK = "same work (counted)"
+NO_OP_MOVED = (
+    "no operator moved: every operator's calls, FLOPs and bytes per token read the same "
+    "on both sides"
+)
 
 
 @dataclass(frozen=True)
@@ -371,7 +375,11 @@ def _ops_table(shown: str, base: CaseResult, head: CaseResult) -> Table:
             abs(h[0] - b[0]) / total_calls,
         )
 
-    keys = sorted(set(ob) | set(oh), key=lambda k: (-weight(k), k))[:TOP_OPS]
+    title = f"{shown}: the operators whose counted work moved most, per token (baseline -> current)"
+    moved = [k for k in set(ob) | set(oh) if _op_moved(ob.get(k, zero), oh.get(k, zero))]
+    if not moved:
+        return _table(title, ("note",), ("note",), [[NO_OP_MOVED]], [[NO_OP_MOVED]])
+    keys = sorted(moved, key=lambda k: (-weight(k), k))[:TOP_OPS]
     rows: list[list[Raw]] = []
     cells: list[list[str]] = []
     for key in keys:
@@ -385,13 +393,23 @@ def _ops_table(shown: str, base: CaseResult, head: CaseResult) -> Table:
                 *(f"{fmt_number(x)} -> {fmt_number(y)}" for x, y in zip(b, h)),
             ]
         )
+    still = len(set(ob) | set(oh)) - len(moved)
     return _table(
-        f"{shown}: the operators whose counted work moved most, per token (baseline -> current)",
+        title,
         ("operator", "class", "calls_change", "flops_change", "bytes_change"),
         ("operator", "class", "calls", "FLOPs", "bytes"),
         rows,
         cells,
+        [f"{still} operator(s) whose work per token reads the same on both sides left out"]
+        if still
+        else [],
     )
+
+
+def _op_moved(base: Sequence[float], head: Sequence[float]) -> bool:
+    """An operator moved when one of its quantities per token reads otherwise on the two
+    sides: a change that rounds away in the table (``0.9 -> 0.9``) is no move."""
+    return any(fmt_number(b) != fmt_number(h) for b, h in zip(base, head))
 
 
 def _ranks_table(shown: str, base: CaseResult, head: CaseResult) -> Table:

@@ -972,8 +972,46 @@ def figure(name: str, *, per_trial: bool = False, warn: bool = True) -> Figure:
 
 
 def value(result: CaseResult, key: str) -> Value:
-    """A case's figure by name: ``value(result, "j_per_token")``; None where it has none."""
+    """A case's figure by name: ``value(result, "j_per_token")``; None where the case has
+    none (no prefill/decode split, no GPU measured, nothing measured).  A figure per token
+    of a case that declared none of the tokens it divides by is a ConfigError saying so:
+    there a silent None would hide a missing ``output_tokens=``."""
+    f = figure(key)
+    _require_tokens(f, result)
+    return f.value(result)
+
+
+def value_or_none(result: CaseResult, key: str) -> Value:
+    """``value`` that gives None for a case without tokens too: for the package's own
+    tables and exports, which read every case's figures and show a dash where one has none."""
     return figure(key).value(result)
+
+
+def divided_by(f: Figure) -> tuple[str, ...]:
+    """The declared token counts a figure per token divides by: ``input_tokens``,
+    ``output_tokens`` or both (per token, per 1,000 tokens); none for other figures."""
+    if not per_token(f):
+        return ()
+    per = f.key.rsplit("_per_", 1)[1]
+    if per.startswith(("in_", "input_")):
+        return ("input_tokens",)
+    if per.startswith(("out_", "output_")):
+        return ("output_tokens",)
+    return ("input_tokens", "output_tokens")
+
+
+def _require_tokens(f: Figure, result: CaseResult) -> None:
+    """A figure per token of a case that declared none of its tokens has no value, and
+    the reason is a missing argument: say which."""
+    names = divided_by(f)
+    if not names or any(getattr(result, n) for n in names):
+        return
+    what = names[0].replace("_", " ") if len(names) == 1 else "tokens"
+    given = " and ".join(f"{n}=" for n in names)
+    raise ConfigError(
+        f"{result.name}: the case declared no {what}, so {f.key} has no value; "
+        f"pass {given} to energy_benchmark"
+    )
 
 
 def per_trial_keys() -> list[str]:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import ConfigError
-from .figures import FIGURES, resolved, value
+from .figures import FIGURES, resolved, value, value_or_none
 from .results import CaseResult
 
 J_PER_WH = 3600.0
@@ -104,8 +104,10 @@ def mlenergy_records(results: Sequence[CaseResult]) -> dict[str, Any]:
     for case in results:
         if not case.measured:
             continue
-        steady = value(case, "steady_j_per_token")
-        per_token = steady if steady is not None else value(case, "decode_j_per_out_token")
+        # a case without tokens (a plain function) has none: a blank, not an error
+        steady = value_or_none(case, "steady_j_per_token")
+        decode = value_or_none(case, "decode_j_per_out_token")
+        per_token = steady if steady is not None else decode
         energy = value(case, "energy_j")
         seconds = value(case, "time_s")
         out_per_s = (

@@ -226,21 +226,21 @@ def case_table(runs: Sequence[tuple[str, Sequence[CaseResult]]]) -> CaseTable:
 
 # -- comparisons -------------------------------------------------------------------------
 def ratio_interval(d: Delta) -> tuple[float, float, float] | None:
-    """current / baseline with its interval: the gate's own test between sessions
-    (sessions.py: the log ratio, its standard error with the noise between sessions
-    counted) where there is one, else a t interval on the trials' log means (delta
-    method, Welch's degrees of freedom), back-transformed.  None where a mean is not
-    positive or a side has a single trial."""
+    """current / baseline as judged (``Delta.judged_ratio``: the machine's speed taken
+    out) with its interval: the gate's own test between sessions (sessions.py: the log
+    ratio, its standard error with the noise between sessions counted) where there is
+    one, else a t interval on the trials' log means (delta method, Welch's degrees of
+    freedom), back-transformed.  None where a mean is not positive or a side has a
+    single trial."""
     a, b = d.baseline, d.current
-    if d.test is not None and a.n >= 2 and b.n >= 2 and math.isfinite(d.test.se):
-        ratio = math.exp(d.test.log_ratio)
+    ratio = d.judged_ratio  # the one ratio: the machine's speed taken out, as judged
+    if not math.isfinite(ratio) or a.n < 2 or b.n < 2:
+        return None
+    if d.test is not None and math.isfinite(d.test.se):
         df = d.test.df if math.isfinite(d.test.df) else 1e9
         half = t_quantile(0.5 + d.confidence / 2, df) * d.test.se
         return ratio, ratio * math.exp(-half), ratio * math.exp(half)
-    if a.mean <= 0 or b.mean <= 0 or a.n < 2 or b.n < 2:
-        return None
     va, vb = (a.stdev / a.mean) ** 2 / a.n, (b.stdev / b.mean) ** 2 / b.n
-    ratio = b.mean / a.mean
     if va + vb == 0:
         return ratio, ratio, ratio
     df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
@@ -254,6 +254,19 @@ def _direction(d: Delta) -> str:
     if not d.significant or better_low is None or d.change == 0:
         return "same"
     return "worse" if (d.change > 0) == better_low else "better"
+
+
+def change_text(d: Delta) -> str:
+    """The change beside the ratio, as a signed percentage: ``judged_ratio`` - 1."""
+    change = d.judged_change
+    return DASH if not math.isfinite(change) else f"{change * 100:+.1f} %"
+
+
+def speed_text(d: Delta) -> str:
+    """How much the machine's speed alone moved the figure (current's session against
+    the baseline's), blank where the figure was not normalized: the ratio and change
+    have it taken out, the two means do not."""
+    return "" if d.speed == 1.0 else f"{d.speed:.3g}\u00d7"
 
 
 def comparison_rows(c: Comparison) -> list[Record]:
@@ -277,11 +290,11 @@ def comparison_rows(c: Comparison) -> list[Record]:
                 "ratio_hi_value": None if ratio is None else ratio[2],
                 "baseline_value": clean(d.baseline.mean),
                 "current_value": clean(d.current.mean),
-                "change_value": clean(d.relative_change),
+                "change_value": clean(d.judged_change),
                 "p_value": d.shown_p,
-                "change": DASH
-                if not math.isfinite(d.relative_change)
-                else f"{d.relative_change * 100:+.1f} %",
+                "change": change_text(d),
+                "speed": speed_text(d),
+                "speed_value": None if d.speed == 1.0 else d.speed,
                 "p": DASH if d.shown_p is None else f"{d.shown_p:.3g}",
                 "gate": "" if d.gate is None else str(d.gate),
                 "detects": DASH
@@ -303,6 +316,7 @@ COMPARISON_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ratio", "ratio"),
     ("ratio_ci", "ratio CI"),
     ("change", "change"),
+    ("speed", "machine speed"),
     ("p", "p (sessions)"),
     ("gate", "gate"),
     ("detects", "gate detects"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +65,7 @@ th,td{padding:.2rem .5rem;border-bottom:1px solid #eee;text-align:right;white-sp
 th{position:sticky;top:0;background:#f6f6f6;cursor:pointer;user-select:none}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 td.text,th.text{text-align:left}
+th{white-space:normal}td.prose{white-space:normal;min-width:9rem}
 tr.worse td{background:#fde8e8}tr.better td{background:#e6f4ea}
 .verdict{font-weight:600}.failed{color:#b00020}.passed{color:#1b6e32}
 .scroll{max-height:70vh;overflow:auto;border:1px solid #ddd;content-visibility:auto;
@@ -169,6 +170,19 @@ def _sort_value(value: Any) -> Any:
     return value
 
 
+# Columns of words (a verdict, a note) wrap at their spaces, so that a wide comparison
+# fits a 1,400-pixel window instead of hiding its verdicts past the scroll box's edge;
+# numbers and names stay on one line each.
+PROSE_KEYS = frozenset({"verdict", "note"})
+
+
+def _cell_class(key: str, numeric: bool) -> str:
+    """The class of a column's header and cells: its alignment, and whether it wraps."""
+    if numeric:
+        return "num"
+    return "text prose" if key in PROSE_KEYS else "text"
+
+
 def _table_html(
     table_id: str,
     heads: list[tuple[str, str, str, bool]],
@@ -179,7 +193,7 @@ def _table_html(
     """A sortable, filterable table: its header here, its rows as JSON drawn by the
     page's script.  ``heads``: (key, label, title, numeric); a row: (text, sort value)."""
     ths = "".join(
-        f'<th class="{"num" if numeric else "text"}" data-key="{escape(key)}" '
+        f'<th class="{_cell_class(key, numeric)}" data-key="{escape(key)}" '
         f'title="{escape(title)}">{escape(label)}</th>'
         for key, label, title, numeric in heads
     )
@@ -250,21 +264,32 @@ def _shorten(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1].rsplit(",", 1)[0] + ", \u2026"
 
 
+# Columns that hold one value in every row where one figure is compared (its name, its
+# gate) are said once above the table instead: as the terminal drops them first, so the
+# table fits a 1,400-pixel window.
+ONCE_KEYS = ("figure", "gate")
+
+
+def _said_once(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """By key, the value of each ``ONCE_KEYS`` column that every row holds alike."""
+    found = {}
+    for key in ONCE_KEYS:
+        values = {str(r.get(key) or "") for r in rows}
+        if len(values) == 1 and "" not in values:
+            found[key] = values.pop()
+    return found
+
+
 def _comparison_html(index: int, c: Comparison, ratios: Sequence[DrawnChart] = ()) -> str:
     rows = comparison_rows(c)
-    shown = [(k, h) for k, h in COMPARISON_COLUMNS if any(r.get(k) for r in rows)]
+    once = _said_once(rows)
+    shown = [(k, h) for k, h in COMPARISON_COLUMNS if k not in once and any(r.get(k) for r in rows)]
     text_keys = ("case", "figure", "verdict", "gate")
     heads = [(k, h, h, k not in text_keys) for k, h in shown]
     body = [[(str(r[k]), r.get(f"{k}_value", r[k])) for k, _ in shown] for r in rows]
     verdict = verdict_line(c)
     state = "failed" if c.failed else "passed" if c.gates and not c.unsure else ""
-    notes = [
-        f"ratio: current / baseline, with its {c.confidence:.0%} interval (t interval on the "
-        "log means); p: sessions compared, not trials (paired trials in a paired run), "
-        "and where gated the p of a worsening adjusted for the many cases "
-        "(Benjamini-Hochberg), the one the verdict is decided on; rows in red got "
-        "significantly worse, in green significantly better",
-    ]
+    notes = [_columns_note(c)]
     if c.only_in_baseline:
         notes.append(f"only in {c.baseline_label}: {', '.join(c.only_in_baseline)}")
     if c.only_in_current:
@@ -273,10 +298,41 @@ def _comparison_html(index: int, c: Comparison, ratios: Sequence[DrawnChart] = (
     return (
         f"<h3>{escape(c.current_label)} against {escape(c.baseline_label)} (baseline)</h3>"
         f'<p class="verdict {state}" title="{escape(verdict)}">{escape(_shorten(verdict))}</p>'
+        + _once_html(once)
         + _table_html(table_id, heads, body, [r["direction"] for r in rows])
         + "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
         + (_charts_html(list(ratios)) if ratios else "")
         + _why_html(index, c)
+    )
+
+
+def _once_html(once: Mapping[str, str]) -> str:
+    """The line above a comparison's table naming what each of its rows shares."""
+    if not once:
+        return ""
+    said = ", ".join(f"{key} {value}" for key, value in once.items())
+    return f'<p class="note once">every row: {escape(said)}</p>'
+
+
+def _columns_note(c: Comparison) -> str:
+    """What each column of a comparison is: ratio and change are one number (change =
+    ratio - 1), so where the machine's speed was taken out the note says both have it
+    taken out and the means beside them do not."""
+    normalized = any(d.speed != 1.0 for d in c.deltas)
+    speed = (
+        ", the machine's speed taken out (the current mean divided by the machine speed "
+        "column: how much the speed reference alone moved the figure)"
+        if normalized
+        else ""
+    )
+    means = "; baseline, current: the means as measured" + (", speed left in" if normalized else "")
+    return (
+        f"ratio: current / baseline as the gate judges it{speed}, with its "
+        f"{c.confidence:.0%} interval (t interval on the log means); change: the same "
+        f"ratio as a percentage (ratio - 1){means}; p: sessions compared, not trials "
+        "(paired trials in a paired run), and where gated the p of a worsening adjusted "
+        "for the many cases (Benjamini-Hochberg), the one the verdict is decided on; rows "
+        "in red got significantly worse, in green significantly better"
     )
 
 

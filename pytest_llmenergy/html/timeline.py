@@ -18,7 +18,7 @@ from ..figures import FIGURES, Figure
 from ..history import BETTER, BranchHistory, Change
 from ..results import distinct_names
 from ..tables import DASH, Table, clean, fmt_mean_ci
-from .casedata import Record, figure_interval, ratio_interval
+from .casedata import Record, change_text, figure_interval, ratio_interval
 from .charts import DrawnChart
 from .sections import Section
 
@@ -30,7 +30,7 @@ _COLOURS = {"worse": "#c0392b", "better": "#1e8449"}
 def _size(change: Change) -> str:
     """The change as a reader says it: ``+25.3 %``, and the ratio's interval."""
     d = change.delta
-    text = DASH if not math.isfinite(d.relative_change) else f"{d.relative_change * 100:+.1f} %"
+    text = change_text(d)
     ratio = ratio_interval(d)
     if ratio is not None and ratio[1] != ratio[2]:
         text += f" (\u00d7{ratio[1]:.3g}\u2013{ratio[2]:.3g})"
@@ -225,7 +225,7 @@ def changes_table(h: BranchHistory) -> Table:
                 after,
                 clean(d.baseline.mean),
                 clean(d.current.mean),
-                clean(d.relative_change),
+                clean(d.judged_change),
                 None if ratio is None else ratio[0],
                 c.p,
                 c.direction,

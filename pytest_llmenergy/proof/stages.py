@@ -29,7 +29,7 @@ from ..conditions.settings import DEFAULT_LABEL, parse_power_limits
 from ..controller.rule import ControllerSettings
 from ..controller.window import window_target_s
 from ..errors import MeterUnavailable
-from ..figures import value
+from ..figures import value_or_none
 from ..llm.compiled import EAGER
 from ..meters.readings import duration_text
 from ..stats import summarize
@@ -525,7 +525,7 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
             ),
         )
     )
-    split = [c for c in measured if value(c, "decode_j_per_out_token") is not None]
+    split = [c for c in measured if value_or_none(c, "decode_j_per_out_token") is not None]
     proof.add(
         Check(
             "suite",
@@ -536,7 +536,7 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
     )
     rows = []
     for c in cases:
-        energy = value(c, "gpu_j") or value(c, "energy_j")
+        energy = value_or_none(c, "gpu_j") or value_or_none(c, "energy_j")
         rows.append(
             {
                 "case": c.name,
@@ -546,11 +546,11 @@ def suite_stage(proof: Proof, plan: Plan, work: Path, out: Path, budget: Budget,
                 "out": c.output_tokens,
                 "trials": len(c.trials),
                 "converged": "yes" if c.converged else "no",
-                "J/token": value(c, "j_per_token"),
+                "J/token": value_or_none(c, "j_per_token"),
                 "J/out token": energy / c.output_tokens if energy else None,
-                "prefill J/in": value(c, "prefill_j_per_in_token"),
-                "decode J/out": value(c, "decode_j_per_out_token"),
-                "tok/s": value(c, "tokens_per_s"),
+                "prefill J/in": value_or_none(c, "prefill_j_per_in_token"),
+                "decode J/out": value_or_none(c, "decode_j_per_out_token"),
+                "tok/s": value_or_none(c, "tokens_per_s"),
             }
         )
     proof.tables["suite"] = rows
@@ -604,7 +604,7 @@ def _mlenergy(proof: Proof, plan: Plan, cases: Sequence[Any]) -> None:
     notes = proof.notes.setdefault("suite", [])
     notes.append(MLENERGY_METHOD)
     for batch, theirs in MLENERGY_H100_8B.items():
-        ours = [value(c, "decode_j_per_out_token") for c in cases if c.queries == batch]
+        ours = [value_or_none(c, "decode_j_per_out_token") for c in cases if c.queries == batch]
         ours = [o for o in ours if o is not None]
         if not ours:
             notes.append(f"ML.ENERGY at batch {batch}: {theirs} J/token (no case of ours)")
@@ -678,7 +678,7 @@ def compiled_stage(proof: Proof, plan: Plan, out: Path) -> None:
 
 def _most(cases: Sequence[Any], figure: str) -> float | None:
     """The largest of a figure over cases (None: no case has it)."""
-    found = [value(c, figure) for c in cases]
+    found = [value_or_none(c, figure) for c in cases]
     return max((f for f in found if f is not None), default=None)
 
 
