@@ -48,7 +48,7 @@ from ..figures import DeprecatedName
 from ..llm.grid import Grid
 from ..meters import Meter
 from .ab_side import PAIRED_SIDE, PairedSide
-from .busy import BUSY_MACHINE, BusyMachine, terminal_say
+from .busy_machine import BUSY_MACHINE, BusyMachine, terminal_say
 from .cases import CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
 from .frontier import BEST_CONFIGURATION, BestConfiguration
 from .gpu_settings import GPU_TUNING, GpuTuning, setting_fixture
