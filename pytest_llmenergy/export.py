@@ -11,6 +11,8 @@ of every case, and the node id.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -20,16 +22,18 @@ from typing import Any
 
 from .case_tables import case_tables
 from .errors import ConfigError
-from .figures import FIGURES
+from .figures import FIGURES, percentile
 from .leaderboards import ai_energy_score, mlenergy_records
-from .results import CaseResult
-from .tables import fmt_number, render
+from .results import CaseResult, RequestRecord
+from .tables import Raw, Table, fmt_number, printable, render
 
 GITHUB_ACTION_BENCHMARK = "github-action-benchmark"
 BENCHER = "bencher"
 CSV = "csv"
 AI_ENERGY_SCORE = "ai-energy-score"
 MLENERGY = "mlenergy"
+REQUESTS_CSV = "requests-csv"
+REQUESTS_JSON = "requests-json"
 # Bencher's limits: a benchmark's name at most 1024 characters, a measure's 64.
 BENCHER_NAME_MAX = 1024
 # What a dashboard charts per case: the research's energy per token, then per query.
@@ -98,6 +102,68 @@ def _json(data: Any) -> str:
     return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
 
+# -- a served workload's requests, one by one (serving/replay.py) ----------------------
+REQUEST_COLUMNS = (
+    "case",
+    "trial",
+    "request",
+    "input_tokens",
+    "output_tokens",
+    "sent_s",
+    "ttft_s",
+    "latency_s",
+    "energy_j",
+    "prefill_j",
+    "decode_j",
+    "j_per_token",
+    "plain_j",
+    "status",
+    "coarse",
+)
+
+
+def _request_row(case: CaseResult, trial: int, index: int, q: RequestRecord) -> dict[str, Raw]:
+    energy_j = q.energy_j
+    tokens = (q.input_tokens or 0) + q.output_tokens
+    values: tuple[Raw, ...] = (
+        case.nodeid,
+        trial,
+        index,
+        q.input_tokens,
+        q.output_tokens,
+        q.sent_s,
+        q.ttft_s,
+        q.latency_s,
+        energy_j,
+        q.prefill_j,
+        q.decode_j,
+        energy_j / tokens if energy_j is not None and tokens else None,
+        q.plain_j,
+        q.status,
+        q.coarse,
+    )
+    return dict(zip(REQUEST_COLUMNS, values))
+
+
+def request_rows(results: Sequence[CaseResult]) -> list[dict[str, Raw]]:
+    """Every attributed request of every kept trial: its lengths, timings and joules."""
+    return [
+        _request_row(case, trial.index, i + 1, q)
+        for case in results
+        for trial in case.trials
+        for i, q in enumerate(trial.requests)
+        if q.energy_j is not None
+    ]
+
+
+def _requests_csv(results: Sequence[CaseResult]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, REQUEST_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(request_rows(results))
+    return out.getvalue()
+
+
 @dataclass(frozen=True)
 class ExportFormat:
     """One export: its name (``FORMAT`` of ``FORMAT:PATH``), what it is for, and the text
@@ -134,9 +200,114 @@ EXPORTS: dict[str, ExportFormat] = {
             "response, throughput, power, throughput per watt, validity",
             lambda r: _json(mlenergy_records(r)),
         ),
+        ExportFormat(
+            REQUESTS_CSV,
+            "a served workload's requests, one a row: lengths, timings, joules (prefill, "
+            "decode, ML.ENERGY's plain figure) and why a figure is marked",
+            _requests_csv,
+        ),
+        ExportFormat(
+            REQUESTS_JSON,
+            "a served workload's requests as a JSON list",
+            lambda r: _json(request_rows(r)),
+        ),
     )
 }
 EXPORT_FORMATS = tuple(EXPORTS)
+
+
+# Input-length buckets of the per-request table: powers of two, as the routing guide's.
+PERCENTILES = (50, 90, 99)
+
+
+def _bucket(tokens: int) -> int:
+    """The power of two at or above ``tokens``: the bucket's upper bound."""
+    top = 1
+    while top < tokens:
+        top *= 2
+    return top
+
+
+def request_tables(results: Sequence[CaseResult]) -> list[Table]:
+    """Per case with a served workload: J per request and J/token (input + output) by
+    input-length bucket, p50/p90/p99 over the requests that completed as asked."""
+    return [t for case in results if (t := _request_table(case)) is not None]
+
+
+def _request_table(case: CaseResult) -> Table | None:
+    requests = [q for trial in case.trials for q in trial.requests if q.energy_j is not None]
+    if not requests:
+        return None
+    done = [q for q in requests if not q.status and q.input_tokens is not None]
+    buckets: dict[int, list[RequestRecord]] = {}
+    for q in done:
+        buckets.setdefault(_bucket(q.input_tokens or 0), []).append(q)
+    keys = (
+        "input_tokens",
+        "requests",
+        *(f"j_p{p}" for p in PERCENTILES),
+        *(f"j_per_token_p{p}" for p in PERCENTILES),
+        "plain_j_p50",
+        "coarse",
+    )
+    headers = (
+        "input tokens",
+        "requests",
+        *(f"J p{p}" for p in PERCENTILES),
+        *(f"J/token p{p}" for p in PERCENTILES),
+        "plain J p50",
+        "marked",
+    )
+    rows = [_bucket_row(top, buckets[top]) for top in sorted(buckets)]
+    cells = tuple(
+        (str(r[0]), str(r[1]), *(fmt_number(v) for v in r[2:-1]), str(r[-1])) for r in rows
+    )
+    return Table(
+        title=f"J per request, by input length: {printable(case.name)}",
+        keys=keys,
+        headers=headers,
+        rows=tuple(rows),
+        cells=cells,
+        notes=_request_notes(requests, done),
+    )
+
+
+def _bucket_row(top: int, requests: list[RequestRecord]) -> tuple[Raw, ...]:
+    joules = [q.energy_j or 0.0 for q in requests]
+    per_token = [
+        (q.energy_j or 0.0) / ((q.input_tokens or 0) + q.output_tokens)
+        for q in requests
+        if (q.input_tokens or 0) + q.output_tokens
+    ]
+    plain = [q.plain_j for q in requests if q.plain_j is not None]
+    bound = f"{top // 2 + 1}-{top}" if top > 1 else "1"
+    return (
+        bound,
+        len(requests),
+        *(percentile(joules, p) for p in PERCENTILES),
+        *(percentile(per_token, p) if per_token else None for p in PERCENTILES),
+        percentile(plain, 50) if plain else None,
+        sum(1 for q in requests if q.coarse),
+    )
+
+
+def _request_notes(requests: list[RequestRecord], done: list[RequestRecord]) -> tuple[str, ...]:
+    notes = [
+        "J: each request's share of the window's energy above idle, by its work (prefill "
+        "and decode tokens, and its 1/b of each decode step of a batch of b); plain J: "
+        "ML.ENERGY's steady J/output token x its output tokens; --energy-export="
+        "requests-csv:FILE writes every request"
+    ]
+    failed = len(requests) - len(done)
+    if failed:
+        notes.append(f"{failed} requests failed, were cut or miscounted: left out above")
+    marked = sum(1 for q in done if q.coarse)
+    if marked:
+        notes.append(
+            f"marked: {marked} requests shorter than two of the meter's steps, whose "
+            "joules are a share of whole steps, not their own"
+        )
+    return tuple(notes)
 
 
 def export_text(results: Sequence[CaseResult], fmt: str) -> str:

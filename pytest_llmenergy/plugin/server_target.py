@@ -20,12 +20,15 @@ from ..errors import ConfigError, LLMEnergyError, one_line
 from ..serving.engine import ENGINES
 from ..serving.serve_settings import ServeSettings, engine_choice, parse_args
 from ..serving.steady import DEFAULT_MIN_BATCH_FILL, DEFAULT_MIN_STEADY_S
+from ..serving.workload_plan import EXAMPLE, WorkloadSpec, parse_workload
 from .models import LLMSettings
 from .option_rows import Option, Section
 
 if TYPE_CHECKING:
+    from ..controller.benchmark import EnergyBenchmark
     from ..meters import MeterSettings
     from ..serving.engine import RunningEngine
+    from ..serving.replay import WorkloadRun
     from ..serving.target import ServerTarget
     from .meter import MeasureSettings
 
@@ -269,6 +272,66 @@ class Serving:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Also after a failure or Ctrl-C: pytest unconfigures on every way out."""
         self.stop()
+
+    # -- a served workload (the llm_workload fixture) ----------------------------------------------
+    @pytest.fixture
+    def llm_workload(self, energy_benchmark: EnergyBenchmark) -> ServedWorkload:
+        """``llm_workload("alpaca:rate=4,requests=200")`` replays that workload against the
+        server (--llm-endpoint, --llm-serve), measured as one trial, each request's joules
+        kept in the run file."""
+        return ServedWorkload(self, energy_benchmark)
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        """J per request by input length, for the cases that replayed a workload."""
+        from ..export import request_tables
+        from ..tables import render
+        from .session_tables import CASE_RESULTS
+
+        results = self.config.stash.get(CASE_RESULTS, None)
+        tables = request_tables(results.results) if results is not None else []
+        if not tables:
+            return
+        terminalreporter.section("llmenergy: each request's joules (served workload)")
+        width = terminalreporter.config.get_terminal_writer().fullwidth
+        for line in render(tables, "table", width=width).splitlines():
+            terminalreporter.write_line(line)
+
+
+class ServedWorkload:
+    """The ``llm_workload`` fixture: the session's workload, replayed on call."""
+
+    def __init__(self, serving: Serving, benchmark: EnergyBenchmark) -> None:
+        self.serving, self.benchmark = serving, benchmark
+        self.last: WorkloadRun | None = None
+
+    def __call__(self, spec: str | WorkloadSpec = EXAMPLE, rounds: int = 1) -> Any:
+        """Replay ``spec`` (``serving/workload_plan.py``) ``rounds`` times, a trial each."""
+        from ..serving.replay import WorkloadTarget
+        from ..serving.workload_plan import WorkloadError, draw
+
+        target = self.serving.target
+        if target is None:
+            pytest.skip("no server to replay a workload against: --llm-endpoint or --llm-serve")
+        assert target is not None
+        try:
+            plan = draw(parse_workload(spec) if isinstance(spec, str) else spec)
+        except WorkloadError as exc:
+            pytest.fail(f"llm_workload: {exc}", pytrace=False)
+        rows = WORKLOAD_ROWS
+        workload = WorkloadTarget(
+            self.benchmark.meter,
+            target.endpoint,
+            plan,
+            lambda n, row: target.prompt(n, rows + row),
+        )
+        try:
+            return self.benchmark.pedantic(workload.run, rounds=rounds, **workload.case())
+        finally:
+            self.last = workload.last
+
+
+# Prompts of a workload start this far into the text: apart from the bursts' rows.
+WORKLOAD_ROWS = 100_000
 
 
 SERVING = pytest.StashKey[Serving]()

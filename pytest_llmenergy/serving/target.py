@@ -212,6 +212,11 @@ class ServerTarget:
             done = self.endpoint.complete(self._prompt(input_tokens, 0), 1)
         check(done, input_tokens, 1, f"the first request ({self.prompt_kind} prompt)")
 
+    def prompt(self, input_tokens: int, row: int) -> list[int] | str:
+        """A prompt of exactly ``input_tokens`` from row ``row`` of the text, as the server
+        takes prompts (a served workload's requests: serving/replay.py)."""
+        return self._prompt(input_tokens, row)
+
     def _prompt(self, input_tokens: int, row: int) -> list[int] | str:
         ids = self.prompts.prompt_list(input_tokens, row)
         if self.prompt_kind != TEXT:

@@ -99,6 +99,11 @@ FORMAT = "pytest-llmenergy-run"
 #    "prefill passes", the prefill's joules from a window of prefill-only passes right
 #    after it; absent: at the marks), and the controller's "prefill_passes" ("on" or
 #    "off": whether such windows were measured; absent: "on").
+#    a trial's request's "input_tokens", "sent_s" (seconds after the window opened),
+#    "status" (why it did not complete as asked), "prefill_j" and "decode_j" (its joules as
+#    attributed, net of idle: may be below 0), "plain_j" (ML.ENERGY's steady J/token x its
+#    output tokens) and "coarse" (why its share is not its own): a served workload's
+#    requests (serving/attribution.py); absent: a burst's.
 #    a trial's "busy" (true: counted though the machine was busy throughout, the session
 #    measuring anyway, controller/busy.py; absent: false) and the controller's "busy"
 #    ("measure" or "repeat": what a busy machine's trials became; absent: "repeat", as
@@ -233,10 +238,7 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         "background_cpu": t.background_cpu,
         "passes": t.passes,
         "queries": t.queries,
-        "requests": [
-            {"ttft_s": q.ttft_s, "latency_s": q.latency_s, "output_tokens": q.output_tokens}
-            for q in t.requests
-        ],
+        "requests": [_request_dict(q) for q in t.requests],
         **({"gpu": _gpu_dict(t.gpu)} if t.gpu is not None else {}),
         **({"rejected": t.rejected} if t.rejected else {}),
         **({"session": t.session} if t.session else {}),
@@ -251,6 +253,28 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"split": t.split} if t.split else {}),
         **({"busy": True} if t.busy else {}),
     }
+
+
+def _request_dict(q: RequestRecord) -> dict[str, Any]:
+    """A request's timings, and a served workload's lengths, status and joules."""
+    out: dict[str, Any] = {
+        "ttft_s": q.ttft_s,
+        "latency_s": q.latency_s,
+        "output_tokens": q.output_tokens,
+    }
+    if q.input_tokens is not None:
+        out["input_tokens"] = q.input_tokens
+    if q.sent_s is not None:
+        out["sent_s"] = q.sent_s
+    if q.status:
+        out["status"] = q.status
+    if q.prefill_j is not None and q.decode_j is not None:
+        out["prefill_j"], out["decode_j"] = q.prefill_j, q.decode_j
+    if q.plain_j is not None:
+        out["plain_j"] = q.plain_j
+    if q.coarse:
+        out["coarse"] = q.coarse
+    return out
 
 
 def _telemetry_dict(v: Telemetry) -> dict[str, Any]:
@@ -684,14 +708,7 @@ def _trial(r: _Reader) -> Trial:
         background_cpu=r.amount("background_cpu", optional=True),
         passes=r.count("passes", optional=True, least=1) or 1,
         queries=r.count("queries", optional=True, least=1) or 1,
-        requests=tuple(
-            RequestRecord(
-                q.amount("ttft_s", optional=True, signed=signed),
-                q.amount("latency_s", signed=signed),
-                q.count("output_tokens"),
-            )
-            for q in r.objs("requests", optional=True)
-        ),
+        requests=_requests(r, signed),
         gpu=_gpu(r.obj("gpu", optional=True)),
         rejected=rejected,
         session=r.count("session", optional=True) or 0,
@@ -706,6 +723,46 @@ def _trial(r: _Reader) -> Trial:
         split=_split(r),
         busy=r.get("busy", bool, optional=True) or False,
     )
+
+
+# A trial's requests at most (a served workload's: its spec allows 100,000), and the
+# longest status or note kept with one (what the replay writes is cut at 300 characters).
+MAX_REQUESTS = 100_000
+MAX_REQUEST_TEXT = 1000
+
+
+def _requests(r: _Reader, signed: bool) -> tuple[RequestRecord, ...]:
+    items = r.objs("requests", optional=True)
+    if len(items) > MAX_REQUESTS:
+        raise _Bad(f"{r._at('requests')} holds {len(items):,} requests, more than {MAX_REQUESTS:,}")
+    return tuple(_request(q, signed) for q in items)
+
+
+def _request(q: _Reader, signed: bool) -> RequestRecord:
+    """One request; a workload's joules are net of idle power, so they may be below 0."""
+    prefill_j = q.amount("prefill_j", optional=True, signed=True)
+    decode_j = q.amount("decode_j", optional=True, signed=True)
+    if (prefill_j is None) != (decode_j is None):
+        raise _Bad(f"{q.where} has one of prefill_j and decode_j without the other")
+    return RequestRecord(
+        q.amount("ttft_s", optional=True, signed=signed),
+        q.amount("latency_s", signed=signed),
+        q.count("output_tokens"),
+        input_tokens=q.count("input_tokens", optional=True),
+        sent_s=q.amount("sent_s", optional=True),
+        status=_short_text(q, "status"),
+        prefill_j=prefill_j,
+        decode_j=decode_j,
+        plain_j=q.amount("plain_j", optional=True),
+        coarse=_short_text(q, "coarse"),
+    )
+
+
+def _short_text(r: _Reader, key: str) -> str:
+    text = r.get(key, str, optional=True) or ""
+    if len(text) > MAX_REQUEST_TEXT:
+        raise _Bad(f"{r._at(key)} runs past {MAX_REQUEST_TEXT} characters")
+    return text
 
 
 def _prefill_passes(r: _Reader) -> str:

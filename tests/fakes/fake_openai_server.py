@@ -35,7 +35,13 @@ What the exactness check and the request metrics depend on behaves as in real en
   counts a response delivered whole;
 * with ``power`` (a ``SwitchTrace``), the server's GPU draws ``idle_w`` plus
   ``w_per_request`` for every request generating, switched the moment that number
-  changes: the true energy of any stretch of a burst is known.
+  changes: the true energy of any stretch of a burst is known;
+* with ``engine`` (a ``tests.fakes.batch_engine.BatchEngine``), streamed requests run in
+  one loop of engine steps instead, batched, each step of known energy: the truth of
+  every request's joules (``engine.truth``, keyed by the prompt's first token id);
+  ``fail_every=N`` answers every N-th completion request with HTTP 500, and
+  ``cut_every=N`` closes every N-th stream after half its tokens, without usage or
+  ``[DONE]``: the failed and cut requests of a workload.
 
 ``ScriptedServer`` is the other kind: a hostile or broken server that answers each path
 with scripted bytes, HTTP or not, at any pace (``Reply``), for the client's robustness.
@@ -88,6 +94,9 @@ class Behaviour:
     running_gauge: Callable[[Any], float] | None = None
     engine_timings: bool = False  # vllm:request_inference_time_seconds on /metrics
     whole_every: int = 0  # every N-th response delivered in one piece (0: never)
+    engine: Any = None  # a tests.fakes.batch_engine.BatchEngine: batched steps, known energy
+    fail_every: int = 0  # every N-th completion request answered HTTP 500 (0: never)
+    cut_every: int = 0  # every N-th stream closed after half its tokens (0: never)
 
     @classmethod
     def llama_cpp(cls, **kwargs: Any) -> Behaviour:
@@ -287,6 +296,9 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._json(400, {"error": "prompt missing"})
                 return
             server.requests.append(body)
+            if b.fail_every and len(server.requests) % b.fail_every == 0:
+                self._json(500, {"error": {"message": "the engine failed this request"}})
+                return
             with server._lock:
                 server.in_flight += 1
                 server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -307,6 +319,9 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
+            if b.engine is not None:
+                self._stream_engine(body, prompt_tokens, n)
+                return
             with server._lock:
                 whole = b.whole_every and server.completions % b.whole_every == 0
             held: list[dict[str, Any]] = []  # a response delivered whole waits here
@@ -335,6 +350,29 @@ def _handler_for(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                     self._event(chunk)
             server.passing_changes(-1 if n else 0)
             if b.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
+                self._event(
+                    {"object": "text_completion", "choices": [], "usage": _usage(prompt_tokens, n)}
+                )
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+        def _stream_engine(self, body: dict[str, Any], prompt_tokens: int, n: int) -> None:
+            """The request's tokens as the batching engine makes them, a chunk each."""
+            b = server.behaviour
+            prompt = body.get("prompt")
+            key = prompt[0] if isinstance(prompt, list) and prompt else prompt
+            cut = b.cut_every and len(server.requests) % b.cut_every == 0
+            tokens = b.engine.submit(key, prompt_tokens, n)
+            sent = 0
+            while tokens.get() is not None:
+                if cut and sent >= n // 2:
+                    self.close_connection = True
+                    return  # the rest is made, never sent: no usage, no [DONE]
+                chunk = {"choices": [{"index": 0, "text": f" w{sent}", "finish_reason": None}]}
+                self._event({"object": "text_completion", "model": b.model, **chunk})
+                sent += 1
+            if (body.get("stream_options") or {}).get("include_usage"):
                 self._event(
                     {"object": "text_completion", "choices": [], "usage": _usage(prompt_tokens, n)}
                 )
