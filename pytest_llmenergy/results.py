@@ -144,6 +144,20 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class PowerSlice:
+    """The meter's joules over one stretch of a served workload's window, in seconds
+    from the window's start: its power over time, drawn under its requests."""
+
+    start_s: float
+    end_s: float
+    joules: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
 class Trial:
     """One measured run of the target."""
 
@@ -205,6 +219,9 @@ class Trial:
     # of the CPUs meanwhile: the machine was busy for the whole stretch, and the session
     # measured anyway (controller/busy.py).  Its case is busy: never gated.
     busy: bool = False
+    # A served workload's window, slice by slice (serving/replay.py): the energy over
+    # time its requests ran in.  Empty for any other trial.
+    power: tuple[PowerSlice, ...] = ()
 
     @classmethod
     def from_measurement(
@@ -216,6 +233,7 @@ class Trial:
         background_cpu: float | None = None,
         queries: int = 1,
         requests: tuple[RequestRecord, ...] = (),
+        power: tuple[PowerSlice, ...] = (),
     ) -> Trial:
         return cls(
             index=index,
@@ -235,6 +253,7 @@ class Trial:
             background_cpu=background_cpu,
             queries=queries,
             requests=requests,
+            power=power,
         )
 
     @property

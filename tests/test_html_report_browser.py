@@ -23,7 +23,7 @@ from pytest_llmenergy.compare import CompareOptions, compare_cases, parse_gates
 from pytest_llmenergy.history import branch_history
 from pytest_llmenergy.html import write_report
 from pytest_llmenergy.results import distinct_names
-from pytest_llmenergy.storage.runfile import dumps
+from pytest_llmenergy.storage.runfile import Run, dumps
 from tests.casefactory import synthetic_run
 from tests.hostile import HOSTILE, hostile_run, script_end
 
@@ -438,3 +438,38 @@ def test_a_branch_history_draws_its_step_where_it_is(
         ".map((tr) => [tr.cells[1].textContent, tr.cells[2].textContent])"
     )
     assert rows == [[sha(2)[:8], sha(3)[:8]]] * 4
+
+
+# Each chart's bar and rect marks' items: a served workload's requests and power slices.
+COUNT_BARS = """(key) => {
+  const counts = {rect: 0};
+  const walk = (node) => {
+    if (!node) return;
+    if (node.marktype === 'rect' && node.role === 'mark') counts.rect += node.items.length;
+    (node.items || []).forEach((item) => (item.items || []).forEach(walk));
+  };
+  walk(window.llmenergy.views[key].scenegraph().root);
+  return counts;
+}"""
+
+
+def test_a_served_workload_draws_its_requests_over_its_power(
+    browser: Any, tmp_path: Path, shots: Path
+) -> None:
+    """Issue 63: each request a bar over the window's power, coloured by its joules."""
+    from tests.test_served_chart import served_case
+
+    case = served_case()
+    run = Run("", "served", "2026-01-01T00:00:00Z", "complete", "hw", {}, {}, {}, {}, cases=(case,))
+    path = tmp_path / "served.json"
+    path.write_text(dumps(run))
+    out = tmp_path / "served.html"
+    assert main(["report", str(path), "--out", str(out)]) == 0
+    opened = Opened(browser, out)
+    drawn = opened.page.evaluate(COUNT_BARS, "served-0")
+    trial = case.trials[0]
+    ticks = sum(q.ttft_s is not None for q in trial.requests)  # the first tokens
+    assert drawn["rect"] == len(trial.power) + len(trial.requests) + ticks  # all rects
+    assert opened.errors == [] and opened.outside_requests() == []
+    opened.page.locator("#chart-served-0").scroll_into_view_if_needed()
+    opened.page.screenshot(path=str(shots / "report-served.png"), full_page=True)

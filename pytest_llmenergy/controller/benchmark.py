@@ -760,6 +760,7 @@ class EnergyBenchmark:
             background_cpu=share,
             queries=target.queries,
             requests=tuple(getattr(out, "requests", ())),
+            power=tuple(getattr(out, "power", ())),
         )
         if ran.parts:  # a window of calls: the figures per call
             trial = _per_call(trial, ran.parts, ran.calls)

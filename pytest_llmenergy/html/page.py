@@ -40,6 +40,7 @@ from .sections import (
     scale_section,
     slo_section,
 )
+from .served_chart import served_section
 from .timeline import history_section
 
 if TYPE_CHECKING:
@@ -390,7 +391,9 @@ def _comparisons_html(comparisons: Sequence[Comparison], ratios: list[DrawnChart
     ]
 
 
-def _studies_html(frontier: Section, slo: Section, routing: Section, scale: Section) -> list[str]:
+def _studies_html(
+    frontier: Section, slo: Section, routing: Section, scale: Section, served: Section
+) -> list[str]:
     """The sections of runs that vary a setting: each says when it has nothing to show."""
     return [
         _section_html(
@@ -415,6 +418,14 @@ def _studies_html(frontier: Section, slo: Section, routing: Section, scale: Sect
         ),
         _section_html(
             "Scale", "scale", scale, "the same cases at several scales (llmenergy scale)"
+        ),
+        _section_html(
+            "Served workloads",
+            "served",
+            served,
+            "each request of a workload replayed against a server, drawn over the power "
+            "it ran at and coloured by the joules attributed to it (the guide's "
+            "serving section says how they are split)",
         ),
     ]
 
@@ -467,6 +478,7 @@ def render_report(
     slo = slo_section(runs, names)
     routing = routing_section(routed_between(runs) if routed is None else routed)
     scale = scale_section(runs, names)
+    served = served_section(runs, names)
     history = history_section(histories)
     title = f"pytest-llmenergy report: {', '.join(names)}"
     parts = [
@@ -482,9 +494,18 @@ def render_report(
         ),
         "<h2>Charts</h2>",
         _charts_html(charts),
-        *_studies_html(frontier, slo, routing, scale),
+        *_studies_html(frontier, slo, routing, scale, served),
         _cases_html(table),
-        *_tail_html((*history.charts, *charts, *ratios, *frontier.charts, *routing.charts)),
+        *_tail_html(
+            (
+                *history.charts,
+                *charts,
+                *ratios,
+                *frontier.charts,
+                *routing.charts,
+                *served.charts,
+            )
+        ),
     ]
     return "\n".join(parts)
 

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import LLMEnergyError, one_line
 from ..meters.base import Meter
 from ..meters.readings import Measurement
-from ..results import RequestRecord
+from ..results import PowerSlice, RequestRecord
 from .attribution import (
     Attribution,
     CostWeights,
@@ -173,6 +173,8 @@ class WorkloadRun:
     timelines: tuple[TokenTimeline, ...]
     attribution: Attribution
     requests: tuple[RequestRecord, ...]
+    # the window slice by slice, from its start: kept with the trial, drawn in the report
+    power: tuple[PowerSlice, ...] = ()
 
 
 def run_workload(
@@ -187,9 +189,15 @@ def run_workload(
     """Replay ``plan`` inside a sliced window of ``meter`` and attribute its energy."""
     with SlicedWindow(meter, slice_for(plan, meter, slice_s)) as window:
         timelines = replay(endpoint, plan, prompt_for)
-    split = attribute(window.timeline(), timelines, weights)
+    timeline = window.timeline()
+    split = attribute(timeline, timelines, weights)
     origin = window.measurement.t_start
-    return WorkloadRun(plan, timelines, split, request_records(timelines, split, origin))
+    power = tuple(
+        PowerSlice(max(s.start_s - origin, 0.0), max(s.end_s - origin, 0.0), s.joules)
+        for s in timeline.slices
+    )
+    records = request_records(timelines, split, origin)
+    return WorkloadRun(plan, timelines, split, records, power)
 
 
 def request_records(

@@ -51,6 +51,7 @@ from ..results import (
     GpuTelemetry,
     OpWork,
     PhaseRecord,
+    PowerSlice,
     RequestRecord,
     ThermalWait,
     Trial,
@@ -107,7 +108,8 @@ FORMAT = "pytest-llmenergy-run"
 #    a trial's "busy" (true: counted though the machine was busy throughout, the session
 #    measuring anyway, controller/busy.py; absent: false) and the controller's "busy"
 #    ("measure" or "repeat": what a busy machine's trials became; absent: "repeat", as
-#    every session did before).
+#    every session did before).  a trial's "power" (a served workload's window slice by
+#    slice: "start_s", "end_s" from the window's start and "joules"; absent: none).
 SCHEMA_VERSION = 2
 
 # How a run ended: still running (or killed without a word), finished, or interrupted.
@@ -252,6 +254,15 @@ def _trial_dict(t: Trial) -> dict[str, Any]:
         **({"telemetry": _telemetry_dict(t.telemetry)} if t.telemetry is not None else {}),
         **({"split": t.split} if t.split else {}),
         **({"busy": True} if t.busy else {}),
+        **(
+            {
+                "power": [
+                    {"start_s": p.start_s, "end_s": p.end_s, "joules": p.joules} for p in t.power
+                ]
+            }
+            if t.power
+            else {}
+        ),
     }
 
 
@@ -722,6 +733,7 @@ def _trial(r: _Reader) -> Trial:
         telemetry=_telemetry(r.obj("telemetry", optional=True)),
         split=_split(r),
         busy=r.get("busy", bool, optional=True) or False,
+        power=_power(r, signed),
     )
 
 
@@ -736,6 +748,25 @@ def _requests(r: _Reader, signed: bool) -> tuple[RequestRecord, ...]:
     if len(items) > MAX_REQUESTS:
         raise _Bad(f"{r._at('requests')} holds {len(items):,} requests, more than {MAX_REQUESTS:,}")
     return tuple(_request(q, signed) for q in items)
+
+
+# A served workload's slices at most (serving/replay.py keeps a window under 4,000).
+MAX_POWER_SLICES = 100_000
+
+
+def _power(r: _Reader, signed: bool) -> tuple[PowerSlice, ...]:
+    """A served workload's window slice by slice: each in order, none ending before it
+    starts."""
+    items = r.objs("power", optional=True)
+    if len(items) > MAX_POWER_SLICES:
+        raise _Bad(f"{r._at('power')} holds {len(items):,} slices, more than {MAX_POWER_SLICES:,}")
+    slices = []
+    for item in items:
+        start_s, end_s = item.amount("start_s"), item.amount("end_s")
+        if end_s < start_s:
+            raise _Bad(f"{item.where} ends at {end_s!r} s, before it starts ({start_s!r} s)")
+        slices.append(PowerSlice(start_s, end_s, item.amount("joules", signed=signed)))
+    return tuple(slices)
 
 
 def _request(q: _Reader, signed: bool) -> RequestRecord:
