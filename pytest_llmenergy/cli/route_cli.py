@@ -15,8 +15,9 @@ from ..plotting import FORMATS as PLOT_FORMATS
 from ..routing.decide import DEFAULT_LAMBDA_STEPS, Routed, RouteSettings, route
 from ..routing.optimize import BOUNDARY_CHOICES, CAPACITY_EXAMPLES, TOKENS, parse_capacity
 from ..routing.policy import write_policies
-from ..routing.profile import Profile, profiles_from_run, read_profile_csv
+from ..routing.profile import Profile, alone_case, profiles_from_run, read_profile_csv
 from ..routing.route_tables import ROUTE_FORMATS, render_routed
+from ..routing.served import served_profiles_from_run
 from ..routing.workload import alpaca
 from ..storage.store import FOLDER, NEW_FILE, STORAGE_HELP, Storage
 from .cli_args import checked, table_width
@@ -51,7 +52,8 @@ def _routing_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="FILE",
         help="measurements: a CSV of system,model,input_tokens,output_tokens,seconds,joules "
-        "(one row per trial), or a saved run (number, name, hardware/number, or a path); "
+        "(one row per trial), or a saved run (number, name, hardware/number, or a path: "
+        "its one-at-a-time cases, and a served workload's requests routed beside them); "
         "repeatable",
     )
     parser.add_argument(
@@ -109,16 +111,24 @@ def _steps(text: str) -> int:
     return value
 
 
-def _profiles(specs: Sequence[str], storage: Storage, lam: float = 1.0) -> list[Profile]:
-    """A ``.csv`` is read as a profile CSV; anything else names a saved run (whose cases
-    measured over GPU settings count at their best setting for ``lam``)."""
-    profiles: list[Profile] = []
+Profiles = tuple[list[Profile], list[Profile]]  # one at a time, served
+
+
+def _profiles(specs: Sequence[str], storage: Storage, lam: float = 1.0) -> Profiles:
+    """A ``.csv`` is read as a profile CSV; anything else names a saved run, whose
+    one-at-a-time cases (each measured over GPU settings at its best setting for ``lam``)
+    and served workloads (each request's joules) are profiled apart."""
+    alone: list[Profile] = []
+    served: list[Profile] = []
     for spec in specs:
         if spec.lower().endswith(".csv"):
-            profiles += read_profile_csv(spec)
-        else:
-            profiles += profiles_from_run(storage.load(spec), pick=at_best_settings(lam))
-    return profiles
+            alone += read_profile_csv(spec)
+            continue
+        run = storage.load(spec)
+        served += served_profiles_from_run(run)
+        if any(alone_case(c) for c in run.cases) or not served:
+            alone += profiles_from_run(run, pick=at_best_settings(lam))
+    return alone, served
 
 
 def _route_settings(args: argparse.Namespace) -> RouteSettings:
@@ -134,25 +144,39 @@ def _route_settings(args: argparse.Namespace) -> RouteSettings:
     )
 
 
+def _routed_apart(args: argparse.Namespace, storage: Storage) -> tuple[list[Routed], list[Routed]]:
+    """Decisions from the one-at-a-time cases and from the served workloads, each
+    routed on its own: their joules are of different operating points."""
+    alone, served = _profiles(args.profile, storage, args.lam)
+    workload, settings = args.workload or alpaca(), _route_settings(args)
+    decided = route(alone, workload, settings) if alone else []
+    return decided, route(served, workload, settings) if served else []
+
+
 def _routed(args: argparse.Namespace, storage: Storage) -> list[Routed]:
-    profiles = _profiles(args.profile, storage, args.lam)
-    return route(profiles, args.workload or alpaca(), _route_settings(args))
+    """The one-at-a-time decisions (the served ones where no case ran alone)."""
+    alone, served = _routed_apart(args, storage)
+    return alone or served
 
 
 def _route(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
-    routed = _routed(args, storage)
+    alone, served = _routed_apart(args, storage)
     notes = []
     if args.policy_out:
-        path = write_policies(args.policy_out, [r.decision.policy for r in routed])
-        notes.append(f"policy written to {path}")
-    return render_routed(routed, args.format, width=table_width(args.format)), notes
+        chosen, kind = (served, "the served workload") if served else (alone, "")
+        path = write_policies(args.policy_out, [r.decision.policy for r in chosen])
+        notes.append(f"policy written to {path}" + (f" (from {kind})" if kind else ""))
+    width = table_width(args.format)
+    return render_routed(alone, args.format, width=width, served=served), notes
 
 
 def _plot(args: argparse.Namespace, storage: Storage) -> tuple[str, list[str]]:
     from ..routing.fit import build_model
     from ..routing.route_plots import write_profile_plots, write_routing_plots
 
-    profiles = _profiles(args.profile, storage, args.lam)
+    profiles = _profiles(args.profile, storage, args.lam)[0]
+    if not profiles:
+        raise ConfigError("plot draws one-at-a-time cases; the runs hold served workloads only")
     formats = tuple(dict.fromkeys(args.image_format or ["png"]))
     out = Path(args.out)
     systems = {p.system for p in profiles if not args.system or p.system in args.system}

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import INPUT
-from .fit import build_model
+from .fit import SystemModel, build_model
 from .optimize import TOKENS, Capacity, Decision, Router, pareto
 from .profile import Profile, select
+from .served import build_served_model
 from .workload import Workload
 
 DEFAULT_LAMBDA_STEPS = 11
@@ -43,6 +44,12 @@ def lambdas(steps: int) -> list[float]:
     return [float(x) for x in np.linspace(0.0, 1.0, steps)] if steps >= 2 else []
 
 
+def model_for(profile: Profile) -> SystemModel:
+    """A served workload's requests are fitted as scattered sizes; one-at-a-time cases
+    along their sweeps."""
+    return build_served_model(profile) if profile.served else build_model(profile)
+
+
 def route(
     profiles: Sequence[Profile], workload: Workload, settings: RouteSettings = RouteSettings()
 ) -> list[Routed]:
@@ -50,7 +57,7 @@ def route(
     routed = []
     for model_profiles in chosen.values():
         router = Router(
-            [build_model(p) for p in model_profiles],
+            [model_for(p) for p in model_profiles],
             workload,
             by=settings.by,
             p_ref_w=settings.p_ref_w,

@@ -23,7 +23,7 @@ from .profile import Point, Profile, ProfileError
 TERMS = ("1", "n_in", "n_out", "n_in*n_out", "n_out^2")
 
 
-def _features(n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
+def features(n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
     n_in = np.asarray(n_in, dtype=float)
     n_out = np.asarray(n_out, dtype=float)
     return np.stack([np.ones_like(n_in), n_in, n_out, n_in * n_out, n_out * n_out], axis=-1)
@@ -68,10 +68,10 @@ class FittedModel:
     dropped: tuple[str, ...] = ()  # terms the measured sizes cannot tell apart, fixed at 0
 
     def energy_j(self, n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
-        return _features(n_in, n_out) @ np.asarray(self.energy_coef)
+        return features(n_in, n_out) @ np.asarray(self.energy_coef)
 
     def seconds(self, n_in: np.ndarray, n_out: np.ndarray) -> np.ndarray:
-        return _features(n_in, n_out) @ np.asarray(self.time_coef)
+        return features(n_in, n_out) @ np.asarray(self.time_coef)
 
 
 def _least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -99,7 +99,7 @@ def fit_model(points: Sequence[Point]) -> FittedModel:
     n_out = np.array([p.output_tokens for p in points], dtype=float)
     energy = np.array([p.mean_joules for p in points])
     time = np.array([p.mean_seconds for p in points])
-    x = _features(n_in, n_out)
+    x = features(n_in, n_out)
     keep = np.ones(len(TERMS), dtype=bool)
     scale = np.abs(x).max(axis=0)
     if np.linalg.matrix_rank(x / np.where(scale > 0, scale, 1.0)) < len(TERMS):
@@ -218,12 +218,12 @@ def _sweep(profile: Profile, axis: str, fitted: FittedModel) -> Sweep | None:
         axis,
         fixed,
         tuple(int(s) for s in sizes),
-        Curve(sizes, energy, _along(fitted.energy_coef, axis, fixed)),
-        Curve(sizes, time, _along(fitted.time_coef, axis, fixed)),
+        Curve(sizes, energy, along_axis(fitted.energy_coef, axis, fixed)),
+        Curve(sizes, time, along_axis(fitted.time_coef, axis, fixed)),
     )
 
 
-def _along(coef: Sequence[float], axis: str, fixed: int) -> tuple[float, float, float]:
+def along_axis(coef: Sequence[float], axis: str, fixed: int) -> tuple[float, float, float]:
     """The fitted surface on one axis, the other held at ``fixed``: p0 + p1*n + p2*n^2."""
     c1, c_in, c_out, c_cross, c_out2 = coef
     if axis == INPUT:  # linear in n_in

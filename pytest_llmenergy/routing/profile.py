@@ -66,6 +66,8 @@ class Profile:
     confidence: float = 0.95  # the level its measurements' intervals are drawn at
     estimated: bool = False  # energy from the estimate meter, not measured: figures say so
     predicted: bool = False  # from a calibration (llmenergy predict), never measured
+    served: bool = False  # each request of a served workload, attributed in its batch
+    note: str = ""  # what the figures left out, for the tables
 
     @property
     def average_power_w(self) -> float:
@@ -215,7 +217,7 @@ def profiles_from_cases(
     rows: list[Row] = [
         (
             system,
-            _model_of(case),
+            model_of(case),
             t.input_tokens,
             t.output_tokens,
             t.seconds,
@@ -223,7 +225,8 @@ def profiles_from_cases(
             case.labels.get("sweep", "") if case.labels.get("sweep") in SWEEPS else "",
         )
         for case in cases
-        if case.queries == 1  # a batch's or a burst's trials are another operating point
+        if alone_case(case)  # a batch's, a burst's or a served workload's trials are
+        # another operating point (a served workload's: routing/served.py)
         for t in case.trials
         if t.seconds > 0 and t.joules > 0
     ]
@@ -231,7 +234,7 @@ def profiles_from_cases(
         raise ProfileError(f"{source}: no measured trials")
     by_model: dict[str, list[CaseResult]] = defaultdict(list)
     for case in cases:
-        by_model[_model_of(case)].append(case)
+        by_model[model_of(case)].append(case)
     return [
         replace(
             p,
@@ -242,7 +245,17 @@ def profiles_from_cases(
     ]
 
 
-def _model_of(case: CaseResult) -> str:
+def alone_case(case: CaseResult) -> bool:
+    """A case that measured one query at a time: what a one-at-a-time profile routes."""
+    return case.queries == 1 and not served_case(case)
+
+
+def served_case(case: CaseResult) -> bool:
+    """A case that replayed a workload: its requests carry their attributed joules."""
+    return any(q.energy_j is not None for t in case.trials for q in t.requests)
+
+
+def model_of(case: CaseResult) -> str:
     """The ``model`` label, else the test (its node id without parameters): two files'
     same-named tests are two models."""
     return case.labels.get("model") or case.nodeid.split("[", 1)[0]

@@ -11,7 +11,7 @@ from ..tables import Raw, Table, clean, fmt_number, render
 from . import BOTH, INPUT
 from .decide import Routed
 from .fit import TERMS
-from .optimize import MEASURED, Decision, Router, Totals
+from .optimize import MEASURED, Baseline, Decision, Router, Totals
 from .policy import Policy, Rule
 
 ROUTE_FORMATS = ("table", "json", "markdown")
@@ -45,6 +45,21 @@ def _ranges(policy: Policy) -> list[tuple[Rule, str]]:
                 low_in = low_out = limit + 1
         out.append((rule, text))
     return out
+
+
+ALONE, SERVED = "one at a time", "served workload"
+
+
+def measured(router: Router) -> str:
+    """How the systems' joules were measured: a query alone, or each request of a
+    served workload in its batch."""
+    return SERVED if any(m.profile.served for m in router.models) else ALONE
+
+
+def _title(router: Router, what: str) -> str:
+    """A table's title; a served workload's say so, since their figures differ."""
+    kind = f" ({SERVED})" if measured(router) == SERVED else ""
+    return f"routing {router.model}{kind}: {what}"
 
 
 def _table(
@@ -87,9 +102,17 @@ def policy_table(routed: Routed) -> Table:
     ]
     if p.by == BOTH:
         notes.append("by both: each pair priced by the fitted model (see its error below)")
+    if measured(router) == SERVED:
+        notes.append(
+            "served: each request's joules as attributed in its batch, net of idle power "
+            f"(idle is paid whichever requests come); priced at the served requests' mean "
+            f"{'output' if p.by == INPUT else 'input'} length"
+        )
     return _table(
-        f"routing {p.model}: by {p.by}, {_lam_text(p.lam)}, workload {p.workload} "
-        f"({d.queries:,} queries)",
+        _title(
+            router,
+            f"by {p.by}, {_lam_text(p.lam)}, workload {p.workload} ({d.queries:,} queries)",
+        ),
         ("system", "tokens", "queries", "share", "energy_j", "runtime_s"),
         ("system", tokens, "queries", "share", "energy J", "busy s"),
         rows,
@@ -98,7 +121,8 @@ def policy_table(routed: Routed) -> Table:
     )
 
 
-def savings_table(d: Decision) -> Table:
+def savings_table(d: Decision, title: str = "") -> Table:
+    """``title``: the table's (default: the model's, as one-at-a-time routing names it)."""
     rows: list[tuple[Raw, ...]] = [
         ("this policy", d.totals.energy_j, d.totals.runtime_s, "", ""),
     ]
@@ -113,7 +137,7 @@ def savings_table(d: Decision) -> Table:
             )
         )
     return _table(
-        f"routing {d.policy.model}: workload totals and savings",
+        title or f"routing {d.policy.model}: workload totals and savings",
         ("baseline", "energy_j", "runtime_s", "energy_saved", "runtime_saved"),
         ("policy or baseline", "energy J", "runtime s", "energy saved", "runtime saved"),
         rows,
@@ -142,13 +166,25 @@ def fit_table(router: Router) -> Table:
         "1, n_in, n_out, n_in*n_out, n_out^2"
     ]
     for m in router.models:
-        if m.fitted.dropped:
+        if m.profile.note:
+            notes.append(f"{m.system}: {m.profile.note}")
+        if m.fitted.dropped and m.profile.served:
+            notes.append(
+                f"{m.system}: {', '.join(m.fitted.dropped)} left out: too few requests of "
+                "different lengths to tell them apart"
+            )
+        elif m.fitted.dropped:
             notes.append(
                 f"{m.system}: {', '.join(m.fitted.dropped)} left out: the measured sizes "
                 "cannot tell it apart (crossing sweeps), so input and output costs add up"
             )
+    if measured(router) == SERVED:
+        notes.append(
+            "served: every request a point; fit by least squares on its joules, "
+            "error against each size's mean"
+        )
     return _table(
-        f"routing {router.model}: system models",
+        _title(router, "system models"),
         ("system", "power_w", "sweeps", "energy_fit_error", "time_fit_error"),
         ("system", "avg power W", "measured sweeps", "energy fit err", "time fit err"),
         rows,
@@ -163,7 +199,7 @@ def pareto_table(routed: Routed) -> Table:
         for d in routed.front
     ]
     return _table(
-        f"routing {routed.router.model}: energy-runtime Pareto front ({len(routed.sweep)} lambdas)",
+        _title(routed.router, f"energy-runtime Pareto front ({len(routed.sweep)} lambdas)"),
         ("lambda", "policy", "energy_j", "runtime_s"),
         ("lambda", "policy", "energy J", "runtime s"),
         rows,
@@ -172,10 +208,49 @@ def pareto_table(routed: Routed) -> Table:
 
 
 def routed_tables(routed: Routed) -> list[Table]:
-    tables = [policy_table(routed), savings_table(routed.decision), fit_table(routed.router)]
+    savings = savings_table(routed.decision, _title(routed.router, "workload totals and savings"))
+    tables = [policy_table(routed), savings, fit_table(routed.router)]
     if routed.front:
         tables.append(pareto_table(routed))
     return tables
+
+
+def _best_single(d: Decision) -> Baseline:
+    """The cheapest system taking every query: what routing must beat."""
+    singles = [b for b in d.baselines if b.name.startswith("all on ")]
+    return min(singles, key=lambda b: b.totals.energy_j)
+
+
+def beside_table(alone: Sequence[Routed], served: Sequence[Routed]) -> Table:
+    """Each model's threshold and savings from one-at-a-time cases and from a served
+    workload, one row each: the two can differ by far, and the reasons are in the notes."""
+    rows = []
+    for r in sorted([*alone, *served], key=lambda r: (r.router.model, measured(r.router))):
+        d = r.decision
+        best = _best_single(d)
+        rows.append(
+            (
+                r.router.model,
+                measured(r.router),
+                d.policy.describe(),
+                d.totals.energy_j,
+                f"{_pct(d.saving(best))} ({best.name[len('all on ') :]})",
+                _pct(d.saving(d.baselines[-1])),
+            )
+        )
+    return _table(
+        "routing: thresholds from one-at-a-time cases and from a served workload",
+        ("model", "measured", "policy", "energy_j", "saved_vs_best_system", "saved_vs_unaware"),
+        ("model", "measured", "policy", "energy J", "saved vs best system", "vs size-blind"),
+        rows,
+        (
+            "one at a time: a query alone pays every decode step's fixed cost (the weights' "
+            "reads); served: a batch of b shares it, so each request pays about 1/b of it and "
+            "the systems' per-request joules fall by factors that depend on their batches",
+            "served joules are net of idle power; one-at-a-time joules are as measured",
+        ),
+        priorities=(0, 1, 0, 2, 0, 1),
+    )
 
 
 def _totals_json(t: Totals) -> dict[str, Any]:
@@ -194,6 +269,7 @@ def routed_json(routed: Routed) -> dict[str, Any]:
     d, router = routed.decision, routed.router
     return {
         "model": router.model,
+        "measured": measured(router),
         "by": router.by,
         "workload": {"name": router.workload.name, "queries": d.queries},
         "boundaries": router.boundaries,
@@ -258,7 +334,18 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def render_routed(routed: Sequence[Routed], fmt: str = "table", width: int | None = None) -> str:
+def render_routed(
+    routed: Sequence[Routed],
+    fmt: str = "table",
+    width: int | None = None,
+    served: Sequence[Routed] = (),
+) -> str:
+    """One-at-a-time decisions, then a served workload's, then the two side by side when
+    both were measured; JSON: one list, each decision saying how it was measured."""
+    both = [*routed, *served]
     if fmt == "json":
-        return json.dumps([_strict(routed_json(r)) for r in routed], indent=2, allow_nan=False)
-    return render([t for r in routed for t in routed_tables(r)], fmt, width=width)
+        return json.dumps([_strict(routed_json(r)) for r in both], indent=2, allow_nan=False)
+    tables = [t for r in both for t in routed_tables(r)]
+    if routed and served:
+        tables.append(beside_table(routed, served))
+    return render(tables, fmt, width=width)
