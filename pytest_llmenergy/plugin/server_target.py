@@ -27,6 +27,7 @@ from .option_rows import Option, Section
 if TYPE_CHECKING:
     from ..controller.benchmark import EnergyBenchmark
     from ..meters import MeterSettings
+    from ..pairing.marginal import MarginalEnergy
     from ..serving.engine import RunningEngine
     from ..serving.replay import WorkloadRun
     from ..serving.target import ServerTarget
@@ -97,6 +98,8 @@ class Serving:
         self.target: ServerTarget | None = None
         self._model = ""
         self.session: pytest.Session | None = None
+        # one more request's marginal joules, as tests asked for (llm_workload.marginal)
+        self.marginals: list[MarginalEnergy] = []
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -289,6 +292,10 @@ class Serving:
 
         results = self.config.stash.get(CASE_RESULTS, None)
         tables = request_tables(results.results) if results is not None else []
+        if self.marginals:
+            from ..pairing.marginal import marginal_table
+
+            tables.append(marginal_table(self.marginals))
         if not tables:
             return
         terminalreporter.section("llmenergy: each request's joules (served workload)")
@@ -328,6 +335,40 @@ class ServedWorkload:
             return self.benchmark.pedantic(workload.run, rounds=rounds, **workload.case())
         finally:
             self.last = workload.last
+
+    def marginal(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        spec: str | WorkloadSpec = EXAMPLE,
+        pairs: int = 8,
+    ) -> MarginalEnergy:
+        """What one more request of these lengths costs the workload's batch: ``spec``
+        replayed with it, arriving halfway, and without it, in paired ABBA bursts; beside
+        its attributed share.  Outside the case's trials; shown at the session's end."""
+        from ..pairing.marginal import measure_marginal, served_bursts
+        from ..serving.workload_plan import PlannedRequest, WorkloadError, draw
+
+        target = self.serving.target
+        if target is None:
+            pytest.skip("no server to replay a workload against: --llm-endpoint or --llm-serve")
+        assert target is not None
+        try:
+            plan = draw(parse_workload(spec) if isinstance(spec, str) else spec)
+        except WorkloadError as exc:
+            pytest.fail(f"llm_workload: {exc}", pytrace=False)
+        request = PlannedRequest(len(plan.requests), plan.span_s / 2, input_tokens, output_tokens)
+        rows = WORKLOAD_ROWS
+        bursts = served_bursts(
+            self.benchmark.meter,
+            target.endpoint,
+            plan,
+            request,
+            lambda n, row: target.prompt(n, rows + row),
+        )
+        found = measure_marginal(bursts, request, pairs=pairs)
+        self.serving.marginals.append(found)
+        return found
 
 
 # Prompts of a workload start this far into the text: apart from the bursts' rows.

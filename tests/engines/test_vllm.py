@@ -241,3 +241,61 @@ def test_a_vllm_sweep_rejects_the_batch_it_cannot_hold_and_chooses_under_an_slo(
     assert sweep.choice.chosen.setting == f"c{brute.labels.get('concurrency', '1')}"
     assert {p.setting for p in sweep.points} == {"c1", "c2"}  # c8 left out
     assert _engine_processes() == before
+
+
+SERVED_WORKLOAD_TEST = """
+import math
+
+WORKLOAD = "alpaca:rate=6,requests=60,scale=0.25,max_input=256,max_output=48,seed=4"
+BASE = "alpaca:rate=6,requests=12,scale=0.25,max_input=256,max_output=48,seed=5"
+
+def test_served(llm_workload):
+    llm_workload(WORKLOAD)
+    run = llm_workload.last
+    split = run.attribution
+    failed = [t.status for t in run.timelines if t.status]
+    assert not failed, failed
+    assert len(split.requests) == 60
+    assert all(math.isfinite(r.energy_j) for r in split.requests)
+    total = split.requests_j + split.idle_j + split.unassigned_j
+    assert math.isclose(total, split.window_j, rel_tol=1e-9)
+    print("workload:", f"window {split.window_j:.1f} J = requests {split.requests_j:.1f}"
+          f" + idle {split.idle_j:.1f} + unassigned {split.unassigned_j:.3f}")
+    found = llm_workload.marginal(512, 16, BASE, pairs=4)
+    print("marginal:", found.text())
+    assert found.marginal.pairs == 4 and found.marginal.low <= found.marginal.high
+"""
+
+
+def test_a_served_workload_is_attributed_request_by_request_on_vllm(
+    suite: pytest.Pytester,
+) -> None:
+    """Issue 63: 60 Alpaca requests (lengths a quarter, capped) with Poisson arrivals at 6
+    a second against vLLM: every request completes and is attributed, the requests',
+    idle and unassigned joules are the window's, and one more long prompt's marginal
+    joules are measured with their interval, beside its attributed share."""
+    suite.makepyfile(test_served_workload=SERVED_WORKLOAD_TEST)
+    before = _engine_processes()
+    result = suite.runpytest_subprocess(
+        "test_served_workload.py",
+        "--llm-serve=vllm",
+        "--llm-model=tiny-llama-h32",
+        "--energy-backend=estimate",
+        "--energy-idle=2",  # the engine's static power, measured: not fitted per window
+        "--energy-max-background=off",
+        "--energy-json=run.json",
+        "-p",
+        "no:randomly",
+        "-s",
+        timeout=600,
+    )
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    for line in result.stdout.lines:  # the figures, in the tier's log
+        if line.startswith(("workload:", "marginal:")):
+            print(line)
+    result.stdout.fnmatch_lines(["*llmenergy: each request's joules (served workload)*"])
+    run = loads((suite.path / "run.json").read_text(), suite.path / "run.json")
+    [case] = run.cases
+    assert len(case.trials[0].requests) == 60 and case.trials[0].power
+    assert _engine_processes() == before
