@@ -379,3 +379,16 @@ def test_a_target_on_co2_or_cost_holds_as_the_same_target_in_joules(
         held = d.summaries[metric].half_width
         assert held == pytest.approx(j.summaries["energy_j"].half_width * scale)
     assert j.converged and not decide(options, spread).converged  # no factor: no figure
+
+
+def test_a_marker_limit_of_the_wrong_kind_is_one_line_not_an_internal_error() -> None:
+    """Issue 61: ``max_trials="lots"`` ended in a TypeError inside the override."""
+    with pytest.raises(ConfigError, match="max_trials must be an integer >= min_trials"):
+        with_overrides(ControllerSettings(), {"max_trials": "lots"})
+
+
+def test_a_fine_relative_target_is_said_as_given() -> None:
+    """Issue 61: a 0.1 % target read "(wanted <= 0%)"."""
+    options = ControllerSettings(targets=parse_ci_targets("time_s:0.1%"), min_trials=2)
+    two = trials([1.0, 1.2], [10.0, 12.0])
+    assert "(wanted <= 0.1%)" in decide(options, two, disturbed=23).why()

@@ -82,6 +82,7 @@ TRIALS = (
     "--energy-max-trials=5",
     "--energy-warmup=1",
     "--energy-max-background=off",  # the shared test machine's CPU load is not the point
+    "--energy-min-time=0",  # one call a trial, as the calls above are counted
     "--energy-json=run.json",
 )
 
@@ -145,12 +146,14 @@ def test_the_ini_twin_refuses_too_and_warn_says_who_is_there(
     refused = pytester.runpytest(backend(vendor), *TRIALS)
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     warned = pytester.runpytest(backend(vendor), "--energy-gpu-isolation=warn", *TRIALS)
+    warned.assert_outcomes(skipped=1)  # nothing measured: no pass
+    warned.stdout.no_fnmatch_line("*the machine is busy*")  # the CPUs were not
     warned.stdout.fnmatch_lines(
         [
             f"*WARNING: other processes use the measured GPUs: gpu:0 pid {FOREIGN_PID + 1}*",
             "*not measured: all 5 trials were disturbed by other processes on the measured GPUs "
             f"(gpu:0 pid {FOREIGN_PID + 1} resident-server, gpu:0 pid {FOREIGN_PID} *",
-            "*machine busy: other processes shared the measured GPUs "
+            "*machine busy in 1 case(s): other processes shared the measured GPUs "
             f"(gpu:0 pid {FOREIGN_PID + 1}*",
         ]
     )

@@ -68,6 +68,7 @@ def test_a_session_in_a_log_notes_its_long_case(pytester: pytest.Pytester) -> No
         "--energy-shuffle=off",
         "--energy-min-trials=6",
         "--energy-max-trials=6",
+        "--energy-min-time=0",  # one call a trial: no window of calls to reach a minimum
     )
     done.assert_outcomes(passed=2)
     out = done.stdout.str()

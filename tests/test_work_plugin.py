@@ -107,6 +107,8 @@ def record(name, result):
     with open(os.environ["CALLS_FILE"], "a") as out:
         line = {"name": name, "calls": len(CALLS), "warmup": result.options.warmup,
                 "trials": len(result.trials) + len(result.disturbed),
+                # a window of calls: a fast call runs many to a trial (controller/window.py)
+                "runs": sum(t.passes for t in (*result.trials, *result.disturbed)),
                 "counted": result.work is not None}
         out.write(json.dumps(line) + "\\n")
     CALLS.clear()
@@ -124,7 +126,7 @@ def test_by_default_a_case_is_counted_in_its_warm_up_and_runs_no_more_than_asked
     pedantic_counted: bool,
     pedantic_extra: int,
 ) -> None:
-    """The default counts in the warm-up call: warm-up + trials calls, never more.  A
+    """The default counts in the warm-up call: warm-up + the trials' calls, never more.  A
     case without a warm-up (``pedantic``'s default) is counted only when asked (``on``),
     in one more call after its trials; ``off`` counts nothing."""
     from tests.test_plugin import TRACE_CONFTEST
@@ -140,9 +142,10 @@ def test_by_default_a_case_is_counted_in_its_warm_up_and_runs_no_more_than_asked
     result.assert_outcomes(passed=2)
     rows = {r["name"]: r for r in map(json.loads, calls.read_text().splitlines())}
     rule, pedantic = rows["rule"], rows["pedantic"]
-    assert rule["calls"] == rule["warmup"] + rule["trials"]  # the count took no call
+    assert rule["calls"] == rule["warmup"] + rule["runs"]  # the count took no call
     assert rule["counted"] is (option != "--energy-count-work=off")
     assert pedantic["calls"] == pedantic["trials"] + pedantic_extra
+    assert pedantic["runs"] == pedantic["trials"]  # a round is one call
     assert pedantic["counted"] is pedantic_counted
     header = "llmenergy: counted work: each case's warm-up run*"
     if option == "--energy-count-work=off":

@@ -193,8 +193,9 @@ def with_overrides(base: ControllerSettings, overrides: Mapping[str, Any]) -> Co
     changes: dict[str, Any] = {k: v for k, v in overrides.items() if k != "ci_target"}
     if "ci_target" in overrides:
         changes["targets"] = parse_ci_targets(overrides["ci_target"])
-    if "max_trials" in changes and "min_trials" not in changes:
-        changes["min_trials"] = min(base.min_trials, changes["max_trials"])
+    limit = changes.get("max_trials")
+    if isinstance(limit, int) and not isinstance(limit, bool) and "min_trials" not in changes:
+        changes["min_trials"] = min(base.min_trials, limit)
     return replace(base, **changes)  # __post_init__ checks every value
 
 
@@ -223,7 +224,8 @@ class StopDecision:
                 if f"{t.metric} has no interval" not in unmet:
                     unmet.append(f"{t.metric} has no interval")
             elif t.relative:
-                unmet.append(f"{t.metric} ±{s.relative_half_width:.1%} (wanted <= {t.value:.0%})")
+                wanted = f"{t.value * 100:.3g}%"  # 0.1 %, not "0%"
+                unmet.append(f"{t.metric} ±{s.relative_half_width:.1%} (wanted <= {wanted})")
             else:
                 unmet.append(f"{t.metric} ±{s.half_width:.3g} {t.unit} (wanted <= {t.value:g})")
         return f"stopped at {self.stopped_by or TRIAL_LIMIT}: {', '.join(unmet)}"

@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import pytest
 
-from ..controller.busy import BusyWatch, busy_announcement
+from ..controller.busy import BUSY_STREAK, BusyWatch, busy_announcement
 from ..results import CaseResult
 from .session import header_lines
 
@@ -40,11 +40,15 @@ class BusyMachine:
         """A case's result arrived (a worker's too): the first busy one, if the watch
         has not spoken yet, says the machine is busy."""
         case = cases[-1] if cases else None
-        if case is None or self.said or not (case.busy_counted or case.busy_trials):
+        if case is None or self.said:
             return
-        share = case.busy_share or case.max_background_cpu or 0.0
-        trials = len(case.busy_counted) or len(case.busy_trials)
-        self._announce(busy_announcement(share, trials, self.watch.policy))
+        # the CPUs' other users only: a GPU shared with others is said by its own line
+        cpu = [t for t in case.busy_trials if t.gpu is None or not t.gpu.neighbours]
+        busy = case.busy_counted or (cpu if len(cpu) >= BUSY_STREAK else ())
+        if not busy:
+            return
+        share = max(t.background_cpu or 0.0 for t in busy)
+        self._announce(busy_announcement(share, len(busy), self.watch.policy))
 
     def not_measured(self, reason: str) -> NoReturn:
         """A case with no counted trial: skipped, or failed under --energy-strict."""
