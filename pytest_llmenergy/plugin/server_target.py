@@ -11,6 +11,7 @@ the header says what is attributed to what.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ..serving.engine import RunningEngine
     from ..serving.replay import WorkloadRun
     from ..serving.target import ServerTarget
+    from ..serving.workload_plan import WorkloadPlan
     from .meter import MeasureSettings
 
 
@@ -314,23 +316,9 @@ class ServedWorkload:
     def __call__(self, spec: str | WorkloadSpec = EXAMPLE, rounds: int = 1) -> Any:
         """Replay ``spec`` (``serving/workload_plan.py``) ``rounds`` times, a trial each."""
         from ..serving.replay import WorkloadTarget
-        from ..serving.workload_plan import WorkloadError, draw
 
-        target = self.serving.target
-        if target is None:
-            pytest.skip("no server to replay a workload against: --llm-endpoint or --llm-serve")
-        assert target is not None
-        try:
-            plan = draw(parse_workload(spec) if isinstance(spec, str) else spec)
-        except WorkloadError as exc:
-            pytest.fail(f"llm_workload: {exc}", pytrace=False)
-        rows = WORKLOAD_ROWS
-        workload = WorkloadTarget(
-            self.benchmark.meter,
-            target.endpoint,
-            plan,
-            lambda n, row: target.prompt(n, rows + row),
-        )
+        target, plan = self._planned(spec)
+        workload = WorkloadTarget(self.benchmark.meter, target.endpoint, plan, _prompts(target))
         try:
             return self.benchmark.pedantic(workload.run, rounds=rounds, **workload.case())
         finally:
@@ -347,28 +335,34 @@ class ServedWorkload:
         replayed with it, arriving halfway, and without it, in paired ABBA bursts; beside
         its attributed share.  Outside the case's trials; shown at the session's end."""
         from ..pairing.marginal import measure_marginal, served_bursts
-        from ..serving.workload_plan import PlannedRequest, WorkloadError, draw
+        from ..serving.workload_plan import PlannedRequest
+
+        target, plan = self._planned(spec)
+        request = PlannedRequest(len(plan.requests), plan.span_s / 2, input_tokens, output_tokens)
+        meter = self.benchmark.meter
+        bursts = served_bursts(meter, target.endpoint, plan, request, _prompts(target))
+        found = measure_marginal(bursts, request, pairs=pairs)
+        self.serving.marginals.append(found)
+        return found
+
+    def _planned(self, spec: str | WorkloadSpec) -> tuple[ServerTarget, WorkloadPlan]:
+        """The session's server and the requests ``spec`` draws; a skip without a server,
+        a one-line failure for a bad spec."""
+        from ..serving.workload_plan import WorkloadError, draw
 
         target = self.serving.target
         if target is None:
             pytest.skip("no server to replay a workload against: --llm-endpoint or --llm-serve")
-        assert target is not None
         try:
             plan = draw(parse_workload(spec) if isinstance(spec, str) else spec)
         except WorkloadError as exc:
             pytest.fail(f"llm_workload: {exc}", pytrace=False)
-        request = PlannedRequest(len(plan.requests), plan.span_s / 2, input_tokens, output_tokens)
-        rows = WORKLOAD_ROWS
-        bursts = served_bursts(
-            self.benchmark.meter,
-            target.endpoint,
-            plan,
-            request,
-            lambda n, row: target.prompt(n, rows + row),
-        )
-        found = measure_marginal(bursts, request, pairs=pairs)
-        self.serving.marginals.append(found)
-        return found
+        return target, plan
+
+
+def _prompts(target: ServerTarget) -> Callable[[int, int], Any]:
+    """A workload's prompts, from rows of the text apart from the bursts'."""
+    return lambda n, row: target.prompt(n, WORKLOAD_ROWS + row)
 
 
 # Prompts of a workload start this far into the text: apart from the bursts' rows.

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..results import PowerSlice
 from .steady import close_at
 
 # Two of the meter's steps: a request must span at least this many to have its own share.
@@ -59,17 +60,9 @@ class TokenTimeline:
     streamed: bool = True  # False: the response came whole, no token times
 
 
-@dataclass(frozen=True)
-class EnergySlice:
-    """The meter's joules over one stretch of the window (every counted domain)."""
-
-    start_s: float
-    end_s: float
-    joules: float
-
-    @property
-    def seconds(self) -> float:
-        return self.end_s - self.start_s
+# The meter's joules over one stretch of the window (every counted domain): the run file
+# keeps them as a trial's power (``results.PowerSlice``).
+EnergySlice = PowerSlice
 
 
 @dataclass(frozen=True)
