@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from .errors import ConfigError
 from .figures import (
@@ -72,6 +73,12 @@ BUSY_MARK = "b"
 BUSY_LEGEND = (
     "+Nb: N more trials were taken while other processes kept the CPUs busy; they are kept "
     "in the run file but left out of every figure, and no gate fails on such a case"
+)
+BUSY_COUNTED_MARK = "B"
+BUSY_COUNTED_LEGEND = (
+    "(NB): N of its trials were counted while other processes kept the CPUs busy "
+    "throughout (--energy-busy=measure): its figures may read high, and no gate fails "
+    "on such a case"
 )
 REJECTED_MARK = "x"
 REJECTED_LEGEND = (
@@ -134,6 +141,8 @@ def cell(f: Figure, r: CaseResult) -> str:
         busy += f" +{n_rejected}{REJECTED_MARK}" if n_rejected else ""
         mark = SHORT_MARK if r.short_of_time else _STATUS_MARKS.get(r.status, "")
         unstable = f" ({len(r.unstable)}{UNSTABLE_MARK})" if r.unstable else ""
+        counted_busy = r.busy_counted
+        unstable += f" ({len(counted_busy)}{BUSY_COUNTED_MARK})" if counted_busy else ""
         invalid = r.invalid_telemetry
         unstable += f" ({len(invalid)}{INVALID_MARK})" if invalid else ""
         return f"{len(r.trials)}{mark}{unstable}{busy}"
@@ -300,14 +309,44 @@ def busy_reason(r: CaseResult) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _LegendScope:
+    """What the legend lines several tables share are worded from: every table's cases,
+    so that a line reads the same whichever table it comes from, and the terminal prints
+    it once (``trials: ✓ …`` and ``trials: ✓ …, ✗ …`` were two lines for one mark)."""
+
+    results: tuple[CaseResult, ...]
+    ci_keys: tuple[str, ...]  # the figures with an interval any table shows
+    resolution_s: float | None  # the coarsest meter among the cases it did not resolve
+
+
+def _scope(groups: Sequence[tuple[list[CaseResult], list[str]]]) -> _LegendScope:
+    """The scope of the tables of ``groups``: (their cases, their shown columns)."""
+    coarse = [s for results, shown in groups for s in _coarse(results, shown)]
+    return _LegendScope(
+        results=tuple(r for results, _ in groups for r in results),
+        ci_keys=tuple(dict.fromkeys(k for _, shown in groups for k in shown if FIGURES[k].with_ci)),
+        resolution_s=max(coarse) if coarse else None,
+    )
+
+
+def _coarse(results: list[CaseResult], shown: list[str]) -> list[float]:
+    """The resolutions of the meters of the cases with a figure in ``shown`` they did
+    not resolve."""
+    return [
+        r.resolution_s
+        for r in results
+        if r.resolution_s is not None and not all(resolved(FIGURES[k], r) for k in shown)
+    ]
+
+
 def _build_table(
     title: str,
     results: list[CaseResult],
-    chosen: Sequence[str],
-    explicit: bool,
+    shown: list[str],
     rejected: Mapping[str, Rejection],
+    scope: _LegendScope,
 ) -> Table:
-    shown = _shown_columns(results, chosen, explicit)
     hidden = [k for k in ("name",) if k not in shown]
     figures = [FIGURES[k] for k in [*shown, *hidden]]
     keys = (*(f.key for f in figures), _ESTIMATED_KEY, _NODEID_KEY)
@@ -324,7 +363,7 @@ def _build_table(
         )
         for r in results
     )
-    legend = _legend(results, shown)
+    legend = _legend(results, shown, scope)
     return Table(
         title=title,
         keys=keys,
@@ -363,29 +402,26 @@ def _shown_columns(results: list[CaseResult], chosen: Sequence[str], explicit: b
     return shown
 
 
-def _legend(results: list[CaseResult], shown: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+def _legend(
+    results: list[CaseResult], shown: list[str], scope: _LegendScope
+) -> list[tuple[str, tuple[str, ...]]]:
     """Each legend line with the columns whose marks it explains: a narrow terminal that
-    leaves those columns out leaves the line out too."""
+    leaves those columns out leaves the line out too.  A line is there when this table
+    has what it explains, worded from ``scope`` (every table's cases)."""
     legend: list[tuple[str, tuple[str, ...]]] = []
     with_ci = [k for k in shown if FIGURES[k].with_ci]
     if with_ci and results:
         level = results[0].options.confidence
-        labels = ", ".join(FIGURES[k].label for k in with_ci)
+        labels = ", ".join(FIGURES[k].label for k in scope.ci_keys)
         line = f"{labels}: per query, mean ± half-width of the {level:.0%} confidence interval"
         legend.append((line, tuple(with_ci)))
     trials = ("trials",) if "trials" in shown else ()
-    marks = [
-        text
-        for shown_mark, text in (
-            (any(r.status == CONVERGED and not r.short_of_time for r in results), HELD_TEXT),
-            (any(r.status == LIMIT for r in results), LIMIT_TEXT),
-        )
-        if shown_mark
-    ]
+    marks = _marks(scope.results)
     for wanted, line in (
-        (bool(marks), f"trials: {', '.join(marks)}"),
+        (bool(_marks(results)), f"trials: {', '.join(marks)}"),
         (any(r.short_of_time for r in results), SHORT_LEGEND),
-        (any(r.busy for r in results), BUSY_LEGEND),
+        (any(r.busy_trials for r in results), BUSY_LEGEND),
+        (any(r.busy_counted for r in results), BUSY_COUNTED_LEGEND),
         (any(r.throttled for r in results), THROTTLED_LEGEND),
         (any(r.rejected for r in results), REJECTED_LEGEND),
         (any(r.unstable for r in results), UNSTABLE_LEGEND),
@@ -394,17 +430,20 @@ def _legend(results: list[CaseResult], shown: list[str]) -> list[tuple[str, tupl
         if trials and wanted:
             legend.append((line, trials))
     unresolved = [k for k in shown if any(not resolved(FIGURES[k], r) for r in results)]
-    coarse = [
-        r.resolution_s
-        for r in results
-        if r.resolution_s is not None and not all(resolved(FIGURES[k], r) for k in shown)
-    ]
-    if coarse:
-        legend.append((unresolved_legend(max(coarse)), tuple(unresolved)))
+    if _coarse(results, shown) and scope.resolution_s is not None:
+        legend.append((unresolved_legend(scope.resolution_s), tuple(unresolved)))
     energy = tuple(k for k in shown if FIGURES[k].energy)
     if any(r.estimated for r in results) and energy:
         legend.append((ESTIMATED_NOTE, energy))
     return legend
+
+
+def _marks(results: Iterable[CaseResult]) -> list[str]:
+    """The ✓ and ✗ the trials column of ``results`` shows, as the legend explains them."""
+    results = list(results)
+    held = any(r.status == CONVERGED and not r.short_of_time for r in results)
+    stopped = any(r.status == LIMIT for r in results)
+    return [text for shown, text in ((held, HELD_TEXT), (stopped, LIMIT_TEXT)) if shown]
 
 
 def _notes(
@@ -452,7 +491,10 @@ def case_tables(
         parts = [_group_part(k, r) for k in groups]
         values = tuple(value for _, value in parts)
         grouped.setdefault(values, (_title(parts), []))[1].append(r)
+    ordered = [(title, _sorted(members, sort)) for _, (title, members) in sorted(grouped.items())]
+    shown = [_shown_columns(members, chosen, explicit) for _, members in ordered]
+    scope = _scope([(members, columns) for (_, members), columns in zip(ordered, shown)])
     return [
-        _build_table(title, _sorted(members, sort), chosen, explicit, rejected)
-        for _, (title, members) in sorted(grouped.items())
+        _build_table(title, members, columns, rejected, scope)
+        for (title, members), columns in zip(ordered, shown)
     ]

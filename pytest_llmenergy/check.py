@@ -86,12 +86,23 @@ class NoiseCheck:
         return Test(0.0, noise * math.sqrt(2.0), math.inf, "check").detectable(ALPHA, POWER)
 
 
+class MachineBusy(ConfigError):
+    """A session of the small case measured nothing: other work disturbed every trial.
+    Not bad input: ``check`` still shows the meters it read, then says this in ``lines``
+    (what happened, what to do), and exits as a run that could not finish (3)."""
+
+    def __init__(self, session: int, max_background: float | None) -> None:
+        self.lines: tuple[str, ...] = _all_disturbed(session, max_background)
+        super().__init__("; ".join(self.lines))
+
+
 @dataclass(frozen=True)
 class Report:
     meters: tuple[MeterCheck, ...]
     auto: str  # what ``auto`` opens here
     noise: NoiseCheck | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    busy: tuple[str, ...] = ()  # the machine was too busy to read the noise: why, what to do
 
     def record(self) -> dict[str, Any]:
         """Plain JSON."""
@@ -110,6 +121,7 @@ class Report:
                 "one_session_gate_detects": noise.detectable(),
             },
             "notes": list(self.notes),
+            "busy": list(self.busy),
         }
 
 
@@ -201,7 +213,7 @@ def run_sessions(
                 raise ConfigError(f"check: session {i + 1} saved no case: {exc}") from None
             j = value(case, "j_per_token")
             if j is None and case.disturbed and not case.trials:
-                raise ConfigError(_all_disturbed(i + 1, max_background))
+                raise MachineBusy(i + 1, max_background)
             if j is None:
                 raise ConfigError(f"check: session {i + 1} measured no energy per token")
             values_.append(float(j))
@@ -209,19 +221,20 @@ def run_sessions(
     return NoiseCheck(backend, tuple(values_), tuple(within), tuple(walls))
 
 
-def _all_disturbed(session: int, max_background: float | None) -> str:
-    """Why a session measured nothing: every trial disturbed, and what to do."""
+def _all_disturbed(session: int, max_background: float | None) -> tuple[str, str]:
+    """Why a session measured nothing (every trial disturbed), and what to do."""
     if max_background is None:  # only other processes on its GPUs disturb it then
         return (
             f"check: session {session}: every trial was disturbed by other processes on "
-            "the GPUs it measures; a noise read now would be theirs: stop them and run "
-            "check again"
+            "the GPUs it measures, so the noise between sessions was not read",
+            "a noise read now would be theirs: stop them and run check again",
         )
     return (
         f"check: session {session}: every trial was disturbed by other work on this "
-        f"machine (more than {max_background:.0%} of the CPUs busy); a noise read now "
-        "would be that work's: stop it and run check again, or read the noise with it "
-        "running (--max-background=off)"
+        f"machine (more than {max_background:.0%} of the CPUs busy), so the noise between "
+        "sessions was not read",
+        "a noise read now would be that work's: stop it and run check again, or read the "
+        "noise with it running (--max-background=off)",
     )
 
 
@@ -256,16 +269,29 @@ def run_check(
         auto = f"none: {_first_line(str(exc))}"
     notes = []
     noise = None
+    busy: tuple[str, ...] = ()
     if sessions >= 2 and not auto.startswith("none"):
         log(f"{sessions} short sessions of the small case with auto ({auto})")
-        noise = replace(
-            run_sessions("auto", sessions, max_s, max_background=max_background), backend=auto
-        )
+        try:
+            noise = replace(
+                run_sessions("auto", sessions, max_s, max_background=max_background),
+                backend=auto,
+            )
+        except MachineBusy as exc:  # the meters were read all the same: keep them
+            busy = exc.lines
     elif sessions >= 2:
         notes.append("no meter opens here, so no session could be measured")
     if any(m.estimated for m in meters if m.backend in auto.split("+")):
         notes.append(f"{auto} estimates energy from CPU time and a TDP: it follows time, not power")
-    return Report(tuple(meters), auto, noise, tuple(notes))
+    return Report(tuple(meters), auto, noise, tuple(notes), busy)
 
 
-__all__ = ["MeterCheck", "NoiseCheck", "Report", "check_meters", "run_check", "run_sessions"]
+__all__ = [
+    "MachineBusy",
+    "MeterCheck",
+    "NoiseCheck",
+    "Report",
+    "check_meters",
+    "run_check",
+    "run_sessions",
+]

@@ -439,8 +439,7 @@ def render(
 ) -> str:
     """``width`` fits the terminal format to that many characters (columns of the lowest
     priority left out, and said so); csv, json and markdown always keep every column.
-    In the terminal format a legend shared by several tables is printed once, after the
-    last of them."""
+    In the terminal format every legend line is printed once, after the last table."""
     if fmt == "table":
         return _render_texts(tables, width, narrow_hint)
     if fmt == "markdown":
@@ -453,18 +452,18 @@ def render(
 
 
 def _render_texts(tables: Sequence[Table], width: int | None, narrow_hint: str) -> str:
+    """Each table with its notes, then one legend for them all: a mark means the same in
+    every table, so a line explaining it is printed once, at the end, never under one
+    table and again below the last."""
     fitted = [_fitted(t, width) for t in tables]
-    shown = [legend for _, _, legend in fitted]
-    shared = [
-        line
-        for line in dict.fromkeys(line for legend in shown for line in legend)
-        if sum(line in legend for legend in shown) > 1
-    ]
+    legend = list(dict.fromkeys(line for _, _, lines in fitted for line in lines))
+    if len(tables) == 1:
+        return _render_text(tables[0], width, narrow_hint, fitted[0])
     parts = [
-        _render_text(t, width, narrow_hint, (body, gone, [x for x in legend if x not in shared]))
-        for t, (body, gone, legend) in zip(tables, fitted)
+        _render_text(t, width, narrow_hint, (body, gone, []))
+        for t, (body, gone, _) in zip(tables, fitted)
     ]
     text = "\n\n".join(parts)
-    if shared:
-        text += "\n\n" + "\n".join(line for x in shared for line in wrap(x, width))
+    if legend:
+        text += "\n\n" + "\n".join(line for x in legend for line in wrap(x, width))
     return text

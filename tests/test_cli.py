@@ -72,13 +72,19 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
     out, err = capsys.readouterr()
     assert stop.value.code == 2
     assert out == "" and "Traceback" not in err
-    errors = [line for line in err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0])
+    errors = [line for line in logical(err) if "error:" in line]
+    assert len(errors) == 1 and logical(err)[-1] == errors[0]
     return errors[0]
 
 
+def logical(text: str) -> list[str]:
+    """The lines the command said, each one again where the terminal's width (COLUMNS)
+    wrapped it: its continuations start with two spaces (issue 61)."""
+    return text.replace("\n  ", " ").splitlines()
+
+
 def one_error_line(err: str) -> str:
-    lines = err.splitlines()
+    lines = logical(err)
     assert len(lines) == 1 and lines[0].startswith("llmenergy: error: "), err
     return lines[0]
 
@@ -174,11 +180,11 @@ def test_one_hostile_file_leaves_every_other_run_usable(
     ):
         code, out, err = cli(capsys, "--storage", tmp_path, *command)
         assert code == 2 and out == ""
-        assert err == (
+        assert logical(err) == [
             f"llmenergy: error: {head.parent / '0003_evil.json'}: not a readable run file: nested "
             "more than 32 levels deep; pytest-llmenergy never writes that, so the file was "
-            "edited or damaged: delete it or move it elsewhere\n"
-        )
+            "edited or damaged: delete it or move it elsewhere"
+        ]
 
 
 def test_list_of_an_empty_storage_folder(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -777,7 +783,7 @@ def test_console_script(two_machines: Path, tmp_path: Path) -> None:
     done = run_process([SCRIPT, "show", "nope"], two_machines.parent)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("llmenergy: error: no saved run 'nope' in .llmenergy")
-    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+    assert len(logical(done.stderr)) == 1 and "Traceback" not in done.stderr
 
 
 def test_python_dash_m_exits_1_on_a_failed_gate(root: Path, tmp_path: Path) -> None:
@@ -1014,7 +1020,8 @@ def test_no_output_replaces_a_saved_run(
         argv = [a.format(out=out) for a in command]
         code, stdout, err = cli(capsys, "--storage", tmp_path, *argv)
         assert code == 2 and stdout == ""
-        assert err.count("\n") == 1 and err.startswith("llmenergy: error: --")
-        assert needle in err and out in err
+        [line] = logical(err)
+        assert line.startswith("llmenergy: error: --")
+        assert needle in line and out in line
     assert sorted((p.name, p.read_bytes()) for p in first.parent.iterdir()) == before
     assert copy.read_bytes() == first.read_bytes()

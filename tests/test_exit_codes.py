@@ -15,7 +15,7 @@ import pytest
 from pytest_llmenergy.cli import _parser, main
 from tests.casefactory import make_case
 from tests.fakes.signals import ctrl_c_reaches_it
-from tests.test_cli import save
+from tests.test_cli import logical, save
 from tests.test_plugin import assert_one_line_usage_error
 from tests.test_plugin_keep import run
 
@@ -157,9 +157,9 @@ def _commands_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     root = _two_runs(tmp_path, slower=1.0)
     code, out, err = _cli(capsys, "--storage", root, "show", "nosuch")
     assert (code, out) == (2, "") and err.startswith("llmenergy: error: no saved run 'nosuch'")
-    assert len(err.splitlines()) == 1
+    assert len(logical(err)) == 1  # one line, wrapped to the terminal
     code, _, err = _cli(capsys, "--storage", root, "merge", "1", "2", "--out", root.parent)
-    assert code == 2 and len(err.splitlines()) == 1
+    assert code == 2 and len(logical(err)) == 1
     for name in _leaf_commands(_parser()):  # every command: an unknown flag is argparse's 2
         with pytest.raises(SystemExit) as stop:
             main([*name, "--no-such-flag"])
@@ -226,6 +226,22 @@ def _commands_interrupted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert child.returncode == 130 and "Traceback" not in err and len(err.splitlines()) == 1
 
 
+def _check_busy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every trial of check's first session disturbed (a stand-in python saves such a
+    session): the meters, then what to do, exit 3."""
+    import functools
+
+    from pytest_llmenergy import check
+    from tests.test_check import _busy_python
+
+    python, _ = _busy_python(tmp_path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(check, "run_sessions", functools.partial(check.run_sessions, python=str(python)))
+        code, out, err = _cli(capsys, "check", "--backend", "estimate")
+    assert code == 3 and "meters on this machine" in out
+    assert "every trial was disturbed" in err and "error" not in err
+
+
 def _proof_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An H100 stand-in whose counter counts 1.5 x its instantaneous power: caught."""
     from tests.fakes.fake_pynvml import build_fake_pynvml
@@ -274,6 +290,7 @@ CLI_SCENARIOS: dict[tuple[str, int], Callable[[Path, pytest.CaptureFixture[str]]
     ("llmenergy ab --gate", 1): _ab_fails,
     ("llmenergy ab --strict", 1): _ab_strict,
     ("llmenergy ab", 3): _ab_side_failed,
+    ("llmenergy check", 3): _check_busy,
     ("llmenergy proof --out", 1): _proof_fails,
     ("llmenergy proof", 4): _proof_no_gpu,
     ("llmenergy COMMAND", 130): _commands_interrupted,

@@ -85,13 +85,15 @@ def test_without_a_width_the_text_is_the_plain_table() -> None:
     assert render([table]) == "t\nname    J\n----  ---\nx     1.5\nyy     12\na note"
 
 
-def test_a_legend_is_printed_under_its_table_and_once_when_shared() -> None:
+def test_a_legend_is_printed_once_after_the_last_table() -> None:
     one = Table("one", ("a",), ("A",), ((1,),), (("1",),), notes=("n1",), legend=("L", "only1"))
     two = Table("two", ("a",), ("A",), ((2,),), (("2",),), legend=("L",))
     text = render([one, two])
-    assert text.count("L\n") + text.endswith("L") == 1  # shared: once, at the end
-    assert text.endswith("\n\nL")
-    assert text.index("only1") < text.index("n1") < text.index("two")  # legend, then notes
+    # issue 61: every line once, at the end, one table's own too; notes under their table
+    assert text.endswith("two\nA\n-\n2\n\nL\nonly1")
+    assert text.count("only1") == 1 and text.index("n1") < text.index("two")
+    alone = render([one])  # one table: its legend under it, then its notes
+    assert alone.index("only1") < alone.index("n1")
     markdown = render([one], "markdown")
     assert "> L" in markdown and "> only1" in markdown
 

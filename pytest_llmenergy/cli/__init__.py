@@ -2,7 +2,8 @@
 between systems and plot what that saves.
 
 Exit codes: 0 fine, 1 an energy gate failed (``compare --fail-on``, ``report --gate``,
-``ab``), 2 bad input (one line on stderr, no traceback), 3 a side of ``ab`` failed, 130
+``ab``), 2 bad input (one line on stderr, no traceback), 3 the measurement could not
+finish (a side of ``ab`` failed, a machine too busy for ``check``), 130
 interrupted (Ctrl-C: one line; each file is written whole or not at all);
 docs/exit-codes.md has every command's.
 ``--format csv`` and ``json`` print data only, so they can be piped into another
@@ -19,7 +20,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..commandline import Command, check_commands
@@ -44,15 +45,25 @@ EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C stopped
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its error line wrapped to the terminal as every other line
+    the command prints (an unknown figure's line names every figure)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        lines = _fitted([f"{self.prog}: error: {message}"], sys.stderr)
+        self.exit(EXIT_USAGE, "\n".join(lines) + "\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     """The parser, built from the command table: one subparser per record."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="llmenergy",
         description="Saved pytest-llmenergy runs: list them, show one, compare several.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--storage", default=DEFAULT_STORAGE, metavar="DIR", help=STORAGE_HELP)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--format", choices=FORMATS, default="table")
     # Also after the command (``llmenergy list --storage DIR``); SUPPRESS keeps the global
     # value when it is not given here.
@@ -180,10 +191,16 @@ def _fitted(lines: Sequence[str], stream: Any) -> list[str]:
 
 
 def _error(message: str) -> int:
-    """One line on stderr; what it quotes of a file (a run's status, a name) escaped."""
-    text = printable(" ".join(message.splitlines()))
-    print(f"llmenergy: error: {text}", file=sys.stderr)
+    """One line on stderr, wrapped to the terminal; what it quotes of a file (a run's
+    status, a name) escaped."""
+    _say(f"error: {printable(' '.join(message.splitlines()))}")
     return EXIT_USAGE
+
+
+def _say(line: str) -> None:
+    """``llmenergy: line`` on stderr, wrapped to the terminal."""
+    for part in _fitted([f"llmenergy: {line}"], sys.stderr):
+        print(part, file=sys.stderr)
 
 
 def _glue_descending_sort(argv: Sequence[str]) -> list[str]:
@@ -207,15 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _main(argv)
         except KeyboardInterrupt:  # Ctrl-C, in any command: no traceback
-            print(
-                "llmenergy: interrupted; stopped before finishing (no file is left half-written)",
-                file=sys.stderr,
-            )
+            _say("interrupted; stopped before finishing (no file is left half-written)")
             return EXIT_INTERRUPTED
         finally:  # also when argparse exits on a usage error
             for warning in caught:
                 if issubclass(warning.category, DeprecatedName):  # an old name: one line
-                    print(f"llmenergy: warning: {warning.message}", file=sys.stderr)
+                    _say(f"warning: {warning.message}")
                 else:  # anything else goes where it would have gone
                     warnings.showwarning(
                         warning.message, warning.category, warning.filename, warning.lineno
@@ -256,8 +270,8 @@ def _main(argv: Sequence[str] | None) -> int:
         out = out.rstrip("\n") + "\n" + "\n".join(_fitted(verdicts, sys.stdout))
     _emit(out)
     # what was written where: stderr, so stdout stays data
-    for line in _fitted([f"llmenergy: {line}" for line in outcome.notes], sys.stderr):
-        print(line, file=sys.stderr)
+    for line in outcome.notes:
+        _say(line)
     if verdicts and data:
         for line in _fitted(verdicts, sys.stderr):  # CI logs still say why it failed
             print(line, file=sys.stderr)

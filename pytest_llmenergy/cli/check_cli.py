@@ -16,6 +16,10 @@ from ..errors import ConfigError
 from ..tables import Table, fmt_number, render
 from .cli_args import checked, table_width
 
+# docs/exit-codes.md: the measurement could not finish on this machine (as ``llmenergy ab``
+# on a machine too busy to pair), not bad input (2)
+EXIT_BUSY = 3
+
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -57,14 +61,15 @@ def _run(args: argparse.Namespace, storage: object) -> Outcome:
         log=say,
         max_background=args.max_background,
     )
+    exit_code = EXIT_BUSY if report.busy else None
     if args.format == "json":
-        return Outcome(json.dumps(report.record(), indent=2, allow_nan=False, default=_nan))
+        out = json.dumps(report.record(), indent=2, allow_nan=False, default=_nan)
+        return Outcome(out, notes=report.busy, exit_code=exit_code)
     tables = [meters_table(report)]
     if report.noise is not None:
         tables.append(sessions_table(report))
-    return Outcome(
-        render(tables, args.format, width=table_width(args.format)), notes=summary(report)
-    )
+    text = render(tables, args.format, width=table_width(args.format))
+    return Outcome(text, notes=[*summary(report), *report.busy], exit_code=exit_code)
 
 
 def _nan(value: object) -> object:

@@ -64,7 +64,13 @@ def _merge_arguments(merge: argparse.ArgumentParser) -> None:
 
 def _export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("run", metavar="RUN", help="number, name, hardware/number, or a path")
-    export.add_argument("--format", choices=EXPORT_FORMATS, required=True)
+    export.add_argument(  # a metavar: the choices in one word ran past an 80-column usage line
+        "--format",
+        choices=EXPORT_FORMATS,
+        required=True,
+        metavar="FORMAT",
+        help=f"one of: {', '.join(EXPORT_FORMATS)}",
+    )
     export.add_argument(
         "--out", metavar="FILE", help="write there (replacing an earlier export), not to stdout"
     )

@@ -24,7 +24,11 @@ options (a ``Section`` of rows beside its code, collected by ``options.py``):
 - ``ab_side.PairedSide`` (under ``llmenergy ab``): one side of a paired run.
 
 ``session.py`` holds what every feature shares: header lines fitted to the terminal and a
-session failed with its reason counted on pytest's last line.
+session failed with its reason counted on pytest's last line.  ``activity.py`` says when a
+session measures at all: one that measures nothing (no option of the plugin's given, no
+test using its fixtures) costs nothing and says nothing, and its features never start.
+What only a measuring session uses is imported where it is used, so that pytest's start
+imports no more than the options need.
 
 pluggy calls the last registered plugin first, so they are registered in reverse: the
 meter opens before the keeper claims the run file, and the energy tables print before
@@ -36,43 +40,57 @@ through its typed stash key (``config.stash[KEEPER]``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
 from ..errors import ConfigError, LLMEnergyError, one_line
 from ..figures import DeprecatedName
-from ..llm.grid import Grid
-from ..meters import Meter
-from .ab_side import PAIRED_SIDE, PairedSide
+from .activity import ACTIVITY, Activity, given_on_command_line, measures
+from .benchmark_energy import BENCHMARK_FIXTURE
 from .busy_machine import BUSY_MACHINE, BusyMachine, terminal_say
-from .cases import CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
+from .cases import CASE_FIXTURES, CASE_PLAN, MARKER, CasePlan, case_labels, with_added_axes
 from .frontier import BEST_CONFIGURATION, BestConfiguration
 from .gpu_settings import GPU_TUNING, GpuTuning, setting_fixture
-from .html_report import HTML_REPORTING, HtmlReporting
-from .interleaving import INTERLEAVING, Interleaving
 from .keeping import KEEPER, Keeper
 from .meter import METERING, Metering
-from .options import PluginSettings, add_options, check_outputs, marker_help, read_options
-from .progress import LiveStatus as LiveStatus
-from .progress import progress_writer
+from .options import (
+    OPTIONS,
+    PluginSettings,
+    add_options,
+    check_outputs,
+    marker_help,
+    read_options,
+)
 from .routing import ROUTING, RoutingSection
 from .server_target import SERVING, Serving, attribute_server, check_settings
-from .session import header_lines
+from .session import fitted, fitted_usage_error, header_lines
 from .session_tables import CASE_RESULTS, CaseResults
-from .stopping import SIGTERM_STOP, SigtermStop
 from .torchrun import DISTRIBUTED, Distributed
 from .workers import WORKER_SIDE, Workers, WorkerSide, is_worker, worker_seed, xdist_header
 
 if TYPE_CHECKING:
     from ..conditions.settings import GpuSetting
+    from ..controller.benchmark import EnergyBenchmark
+    from ..llm.grid import Grid
     from ..llm.loader import ModelPool
+    from ..meters import Meter
     from ..serving.target import ServerTarget
+    from .ab_side import PairedSide
 
 __all__ = ["CASE_PLAN", "CASE_RESULTS", "KEEPER", "METERING", "ROUTING"]
+
+
+def __getattr__(name: str) -> Any:
+    """``LiveStatus`` (the live status line), imported where it is asked for."""
+    if name == "LiveStatus":
+        from .progress import LiveStatus
+
+        return LiveStatus
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -130,11 +148,101 @@ def pytest_configure(config: pytest.Config) -> None:
     if role == CONTROLLER and not (config.option.collectonly or getattr(config.option, "help", 0)):
         check_outputs(options)  # only where files are written, and before anything runs
     features = _features(config, options, ranks, role)
-    for name in ROLES[role]:
-        if features.get(name) is not None:
-            config.pluginmanager.register(features[name], f"llmenergy-{name}")
+    named = {f"llmenergy-{n}": features[n] for n in ROLES[role] if features.get(n) is not None}
+    reason = measures_from_start(config, options, ranks)
+    # registered now in any session, and kept: the SIGTERM handler's owner (installed
+    # now) and xdist's controller side (its lock's folder, made now), whose unconfigure
+    # puts back what they took
+    always = [n for n in named if n in ("llmenergy-sigterm", "llmenergy-xdist")]
+    # from the start, the header's place is pytest's header (none under -q)
+    activity = Activity(
+        named,
+        _measuring_fixtures(options),
+        reason,
+        always,
+        started=bool(reason),
+        header_shown=bool(reason),
+    )
+    config.stash[ACTIVITY] = activity
+    activity.register(config.pluginmanager, named if activity.measuring else always)
+    if role == CONTROLLER:  # under xdist the controller hears of measuring from a case
+        config.stash[CASE_RESULTS].listeners.append(lambda _: _wake(config, "a case was measured"))
+    from .stopping import SIGTERM_STOP
+
     if SIGTERM_STOP in config.stash:  # once registered, so that unconfigure takes it back
         config.stash[SIGTERM_STOP].install()
+
+
+def measures_from_start(
+    config: pytest.Config, options: PluginSettings, ranks: Distributed | None
+) -> str:
+    """Why the session measures from its start, or "" (``activity.py`` has the rule): an
+    option on the command line, an ini setting that acts on its own, a side of
+    ``llmenergy ab``, a rank under torchrun."""
+    if given_on_command_line(config, [o.dest for o in OPTIONS]):
+        return "an option on the command line"
+    if ranks is not None:
+        return "a rank under torchrun"
+    from ..pairing.channel import ENV as PAIRED
+
+    if os.environ.get(PAIRED):
+        return "a side of llmenergy ab"
+    return "the ini file's settings" if _acts_alone(options) else ""
+
+
+def _acts_alone(options: PluginSettings) -> bool:
+    """Whether the settings ask for something a session does whether or not a test
+    measures: a run kept or compared, an export, the report, figures, a server, GPU
+    settings or telemetry, interleaved visits."""
+    gpu = options.gpu
+    return bool(
+        options.keep.active
+        or options.serve.active
+        or options.route.plots_dir
+        or gpu.sweeping
+        or gpu.telemetry
+        or gpu.thermal_tolerance_c is not None
+        or options.order.interleave > 1
+    )
+
+
+def _measuring_fixtures(options: PluginSettings) -> frozenset[str]:
+    """The fixtures whose use makes a session measure: the plugin's, the grid's cases,
+    and pytest-benchmark's where --energy-benchmark-extra-info=on."""
+    benchmark = [BENCHMARK_FIXTURE] if options.benchmark.extra_info == "on" else []
+    return frozenset({*PLUGIN_FIXTURES, *CASE_FIXTURES, *benchmark})
+
+
+def _wake(config: pytest.Config, reason: str) -> None:
+    """The session measures from now on (``Activity.wake``); a no-op where it does."""
+    config.stash[ACTIVITY].wake(config.pluginmanager, reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A session not yet measuring registers its features now, after their session start
+    was called for: it waits until a test needs them (``activity.py``)."""
+    activity = session.config.stash.get(ACTIVITY, None)
+    if activity is None:
+        return
+    activity.session = session
+    activity.register(session.config.pluginmanager, activity.features)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After collection: a test that needs the plugin makes the session measure (its
+    features start now, before any test runs; a bad setting stops it here); where none
+    does, the features are dropped and the session goes on without them."""
+    config = session.config
+    activity = config.stash.get(ACTIVITY, None)
+    if activity is None or activity.measuring:
+        return
+    found = next((i for i in session.items if measures(i, activity.fixtures, MARKER)), None)
+    if found is not None:
+        _wake(config, f"{found.nodeid} uses it")
+    else:
+        activity.drop(config.pluginmanager)
 
 
 def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed | None]:
@@ -170,7 +278,7 @@ def resolved_options(config: pytest.Config) -> tuple[PluginSettings, Distributed
         config.stash[DISTRIBUTED] = ranks
     if not is_worker(config) and (ranks is None or ranks.is_main):  # said once per session
         for message in renamed:
-            sys.stderr.write(f"llmenergy: warning: {message}\n")
+            sys.stderr.writelines(f"{part}\n" for part in fitted(f"warning: {message}"))
     return options, ranks
 
 
@@ -311,6 +419,8 @@ def _controller_features(
     routing: RoutingSection,
 ) -> dict[str, object]:
     """What only the controller runs: it keeps, shows and decides."""
+    from .stopping import SIGTERM_STOP, SigtermStop
+
     stash, manager = config.stash, config.pluginmanager
     results.listeners.append(keeper.on_case)
     features: dict[str, object] = {}
@@ -322,15 +432,21 @@ def _controller_features(
     if manager.hasplugin("benchmark"):  # pytest-benchmark: its tests get energy too
         from .benchmark_energy import BenchmarkEnergy
 
-        features["pytest-benchmark"] = BenchmarkEnergy(metering)
+        features["pytest-benchmark"] = BenchmarkEnergy(metering, options.benchmark)
     if options.keep.report_path:
+        from .html_report import HTML_REPORTING, HtmlReporting
+
         reporting = HtmlReporting(config, options.keep.report_path, keeper, routing)
         features["html-report"] = stash[HTML_REPORTING] = reporting
     paired = _paired_side(config, options, keeper)
     if paired is not None:
+        from .ab_side import PAIRED_SIDE
+
         features["pairing"] = stash[PAIRED_SIDE] = paired
         results.listeners.append(lambda cases: paired.on_case(cases[-1]))
     if options.order.interleave > 1:
+        from .interleaving import INTERLEAVING, Interleaving
+
         features["interleaving"] = stash[INTERLEAVING] = Interleaving(
             options.order.interleave,
             options.order.seed or 0,
@@ -363,6 +479,8 @@ def _paired_side(
             raise pytest.UsageError(
                 f"llmenergy ab: {what} cannot take turns with the other side; leave it out"
             )
+    from .ab_side import PairedSide
+
     return PairedSide(*found, keeper=keeper)
 
 
@@ -400,14 +518,51 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Any:
+    """A session stopped by a bad setting of the package's (an option, its meter, a
+    marker) says so in lines that fit the terminal, as its other lines do."""
+    try:
+        return (yield)
+    except pytest.UsageError as exc:
+        raise fitted_usage_error(exc) from None
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """A few lines by default (what measures, what the session was asked to do beyond
     measuring, where the run goes); -v adds the details a newcomer need not read first:
     each backend's status and the meter's notes, the idle power, the repetition rule,
-    the machine's speed, the counted work."""
+    the machine's speed, the counted work.  Only in a session that measures from its
+    start; one that measures from the end of collection shows them there."""
+    activity = config.stash.get(ACTIVITY, None)
+    return _header(config) if activity is not None and activity.measuring else []
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """The header of a session that measures from the end of collection (a test uses
+    the plugin's fixtures), below pytest's collection line."""
+    activity = config.stash.get(ACTIVITY, None)
+    return _header(config) if activity is not None and activity.shows_header(config) else []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The header of a session that began to measure after collection (a test asked for
+    the meter by name; under xdist, the controller's first measured case), above the
+    plugin's sections."""
+    config = terminalreporter.config
+    activity = config.stash.get(ACTIVITY, None)
+    if activity is not None and activity.shows_header(config):
+        for line in _header(config):
+            terminalreporter.write_line(line)
+
+
+def _header(config: pytest.Config) -> list[str]:
+    """The header's lines, fitted to the terminal."""
+    from .ab_side import PAIRED_SIDE
+    from .interleaving import INTERLEAVING
+
     stash = config.stash
-    if METERING not in stash:
-        return []
     detailed = config.option.verbose > 0
     lines = [
         *stash[METERING].header(detailed),
@@ -476,6 +631,9 @@ def _op_profiler(config: pytest.Config, labels: dict[str, str]) -> Any:
 def energy_meter(pytestconfig: pytest.Config) -> Iterator[Meter]:
     """The session's configured meter: ``with energy_meter.measure() as m: ...``."""
     meter = pytestconfig.stash[METERING].meter
+    if meter is None:  # asked for by name: collection did not see it coming
+        _wake(pytestconfig, "a test asked for energy_meter")
+        meter = pytestconfig.stash[METERING].meter
     if meter is None:  # only if sessionstart did not run, e.g. under an unusual runner
         raise LLMEnergyError("the energy meter was not opened at session start")
     yield meter
@@ -485,6 +643,7 @@ def energy_meter(pytestconfig: pytest.Config) -> Iterator[Meter]:
 def energy_gpu_setting(request: pytest.FixtureRequest) -> GpuSetting | None:
     """The case's GPU setting (``--energy-gpu-power-limits``, ``--energy-gpu-clocks``),
     applied and read back before the case's warm-up; None without those options."""
+    _wake(request.config, "a test asked for energy_gpu_setting")
     return setting_fixture(request)
 
 
@@ -494,6 +653,11 @@ def energy_benchmark(
 ) -> EnergyBenchmark:
     """Repeat a target under the stopping rule and keep every trial:
     ``energy_benchmark(fn, *args, input_tokens=N, output_tokens=M)``."""
+    from ..controller.benchmark import CaseFeatures, CaseIdentity, EnergyBenchmark
+    from .ab_side import PAIRED_SIDE
+    from .interleaving import INTERLEAVING
+    from .progress import progress_writer
+
     config = request.config
     node = request.node
     controller = config.stash[CASE_PLAN].controller_for(node)
@@ -578,3 +742,10 @@ def llm_server(pytestconfig: pytest.Config) -> ServerTarget | None:
     ``llm_server.run(input_tokens, output_tokens, concurrency)`` is one measured burst."""
     serving = pytestconfig.stash.get(SERVING, None)
     return serving.target if serving is not None else None
+
+
+# The plugin's fixtures: a test that uses one, directly or through another fixture, makes
+# the session measure (activity.py); the grid's case fixtures do too.
+PLUGIN_FIXTURES = frozenset(
+    {"energy_meter", "energy_gpu_setting", "energy_benchmark", "llm_grid", "llm_pool", "llm_server"}
+)

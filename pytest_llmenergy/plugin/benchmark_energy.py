@@ -6,18 +6,38 @@ warm-up and rounds, so the joules per round are the window's mean power times th
 round time; both go into the benchmark's ``extra_info``, which ``--benchmark-json``,
 ``--benchmark-save`` and ``pytest-benchmark compare`` carry.  And ``--benchmark-only`` does
 not skip the energy benchmark cases: they are benchmarks too.
+
+Only in a session that measures (``activity.py``): a plain pytest-benchmark session, with
+none of this plugin's options or fixtures, leaves ``extra_info`` as its tests wrote it
+(pytest-benchmark's own suite compares it whole).  ``--energy-benchmark-extra-info``
+chooses: ``auto`` (that), ``on`` (every ``benchmark`` test measures, and the session with
+it), ``off`` (never, in a measuring session too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from .. import values
 from ..meters import Meter
 from .cases import uses_energy_benchmark
 from .meter import Metering
+from .option_rows import Option, Section
+
+# --energy-benchmark-extra-info's values
+EXTRA_INFO = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    # the energy_* keys in pytest-benchmark's extra_info: auto (in a session that
+    # measures), on (always: its tests measure), off (never)
+    extra_info: str = "auto"
+
 
 BENCHMARK_FIXTURE = "benchmark"  # pytest-benchmark's
 _ONLY_REASON = "--benchmark-only"  # in the reason of the skip marker it adds to other tests
@@ -27,8 +47,9 @@ class BenchmarkEnergy:
     """Owns nothing but the windows around ``benchmark`` tests; registered only when
     pytest-benchmark is."""
 
-    def __init__(self, metering: Metering) -> None:
+    def __init__(self, metering: Metering, settings: BenchmarkSettings) -> None:
         self.metering = metering
+        self.settings = settings
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -44,8 +65,9 @@ class BenchmarkEnergy:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, None]:
-        meter = self.metering.meter
-        if meter is None or BENCHMARK_FIXTURE not in getattr(item, "fixturenames", ()):
+        meter = self.metering.meter  # None in a session that measures nothing
+        off = self.settings.extra_info == "off"
+        if off or meter is None or BENCHMARK_FIXTURE not in getattr(item, "fixturenames", ()):
             yield
             return
         with meter.measure() as window:
@@ -72,3 +94,27 @@ def energy_info(meter: Meter, measurement: Any, fixture: Any) -> dict[str, objec
         "energy_meter": meter.backend,
         "energy_estimated": estimated,
     }
+
+
+BENCHMARK_OPTIONS = Section(
+    "benchmark",
+    "pytest-benchmark",
+    BenchmarkSettings,
+    (
+        Option(
+            "--energy-benchmark-extra-info",
+            "extra_info",
+            values.choice(
+                EXTRA_INFO, {**dict.fromkeys(values.ON, "on"), **dict.fromkeys(values.OFF, "off")}
+            ),
+            "|".join(EXTRA_INFO),
+            "with pytest-benchmark: the joules of each benchmark test's window in its "
+            "extra_info (energy_j, energy_window_s, energy_power_w, energy_per_round_j, "
+            "energy_meter, energy_estimated).  auto: in a session that measures (an option "
+            "of this plugin given, or a test using its fixtures); a plain pytest-benchmark "
+            "session's extra_info is left as its tests wrote it; on: always, every "
+            "benchmark test measured; off: never",
+            const="on",
+        ),
+    ),
+)

@@ -13,7 +13,7 @@ import pytest
 
 from ..frontier.slo import SLO_EXAMPLE, Limit, parse_slo, slo_tables, slo_text, sweeps
 from ..results import CaseResult
-from ..tables import render
+from ..tables import render, wrap
 from .option_rows import Option, Section
 
 SECTION = "llmenergy: the best configuration under a latency limit"
@@ -38,14 +38,16 @@ class BestConfiguration:
         if not found and not (limits and self.results):
             return
         terminalreporter.section(SECTION)
+        width = terminalreporter.config.get_terminal_writer().fullwidth
         if not found:
-            terminalreporter.write_line(
+            line = (
                 f"--llm-slo={slo_text(limits)}: no case was measured in two configurations "
                 "or more (--llm-concurrency, --llm-batch-sizes or GPU settings); nothing to "
                 "choose between"
             )
+            for part in wrap(line, width):
+                terminalreporter.write_line(part)
             return
-        width = terminalreporter.config.get_terminal_writer().fullwidth
         for line in render(slo_tables(found), "table", width=width).splitlines():
             terminalreporter.write_line(line)
 

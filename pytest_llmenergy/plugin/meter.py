@@ -43,7 +43,7 @@ class MeasureSettings:
     profile_ops: bool = False  # an unmeasured torch.profiler run after each case's trials
     # each case's work counted in its warm-up run, unmeasured (predict.work_count): by
     # default ("warmup") and "on", which also counts a case without a warm-up in one more
-    # run after its trials; its cost is a few per cent of a session (decode steps sampled)
+    # run after its trials; what it costs, as measured, is in the option's help
     count_work: str = "warmup"
 
 
@@ -230,9 +230,12 @@ MEASURE_OPTIONS = Section(
             "count each case's work in its warm-up run, unmeasured: FLOPs, bytes and "
             "operator calls per token, by phase (figures flops_per_token, bytes_per_token, "
             "ops_per_token and their prefill and decode twins), exact and the same on every "
-            "machine; not for servers.  warmup (the default, a few per cent of the session's "
-            "time): a case without a warm-up is not counted; on: such a case runs once more "
-            "after its trials to be counted; off: nothing counted",
+            "machine; not for servers.  warmup (the default): a case without a warm-up is not "
+            "counted; counting slows the warm-up runs, outside the measured trials: up to "
+            "10-20 % of a session's time (on 2 CPU cores the quick grid took 60-63 s against "
+            "53-59 s with off, its counted warm-ups 9-12 s; a busy full grid's 573 s of 41 "
+            "min: docs/evidence.md), the session's last lines say how long; on: such a case "
+            "runs once more after its trials to be counted; off: nothing counted",
             const="on",
         ),
         Option(

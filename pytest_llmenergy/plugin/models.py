@@ -226,6 +226,7 @@ LLM_OPTIONS = Section(
             "learn which regressions a gate finds on this runner "
             "(llmenergy gatecheck); MODEL=SHARE,... slows those models only; never in a baseline",
             default_text="off",
+            testing=True,
         ),
         Option(
             "--llm-inject-work",
@@ -236,6 +237,7 @@ LLM_OPTIONS = Section(
             "says why: {choices} (comma-separated for several); never in a baseline",
             choices=lambda: tuple(WORK_INJECTIONS),
             default_text="off",
+            testing=True,
         ),
         Option(
             "--llm-shard",

@@ -52,6 +52,9 @@ class Option:
     # out of a value that names more than one.
     writes: str = ""
     paths: Callable[[Any], Sequence[tuple[str, Any]]] | None = None
+    # A deliberate fault, for testing a gate or this package (llmenergy gatecheck, ab):
+    # --help lists it in its own group, apart from the options that measure.
+    testing: bool = False
     section: str = field(default="", compare=False)
     settings: type | None = field(default=None, compare=False, repr=False)
 
@@ -157,25 +160,42 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+# --help's groups: the options that measure, and the deliberate faults apart from them
+GROUP = ("llmenergy", "LLM energy measurement (pytest-llmenergy)")
+TESTING_GROUP = (
+    "llmenergy-testing",
+    "pytest-llmenergy: deliberate faults, for testing gates and this package",
+)
+
+
 def add_options(parser: pytest.Parser, sections: Sequence[Section]) -> None:
-    """Every row as a flag in one ``llmenergy`` group, and as its ini twin."""
-    group = parser.getgroup("llmenergy", "LLM energy measurement (pytest-llmenergy)")
+    """Every row as a flag, in the ``llmenergy`` group or (a deliberate fault) the
+    testing group after it, and as its ini twin."""
+    groups = {
+        False: parser.getgroup(*GROUP),
+        True: parser.getgroup(*TESTING_GROUP, after=GROUP[0]),
+    }
     for section in sections:
         for option in section.options:
-            text = option.full_help()
-            kwargs: dict[str, Any] = {
-                "dest": option.dest,
-                "default": None,
-                "metavar": option.metavar,
-                "help": f"{text}. ini: {option.ini}".replace("%", "%%"),
-            }
-            if option.multiple:
-                kwargs["action"] = "append"
-            if option.const is not None:
-                kwargs.update(nargs="?", const=option.const)
-            group.addoption(option.flag, **kwargs)
+            groups[option.testing].addoption(option.flag, **_flag_kwargs(option))
             # the flag's help says it all once: the ini key only points to it
             parser.addini(option.ini, help=f"as {option.flag} (see its help)", default="")
+
+
+def _flag_kwargs(option: Option) -> dict[str, Any]:
+    """argparse's arguments for the row's flag: its default is None, so that an option
+    not given is told from one given (the ini file's value is read apart)."""
+    kwargs: dict[str, Any] = {
+        "dest": option.dest,
+        "default": None,
+        "metavar": option.metavar,
+        "help": f"{option.full_help()}. ini: {option.ini}".replace("%", "%%"),
+    }
+    if option.multiple:
+        kwargs["action"] = "append"
+    if option.const is not None:
+        kwargs.update(nargs="?", const=option.const)
+    return kwargs
 
 
 def _raw(config: pytest.Config, option: Option) -> tuple[str, str] | None:

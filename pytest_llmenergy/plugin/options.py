@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..meters import MeterSettings
 from ..serving.serve_settings import ServeSettings
 from ..storage.store import FOLDER, check_output
+from .benchmark_energy import BENCHMARK_OPTIONS, BenchmarkSettings
 from .cases import CONTROLLER_OPTIONS, ORDER_OPTIONS, OrderSettings, marker_help
 from .frontier import SLO_OPTIONS, SloSettings
 from .gpu_settings import GPU_OPTIONS, GpuSettings
@@ -54,6 +55,7 @@ SECTIONS: tuple[Section, ...] = (
     GPU_OPTIONS,
     SERVE_OPTIONS,
     SLO_OPTIONS,
+    BENCHMARK_OPTIONS,
 )
 OPTIONS: tuple[Option, ...] = tuple(o for s in SECTIONS for o in s.options)
 BY_FLAG: dict[str, Option] = {o.flag: o for o in OPTIONS}
@@ -74,6 +76,7 @@ class PluginSettings:
     gpu: GpuSettings = field(default_factory=GpuSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
     slo: SloSettings = field(default_factory=SloSettings)
+    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
     record: Mapping[str, Any] = field(default_factory=dict)  # for the run file, by option name
 
 

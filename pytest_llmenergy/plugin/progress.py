@@ -15,6 +15,7 @@ import pytest
 
 from ..controller.rule import ControllerSettings
 from ..meters.readings import duration_text
+from .session import PREFIX, fitted
 
 # A case in a log says where it is once it has run this long, then each time its time
 # doubles (1, 2, 4, 8 minutes ...): a few lines for a case that runs long, none for most.
@@ -47,8 +48,10 @@ def progress_writer(
     if not interactive:
 
         def note(line: str) -> None:
+            width = reporter._tw.fullwidth  # fitted as every other line of the session
             with uncaptured():
-                reporter.write_line(line)
+                for part in fitted(line.removeprefix(PREFIX), width=width):
+                    reporter.write_line(part)
 
         return LongCaseNotes(note, request.node.nodeid, limits_text(controller))
     tw = reporter._tw

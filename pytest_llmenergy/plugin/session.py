@@ -5,21 +5,46 @@ that failed, a file not written)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import TracebackType
 
 import pytest
 
-from ..tables import wrap
+from ..tables import terminal_width, wrap
 
 PREFIX = "llmenergy: "
+ERROR = "ERROR: "  # what pytest writes before a usage error's message
 
 
 def header_lines(config: pytest.Config, lines: list[str]) -> list[str]:
     """Header lines fitted to the terminal: a long line continues, indented, below."""
     width = config.get_terminal_writer().fullwidth
-    out: list[str] = []
-    for line in lines:
-        out += wrap(PREFIX + line, width, indent=" " * (len(PREFIX) + 2))
-    return out
+    return [part for line in lines for part in fitted(line, width=width)]
+
+
+def fitted(line: str, prefix: str = PREFIX, width: int | None = None) -> list[str]:
+    """``prefix + line`` in lines that fit ``width`` (the terminal's, or pytest's 80 where
+    none is known), continued indented past the prefix."""
+    width = width or terminal_width(default=80)
+    return wrap(prefix + line, width, indent=" " * (len(prefix) + 2))
+
+
+def fitted_usage_error(exc: pytest.UsageError) -> pytest.UsageError:
+    """The package's usage error with its message wrapped to the terminal, continued
+    below pytest's ``ERROR: `` as header lines are below ``llmenergy: ``; another
+    plugin's, or pytest's own, as it was."""
+    if not _raised_here(exc.__traceback__) or len(exc.args) != 1:
+        return exc
+    lines = fitted(str(exc.args[0]), prefix=ERROR)
+    return pytest.UsageError("\n".join(lines)[len(ERROR) :])
+
+
+def _raised_here(tb: TracebackType | None) -> bool:
+    """Whether the innermost frame of ``tb`` is this package's."""
+    module = ""
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        tb = tb.tb_next
+    return module.split(".")[0] == "pytest_llmenergy"
 
 
 def fail_session(session: pytest.Session, why: str, outcome: str) -> None:

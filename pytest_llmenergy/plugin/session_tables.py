@@ -22,6 +22,7 @@ from ..case_tables import (
     parse_group_by,
     parse_sort,
 )
+from ..controller.busy import bound_text
 from ..conversions import (
     G_PER_KWH,
     PRICE_PER_KWH,
@@ -112,26 +113,48 @@ class CaseResults:
 
 
 def busy_line(results: Sequence[CaseResult]) -> str:
-    """The session's one line about a busy machine, or nothing."""
+    """The session's one line about a busy machine, or nothing: the trials it repeated
+    and left out, and the ones it counted anyway (with how far they may be off)."""
     busy = [r for r in results if r.busy]
     if not busy:
         return ""
+    parts = [*_repeated_parts(busy), *_counted_parts(busy)]
+    return f"machine busy in {len(busy)} case(s): {'; '.join(parts)}; no gate fails on these cases"
+
+
+def _repeated_parts(busy: Sequence[CaseResult]) -> list[str]:
+    """The trials left out and repeated: by the CPUs' other users, by a GPU's."""
     trials = sum(len(r.busy_trials) for r in busy)
     shared = [t.gpu for r in busy for t in r.busy_trials if t.gpu and t.gpu.neighbours]
-    share = max(r.max_background_cpu or 0.0 for r in busy)
+    shares = [t.background_cpu or 0.0 for r in busy for t in r.busy_trials]
     parts = []
     if trials > len(shared):
         parts.append(
-            f"other processes used up to {share:.0%} of the CPUs during "
-            f"{trials - len(shared)} trial(s)"
+            f"other processes used up to {max(shares, default=0.0):.0%} of the CPUs during "
+            f"{trials - len(shared)} trial(s), repeated and left out of the figures "
+            "(--energy-max-background=SHARE|off sets the limit)"
         )
     if shared:
         who = ", ".join(dict.fromkeys(n.describe() for g in shared for n in g.neighbours))
-        parts.append(f"other processes shared the measured GPUs ({who}) in {len(shared)} trial(s)")
-    return (
-        f"machine busy: {' and '.join(parts)} of {len(busy)} case(s); those trials were "
-        "repeated and left out of the figures, and no gate fails on these cases"
-    )
+        parts.append(
+            f"other processes shared the measured GPUs ({who}) in {len(shared)} trial(s), "
+            "repeated and left out of the figures"
+        )
+    return parts
+
+
+def _counted_parts(busy: Sequence[CaseResult]) -> list[str]:
+    """The trials counted anyway, the machine being busy throughout."""
+    counted = [r for r in busy if r.busy_counted]
+    if not counted:
+        return []
+    share = max(r.busy_share for r in counted)
+    trials = sum(len(r.busy_counted) for r in counted)
+    return [
+        f"{trials} trial(s) of {len(counted)} case(s) were measured anyway beside other "
+        f"processes using up to {share:.0%} of the CPUs, so their figures may be "
+        f"{bound_text(share)} (--energy-busy=repeat leaves them out)"
+    ]
 
 
 CASE_RESULTS = pytest.StashKey[CaseResults]()

@@ -30,6 +30,7 @@ import pytest
 from ..meters.base import Meter
 from ..results import CaseResult
 from ..storage.runfile import RunFileError, case_dict, decode_case
+from .session import header_lines
 
 SEED_KEY = "llmenergy_seed"
 LOCK_KEY = "llmenergy_lock"
@@ -111,12 +112,14 @@ class Workers:
             self.shard_notes[note] = None
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        for note in self.shard_notes:  # every worker split alike: one line
-            terminalreporter.write_line(f"llmenergy: {note}")
-        for line in self.unreadable.values():
-            terminalreporter.write_line(
-                f"llmenergy: {line}; that case is left out of this run", red=True
-            )
+        config = terminalreporter.config
+        for part in header_lines(config, list(self.shard_notes)):  # every worker alike: once
+            terminalreporter.write_line(part)
+        unreadable = [
+            f"{line}; that case is left out of this run" for line in self.unreadable.values()
+        ]
+        for part in header_lines(config, unreadable):
+            terminalreporter.write_line(part, red=True)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         with contextlib.suppress(OSError):

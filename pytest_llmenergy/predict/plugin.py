@@ -15,6 +15,7 @@ import pytest
 
 from ..errors import ConfigError
 from ..results import CaseResult, CountedWork
+from ..tables import wrap
 
 Profiler = Callable[[Callable[[], Any]], Mapping[str, Any]]
 
@@ -128,16 +129,26 @@ class WorkCounting:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         works = [c.work for c in self.cases() if c.work is not None]
         if works:
-            terminalreporter.write_line(
-                f"llmenergy: the work of {len(works)} case(s) counted in "
-                f"{sum(w.seconds for w in works):.1f} s (outside the measured trials)"
+            _say(
+                terminalreporter,
+                f"the work of {len(works)} case(s) counted in "
+                f"{sum(w.seconds for w in works):.1f} s (outside the measured trials)",
             )
             full = [w.full_because for w in works if w.full_because]
             if full:
-                terminalreporter.write_line(
-                    f"llmenergy: {len(full)} case(s) counted every decode step, not a "
-                    f"sample: {full[0]}"
+                _say(
+                    terminalreporter,
+                    f"{len(full)} case(s) counted every decode step, not a sample: {full[0]}",
                 )
+
+
+def _say(terminalreporter: pytest.TerminalReporter, line: str) -> None:
+    """``llmenergy: line`` fitted to the terminal, continued indented as the session's
+    header lines are (plugin/session.py, a layer above this one)."""
+    prefix = "llmenergy: "
+    width = terminalreporter.config.get_terminal_writer().fullwidth
+    for part in wrap(prefix + line, width, indent=" " * (len(prefix) + 2)):
+        terminalreporter.write_line(part)
 
 
 WORK_COUNTING = pytest.StashKey[WorkCounting]()
