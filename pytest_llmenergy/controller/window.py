@@ -76,11 +76,15 @@ def min_time_window_s(options: ControllerSettings) -> float:
     reached in half the trial limit; 0: no minimum.  A 2 ms function, one call a trial,
     stopped at 25 trials with 0.05 s measured against the 1 s minimum; grouped into
     80 ms windows it reaches it by the 13th (pytest-benchmark likewise calibrates the
-    iterations of a round)."""
+    iterations of a round).  At most ``MAX_WINDOW_S``, and short enough for the minimum
+    trials to fit the measured-time budget, as a coarse meter's windows."""
     if not options.min_time:
         return 0.0
     trials = max(options.min_trials, math.floor(options.max_trials * MIN_TIME_TRIALS_SHARE))
-    return options.min_time / trials
+    window_s = min(options.min_time / trials, MAX_WINDOW_S)
+    if options.max_time:  # the minimum trials fit the measured-time budget, as above
+        window_s = min(window_s, options.max_time / options.min_trials)
+    return window_s
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, one_line
+
+if TYPE_CHECKING:  # imported where used: pytest's start reads this module's options
+    import numpy as np
 
 ALPACA = "alpaca"
 COLUMNS = ("input_tokens", "output_tokens")
@@ -168,6 +170,8 @@ _SETTINGS = {
 def read_lengths(text: str, where: str) -> np.ndarray:
     """Rows of (input_tokens, output_tokens) from a CSV's text whose header names both
     (more columns are left alone); ``where`` names it in errors."""
+    import numpy as np
+
     reader = csv.reader(io.StringIO(text))
     try:
         header = [h.strip() for h in next(reader, [])]
@@ -238,6 +242,8 @@ def load_lengths(source: str) -> np.ndarray:
 def draw(spec: WorkloadSpec, lengths: np.ndarray | None = None) -> WorkloadPlan:
     """The requests to send: rows drawn at random (with replacement) from the lengths,
     arriving as a Poisson process at ``spec.rate`` from time 0, all from ``spec.seed``."""
+    import numpy as np
+
     table = load_lengths(spec.source) if lengths is None else lengths
     rng = np.random.default_rng(spec.seed)
     arrivals = _arrivals(rng, spec)
@@ -253,6 +259,8 @@ def draw(spec: WorkloadSpec, lengths: np.ndarray | None = None) -> WorkloadPlan:
 
 def _arrivals(rng: np.random.Generator, spec: WorkloadSpec) -> np.ndarray:
     """Arrival times: the first at 0, then exponential gaps of mean 1 / rate."""
+    import numpy as np
+
     if spec.requests is not None:
         gaps = rng.exponential(1 / spec.rate, size=spec.requests)
         gaps[0] = 0.0
@@ -270,4 +278,6 @@ def _arrivals(rng: np.random.Generator, spec: WorkloadSpec) -> np.ndarray:
 def _scaled(column: np.ndarray, scale: float, cap: int) -> np.ndarray:
     """Lengths times ``scale``, rounded, from 1 (a request asks for a token at least;
     Alpaca has empty outputs) to ``cap``."""
+    import numpy as np
+
     return np.clip(np.rint(column * scale).astype(np.int64), 1, cap)
