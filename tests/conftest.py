@@ -147,8 +147,10 @@ def lean_nested_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sessions run by pytester print every column; tests of narrowing set COLUMNS."""
-    monkeypatch.setenv("COLUMNS", "200")
+    """Sessions run by pytester print every column, and a message stays on one line
+    (every line is fitted to the terminal, errors too: a temporary path makes them
+    long); tests of narrowing set COLUMNS."""
+    monkeypatch.setenv("COLUMNS", "400")
 
 
 @pytest.fixture

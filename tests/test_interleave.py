@@ -57,6 +57,7 @@ def test_each_case_is_visited_n_times_and_kept_whole(cases: pytest.Pytester) -> 
         "--energy-backend=trace",
         "--energy-interleave=3",
         "--energy-seed=5",
+        "--energy-min-time=0",  # one call a trial, as the calls are counted
         "--energy-json=run.json",
         "-p",
         "no:randomly",

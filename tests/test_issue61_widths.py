@@ -21,7 +21,9 @@ SESSION = ("--energy-max-background=off", "-p", "no:randomly", "-p", "no:cachepr
 
 
 def _too_wide(text: str, width: int = WIDTH) -> list[str]:
-    return [line for line in text.splitlines() if len(line) > width]
+    """Lines past ``width`` that could have been broken: a single word longer than the
+    terminal (a temporary path) cannot."""
+    return [line for line in text.splitlines() if len(line) > width and " " in line.strip()]
 
 
 def _ours(lines: list[str]) -> list[str]:

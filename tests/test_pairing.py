@@ -940,7 +940,8 @@ def test_a_side_judges_a_busy_machine_within_its_turn_and_warms_up_each_turn() -
     def bench(pacer: _ScriptedPacer) -> EnergyBenchmark:
         return EnergyBenchmark(
             TraceMeter({"gpu:0": PowerTrace([(3600, 100.0)])}),
-            ControllerSettings(min_trials=3, max_trials=25, warmup=1),
+            # min_time_s 0: one call a trial (a window of calls reads the real clock)
+            ControllerSettings(min_trials=3, max_trials=25, warmup=1, min_time_s=0),
             CaseIdentity("t", "t", {}),
             lambda r: None,
             CaseFeatures(background=background, pacer=pacer),

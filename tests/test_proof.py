@@ -453,7 +453,7 @@ def test_compiled_decode_is_read_beside_the_eager_case_at_the_default_limit(
         "settings.json": [case("eager", 0.66), case("eager", 0.5, default="no")],
     }
     monkeypatch.setattr(stages, "_cases", lambda path: files.get(path.name, []))
-    monkeypatch.setattr(stages, "value", lambda c, figure: c.j)
+    monkeypatch.setattr(stages, "value_or_none", lambda c, figure: c.j)
 
     def check() -> Check:
         proof = Proof({})

@@ -243,13 +243,13 @@ def _at_trial_limit(options: ControllerSettings, measured: int, disturbed: int) 
 
 
 def may_stop(
-    options: ControllerSettings, measured: int, disturbed: int = 0, spent_s: float = 0.0
+    options: ControllerSettings, measured: int, disturbed: int = 0, disturbed_s: float = 0.0
 ) -> bool:
-    """Whether the rule could stop after this many trials, and ``spent_s`` seconds of
-    them, disturbed ones included: below the minimum, the limit and the time budget it
-    cannot, whatever its statistics (``decide`` says so too, at the cost of its
-    statistics after every trial)."""
-    over_budget = bool(options.max_time) and spent_s >= (options.max_time or 0.0)
+    """Whether the rule could stop after this many trials (``disturbed_s``: the seconds
+    of the disturbed ones): below the minimum, the limit and the time budget it cannot,
+    whatever its statistics (``decide`` says so too, at the cost of its statistics after
+    every trial)."""
+    over_budget = bool(options.max_time) and disturbed_s >= (options.max_time or 0.0)
     return (
         _enough_trials(options, measured)
         or _at_trial_limit(options, measured, disturbed)
@@ -270,13 +270,12 @@ def decide(
     count against the limit but not in the statistics), even where the targets hold and
     only the minimum time is missing (users set the limit to bound a session's length);
     or at the measured-time budget, which the ``disturbed_s`` seconds of the disturbed
-    trials spend too (a busy machine does not make a case run longer); or, with trials
-    counted on a busy machine, at the minimum trials and time (``BUSY_MINIMUM``).  A
-    target's
-    values are its figure's (``Figure.values_of``), so one in the figure's unit means
-    what it says: ``counted`` (the meter's domains: in the totals?) is for one family's
-    joules, ``conversions`` (the session's factors per kWh) for co2_g and cost.  A
-    target whose figure a trial lacks never holds."""
+    trials have one of their own (a busy machine does not make a case run to the trial
+    limit); or, with trials counted on a busy machine, at the minimum trials and time
+    (``BUSY_MINIMUM``).  A target's values are its figure's (``Figure.values_of``), so
+    one in the figure's unit means what it says: ``counted`` (the meter's domains: in
+    the totals?) is for one family's joules, ``conversions`` (the session's factors per
+    kWh) for co2_g and cost.  A target whose figure a trial lacks never holds."""
     n = len(trials)
     summaries: dict[str, Summary] = {}
     for target in options.targets:
@@ -289,9 +288,12 @@ def decide(
     enough = _enough_trials(options, n)
     held = not unmet and enough
     short = held and measured_s < options.min_time  # precise, but too little time yet
-    spent_s = measured_s + disturbed_s
-    over_budget = options.max_time is not None and spent_s >= options.max_time
-    over_budget = over_budget and (enough or disturbed_s > 0)
+    # the budget bounds the measured trials and, apart, the disturbed ones: a case on a
+    # busy machine runs at most about twice its budget, never to the trial limit
+    budget = options.max_time
+    over_budget = budget is not None and (
+        (measured_s >= budget and enough) or disturbed_s >= budget
+    )
     at_limit = _at_trial_limit(options, n, disturbed)
     busy_done = enough and measured_s >= options.min_time and any(t.busy for t in trials)
     stop = (held and not short) or over_budget or at_limit or busy_done

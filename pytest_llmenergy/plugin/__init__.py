@@ -226,7 +226,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if activity is None:
         return
     activity.session = session
+    if not activity.measuring:
+        _restore_left_gpus(session.config)
     activity.register(session.config.pluginmanager, activity.features)
+
+
+def _restore_left_gpus(config: pytest.Config) -> None:
+    """GPU settings a killed session left changed go back in any session, one that
+    measures nothing too, and it says so (a measuring session's GPU feature does it)."""
+    gpu = config.stash.get(GPU_TUNING, None)
+    lines = gpu.recover_now() if gpu is not None else []
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if lines and reporter is not None:
+        for part in header_lines(config, lines):
+            reporter.write_line(part)
 
 
 @pytest.hookimpl(tryfirst=True)

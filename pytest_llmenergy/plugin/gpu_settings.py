@@ -208,6 +208,13 @@ class GpuTuning:
             "are marked disturbed and repeated (--energy-gpu-isolation=error refuses to start)"
         )
 
+    def recover_now(self) -> list[str]:
+        """What a killed session left changed, given back now, in any session, measuring
+        or not (hardware state is restored whatever runs next): the lines that say so."""
+        before = len(self.restored)
+        self._recover()
+        return self.restored[before:]
+
     def _recover(self) -> None:
         """A session killed outright left its GPUs changed: give them back now."""
         if not self.state.path.exists():
