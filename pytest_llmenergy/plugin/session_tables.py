@@ -22,7 +22,7 @@ from ..case_tables import (
     parse_group_by,
     parse_sort,
 )
-from ..controller.busy import bound_text
+from ..controller.busy import BUSY_EFFECT
 from ..conversions import (
     G_PER_KWH,
     PRICE_PER_KWH,
@@ -152,8 +152,8 @@ def _counted_parts(busy: Sequence[CaseResult]) -> list[str]:
     trials = sum(len(r.busy_counted) for r in counted)
     return [
         f"{trials} trial(s) of {len(counted)} case(s) were measured anyway beside other "
-        f"processes using up to {share:.0%} of the CPUs, so their figures may be "
-        f"{bound_text(share)} (--energy-busy=repeat leaves them out)"
+        f"processes using up to {share:.0%} of the CPUs, so their figures {BUSY_EFFECT} "
+        "(--energy-busy=repeat leaves them out)"
     ]
 
 
