@@ -213,7 +213,18 @@ def _sweep(profile: Profile, axis: str, fitted: FittedModel) -> Sweep | None:
     weights = [p.trials for p in points]
     energy = non_decreasing([p.mean_joules for p in points], weights)
     time = non_decreasing([p.mean_seconds for p in points], weights)
+    return sweep_of(axis, fixed, sizes, energy, time, fitted)
 
+
+def sweep_of(
+    axis: str,
+    fixed: int,
+    sizes: np.ndarray,
+    energy: np.ndarray,
+    time: np.ndarray,
+    fitted: FittedModel,
+) -> Sweep:
+    """A sweep's curves through these sizes, their slopes past the ends the fit's."""
     return Sweep(
         axis,
         fixed,

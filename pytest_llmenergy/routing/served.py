@@ -32,14 +32,13 @@ from ..storage.runfile import Run
 from . import INPUT, OUTPUT
 from .fit import (
     TERMS,
-    Curve,
     FitError,
     FittedModel,
     Sweep,
     SystemModel,
-    along_axis,
     features,
     non_decreasing,
+    sweep_of,
 )
 from .profile import Point, Profile, model_of, served_case
 
@@ -196,13 +195,7 @@ def _served_sweep(profile: Profile, axis: str, fitted: FittedModel) -> Sweep | N
     weights = [int(np.sum(along == s)) for s in sizes]
     energy = non_decreasing(np.maximum(fitted.energy_j(*pair), _FLOOR_J), weights)
     time = non_decreasing(np.maximum(fitted.seconds(*pair), _FLOOR_J), weights)
-    return Sweep(
-        axis,
-        fixed,
-        tuple(int(s) for s in sizes),
-        Curve(sizes, energy, along_axis(fitted.energy_coef, axis, fixed)),
-        Curve(sizes, time, along_axis(fitted.time_coef, axis, fixed)),
-    )
+    return sweep_of(axis, fixed, sizes, energy, time, fitted)
 
 
 def build_served_model(profile: Profile) -> SystemModel:
