@@ -72,6 +72,8 @@ def terminal_say(config: pytest.Config) -> Callable[[str], None]:
         )
         with uncaptured():
             reporter.ensure_newline()
+            if reporter._tw.width_of_current_line:  # xdist's dots: not seen by the above
+                reporter._tw.line()
             for part in header_lines(config, [line]):
                 reporter.write_line(part, yellow=True)
 
