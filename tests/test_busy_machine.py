@@ -596,7 +596,7 @@ def test_a_session_beside_a_cpu_bound_neighbour_says_so_early_and_measures(
     )
     # not a plain pass: skipped (a case whose neighbour paused for a trial measured it)
     skipped = repeat.parseoutcomes().get("skipped", 0)
-    assert skipped >= 3 and skipped + repeat.parseoutcomes().get("passed", 0) == 6
+    assert skipped >= 1 and skipped + repeat.parseoutcomes().get("passed", 0) == 6
     repeat.stdout.fnmatch_lines(["*not measured: all 4 trials were disturbed*"])
     strict = project.runpytest_subprocess(
         *common, "--energy-busy=repeat", "--energy-max-trials=4", "--energy-strict"
